@@ -1,0 +1,24 @@
+#include "util/log.h"
+
+#include <spdlog/spdlog.h>
+
+namespace qpool::log {
+
+void SetLevel(const std::string& name) {
+  spdlog::level::level_enum level = spdlog::level::info;
+  if (name == "debug") level = spdlog::level::debug;
+  if (name == "warn") level = spdlog::level::warn;
+  if (name == "error") level = spdlog::level::err;
+  spdlog::set_level(level);
+}
+
+void Write(Level level, const std::string& message) {
+  switch (level) {
+    case Level::kDebug: spdlog::debug(message); break;
+    case Level::kInfo: spdlog::info(message); break;
+    case Level::kWarn: spdlog::warn(message); break;
+    case Level::kError: spdlog::error(message); break;
+  }
+}
+
+}  // namespace qpool::log
