@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what qpool needs on Debian 12, skipping what is already there (safe to re-run):
+# Debian packages (compilers, gRPC, Protobuf, spdlog, yaml-cpp, GoogleTest, ...) and a project-local
+# Python virtual environment (.venv) with the PyTorch 2.11 wheel, whose LibTorch qpool links.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+TORCH_VERSION=${QPOOL_TORCH_VERSION:-2.11.0}
+
+packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
+  googletest libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: nvcc (CUDA 13) not found; install the CUDA toolkit (qpool compiles its CUDA kernels)" >&2
+  exit 1
+fi
+
+venv="$root/.venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+want=("torch==$TORCH_VERSION" numpy pyyaml pytest grpcio grpcio-tools grpcio-health-checking
+      grpcio-reflection)
+if ! "$venv/bin/python" - "$TORCH_VERSION" <<'PY' 2>/dev/null
+import sys, importlib
+import torch
+assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
+for m in ("numpy", "yaml", "pytest", "grpc", "grpc_tools", "grpc_health", "grpc_reflection"):
+    importlib.import_module(m)
+PY
+then
+  echo "setup: installing Python packages into $venv: ${want[*]}"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${want[@]}"
+fi
+echo "setup: ok (torch $("$venv/bin/python" -c 'import torch;print(torch.__version__)'))"

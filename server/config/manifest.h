@@ -1,0 +1,96 @@
+// PipelineManifest: the parsed and validated pipeline.yaml of one pipeline folder
+// (format: docs/model-repository.md). Torch-free; parsed with yaml-cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/scheduler_config.h"
+#include "util/status.h"
+
+namespace qpool {
+
+// How one component's linear layers are quantized (at export time or at load time).
+struct QuantizationSpec {
+  std::string format = "none";    // none | int8 | nf4
+  int blocksize = 64;             // nf4 only; power of two in [16, 4096]
+  bool double_quant = false;      // nf4 only; 8-bit absmax of absmax
+  std::vector<std::string> skip;  // linear layers kept in full precision (name substrings)
+};
+
+// One TorchScript component of a pipeline.
+struct ComponentSpec {
+  std::string name;  // e.g. "unet"
+  std::string file;  // absolute, lexically normalized path inside the pipeline folder
+  QuantizationSpec quantization;
+};
+
+// CLIP byte-level BPE tokenizer files.
+struct TokenizerSpec {
+  std::string vocab;    // absolute path of vocab.json
+  std::string merges;   // absolute path of merges.txt
+  int max_length = 77;  // tokens per prompt, padded/truncated; in [2, 1024]
+};
+
+// Latent space of the VAE.
+struct LatentSpec {
+  int channels = 4;
+  int downscale = 8;  // image size / latent size
+  double scaling_factor = 0.18215;
+};
+
+// Used when a request leaves a field at 0/empty.
+struct GenerationDefaults {
+  int steps = 20;
+  double guidance_scale = 7.5;
+  int width = 512;
+  int height = 512;
+  std::string scheduler = "ddim";  // ddim | euler
+};
+
+// Requests beyond these are INVALID_ARGUMENT.
+struct RequestLimits {
+  int max_steps = 150;
+  int max_width = 1024;
+  int max_height = 1024;
+  int max_images = 4;
+  int max_prompts = 16;  // per Encode call
+};
+
+// Where and in which dtype the pipeline runs.
+struct Placement {
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  std::string dtype = "auto";   // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
+};
+
+struct PipelineManifest {
+  std::string name;                       // pipeline folder name
+  std::string kind;                       // "sd"
+  std::string dir;                        // absolute pipeline folder
+  std::string path;                       // absolute path of pipeline.yaml
+  std::vector<ComponentSpec> components;  // kind sd: text_encoder, unet, vae_decoder in this order
+  TokenizerSpec tokenizer;
+  SchedulerConfig scheduler;
+  LatentSpec latent;
+  GenerationDefaults defaults;
+  RequestLimits limits;
+  Placement placement;
+
+  // The component called `name`, or nullptr if the pipeline has none.
+  const ComponentSpec* FindComponent(const std::string& name) const;
+};
+
+// Component names a pipeline of `kind` must have, in execution order; empty for unknown kinds.
+std::vector<std::string> RequiredComponents(const std::string& kind);
+
+// Parses and validates <pipeline_dir>/pipeline.yaml. NotFound if the file is missing; every other
+// error is InvalidArgument whose message starts with the manifest's path and names the field by its
+// dotted path, e.g. "/m/tiny/pipeline.yaml: field 'components.unet.file' is required".
+StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir);
+
+// Same as LoadManifest, from text; errors still name pipeline_dir/pipeline.yaml, and component and
+// tokenizer files are still resolved against (and must exist in) pipeline_dir.
+StatusOr<PipelineManifest> ParseManifest(const std::string& yaml_text,
+                                         const std::string& pipeline_dir);
+
+}  // namespace qpool

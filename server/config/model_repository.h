@@ -1,0 +1,44 @@
+// ModelRepository: the directory of pipeline folders that qpool serves (docs/model-repository.md).
+// Clients name pipelines only; this is where a name becomes a folder, after validation.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/manifest.h"
+#include "util/status.h"
+
+namespace qpool {
+
+// OK for a valid client-supplied pipeline name: 1..64 characters from [A-Za-z0-9._-], not starting
+// with '.'. Anything else ("../x", "/etc/passwd", "a/b", "") is InvalidArgument saying what a valid
+// name is, so no client string can reach outside the repository.
+Status ValidatePipelineName(const std::string& name);
+
+// Thread-safety: immutable after Open; every method may be called from any thread. The folder is
+// re-read on each call, so pipelines added or removed on disk are seen at once.
+class ModelRepository {
+ public:
+  // Opens the repository at `root` (made absolute). NotFound if it does not exist,
+  // InvalidArgument if it is not a directory.
+  static StatusOr<ModelRepository> Open(const std::string& root);
+
+  // Absolute, normalized path of the repository.
+  const std::string& root() const { return root_; }
+
+  // Sorted names of the sub-folders that hold a pipeline.yaml; folders with invalid names are
+  // skipped.
+  std::vector<std::string> ListNames() const;
+
+  // The manifest of pipeline `name`: InvalidArgument for an invalid name, NotFound "no pipeline
+  // named 'x' in model repository <root>" when the folder or its pipeline.yaml is missing, else
+  // qpool::LoadManifest of the folder.
+  StatusOr<PipelineManifest> LoadManifest(const std::string& name) const;
+
+ private:
+  explicit ModelRepository(std::string root) : root_(std::move(root)) {}
+
+  std::string root_;
+};
+
+}  // namespace qpool

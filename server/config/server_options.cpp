@@ -1,0 +1,88 @@
+#include "config/server_options.h"
+
+#include <sstream>
+
+#include "util/log.h"
+
+namespace qpool {
+namespace {
+
+std::vector<std::string> SplitComma(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int min, int max) {
+  try {
+    size_t used = 0;
+    const long v = std::stol(value, &used);
+    if (used == value.size() && v >= min && v <= max) return static_cast<int>(v);
+  } catch (const std::exception&) {
+  }
+  return InvalidArgument(StrCat(flag, " must be an integer between ", min, " and ", max,
+                                " (got '", value, "')"));
+}
+
+}  // namespace
+
+std::string ServerUsage() {
+  return R"(usage: qpool-server [flags]
+  --model-repository DIR   directory of pipeline folders (default: models)
+  --listen HOST:PORT       gRPC address (default: 0.0.0.0:50051; port 0 picks a free port)
+  --load NAMES             pipelines to load at start: comma-separated names, or "all"
+  --device DEVICE          default placement: auto (GPUs, else CPU) | cpu | cuda | cuda:N
+  --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
+  --max-message-mb N       largest gRPC message in MiB (default 64)
+  --drain-seconds N        time in-flight requests get on SIGTERM (default 30)
+  --log-level LEVEL        debug | info | warn | error (default info)
+  --help                   this text
+)";
+}
+
+StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
+  ServerOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::string value;
+    const auto eq = flag.find('=');
+    if (flag == "--help" || flag == "-h") return Status(StatusCode::kCancelled, ServerUsage());
+    if (flag.rfind("--", 0) != 0) return InvalidArgument(StrCat("unexpected argument '", flag, "'"));
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) return InvalidArgument(StrCat(flag, " needs a value"));
+      value = argv[++i];
+    }
+    if (flag == "--model-repository") {
+      o.model_repository = value;
+    } else if (flag == "--listen") {
+      o.listen = value;
+    } else if (flag == "--load") {
+      o.load = SplitComma(value);
+    } else if (flag == "--device") {
+      o.device = value;
+    } else if (flag == "--max-queue") {
+      ASSIGN_OR_RETURN(o.max_queue, ParseInt(flag, value, 1, 100000));
+    } else if (flag == "--max-message-mb") {
+      ASSIGN_OR_RETURN(o.max_message_mb, ParseInt(flag, value, 1, 2047));
+    } else if (flag == "--drain-seconds") {
+      ASSIGN_OR_RETURN(o.drain_seconds, ParseInt(flag, value, 0, 3600));
+    } else if (flag == "--log-level") {
+      if (value != "debug" && value != "info" && value != "warn" && value != "error") {
+        return InvalidArgument(StrCat("--log-level must be debug, info, warn or error"));
+      }
+      o.log_level = value;
+    } else {
+      return InvalidArgument(StrCat("unknown flag '", flag, "' (see --help)"));
+    }
+  }
+  return o;
+}
+
+}  // namespace qpool

@@ -1,0 +1,35 @@
+// Command-line options of qpool-server.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace qpool {
+
+struct ServerOptions {
+  // Directory of pipeline folders; clients name pipelines, never paths.
+  std::string model_repository = "models";
+  // host:port; port 0 picks a free one (printed at start-up, for tests and scripts).
+  std::string listen = "0.0.0.0:50051";
+  // Pipelines loaded at start-up: names, or "all". A failed load is logged, not fatal.
+  std::vector<std::string> load;
+  // auto (every GPU, else CPU) | cpu | cuda | cuda:N: where pipelines go by default.
+  std::string device = "auto";
+  // Requests waiting per device before RESOURCE_EXHAUSTED.
+  int max_queue = 64;
+  // Largest request/response in MiB: a few 1024x1024 PNGs fit in the default.
+  int max_message_mb = 64;
+  // Seconds in-flight requests get to finish on SIGTERM/SIGINT.
+  int drain_seconds = 30;
+  std::string log_level = "info";
+};
+
+// Parses argv. Returns InvalidArgument naming the flag; "--help" yields kCancelled with the usage
+// text as message so the caller can print it and exit 0.
+StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv);
+// The --help text.
+std::string ServerUsage();
+
+}  // namespace qpool
