@@ -1,0 +1,23 @@
+# qpool-server image: Debian 12 + CUDA 13 toolkit from the host's apt sources is not assumed;
+# the base image supplies nvcc. Build: docker build -t qpool .
+# Run:   docker run --gpus all -p 50051:50051 -v $PWD/models:/models qpool --load all
+FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS build
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
+      build-essential cmake ninja-build git python3 python3-venv python3-dev \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libspdlog-dev \
+      libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev \
+      libbenchmark-dev sudo && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN scripts/setup.sh && QPOOL_BUILD_DIR=/src/build scripts/build.sh -DQPOOL_BUILD_TESTS=OFF -DQPOOL_BUILD_BENCH=OFF
+
+FROM nvidia/cuda:13.0.0-runtime-ubuntu24.04
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
+      libgrpc++1.51t64 libprotobuf32t64 libspdlog1.12 libyaml-cpp0.8 python3 \
+    && rm -rf /var/lib/apt/lists/* || true
+COPY --from=build /src/.venv/lib /opt/qpool/venv/lib
+COPY --from=build /src/build/server/qpool-server /src/build/client/qpool /usr/local/bin/
+ENV LD_LIBRARY_PATH=/opt/qpool/venv/lib/python3.12/site-packages/torch/lib
+EXPOSE 50051
+ENTRYPOINT ["qpool-server", "--model-repository", "/models", "--listen", "0.0.0.0:50051"]
