@@ -1,6 +1,5 @@
-# qpool-server image: Debian 12 + CUDA 13 toolkit from the host's apt sources is not assumed;
-# the base image supplies nvcc. Build: docker build -t qpool .
-# Run:   docker run --gpus all -p 50051:50051 -v $PWD/models:/models qpool --load all
+# qpool-server image. The CUDA base image supplies nvcc 13 and the driver libraries; Ubuntu 24.04
+# carries the same gRPC 1.51 and Protobuf 3.21 as Debian 12. Build: docker build -t qpool .
 FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS build
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
@@ -15,7 +14,7 @@ RUN scripts/setup.sh && QPOOL_BUILD_DIR=/src/build scripts/build.sh -DQPOOL_BUIL
 FROM nvidia/cuda:13.0.0-runtime-ubuntu24.04
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
       libgrpc++1.51t64 libprotobuf32t64 libspdlog1.12 libyaml-cpp0.8 python3 \
-    && rm -rf /var/lib/apt/lists/* || true
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/.venv/lib /opt/qpool/venv/lib
 COPY --from=build /src/build/server/qpool-server /src/build/client/qpool /usr/local/bin/
 ENV LD_LIBRARY_PATH=/opt/qpool/venv/lib/python3.12/site-packages/torch/lib

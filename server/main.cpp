@@ -1,1 +1,97 @@
-int main() { return 0; }
+// qpool-server: serves the pipelines of a model repository over gRPC.
+#include <signal.h>
+
+#include <cstdio>
+#include <future>
+#include <iostream>
+
+#include "api/grpc_server.h"
+#include "config/model_repository.h"
+#include "config/server_options.h"
+#include "pool/device_pool.h"
+#include "pool/pipeline_registry.h"
+#include "util/log.h"
+
+namespace {
+
+// Loads each start-up pipeline on its device's worker and waits; failures are logged and the
+// pipeline shows as FAILED in ListPipelines, the server still starts.
+void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineRegistry& registry,
+                   qpool::DevicePool& devices, const qpool::ModelRepository& repository) {
+  std::vector<std::string> names = requested;
+  if (names.size() == 1 && names[0] == "all") names = repository.ListNames();
+  for (const auto& name : names) {
+    auto device = registry.PlanDevice(name, "");
+    if (!device.ok()) {
+      qpool::log::Error("cannot load '", name, "' at start-up: ", device.status().message());
+      continue;
+    }
+    std::promise<void> done;
+    auto submitted = devices.worker(*device).Submit([&](bool run) {
+      if (run) (void)registry.Load(name, device->str());  // Load logs its own errors
+      done.set_value();
+    });
+    if (submitted.ok()) done.get_future().wait();
+  }
+}
+
+int Run(int argc, char** argv) {
+  auto options = qpool::ParseServerOptions(argc, argv);
+  if (!options.ok()) {
+    if (options.status().code() == qpool::StatusCode::kCancelled) {
+      std::cout << options.status().message();
+      return 0;
+    }
+    std::cerr << "qpool-server: " << options.status().message() << "\n";
+    return 2;
+  }
+  qpool::log::SetLevel(options->log_level);
+
+  // Signals are taken by sigwait in this thread only; every thread started below inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto repository = qpool::ModelRepository::Open(options->model_repository);
+  if (!repository.ok()) {
+    std::cerr << "qpool-server: " << repository.status().message() << "\n";
+    return 2;
+  }
+  qpool::DevicePoolOptions pool_options;
+  pool_options.default_device = options->device;
+  pool_options.max_queue = static_cast<size_t>(options->max_queue);
+  auto devices = qpool::DevicePool::Create(pool_options);
+  if (!devices.ok()) {
+    std::cerr << "qpool-server: " << devices.status().message() << "\n";
+    return 2;
+  }
+  qpool::PipelineRegistry registry(*repository, **devices);
+
+  qpool::api::GrpcServerOptions grpc_options;
+  grpc_options.listen = options->listen;
+  grpc_options.max_message_bytes = options->max_message_mb << 20;
+  auto server = qpool::api::GrpcServer::Start(grpc_options, registry, **devices);
+  if (!server.ok()) {
+    std::cerr << "qpool-server: " << server.status().message() << "\n";
+    return 1;
+  }
+  LoadAtStartup(options->load, registry, **devices, *repository);
+  (*server)->SetServing(true);
+  std::cout << "qpool-server listening on " << (*server)->address() << std::endl;
+  qpool::log::Info("serving model repository ", repository->root(), " on ", (*server)->address());
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  qpool::log::Info("signal ", signal_number, ": draining for up to ", options->drain_seconds,
+                   " s");
+  (*server)->Shutdown(options->drain_seconds);
+  (*devices)->Stop();
+  qpool::log::Info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

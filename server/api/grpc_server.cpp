@@ -1,1 +1,48 @@
-// placeholder
+#include "api/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+
+namespace qpool::api {
+
+StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
+                                                        PipelineRegistry& registry,
+                                                        DevicePool& devices) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<GrpcServer> server(new GrpcServer(registry, devices));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(&server->inference_);
+  builder.RegisterService(&server->models_);
+  server->server_ = builder.BuildAndStart();
+  if (!server->server_ || port == 0) {
+    return Unavailable(StrCat("cannot listen on ", options.listen,
+                              " (address in use or invalid?)"));
+  }
+  const auto colon = options.listen.rfind(':');
+  server->address_ = options.listen.substr(0, colon) + ":" + std::to_string(port);
+  server->SetServing(false);
+  return server;
+}
+
+void GrpcServer::SetServing(bool serving) {
+  if (auto* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(serving);
+    for (const char* service : {"qpool.v1.InferenceService", "qpool.v1.ModelService"}) {
+      health->SetServingStatus(service, serving);
+    }
+  }
+}
+
+void GrpcServer::Shutdown(int drain_seconds) {
+  SetServing(false);
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
+}
+
+}  // namespace qpool::api
