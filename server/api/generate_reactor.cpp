@@ -1,0 +1,139 @@
+#include "api/generate_reactor.h"
+
+#include "api/proto_convert.h"
+#include "util/log.h"
+
+namespace qpool::api {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+GenerateReactor::GenerateReactor(PipelineRegistry& registry, const v1::GenerateRequest& request)
+    : queued_at_(std::chrono::steady_clock::now()) {
+  auto lease = registry.Acquire(request.pipeline());
+  if (!lease.ok()) {
+    Finish(ToGrpc(lease.status()));
+    return;
+  }
+  lease_ = std::move(lease).value();
+  auto params = ResolveGenerateRequest(FromProto(request), lease_->pipeline().manifest());
+  if (!params.ok()) {
+    lease_.reset();
+    Finish(ToGrpc(params.status()));
+    return;
+  }
+  params_ = std::move(params).value();
+  DeviceWorker& worker = lease_->worker();
+  Status submitted = worker.Submit([this](bool run) { Run(run); });
+  if (!submitted.ok()) {
+    lease_.reset();
+    Finish(ToGrpc(submitted));
+  }
+}
+
+void GenerateReactor::Run(bool run) {
+  if (!run) {
+    lease_.reset();
+    FinishAfterWrites(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
+    return;
+  }
+  if (cancelled_) {
+    lease_.reset();
+    FinishAfterWrites(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
+    return;
+  }
+  const double queue_seconds = Since(queued_at_);
+  const auto start = std::chrono::steady_clock::now();
+  SdPipeline& pipeline = lease_->pipeline();
+  auto progress = [this, start](int step, int total) {
+    v1::GenerateResponse message;
+    auto* p = message.mutable_progress();
+    p->set_step(static_cast<uint32_t>(step));
+    p->set_total(static_cast<uint32_t>(total));
+    p->set_elapsed_seconds(Since(start));
+    Push(std::move(message));
+  };
+  auto output = pipeline.Generate(params_, progress, [this] { return cancelled_.load(); });
+  const std::string device = pipeline.device().str();
+  lease_.reset();
+  if (!output.ok()) {
+    if (output.status().code() != StatusCode::kCancelled) {
+      log::Warn("Generate failed: ", output.status().ToString());
+    }
+    FinishAfterWrites(ToGrpc(output.status()));
+    return;
+  }
+  v1::GenerateResponse message;
+  auto* result = message.mutable_result();
+  for (auto& image : output->images) {
+    auto* out = result->add_images();
+    out->set_png(std::move(image.png));
+    out->set_width(static_cast<uint32_t>(image.width));
+    out->set_height(static_cast<uint32_t>(image.height));
+  }
+  result->set_seed(params_.seed);
+  result->set_device(device);
+  result->set_scheduler(params_.scheduler);
+  result->set_steps(static_cast<uint32_t>(params_.steps));
+  result->set_guidance_scale(static_cast<float>(params_.guidance_scale));
+  auto* timings = result->mutable_timings();
+  timings->set_queue_seconds(queue_seconds);
+  timings->set_encode_seconds(output->timings.encode_seconds);
+  timings->set_denoise_seconds(output->timings.denoise_seconds);
+  timings->set_decode_seconds(output->timings.decode_seconds);
+  timings->set_total_seconds(queue_seconds + Since(start));
+  Push(std::move(message));
+  FinishAfterWrites(grpc::Status::OK);
+}
+
+void GenerateReactor::Push(v1::GenerateResponse message) {
+  const v1::GenerateResponse* to_write = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(message));
+    if (writing_) return;
+    writing_ = true;
+    to_write = &pending_.front();
+  }
+  StartWrite(to_write);
+}
+
+void GenerateReactor::FinishAfterWrites(grpc::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_status_ = std::move(status);
+    finish_requested_ = true;
+    if (writing_) return;  // OnWriteDone finishes once the queue drains
+  }
+  Finish(final_status_);
+}
+
+void GenerateReactor::OnWriteDone(bool ok) {
+  const v1::GenerateResponse* to_write = nullptr;
+  bool finish = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.pop_front();
+    if (!ok) {
+      cancelled_ = true;  // the stream broke: stop the work and drop what is queued
+      pending_.clear();
+    }
+    if (!pending_.empty()) {
+      to_write = &pending_.front();
+    } else {
+      writing_ = false;
+      finish = finish_requested_;
+    }
+  }
+  if (to_write != nullptr) {
+    StartWrite(to_write);
+  } else if (finish) {
+    Finish(final_status_);
+  }
+}
+
+}  // namespace qpool::api

@@ -1,0 +1,43 @@
+// GrpcServer: the gRPC server with qpool's services, health checking and reflection.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "api/inference_service.h"
+#include "api/model_service.h"
+#include "pool/device_pool.h"
+#include "pool/pipeline_registry.h"
+
+namespace qpool::api {
+
+struct GrpcServerOptions {
+  std::string listen = "0.0.0.0:50051";
+  int max_message_bytes = 64 << 20;
+};
+
+class GrpcServer {
+ public:
+  // Builds and starts the server. Unavailable if the address cannot be bound.
+  static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
+                                                     PipelineRegistry& registry,
+                                                     DevicePool& devices);
+  // The address actually bound (the port filled in when 0 was asked).
+  const std::string& address() const { return address_; }
+  // Marks every service SERVING (or NOT_SERVING) in grpc.health.v1.
+  void SetServing(bool serving);
+  // Stops accepting calls; in-flight calls get until `drain_seconds` before being cancelled.
+  void Shutdown(int drain_seconds);
+
+ private:
+  GrpcServer(PipelineRegistry& registry, DevicePool& devices)
+      : inference_(registry), models_(registry, devices) {}
+  InferenceService inference_;
+  ModelService models_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace qpool::api

@@ -1,0 +1,89 @@
+#include "api/proto_convert.h"
+
+#include "pipeline/scheduler/scheduler.h"
+
+namespace qpool::api {
+
+grpc::Status ToGrpc(const Status& status) {
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  switch (status.code()) {
+    case StatusCode::kOk: return grpc::Status::OK;
+    case StatusCode::kCancelled: code = grpc::StatusCode::CANCELLED; break;
+    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
+    case StatusCode::kAlreadyExists: code = grpc::StatusCode::ALREADY_EXISTS; break;
+    case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
+    case StatusCode::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case StatusCode::kInternal: code = grpc::StatusCode::INTERNAL; break;
+    case StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
+  }
+  return grpc::Status(code, status.message());
+}
+
+GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
+  GenerateRequestIn in;
+  in.pipeline = r.pipeline();
+  in.prompt = r.prompt();
+  in.negative_prompt = r.negative_prompt();
+  if (r.has_steps()) in.steps = r.steps();
+  if (r.has_guidance_scale()) in.guidance_scale = r.guidance_scale();
+  if (r.has_width()) in.width = r.width();
+  if (r.has_height()) in.height = r.height();
+  if (r.has_num_images()) in.num_images = r.num_images();
+  if (r.has_seed()) in.seed = r.seed();
+  in.scheduler = r.scheduler();
+  return in;
+}
+
+void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
+  out->set_name(s.name);
+  out->set_kind(s.kind);
+  switch (s.state) {
+    case PipelineState::kAvailable:
+    case PipelineState::kLoading: out->set_state(v1::PIPELINE_STATE_AVAILABLE); break;
+    case PipelineState::kLoaded: out->set_state(v1::PIPELINE_STATE_LOADED); break;
+    case PipelineState::kFailed: out->set_state(v1::PIPELINE_STATE_FAILED); break;
+  }
+  out->set_device(s.device);
+  out->set_error(s.error);
+  out->set_in_flight(s.in_flight);
+  for (const auto& c : s.components) {
+    auto* info = out->add_components();
+    info->set_name(c.name);
+    info->set_device(c.device);
+    info->set_dtype(c.dtype);
+    info->set_quantization(c.quantization);
+    info->set_weight_bytes(c.bytes.weight);
+    info->set_quant_state_bytes(c.bytes.quant_state);
+    info->set_other_bytes(c.bytes.other);
+  }
+  out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));
+  out->set_default_width(static_cast<uint32_t>(s.defaults.width));
+  out->set_default_height(static_cast<uint32_t>(s.defaults.height));
+  for (const auto& name : SchedulerNames()) out->add_schedulers(name);
+}
+
+void ToProto(const DeviceMemoryStats& s, v1::DeviceMemory* out) {
+  out->set_device(s.device);
+  out->set_allocated_bytes(s.allocated_bytes);
+  out->set_reserved_bytes(s.reserved_bytes);
+  out->set_total_bytes(s.total_bytes);
+  out->set_free_bytes(s.free_bytes);
+}
+
+void ToProto(const torch::Tensor& tensor, v1::Tensor* out) {
+  const torch::Tensor t = tensor.contiguous();
+  switch (t.scalar_type()) {
+    case torch::kFloat: out->set_dtype(v1::DTYPE_FLOAT32); break;
+    case torch::kHalf: out->set_dtype(v1::DTYPE_FLOAT16); break;
+    case torch::kBFloat16: out->set_dtype(v1::DTYPE_BFLOAT16); break;
+    case torch::kLong: out->set_dtype(v1::DTYPE_INT64); break;
+    default: out->set_dtype(v1::DTYPE_UNSPECIFIED); break;
+  }
+  for (int64_t d : t.sizes()) out->add_shape(d);
+  out->set_data(static_cast<const char*>(t.data_ptr()), t.nbytes());
+}
+
+}  // namespace qpool::api

@@ -1,0 +1,24 @@
+// Conversions between protobuf messages and engine types; the only place they meet.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "pipeline/generate_request.h"
+#include "pipeline/sd_pipeline.h"
+#include "pool/pipeline_registry.h"
+#include "memory/device_memory.h"
+#include "qpool/v1/qpool.pb.h"
+#include "util/status.h"
+
+namespace qpool::api {
+
+// Engine status -> gRPC status, message unchanged.
+grpc::Status ToGrpc(const Status& status);
+
+GenerateRequestIn FromProto(const v1::GenerateRequest& request);
+void ToProto(const PipelineStatus& status, v1::PipelineInfo* out);
+void ToProto(const DeviceMemoryStats& stats, v1::DeviceMemory* out);
+// Copies a CPU tensor (float32, float16, bfloat16 or int64) into a Tensor message.
+void ToProto(const torch::Tensor& tensor, v1::Tensor* out);
+
+}  // namespace qpool::api

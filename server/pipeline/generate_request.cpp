@@ -1,0 +1,104 @@
+#include "pipeline/generate_request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "util/log.h"
+
+namespace qpool {
+namespace {
+
+// Prompt bytes beyond this are refused: the tokenizer keeps 75 tokens anyway.
+constexpr size_t kMaxPromptBytes = 16 * 1024;
+
+// Request integers are uint32; anything past 2^30 is out of every limit anyway.
+int Clamp(uint32_t v) { return static_cast<int>(std::min<uint32_t>(v, 1u << 30)); }
+
+Status CheckSize(const char* field, int value, int limit, int multiple) {
+  if (value < multiple || value % multiple != 0) {
+    return InvalidArgument(
+        StrCat(field, " must be a positive multiple of ", multiple, " (got ", value, ")"));
+  }
+  if (value > limit) {
+    return InvalidArgument(StrCat(field, " must be at most ", limit, " for this pipeline (got ",
+                                  value, ")"));
+  }
+  return Status::Ok();
+}
+
+bool KnownScheduler(const std::string& name) { return name == "ddim" || name == "euler"; }
+
+}  // namespace
+
+StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
+                                                const PipelineManifest& manifest) {
+  const auto& defaults = manifest.defaults;
+  const auto& limits = manifest.limits;
+  GenerateParams p;
+  if (in.prompt.size() > kMaxPromptBytes || in.negative_prompt.size() > kMaxPromptBytes) {
+    return InvalidArgument(StrCat("prompt and negative_prompt must be at most ", kMaxPromptBytes,
+                                  " bytes"));
+  }
+  p.prompt = in.prompt;
+  p.negative_prompt = in.negative_prompt;
+
+  p.steps = in.steps ? Clamp(*in.steps) : defaults.steps;
+  if (p.steps < 1 || p.steps > limits.max_steps) {
+    return InvalidArgument(StrCat("steps must be between 1 and ", limits.max_steps,
+                                  " for pipeline '", manifest.name, "' (got ", p.steps, ")"));
+  }
+
+  if (in.guidance_scale.has_value()) {
+    const float g = *in.guidance_scale;
+    if (!std::isfinite(g) || g < 0) {
+      return InvalidArgument(StrCat("guidance_scale must be a finite number >= 0 (got ", g, ")"));
+    }
+    if (g > 100) {
+      return InvalidArgument(StrCat("guidance_scale must be at most 100 (got ", g, ")"));
+    }
+    p.guidance_scale = g;
+  } else {
+    p.guidance_scale = defaults.guidance_scale;
+  }
+
+  const int multiple = std::max(8, manifest.latent.downscale);
+  p.width = in.width ? Clamp(*in.width) : defaults.width;
+  p.height = in.height ? Clamp(*in.height) : defaults.height;
+  RETURN_IF_ERROR(CheckSize("width", p.width, limits.max_width, multiple));
+  RETURN_IF_ERROR(CheckSize("height", p.height, limits.max_height, multiple));
+
+  p.num_images = in.num_images ? Clamp(*in.num_images) : 1;
+  if (p.num_images < 1 || p.num_images > limits.max_images) {
+    return InvalidArgument(StrCat("num_images must be between 1 and ", limits.max_images,
+                                  " for pipeline '", manifest.name, "' (got ", p.num_images,
+                                  ")"));
+  }
+
+  p.scheduler = in.scheduler.empty() ? defaults.scheduler : in.scheduler;
+  if (!KnownScheduler(p.scheduler)) {
+    return InvalidArgument(
+        StrCat("unknown scheduler '", p.scheduler, "'; valid schedulers: ddim, euler"));
+  }
+
+  if (in.seed.has_value()) {
+    p.seed = *in.seed;
+  } else {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    // Keep seeds below 2^53 so JSON clients read them back exactly.
+    p.seed = rng() & ((uint64_t{1} << 53) - 1);
+  }
+  return p;
+}
+
+Status ValidateEncodePrompts(size_t num_prompts, const PipelineManifest& manifest) {
+  if (num_prompts == 0) return InvalidArgument("prompts must hold at least one prompt");
+  if (num_prompts > static_cast<size_t>(manifest.limits.max_prompts)) {
+    return InvalidArgument(StrCat("at most ", manifest.limits.max_prompts,
+                                  " prompts per Encode request for pipeline '", manifest.name,
+                                  "' (got ", num_prompts, ")"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace qpool

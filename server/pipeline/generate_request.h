@@ -1,0 +1,50 @@
+// Native, validated form of a Generate request (no protobuf, no torch).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "config/manifest.h"
+#include "util/status.h"
+
+namespace qpool {
+
+// A request as the client sent it: an absent field (or empty scheduler) takes the default.
+struct GenerateRequestIn {
+  std::string pipeline;
+  std::string prompt;
+  std::string negative_prompt;
+  std::optional<uint32_t> steps;
+  std::optional<float> guidance_scale;
+  std::optional<uint32_t> width;
+  std::optional<uint32_t> height;
+  std::optional<uint32_t> num_images;
+  std::optional<uint64_t> seed;
+  std::string scheduler;
+};
+
+// Every field resolved against the pipeline's defaults and checked against its limits.
+struct GenerateParams {
+  std::string prompt;
+  std::string negative_prompt;
+  int steps = 0;
+  double guidance_scale = 0;
+  int width = 0;
+  int height = 0;
+  int num_images = 1;
+  uint64_t seed = 0;  // image i uses seed + i
+  std::string scheduler;
+  // Classifier-free guidance runs the UNet on both prompts; off when guidance_scale <= 1.
+  bool do_cfg() const { return guidance_scale > 1.0; }
+};
+
+// Fills defaults from the manifest, draws a random seed when none is given, and returns
+// InvalidArgument naming the field for anything out of range.
+StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
+                                                const PipelineManifest& manifest);
+
+// Checks an Encode request's prompt count against the manifest's limits.
+Status ValidateEncodePrompts(size_t num_prompts, const PipelineManifest& manifest);
+
+}  // namespace qpool

@@ -1,0 +1,73 @@
+#include "pipeline/scheduler/ddim_scheduler.h"
+
+#include <cmath>
+#include <utility>
+
+#include "util/log.h"
+
+namespace qpool {
+
+// Note [DDIM step]
+// With a_t = alphas_cumprod[t] and a_prev = alphas_cumprod[t - N / n] (alphas_cumprod[0] once
+// that index is negative), diffusers computes
+//   x0     = (x - sqrt(1 - a_t) * eps) / sqrt(a_t)
+//   x_prev = sqrt(a_prev) * x0 + sqrt(1 - a_prev) * eps.
+// Expanding x0 gives x_prev = c_sample * x + c_eps * eps with
+//   c_sample = sqrt(a_prev / a_t),  c_eps = sqrt(1 - a_prev) - sqrt(a_prev) * sqrt(1 - a_t) / sqrt(a_t),
+// two scalars computed in double, so the tensor work is one multiply-add in the sample's dtype.
+// The previous timestep is t - N / n for every spacing, exactly as diffusers does, even where
+// "linspace"/"trailing" spacing makes it differ from the next timestep in the list.
+
+namespace {
+
+torch::ScalarType ComputeType(const torch::Tensor& t) {
+  const auto type = t.scalar_type();
+  return (type == torch::kHalf || type == torch::kBFloat16) ? torch::kFloat : type;
+}
+
+}  // namespace
+
+DdimScheduler::DdimScheduler(SchedulerConfig config) : Scheduler(std::move(config)) {}
+
+Status DdimScheduler::SetTimesteps(int num_steps) {
+  RETURN_IF_ERROR(CheckNumSteps(num_steps));
+  std::vector<double> t = SpacedTimesteps(config_, num_steps, /*round_linspace=*/true);
+  for (double v : t) {
+    if (v < 0 || v >= config_.num_train_timesteps) {
+      return InvalidArgument(StrCat("ddim scheduler: ", num_steps, " ", config_.timestep_spacing,
+                                    " steps with steps_offset ", config_.steps_offset,
+                                    " give timestep ", v, ", outside [0, ",
+                                    config_.num_train_timesteps, "); use fewer steps"));
+    }
+  }
+  timesteps_ = std::move(t);
+  step_ratio_ = config_.num_train_timesteps / num_steps;
+  return Status::Ok();
+}
+
+torch::Tensor DdimScheduler::ScaleModelInput(const torch::Tensor& sample, int step_index) const {
+  CheckStepIndex(step_index);
+  return sample;
+}
+
+std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const {
+  CheckStepIndex(step_index);
+  const int t = static_cast<int>(timesteps_[step_index]);
+  const int prev = t - step_ratio_;
+  const double a_t = alphas_cumprod_[t];
+  const double a_prev = prev >= 0 ? alphas_cumprod_[prev] : alphas_cumprod_[0];
+  const double c_sample = std::sqrt(a_prev / a_t);
+  const double c_eps = std::sqrt(1.0 - a_prev) - std::sqrt(a_prev) * std::sqrt(1.0 - a_t) / std::sqrt(a_t);
+  return {c_sample, c_eps};
+}
+
+torch::Tensor DdimScheduler::Step(const torch::Tensor& model_output, int step_index,
+                                  const torch::Tensor& sample) const {
+  const auto [c_sample, c_eps] = StepCoefficients(step_index);
+  const auto type = ComputeType(sample);
+  torch::Tensor x = sample.to(type);
+  torch::Tensor prev = x.mul(c_sample).add_(model_output.to(type), c_eps);
+  return prev.to(sample.scalar_type());
+}
+
+}  // namespace qpool

@@ -1,0 +1,34 @@
+// DdimScheduler: deterministic DDIM (eta = 0), as diffusers' DDIMScheduler with SD 1.x settings.
+#pragma once
+
+#include <utility>
+
+#include "pipeline/scheduler/scheduler.h"
+
+namespace qpool {
+
+// DDIM with eta = 0, clip_sample = false, set_alpha_to_one = false (the step past the first
+// training timestep uses alphas_cumprod[0]) and epsilon prediction. See Note [DDIM step].
+class DdimScheduler : public Scheduler {
+ public:
+  // `config` must have passed ValidateSchedulerConfig (MakeScheduler does this).
+  explicit DdimScheduler(SchedulerConfig config);
+
+  std::string name() const override { return "ddim"; }
+  // Integer timesteps of config.timestep_spacing; also rejects steps_offset pushing a
+  // timestep to >= num_train_timesteps (e.g. 1000 "leading" steps with offset 1).
+  Status SetTimesteps(int num_steps) override;
+  double init_noise_sigma() const override { return 1.0; }
+  // DDIM feeds the sample unscaled: returns `sample` itself.
+  torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const override;
+  torch::Tensor Step(const torch::Tensor& model_output, int step_index,
+                     const torch::Tensor& sample) const override;
+
+  // The two coefficients of Step at `step_index`: x_prev = c_sample * x + c_eps * eps.
+  std::pair<double, double> StepCoefficients(int step_index) const;
+
+ private:
+  int step_ratio_ = 0;  // num_train_timesteps / num_steps (integer division, as diffusers)
+};
+
+}  // namespace qpool

@@ -1,0 +1,73 @@
+#include "pipeline/scheduler/euler_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "util/log.h"
+
+namespace qpool {
+
+// Note [Euler sigmas]
+// sigma(t) = sqrt((1 - alphas_cumprod[t]) / alphas_cumprod[t]) on the training grid t = 0..N-1;
+// a step's sigma is that curve interpolated linearly at its (possibly fractional, see
+// Note [Timestep spacing]) timestep, clamped at the ends like np.interp. A 0 is appended for the
+// end of the last step. The sampler works on x = x0 + sigma * eps: the UNet, trained on
+// sqrt(a) x0 + sqrt(1 - a) eps, gets x / sqrt(sigma^2 + 1), and one Euler step moves along
+// d = eps: x_next = x + eps * (sigma_next - sigma). diffusers keeps these sigmas in float32; we
+// keep double (differences ~1e-7 relative).
+
+namespace {
+
+torch::ScalarType ComputeType(const torch::Tensor& t) {
+  const auto type = t.scalar_type();
+  return (type == torch::kHalf || type == torch::kBFloat16) ? torch::kFloat : type;
+}
+
+// np.interp(x, arange(len(ys)), ys).
+double Interp(double x, const std::vector<double>& ys) {
+  if (x <= 0) return ys.front();
+  const double last = static_cast<double>(ys.size() - 1);
+  if (x >= last) return ys.back();
+  const auto lo = static_cast<size_t>(std::floor(x));
+  const double frac = x - static_cast<double>(lo);
+  return ys[lo] + frac * (ys[lo + 1] - ys[lo]);
+}
+
+}  // namespace
+
+EulerScheduler::EulerScheduler(SchedulerConfig config) : Scheduler(std::move(config)) {
+  train_sigmas_.reserve(alphas_cumprod_.size());
+  for (double a : alphas_cumprod_) train_sigmas_.push_back(std::sqrt((1.0 - a) / a));
+}
+
+Status EulerScheduler::SetTimesteps(int num_steps) {
+  RETURN_IF_ERROR(CheckNumSteps(num_steps));
+  timesteps_ = SpacedTimesteps(config_, num_steps, /*round_linspace=*/false);
+  sigmas_.clear();
+  sigmas_.reserve(timesteps_.size() + 1);
+  for (double t : timesteps_) sigmas_.push_back(Interp(t, train_sigmas_));
+  sigmas_.push_back(0.0);
+  const double max_sigma = *std::max_element(sigmas_.begin(), sigmas_.end());
+  init_noise_sigma_ = config_.timestep_spacing == "leading" ? std::sqrt(max_sigma * max_sigma + 1.0)
+                                                            : max_sigma;
+  return Status::Ok();
+}
+
+torch::Tensor EulerScheduler::ScaleModelInput(const torch::Tensor& sample, int step_index) const {
+  CheckStepIndex(step_index);
+  const double sigma = sigmas_[step_index];
+  const auto type = ComputeType(sample);
+  return sample.to(type).div(std::sqrt(sigma * sigma + 1.0)).to(sample.scalar_type());
+}
+
+torch::Tensor EulerScheduler::Step(const torch::Tensor& model_output, int step_index,
+                                   const torch::Tensor& sample) const {
+  CheckStepIndex(step_index);
+  const double dt = sigmas_[step_index + 1] - sigmas_[step_index];
+  const auto type = ComputeType(sample);
+  torch::Tensor prev = sample.to(type).add(model_output.to(type), dt);
+  return prev.to(sample.scalar_type());
+}
+
+}  // namespace qpool

@@ -1,0 +1,35 @@
+// EulerScheduler: Euler discrete sampling (Karras et al. Algorithm 2 without churn), as diffusers'
+// EulerDiscreteScheduler.
+#pragma once
+
+#include "pipeline/scheduler/scheduler.h"
+
+namespace qpool {
+
+// Euler in sigma space with epsilon prediction, linear sigma interpolation, no churn, no Karras
+// sigmas. See Note [Euler sigmas].
+class EulerScheduler : public Scheduler {
+ public:
+  // `config` must have passed ValidateSchedulerConfig (MakeScheduler does this).
+  explicit EulerScheduler(SchedulerConfig config);
+
+  std::string name() const override { return "euler"; }
+  Status SetTimesteps(int num_steps) override;
+  // max sigma for "linspace"/"trailing" spacing, sqrt(max_sigma^2 + 1) for "leading" (diffusers).
+  double init_noise_sigma() const override { return init_noise_sigma_; }
+  // sample / sqrt(sigma_i^2 + 1).
+  torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const override;
+  // sample + model_output * (sigma_{i+1} - sigma_i).
+  torch::Tensor Step(const torch::Tensor& model_output, int step_index,
+                     const torch::Tensor& sample) const override;
+
+  // sigma of each step, followed by a final 0 (num_steps() + 1 values).
+  const std::vector<double>& sigmas() const { return sigmas_; }
+
+ private:
+  std::vector<double> train_sigmas_;  // sqrt((1 - a) / a) for each training timestep
+  std::vector<double> sigmas_;
+  double init_noise_sigma_ = 1.0;
+};
+
+}  // namespace qpool

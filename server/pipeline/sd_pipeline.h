@@ -1,0 +1,90 @@
+// SdPipeline: a Stable-Diffusion-1.x-shaped text-to-image pipeline (kind "sd"): CLIP tokenizer,
+// text encoder, UNet denoiser with classifier-free guidance, DDIM/Euler schedulers, VAE decoder.
+#pragma once
+
+#include <torch/script.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/manifest.h"
+#include "pipeline/component.h"
+#include "pipeline/generate_request.h"
+#include "pipeline/tokenizer/clip_tokenizer.h"
+#include "util/status.h"
+
+namespace qpool {
+
+struct GeneratedImage {
+  std::string png;
+  int width = 0;
+  int height = 0;
+};
+
+struct StageTimings {
+  double encode_seconds = 0;
+  double denoise_seconds = 0;
+  double decode_seconds = 0;
+};
+
+struct GenerateOutput {
+  std::vector<GeneratedImage> images;
+  StageTimings timings;
+};
+
+struct EncodeOutput {
+  torch::Tensor embeddings;  // float32, CPU, [n, max_length, hidden]
+  torch::Tensor input_ids;   // int64, CPU, [n, max_length]
+};
+
+// Called after each denoising step with (1-based step, total).
+using ProgressFn = std::function<void(int step, int total)>;
+// Polled between steps; returning true stops the request with CANCELLED.
+using CancelledFn = std::function<bool()>;
+
+// Thread safety: Generate and Encode may not run concurrently on one pipeline; the device
+// worker that owns it runs one request at a time.
+class SdPipeline {
+ public:
+  // Loads tokenizer and components on the CPU, quantizes components whose manifest asks for it
+  // at load time, then moves them to `device` in `dtype`. All or nothing.
+  static StatusOr<std::unique_ptr<SdPipeline>> Load(const PipelineManifest& manifest,
+                                                    const c10::Device& device,
+                                                    c10::ScalarType dtype);
+
+  // Runs a validated request. Noise is drawn on the CPU from seed + i for image i, so a seed
+  // gives identical images on the same device.
+  StatusOr<GenerateOutput> Generate(const GenerateParams& params, const ProgressFn& progress,
+                                    const CancelledFn& cancelled);
+
+  // Runs the text encoder alone.
+  StatusOr<EncodeOutput> Encode(const std::vector<std::string>& prompts);
+
+  const PipelineManifest& manifest() const { return manifest_; }
+  const c10::Device& device() const { return device_; }
+  c10::ScalarType dtype() const { return dtype_; }
+  const std::vector<std::unique_ptr<Component>>& components() const { return components_; }
+
+ private:
+  SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::Device device,
+             c10::ScalarType dtype);
+  Component& component(const std::string& name);
+  torch::Tensor TokenIds(const std::vector<std::string>& texts) const;
+  StatusOr<torch::Tensor> EncodeTexts(const std::vector<std::string>& texts);
+  StatusOr<torch::Tensor> Denoise(const GenerateParams& params, const torch::Tensor& context,
+                                  const ProgressFn& progress, const CancelledFn& cancelled);
+  StatusOr<std::vector<GeneratedImage>> Decode(const torch::Tensor& latents);
+
+  PipelineManifest manifest_;
+  ClipTokenizer tokenizer_;
+  c10::Device device_;
+  c10::ScalarType dtype_;
+  std::vector<std::unique_ptr<Component>> components_;
+};
+
+// Parses "float32"/"float16"/"bfloat16"; "auto" is float16 on CUDA, float32 on the CPU.
+StatusOr<c10::ScalarType> ResolveDtype(const std::string& name, const c10::Device& device);
+
+}  // namespace qpool

@@ -1,0 +1,128 @@
+// ResolveGenerateRequest: defaults, limits and the messages users see for bad fields.
+#include "pipeline/generate_request.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace qpool {
+namespace {
+
+PipelineManifest TinyManifest() {
+  PipelineManifest m;
+  m.name = "tiny";
+  m.kind = "sd";
+  m.defaults.steps = 4;
+  m.defaults.guidance_scale = 7.5;
+  m.defaults.width = 64;
+  m.defaults.height = 48;
+  m.defaults.scheduler = "ddim";
+  m.limits.max_steps = 50;
+  m.limits.max_width = 256;
+  m.limits.max_height = 256;
+  m.limits.max_images = 4;
+  m.limits.max_prompts = 3;
+  return m;
+}
+
+GenerateRequestIn Request() {
+  GenerateRequestIn in;
+  in.pipeline = "tiny";
+  in.prompt = "a fox";
+  return in;
+}
+
+void ExpectInvalid(const GenerateRequestIn& in, const std::string& needle) {
+  auto p = ResolveGenerateRequest(in, TinyManifest());
+  ASSERT_FALSE(p.ok()) << "accepted a request that should fail with: " << needle;
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find(needle), std::string::npos) << p.status().message();
+}
+
+TEST(GenerateRequest, UnsetFieldsTakeManifestDefaults) {
+  auto p = ResolveGenerateRequest(Request(), TinyManifest());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->steps, 4);
+  EXPECT_DOUBLE_EQ(p->guidance_scale, 7.5);
+  EXPECT_EQ(p->width, 64);
+  EXPECT_EQ(p->height, 48);
+  EXPECT_EQ(p->num_images, 1);
+  EXPECT_EQ(p->scheduler, "ddim");
+  EXPECT_TRUE(p->do_cfg());
+  EXPECT_LT(p->seed, uint64_t{1} << 53);
+}
+
+TEST(GenerateRequest, ExplicitValuesAreKept) {
+  auto in = Request();
+  in.steps = 50;
+  in.guidance_scale = 1.0f;
+  in.width = 256;
+  in.height = 8;
+  in.num_images = 4;
+  in.seed = 1234;
+  in.scheduler = "euler";
+  auto p = ResolveGenerateRequest(in, TinyManifest());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->steps, 50);
+  EXPECT_FALSE(p->do_cfg());
+  EXPECT_EQ(p->width, 256);
+  EXPECT_EQ(p->height, 8);
+  EXPECT_EQ(p->num_images, 4);
+  EXPECT_EQ(p->seed, 1234u);
+  EXPECT_EQ(p->scheduler, "euler");
+}
+
+TEST(GenerateRequest, RandomSeedsDiffer) {
+  auto a = ResolveGenerateRequest(Request(), TinyManifest());
+  auto b = ResolveGenerateRequest(Request(), TinyManifest());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->seed, b->seed);
+}
+
+TEST(GenerateRequest, BadFieldsNameTheField) {
+  auto in = Request();
+  in.steps = 0;
+  ExpectInvalid(in, "steps must be between 1 and 50");
+  in = Request();
+  in.steps = 51;
+  ExpectInvalid(in, "(got 51)");
+  in = Request();
+  in.width = 100;
+  ExpectInvalid(in, "width must be a positive multiple of 8 (got 100)");
+  in = Request();
+  in.height = 0;
+  ExpectInvalid(in, "height must be a positive multiple of 8");
+  in = Request();
+  in.width = 264;
+  ExpectInvalid(in, "width must be at most 256");
+  in = Request();
+  in.num_images = 0;
+  ExpectInvalid(in, "num_images must be between 1 and 4");
+  in = Request();
+  in.num_images = 5;
+  ExpectInvalid(in, "num_images");
+  in = Request();
+  in.guidance_scale = std::numeric_limits<float>::quiet_NaN();
+  ExpectInvalid(in, "guidance_scale must be a finite number");
+  in = Request();
+  in.guidance_scale = -1.0f;
+  ExpectInvalid(in, "guidance_scale");
+  in = Request();
+  in.scheduler = "pndm";
+  ExpectInvalid(in, "unknown scheduler 'pndm'; valid schedulers: ddim, euler");
+  in = Request();
+  in.steps = 4000000000u;  // beyond int: still a clear range error, no overflow
+  ExpectInvalid(in, "steps must be between 1 and 50");
+}
+
+TEST(GenerateRequest, EncodePromptCount) {
+  EXPECT_EQ(ValidateEncodePrompts(0, TinyManifest()).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateEncodePrompts(3, TinyManifest()).ok());
+  Status s = ValidateEncodePrompts(4, TinyManifest());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("at most 3 prompts"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace qpool
