@@ -1,8 +1,10 @@
 #include "pipeline/component.h"
 
 #include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <functional>
+#include <mutex>
 #include <unordered_set>
 
 #include "util/log.h"
@@ -45,6 +47,16 @@ Status CheckNoTensorConstants(const std::string& path, const torch::jit::Module&
   return Status::Ok();
 }
 
+// Note [TorchScript executor]
+// The profiling graph executor re-specializes and optimizes a graph during its first calls:
+// the tiny pipeline's first request took ~12 s on 2 CPU cores, later ones ~0.7 s, and the gain
+// on convolution/attention-bound diffusion graphs is nil (their time is in ATen kernels). qpool
+// runs graphs as exported, so the first request is as fast as the rest.
+void ConfigureExecutorOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
+}
+
 bool IsQuantStateName(const std::string& name) {
   static const std::unordered_set<std::string> kNames = {"absmax", "code", "nested_absmax",
                                                          "nested_code", "offset"};
@@ -66,6 +78,7 @@ Component::Component(std::string name, torch::jit::Module module)
 
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
+  ConfigureExecutorOnce();
   try {
     torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
     module.eval();

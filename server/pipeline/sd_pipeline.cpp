@@ -67,12 +67,12 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
     ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
     const QuantizationSpec& q = spec->quantization;
     if (q.format != "none" && component->quantization() == "none") {
-      QuantSettings settings;
+      quant::QuantSettings settings;
       settings.format = q.format;
       settings.blocksize = q.blocksize;
       settings.double_quant = q.double_quant;
       settings.skip = q.skip;
-      auto report = QuantizeModule(component->module(), settings);
+      auto report = quant::QuantizeModule(component->module(), settings);
       if (!report.ok()) {
         return Status(report.status().code(),
                       StrCat(manifest.path, ": components.", name, ".quantization: ",

@@ -13,7 +13,8 @@ namespace qpool {
 //   x0     = (x - sqrt(1 - a_t) * eps) / sqrt(a_t)
 //   x_prev = sqrt(a_prev) * x0 + sqrt(1 - a_prev) * eps.
 // Expanding x0 gives x_prev = c_sample * x + c_eps * eps with
-//   c_sample = sqrt(a_prev / a_t),  c_eps = sqrt(1 - a_prev) - sqrt(a_prev) * sqrt(1 - a_t) / sqrt(a_t),
+//   c_sample = sqrt(a_prev / a_t),  c_eps = sqrt(1 - a_prev) - sqrt(a_prev) * sqrt(1 - a_t) /
+//   sqrt(a_t),
 // two scalars computed in double, so the tensor work is one multiply-add in the sample's dtype.
 // The previous timestep is t - N / n for every spacing, exactly as diffusers does, even where
 // "linspace"/"trailing" spacing makes it differ from the next timestep in the list.
@@ -57,7 +58,8 @@ std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const 
   const double a_t = alphas_cumprod_[t];
   const double a_prev = prev >= 0 ? alphas_cumprod_[prev] : alphas_cumprod_[0];
   const double c_sample = std::sqrt(a_prev / a_t);
-  const double c_eps = std::sqrt(1.0 - a_prev) - std::sqrt(a_prev) * std::sqrt(1.0 - a_t) / std::sqrt(a_t);
+  const double c_eps =
+      std::sqrt(1.0 - a_prev) - std::sqrt(a_prev) * std::sqrt(1.0 - a_t) / std::sqrt(a_t);
   return {c_sample, c_eps};
 }
 

@@ -49,8 +49,8 @@ Status EulerScheduler::SetTimesteps(int num_steps) {
   for (double t : timesteps_) sigmas_.push_back(Interp(t, train_sigmas_));
   sigmas_.push_back(0.0);
   const double max_sigma = *std::max_element(sigmas_.begin(), sigmas_.end());
-  init_noise_sigma_ = config_.timestep_spacing == "leading" ? std::sqrt(max_sigma * max_sigma + 1.0)
-                                                            : max_sigma;
+  init_noise_sigma_ =
+      config_.timestep_spacing == "leading" ? std::sqrt(max_sigma * max_sigma + 1.0) : max_sigma;
   return Status::Ok();
 }
 

@@ -52,8 +52,7 @@ std::string Join(const std::vector<std::string>& items) {
 std::vector<double> ComputeBetas(const SchedulerConfig& config) {
   const int n = config.num_train_timesteps;
   if (config.beta_schedule == "linear") return Linspace(config.beta_start, config.beta_end, n);
-  std::vector<double> betas =
-      Linspace(std::sqrt(config.beta_start), std::sqrt(config.beta_end), n);
+  std::vector<double> betas = Linspace(std::sqrt(config.beta_start), std::sqrt(config.beta_end), n);
   for (double& b : betas) b *= b;
   return betas;
 }
@@ -77,7 +76,8 @@ std::vector<double> SpacedTimesteps(const SchedulerConfig& config, int num_steps
   if (config.timestep_spacing == "linspace") {
     const std::vector<double> t = Linspace(0.0, n_train - 1, num_steps);
     for (auto it = t.rbegin(); it != t.rend(); ++it) {
-      out.push_back(round_linspace ? std::nearbyint(*it) : static_cast<double>(static_cast<float>(*it)));
+      out.push_back(round_linspace ? std::nearbyint(*it)
+                                   : static_cast<double>(static_cast<float>(*it)));
     }
   } else if (config.timestep_spacing == "trailing") {
     const double ratio = static_cast<double>(n_train) / num_steps;
@@ -95,8 +95,8 @@ Status ValidateSchedulerConfig(const SchedulerConfig& c) {
   static const std::vector<std::string> kSchedules = {"scaled_linear", "linear"};
   static const std::vector<std::string> kSpacings = {"leading", "linspace", "trailing"};
   if (c.num_train_timesteps < 1) {
-    return InvalidArgument(StrCat("scheduler num_train_timesteps must be >= 1, got ",
-                                  c.num_train_timesteps));
+    return InvalidArgument(
+        StrCat("scheduler num_train_timesteps must be >= 1, got ", c.num_train_timesteps));
   }
   if (!(c.beta_start > 0.0 && c.beta_start < 1.0)) {
     return InvalidArgument(StrCat("scheduler beta_start must be in (0, 1), got ", c.beta_start));

@@ -1,4 +1,5 @@
-// Scheduler: the noise schedule and update rule of a diffusion denoising loop (diffusers-compatible).
+// Scheduler: the noise schedule and update rule of a diffusion denoising loop
+// (diffusers-compatible).
 #pragma once
 
 #include <torch/types.h>

@@ -1,14 +1,14 @@
 #include "pipeline/tokenizer/clip_tokenizer.h"
 
+#include <locale.h>
+#include <wctype.h>
+
 #include <array>
 #include <fstream>
 #include <limits>
-#include <locale.h>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
-#include <wctype.h>
-
-#include <nlohmann/json.hpp>
 
 #include "util/log.h"
 
@@ -22,7 +22,8 @@ namespace qpool {
 //   2. Whitespace runs (Python's str.isspace set) collapse to one space; the text is stripped and
 //      lowercased (towlower under C.UTF-8, see Note [Unicode classes without ICU]).
 //   3. Pre-tokenization by CLIP's pattern, tried in this order at each position:
-//        <|startoftext|> | <|endoftext|> | 's|'t|'re|'ve|'m|'ll|'d | \p{L}+ | \p{N} | [^\s\p{L}\p{N}]+
+//        <|startoftext|> | <|endoftext|> | 's|'t|'re|'ve|'m|'ll|'d | \p{L}+ | \p{N} |
+//        [^\s\p{L}\p{N}]+
 //      so digits are single tokens and punctuation runs ("!?") are one word.
 //   4. Each word's UTF-8 bytes are mapped to printable characters (GPT-2 bytes_to_unicode), "</w>"
 //      is appended to the last one, and BPE merges adjacent pairs by lowest rank (merges.txt line
@@ -71,10 +72,21 @@ std::u32string DecodeUtf8(const std::string& s) {
     const auto b0 = static_cast<unsigned char>(s[i]);
     int len = 0;
     char32_t cp = 0;
-    if (b0 < 0x80) { out.push_back(b0); ++i; continue; }
-    if (b0 >= 0xC2 && b0 <= 0xDF) { len = 2; cp = b0 & 0x1F; }
-    else if (b0 >= 0xE0 && b0 <= 0xEF) { len = 3; cp = b0 & 0x0F; }
-    else if (b0 >= 0xF0 && b0 <= 0xF4) { len = 4; cp = b0 & 0x07; }
+    if (b0 < 0x80) {
+      out.push_back(b0);
+      ++i;
+      continue;
+    }
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+      len = 2;
+      cp = b0 & 0x1F;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+      len = 3;
+      cp = b0 & 0x0F;
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+      len = 4;
+      cp = b0 & 0x07;
+    }
     bool ok = len > 0 && i + len <= s.size();
     for (int k = 1; ok && k < len; ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);
@@ -86,8 +98,13 @@ std::u32string DecodeUtf8(const std::string& s) {
                (cp >= 0xD800 && cp <= 0xDFFF))) {
       ok = false;
     }
-    if (ok) { out.push_back(cp); i += len; }
-    else { out.push_back(kReplacement); ++i; }  // one replacement per bad byte
+    if (ok) {
+      out.push_back(cp);
+      i += len;
+    } else {
+      out.push_back(kReplacement);
+      ++i;
+    }  // one replacement per bad byte
   }
   return out;
 }
@@ -119,24 +136,22 @@ std::string EncodeUtf8(const std::u32string& s) {
 // Python's str.isspace set (what CLIP's whitespace_clean collapses).
 bool IsSpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // \p{N}: the common Nd/Nl/No ranges (Note [Unicode classes without ICU]).
 bool IsNumber(char32_t c) {
   static constexpr std::pair<char32_t, char32_t> kRanges[] = {
-      {0x30, 0x39},       {0xB2, 0xB3},       {0xB9, 0xB9},       {0xBC, 0xBE},
-      {0x660, 0x669},     {0x6F0, 0x6F9},     {0x7C0, 0x7C9},     {0x966, 0x96F},
-      {0x9E6, 0x9EF},     {0xA66, 0xA6F},     {0xAE6, 0xAEF},     {0xB66, 0xB6F},
-      {0xBE6, 0xBF2},     {0xC66, 0xC6F},     {0xCE6, 0xCEF},     {0xD66, 0xD78},
-      {0xDE6, 0xDEF},     {0xE50, 0xE59},     {0xED0, 0xED9},     {0xF20, 0xF33},
-      {0x1040, 0x1049},   {0x1090, 0x1099},   {0x17E0, 0x17E9},   {0x1810, 0x1819},
-      {0x2070, 0x2070},   {0x2074, 0x2079},   {0x2080, 0x2089},   {0x2150, 0x2182},
-      {0x2185, 0x2189},   {0x2460, 0x249B},   {0x24EA, 0x24FF},   {0x2776, 0x2793},
-      {0x3007, 0x3007},   {0x3021, 0x3029},   {0x3038, 0x303A},   {0x3192, 0x3195},
-      {0x3220, 0x3229},   {0x3248, 0x324F},   {0x3251, 0x325F},   {0x3280, 0x3289},
-      {0x32B1, 0x32BF},   {0xFF10, 0xFF19},   {0x1D7CE, 0x1D7FF}, {0x1F100, 0x1F10C},
+      {0x30, 0x39},     {0xB2, 0xB3},     {0xB9, 0xB9},       {0xBC, 0xBE},       {0x660, 0x669},
+      {0x6F0, 0x6F9},   {0x7C0, 0x7C9},   {0x966, 0x96F},     {0x9E6, 0x9EF},     {0xA66, 0xA6F},
+      {0xAE6, 0xAEF},   {0xB66, 0xB6F},   {0xBE6, 0xBF2},     {0xC66, 0xC6F},     {0xCE6, 0xCEF},
+      {0xD66, 0xD78},   {0xDE6, 0xDEF},   {0xE50, 0xE59},     {0xED0, 0xED9},     {0xF20, 0xF33},
+      {0x1040, 0x1049}, {0x1090, 0x1099}, {0x17E0, 0x17E9},   {0x1810, 0x1819},   {0x2070, 0x2070},
+      {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2182},   {0x2185, 0x2189},   {0x2460, 0x249B},
+      {0x24EA, 0x24FF}, {0x2776, 0x2793}, {0x3007, 0x3007},   {0x3021, 0x3029},   {0x3038, 0x303A},
+      {0x3192, 0x3195}, {0x3220, 0x3229}, {0x3248, 0x324F},   {0x3251, 0x325F},   {0x3280, 0x3289},
+      {0x32B1, 0x32BF}, {0xFF10, 0xFF19}, {0x1D7CE, 0x1D7FF}, {0x1F100, 0x1F10C},
   };
   for (const auto& [lo, hi] : kRanges) {
     if (c < lo) return false;
@@ -148,12 +163,13 @@ bool IsNumber(char32_t c) {
 // Fallback \p{L} without a UTF-8 locale.
 bool IsLetterFallback(char32_t c) {
   if (c < 0x80) return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-  if (c < 0x100) return c == 0xAA || c == 0xB5 || c == 0xBA || (c >= 0xC0 && c != 0xD7 && c != 0xF7);
-  if (c >= 0x300 && c <= 0x36F) return false;    // combining marks
-  if (c >= 0x2000 && c <= 0x2BFF) return false;  // punctuation, symbols, arrows, shapes
-  if (c >= 0x3000 && c <= 0x303F) return false;  // CJK punctuation
-  if (c >= 0xFE00 && c <= 0xFE6F) return false;  // variation selectors, small forms
-  if (c >= 0xFF00 && c <= 0xFF20) return false;  // fullwidth punctuation
+  if (c < 0x100)
+    return c == 0xAA || c == 0xB5 || c == 0xBA || (c >= 0xC0 && c != 0xD7 && c != 0xF7);
+  if (c >= 0x300 && c <= 0x36F) return false;      // combining marks
+  if (c >= 0x2000 && c <= 0x2BFF) return false;    // punctuation, symbols, arrows, shapes
+  if (c >= 0x3000 && c <= 0x303F) return false;    // CJK punctuation
+  if (c >= 0xFE00 && c <= 0xFE6F) return false;    // variation selectors, small forms
+  if (c >= 0xFF00 && c <= 0xFF20) return false;    // fullwidth punctuation
   if (c >= 0x1F000 && c <= 0x1FAFF) return false;  // emoji and pictographs
   if (c == kReplacement || (c >= 0xE000 && c <= 0xF8FF)) return false;
   return true;
@@ -216,7 +232,8 @@ const ByteTable& Bytes() {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Replaces invalid UTF-8 (e.g. a multi-byte character cut by truncation) with U+FFFD.
@@ -247,8 +264,8 @@ ClipTokenizer::~ClipTokenizer() = default;
 StatusOr<ClipTokenizer> ClipTokenizer::Load(const std::string& vocab_path,
                                             const std::string& merges_path, int max_length) {
   if (max_length < 2) {
-    return InvalidArgument(StrCat("tokenizer max_length must be >= 2 (room for BOS and EOS), got ",
-                                  max_length));
+    return InvalidArgument(
+        StrCat("tokenizer max_length must be >= 2 (room for BOS and EOS), got ", max_length));
   }
   ClipTokenizer tok;
   tok.max_length_ = max_length;
@@ -322,7 +339,10 @@ std::vector<std::string> ClipTokenizer::Bpe(const std::vector<std::string>& symb
     size_t best = 0;
     for (size_t i = 0; i + 1 < word.size(); ++i) {
       const int r = MergeRank(word[i], word[i + 1]);
-      if (r >= 0 && r < best_rank) { best_rank = r; best = i; }
+      if (r >= 0 && r < best_rank) {
+        best_rank = r;
+        best = i;
+      }
     }
     if (best_rank == std::numeric_limits<int>::max()) break;
     // Merge every non-overlapping occurrence of the best pair, left to right.
@@ -362,11 +382,13 @@ void ClipTokenizer::EncodeWord(const std::string& word, std::vector<int64_t>* ou
   std::vector<int64_t> ids;
   for (const std::string& sym : Bpe(symbols)) {
     const auto it = encoder_.find(sym);
-    if (it != encoder_.end()) { ids.push_back(it->second); continue; }
+    if (it != encoder_.end()) {
+      ids.push_back(it->second);
+      continue;
+    }
     // Fallback for inconsistent files: the symbol's single-byte symbols (Note [CLIP tokenization]).
     const bool ends_word = EndsWith(sym, kWordEnd);
-    const std::u32string chars =
-        DecodeUtf8(ends_word ? sym.substr(0, sym.size() - 4) : sym);
+    const std::u32string chars = DecodeUtf8(ends_word ? sym.substr(0, sym.size() - 4) : sym);
     for (size_t k = 0; k < chars.size(); ++k) {
       std::string piece;
       AppendUtf8(chars[k], &piece);
@@ -388,8 +410,14 @@ std::vector<int64_t> ClipTokenizer::Encode(const std::string& text) const {
   norm.reserve(raw.size());
   bool pending_space = false;
   for (char32_t c : raw) {
-    if (IsSpace(c)) { pending_space = !norm.empty(); continue; }
-    if (pending_space) { norm.push_back(U' '); pending_space = false; }
+    if (IsSpace(c)) {
+      pending_space = !norm.empty();
+      continue;
+    }
+    if (pending_space) {
+      norm.push_back(U' ');
+      pending_space = false;
+    }
     norm.push_back(ToLower(c));
   }
 
@@ -397,7 +425,10 @@ std::vector<int64_t> ClipTokenizer::Encode(const std::string& text) const {
   size_t i = 0;
   while (i < norm.size()) {
     const char32_t c = norm[i];
-    if (c == U' ') { ++i; continue; }
+    if (c == U' ') {
+      ++i;
+      continue;
+    }
     size_t end = i + 1;
     if (MatchesAt(norm, i, kBos) || MatchesAt(norm, i, kEos)) {
       const bool bos = MatchesAt(norm, i, kBos);

@@ -1,4 +1,5 @@
-// ClipTokenizer: the byte-level BPE tokenizer of CLIP text encoders (SD 1.x / 2.x / SDXL), torch-free.
+// ClipTokenizer: the byte-level BPE tokenizer of CLIP text encoders (SD 1.x / 2.x / SDXL),
+// torch-free.
 #pragma once
 
 #include <cstdint>
@@ -36,10 +37,10 @@ class ClipTokenizer {
   // the result is trimmed. Yields the normalized, pre-tokenized text ("hi , you").
   std::string Decode(const std::vector<int64_t>& ids) const;
 
-  int64_t bos_id() const { return bos_id_; }  // <|startoftext|>
-  int64_t eos_id() const { return eos_id_; }  // <|endoftext|>
-  int64_t pad_id() const { return eos_id_; }  // SD 1.x pads with <|endoftext|>
-  int max_length() const { return max_length_; }  // length of EncodePadded's output
+  int64_t bos_id() const { return bos_id_; }             // <|startoftext|>
+  int64_t eos_id() const { return eos_id_; }             // <|endoftext|>
+  int64_t pad_id() const { return eos_id_; }             // SD 1.x pads with <|endoftext|>
+  int max_length() const { return max_length_; }         // length of EncodePadded's output
   size_t vocab_size() const { return encoder_.size(); }  // entries of vocab.json
 
  private:

@@ -1,0 +1,112 @@
+// Component: every tensor slot is owned, moved, typed and accounted; tensor constants are refused.
+#include "pipeline/component.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include "testing/test_paths.h"
+
+namespace qpool {
+namespace {
+
+// A module with a parameter, an int buffer, a float buffer, quant-state-named buffers and a
+// plain tensor attribute in a submodule: the slots TorchScript's own to() handles differently.
+torch::jit::Module MakeModule() {
+  torch::jit::Module inner("Inner");
+  inner.register_parameter("weight", torch::ones({4, 4}), /*is_buffer=*/false);
+  inner.register_buffer("absmax", torch::full({4}, 2.0));
+  inner.register_buffer("code", torch::linspace(-1, 1, 16));
+  inner.register_attribute("table", c10::TensorType::get(), torch::arange(8, torch::kFloat));
+  inner.define(R"JIT(
+    def forward(self, x):
+        return torch.matmul(x, self.weight) * self.absmax[0]
+  )JIT");
+  torch::jit::Module outer("Outer");
+  outer.register_module("inner", inner);
+  outer.register_buffer("position_ids", torch::arange(77, torch::kLong));
+  outer.register_buffer("freqs", torch::ones({3}));
+  outer.define(R"JIT(
+    def forward(self, x):
+        return self.inner.forward(x) + self.freqs[0]
+  )JIT");
+  return outer;
+}
+
+std::string SaveModule(const torch::jit::Module& m, const std::string& tag) {
+  const std::string path = testing::MakeTempDir(tag) + "/component.pt";
+  m.save(path);
+  return path;
+}
+
+TEST(Component, RolesByName) {
+  EXPECT_EQ(RoleOf("weight", false), TensorRole::kWeight);
+  EXPECT_EQ(RoleOf("bias", false), TensorRole::kWeight);
+  EXPECT_EQ(RoleOf("anything", true), TensorRole::kWeight);
+  for (const char* name : {"absmax", "code", "nested_absmax", "nested_code", "offset"}) {
+    EXPECT_EQ(RoleOf(name, false), TensorRole::kQuantState) << name;
+  }
+  EXPECT_EQ(RoleOf("position_ids", false), TensorRole::kOther);
+}
+
+TEST(Component, LoadsAndAccountsEveryTensor) {
+  auto c = Component::Load("text_encoder", SaveModule(MakeModule(), "component-load"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->num_tensors(), 6u);
+  ComponentBytes b = (*c)->Bytes();
+  EXPECT_EQ(b.weight, 16u * 4);
+  EXPECT_EQ(b.quant_state, (4u + 16u) * 4);
+  EXPECT_EQ(b.other, 8u * 4 + 77u * 8 + 3u * 4);
+  EXPECT_EQ(b.total(), b.weight + b.quant_state + b.other);
+  EXPECT_EQ((*c)->quantization(), "none");
+  auto out = (*c)->Forward({torch::ones({2, 4})});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(torch::allclose(*out, torch::full({2, 4}, 9.0)));
+}
+
+TEST(Component, MoveConvertsFloatsButKeepsIntsAndQuantState) {
+  auto c = Component::Load("unet", SaveModule(MakeModule(), "component-move"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->MoveTo(c10::Device(c10::kCPU), c10::kHalf).ok());
+  auto& m = (*c)->module();
+  auto inner = m.attr("inner").toModule();
+  EXPECT_EQ(inner.attr("weight").toTensor().scalar_type(), c10::kHalf);
+  EXPECT_EQ(inner.attr("table").toTensor().scalar_type(), c10::kHalf);  // plain attribute too
+  EXPECT_EQ(inner.attr("absmax").toTensor().scalar_type(), c10::kFloat);  // quant state
+  EXPECT_EQ(m.attr("position_ids").toTensor().scalar_type(), c10::kLong);
+  EXPECT_EQ((*c)->dtype(), c10::kHalf);
+  EXPECT_EQ((*c)->Bytes().weight, 16u * 2);
+}
+
+TEST(Component, RefusesTensorConstantsNamingTheNode) {
+  torch::jit::Module m("Baked");
+  m.define(R"JIT(
+    def forward(self, x):
+        return x
+  )JIT");
+  auto graph = m.get_method("forward").graph();
+  torch::jit::Value* x = graph->inputs()[1];
+  torch::jit::Value* sum;
+  {
+    torch::jit::WithInsertPoint guard(graph->return_node());
+    torch::jit::Value* baked = graph->insertConstant(torch::ones({5}));
+    sum = graph->insert(c10::aten::add, {x, baked});
+  }
+  graph->return_node()->replaceInput(0, sum);
+  auto c = Component::Load("vae_decoder", SaveModule(m, "component-const"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("tensor constant of shape [5]"), std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("component.pt"), std::string::npos);
+}
+
+TEST(Component, MissingFileIsAClearError) {
+  auto c = Component::Load("unet", "/nonexistent/unet.pt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("/nonexistent/unet.pt"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qpool

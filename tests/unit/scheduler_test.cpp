@@ -1,0 +1,317 @@
+// DDIM and Euler schedulers against values computed by hand (SD 1.x config unless stated).
+#include "pipeline/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "pipeline/scheduler/ddim_scheduler.h"
+#include "pipeline/scheduler/euler_scheduler.h"
+
+namespace qpool {
+namespace {
+
+// SD 1.x: N = 1000, beta 0.00085 .. 0.012 scaled_linear, leading spacing, steps_offset 1.
+SchedulerConfig Sd15() { return SchedulerConfig{}; }
+
+SchedulerConfig WithSpacing(const std::string& spacing) {
+  SchedulerConfig c;
+  c.timestep_spacing = spacing;
+  return c;
+}
+
+// Independent reference: beta_i = (sqrt(0.00085) + i * (sqrt(0.012) - sqrt(0.00085)) / 999)^2
+// and alphas_cumprod[i] = prod_{j <= i} (1 - beta_j), by a plain loop.
+double RefBeta(int i) {
+  const double a = std::sqrt(0.00085), b = std::sqrt(0.012);
+  const double s = a + i * (b - a) / 999.0;
+  return s * s;
+}
+double RefAlphaCumprod(int i) {
+  double p = 1.0;
+  for (int j = 0; j <= i; ++j) p *= 1.0 - RefBeta(j);
+  return p;
+}
+double RefSigma(int t) { return std::sqrt((1.0 - RefAlphaCumprod(t)) / RefAlphaCumprod(t)); }
+
+std::unique_ptr<Scheduler> Make(const std::string& name, const SchedulerConfig& config, int steps) {
+  auto s = MakeScheduler(name, config);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  if (!s.ok()) return nullptr;
+  const Status st = (*s)->SetTimesteps(steps);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return std::move(s).value();
+}
+
+torch::Tensor T(std::vector<double> v) { return torch::tensor(v, torch::dtype(torch::kFloat64)); }
+
+TEST(SchedulerBetas, ScaledLinearEndpointsAndCumprod) {
+  const std::vector<double> betas = ComputeBetas(Sd15());
+  ASSERT_EQ(betas.size(), 1000u);
+  EXPECT_NEAR(betas[0], 0.00085, 1e-15);  // sqrt(0.00085)^2
+  EXPECT_NEAR(betas[999], 0.012, 1e-15);  // sqrt(0.012)^2
+  // betas[1] = (0.0291547595 + (0.1095445115 - 0.0291547595) / 999)^2 = 0.0292352292^2
+  //          = 0.000854699
+  EXPECT_NEAR(betas[1], 0.000854699, 1e-9);
+  EXPECT_NEAR(betas[500], RefBeta(500), 1e-15);
+
+  const std::vector<double> ac = AlphasCumprod(betas);
+  ASSERT_EQ(ac.size(), 1000u);
+  EXPECT_NEAR(ac[0], 0.99915, 1e-15);                     // 1 - 0.00085
+  EXPECT_NEAR(ac[1], 0.99915 * (1 - 0.000854699), 1e-9);  // = 0.998296
+  EXPECT_NEAR(ac[500], RefAlphaCumprod(500), 1e-12);      // ~0.27633
+  EXPECT_NEAR(ac[500], 0.27633, 1e-5);
+  // Published SD value: alphas_cumprod[999] ~ 0.0047 (sigma_max 14.6146 = sqrt((1-a)/a)).
+  EXPECT_NEAR(ac[999], RefAlphaCumprod(999), 1e-12);
+  EXPECT_NEAR(ac[999], 0.0046601, 1e-7);
+}
+
+TEST(SchedulerBetas, Linear) {
+  SchedulerConfig c;
+  c.beta_schedule = "linear";
+  c.beta_start = 0.0001;
+  c.beta_end = 0.02;
+  const std::vector<double> betas = ComputeBetas(c);
+  EXPECT_DOUBLE_EQ(betas[0], 0.0001);
+  EXPECT_DOUBLE_EQ(betas[999], 0.02);
+  EXPECT_NEAR(betas[1], 0.0001 + 0.0199 / 999, 1e-16);  // 0.00011992
+}
+
+TEST(SchedulerTimesteps, SpacingRules) {
+  // leading: 1000 / 10 = 100 -> 900, 800, ..., 0, + steps_offset 1.
+  EXPECT_EQ(SpacedTimesteps(Sd15(), 10, true),
+            (std::vector<double>{901, 801, 701, 601, 501, 401, 301, 201, 101, 1}));
+  // linspace(0, 999, 7) = 0, 166.5, 333, 499.5, 666, 832.5, 999; np.round is half-to-even:
+  // 166.5 -> 166, 499.5 -> 500, 832.5 -> 832.
+  EXPECT_EQ(SpacedTimesteps(WithSpacing("linspace"), 7, true),
+            (std::vector<double>{999, 832, 666, 500, 333, 166, 0}));
+  // Euler keeps the fractional values.
+  EXPECT_EQ(SpacedTimesteps(WithSpacing("linspace"), 7, false),
+            (std::vector<double>{999, 832.5, 666, 499.5, 333, 166.5, 0}));
+  // trailing: arange(1000, 0, -100) - 1.
+  EXPECT_EQ(SpacedTimesteps(WithSpacing("trailing"), 10, true),
+            (std::vector<double>{999, 899, 799, 699, 599, 499, 399, 299, 199, 99}));
+  // trailing, 3 steps: 1000, 666.67, 333.33 -> rounded 1000, 667, 333 -> minus 1.
+  EXPECT_EQ(SpacedTimesteps(WithSpacing("trailing"), 3, true),
+            (std::vector<double>{999, 666, 332}));
+}
+
+TEST(DdimScheduler, TimestepsLeadingWithOffset) {
+  auto s = Make("ddim", Sd15(), 10);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->name(), "ddim");
+  EXPECT_EQ(s->num_steps(), 10);
+  EXPECT_EQ(s->timesteps(), (std::vector<double>{901, 801, 701, 601, 501, 401, 301, 201, 101, 1}));
+  EXPECT_EQ(s->init_noise_sigma(), 1.0);
+
+  ASSERT_TRUE(s->SetTimesteps(50).ok());
+  ASSERT_EQ(s->num_steps(), 50);
+  // 1000 / 50 = 20: 980 + 1, 960 + 1, ..., 0 + 1.
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s->timesteps()[i], 981 - 20 * i) << i;
+}
+
+TEST(DdimScheduler, OneStepByHand) {
+  auto s = Make("ddim", Sd15(), 10);
+  ASSERT_NE(s, nullptr);
+  // Step 0: t = 901, prev = 901 - 100 = 801.
+  const double a_t = RefAlphaCumprod(901), a_p = RefAlphaCumprod(801);
+  const torch::Tensor x = T({1.0, -2.0, 0.5}), eps = T({0.5, 0.25, -1.0});
+  const torch::Tensor out = s->Step(eps, 0, x);
+  for (int i = 0; i < 3; ++i) {
+    const double xi = x[i].item<double>(), ei = eps[i].item<double>();
+    const double x0 = (xi - std::sqrt(1 - a_t) * ei) / std::sqrt(a_t);
+    const double expected = std::sqrt(a_p) * x0 + std::sqrt(1 - a_p) * ei;
+    EXPECT_NEAR(out[i].item<double>(), expected, 1e-12) << i;
+  }
+  // Last step: t = 1, prev = -99 < 0 -> a_prev = alphas_cumprod[0] = 0.99915 (set_alpha_to_one
+  // false). x0 = (1 - sqrt(1-a_1) * 0.5) / sqrt(a_1); x_prev = sqrt(0.99915) x0 + sqrt(0.00085)
+  // 0.5.
+  const double a_1 = RefAlphaCumprod(1);
+  const double x0 = (1.0 - std::sqrt(1 - a_1) * 0.5) / std::sqrt(a_1);
+  const double expected = std::sqrt(0.99915) * x0 + std::sqrt(0.00085) * 0.5;
+  EXPECT_NEAR(s->Step(T({0.5}), 9, T({1.0}))[0].item<double>(), expected, 1e-12);
+  // ScaleModelInput is the identity.
+  EXPECT_TRUE(torch::equal(s->ScaleModelInput(x, 3), x));
+}
+
+TEST(EulerScheduler, LinspaceTimestepsSigmasAndInitSigma) {
+  auto s = Make("euler", WithSpacing("linspace"), 10);
+  ASSERT_NE(s, nullptr);
+  auto* euler = dynamic_cast<EulerScheduler*>(s.get());
+  ASSERT_NE(euler, nullptr);
+  // linspace(0, 999, 10) = 0, 111, ..., 999 (exact integers), reversed.
+  EXPECT_EQ(s->timesteps(), (std::vector<double>{999, 888, 777, 666, 555, 444, 333, 222, 111, 0}));
+  ASSERT_EQ(euler->sigmas().size(), 11u);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_NEAR(euler->sigmas()[i], RefSigma(static_cast<int>(s->timesteps()[i])), 1e-9) << i;
+  }
+  EXPECT_EQ(euler->sigmas()[10], 0.0);
+  // sigma(999) = sqrt(0.99534 / 0.0046601) = 14.6146 (k-diffusion's SD sigma_max); sigma(0) =
+  // sqrt(0.00085 / 0.99915) = 0.029167 (sigma_min). linspace -> init_noise_sigma = max sigma.
+  EXPECT_NEAR(euler->sigmas()[0], 14.6146, 1e-4);
+  EXPECT_NEAR(euler->sigmas()[9], 0.029167, 1e-6);
+  EXPECT_NEAR(s->init_noise_sigma(), 14.6146, 1e-4);
+}
+
+TEST(EulerScheduler, LeadingInitSigmaAndFractionalInterpolation) {
+  auto s = Make("euler", Sd15(), 10);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->timesteps(), (std::vector<double>{901, 801, 701, 601, 501, 401, 301, 201, 101, 1}));
+  // leading -> sqrt(sigma(901)^2 + 1) = sqrt(8.39068^2 + 1) = 8.45006.
+  EXPECT_NEAR(s->init_noise_sigma(), std::sqrt(RefSigma(901) * RefSigma(901) + 1), 1e-9);
+  EXPECT_NEAR(s->init_noise_sigma(), 8.45006, 1e-5);
+
+  // linspace, 7 steps: timestep 832.5 -> sigma halfway between sigma(832) and sigma(833).
+  auto f = Make("euler", WithSpacing("linspace"), 7);
+  ASSERT_NE(f, nullptr);
+  auto* euler = dynamic_cast<EulerScheduler*>(f.get());
+  EXPECT_EQ(f->timesteps()[1], 832.5);
+  EXPECT_NEAR(euler->sigmas()[1], 0.5 * (RefSigma(832) + RefSigma(833)), 1e-9);
+  // 50 steps: t_1 = 999 - 999/49 = 978.6122..., stored as float32 like diffusers.
+  ASSERT_TRUE(f->SetTimesteps(50).ok());
+  EXPECT_EQ(f->timesteps()[1], static_cast<double>(static_cast<float>(999.0 - 999.0 / 49)));
+  const double t1 = f->timesteps()[1];
+  EXPECT_NEAR(euler->sigmas()[1], RefSigma(978) + (t1 - 978) * (RefSigma(979) - RefSigma(978)),
+              1e-9);
+}
+
+TEST(EulerScheduler, OneStepAndInputScalingByHand) {
+  auto s = Make("euler", WithSpacing("linspace"), 10);
+  ASSERT_NE(s, nullptr);
+  const double s0 = RefSigma(999), s1 = RefSigma(888);
+  const torch::Tensor x = T({1.0, -2.0}), eps = T({0.5, 0.25});
+  // x / sqrt(s0^2 + 1)
+  const torch::Tensor in = s->ScaleModelInput(x, 0);
+  EXPECT_NEAR(in[0].item<double>(), 1.0 / std::sqrt(s0 * s0 + 1), 1e-9);
+  EXPECT_NEAR(in[1].item<double>(), -2.0 / std::sqrt(s0 * s0 + 1), 1e-9);
+  // x + eps * (s1 - s0)
+  const torch::Tensor out = s->Step(eps, 0, x);
+  EXPECT_NEAR(out[0].item<double>(), 1.0 + 0.5 * (s1 - s0), 1e-9);
+  EXPECT_NEAR(out[1].item<double>(), -2.0 + 0.25 * (s1 - s0), 1e-9);
+  // Last step goes to sigma 0: x + eps * (0 - sigma(0)).
+  EXPECT_NEAR(s->Step(T({2.0}), 9, T({1.0}))[0].item<double>(), 1.0 - 2.0 * RefSigma(0), 1e-9);
+}
+
+// A perfect epsilon oracle (model_output = the true noise) must walk the sample back to x0.
+TEST(SchedulerDenoise, DdimWithOracleRecoversX0) {
+  for (int steps : {10, 50}) {
+    auto s = Make("ddim", Sd15(), steps);
+    ASSERT_NE(s, nullptr);
+    torch::manual_seed(0);
+    const torch::Tensor x0 = torch::randn({2, 4, 8, 8}, torch::kFloat64).clamp(-1, 1);
+    const torch::Tensor noise = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+    const double a_T = s->alphas_cumprod()[static_cast<int>(s->timesteps()[0])];
+    torch::Tensor x = std::sqrt(a_T) * x0 + std::sqrt(1 - a_T) * noise;
+    for (int i = 0; i < s->num_steps(); ++i) x = s->Step(noise, i, s->ScaleModelInput(x, i));
+    // The last step lands on alphas_cumprod[0]: x = sqrt(0.99915) x0 + sqrt(0.00085) noise.
+    const torch::Tensor expected = std::sqrt(0.99915) * x0 + std::sqrt(0.00085) * noise;
+    EXPECT_LT((x - expected).abs().max().item<double>(), 1e-10);
+    EXPECT_LT((x - x0).abs().max().item<double>(), 0.03 * noise.abs().max().item<double>() + 1e-3);
+  }
+}
+
+TEST(SchedulerDenoise, EulerWithOracleRecoversX0) {
+  for (const char* spacing : {"linspace", "leading", "trailing"}) {
+    auto s = Make("euler", WithSpacing(spacing), 25);
+    ASSERT_NE(s, nullptr);
+    auto* euler = dynamic_cast<EulerScheduler*>(s.get());
+    torch::manual_seed(1);
+    const torch::Tensor x0 = torch::randn({1, 4, 8, 8}, torch::kFloat64);
+    const torch::Tensor noise = torch::randn({1, 4, 8, 8}, torch::kFloat64);
+    torch::Tensor x = x0 + euler->sigmas()[0] * noise;  // x = x0 + sigma * eps
+    for (int i = 0; i < s->num_steps(); ++i) x = s->Step(noise, i, x);
+    EXPECT_LT((x - x0).abs().max().item<double>(), 1e-9) << spacing;
+  }
+  // float32 latents stay float32 and still land on x0.
+  auto s = Make("euler", WithSpacing("linspace"), 30);
+  auto* euler = dynamic_cast<EulerScheduler*>(s.get());
+  torch::manual_seed(2);
+  const torch::Tensor x0 = torch::randn({1, 4, 8, 8});
+  const torch::Tensor noise = torch::randn({1, 4, 8, 8});
+  torch::Tensor x = x0 + s->init_noise_sigma() * noise;  // linspace: init sigma = sigmas[0]
+  EXPECT_DOUBLE_EQ(s->init_noise_sigma(), euler->sigmas()[0]);
+  for (int i = 0; i < s->num_steps(); ++i) x = s->Step(noise, i, x);
+  EXPECT_EQ(x.scalar_type(), torch::kFloat);
+  EXPECT_LT((x - x0).abs().max().item<double>(), 1e-4);
+}
+
+TEST(SchedulerDtype, HalfInHalfOut) {
+  for (const std::string& name : SchedulerNames()) {
+    auto s = Make(name, Sd15(), 10);
+    ASSERT_NE(s, nullptr);
+    const torch::Tensor x = torch::ones({2, 3}, torch::kHalf);
+    const torch::Tensor eps = torch::full({2, 3}, 0.5, torch::kHalf);
+    EXPECT_EQ(s->Step(eps, 0, x).scalar_type(), torch::kHalf) << name;
+    EXPECT_EQ(s->ScaleModelInput(x, 0).scalar_type(), torch::kHalf) << name;
+    EXPECT_EQ(s->Step(eps, 0, x).sizes(), x.sizes()) << name;
+  }
+}
+
+TEST(SchedulerErrors, BadStepCounts) {
+  for (const std::string& name : SchedulerNames()) {
+    auto s = MakeScheduler(name, Sd15());
+    ASSERT_TRUE(s.ok());
+    for (int bad : {0, -3, 1001}) {
+      const Status st = (*s)->SetTimesteps(bad);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << name << " " << bad;
+      EXPECT_NE(st.message().find("between 1 and 1000"), std::string::npos) << st.message();
+    }
+    EXPECT_EQ((*s)->num_steps(), 0);
+    // Step before SetTimesteps, or past the last step, throws c10::Error.
+    EXPECT_THROW((*s)->Step(T({1.0}), 0, T({1.0})), c10::Error);
+    ASSERT_TRUE((*s)->SetTimesteps(5).ok());
+    EXPECT_THROW((*s)->Step(T({1.0}), 5, T({1.0})), c10::Error);
+    EXPECT_THROW((*s)->ScaleModelInput(T({1.0}), -1), c10::Error);
+  }
+  // DDIM: 1000 leading steps + offset 1 would need alphas_cumprod[1000].
+  auto ddim = MakeScheduler("ddim", Sd15());
+  const Status st = (*ddim)->SetTimesteps(1000);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("1000"), std::string::npos) << st.message();
+}
+
+TEST(SchedulerErrors, UnknownNameListsValidOnes) {
+  auto s = MakeScheduler("dpm++", Sd15());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("dpm++"), std::string::npos);
+  EXPECT_NE(s.status().message().find("ddim, euler"), std::string::npos);
+  EXPECT_EQ(SchedulerNames(), (std::vector<std::string>{"ddim", "euler"}));
+}
+
+TEST(SchedulerErrors, BadConfigNamesTheField) {
+  struct Case {
+    void (*mutate)(SchedulerConfig&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](SchedulerConfig& c) { c.beta_schedule = "cosine"; }, "beta_schedule"},
+      {[](SchedulerConfig& c) { c.timestep_spacing = "middle"; }, "timestep_spacing"},
+      {[](SchedulerConfig& c) { c.prediction_type = "v_prediction"; }, "prediction_type"},
+      {[](SchedulerConfig& c) { c.beta_start = 0.0; }, "beta_start"},
+      {[](SchedulerConfig& c) { c.beta_end = 1.0; }, "beta_end"},
+      {[](SchedulerConfig& c) {
+         c.beta_start = 0.02;
+         c.beta_end = 0.01;
+       },
+       "less than beta_end"},
+      {[](SchedulerConfig& c) { c.num_train_timesteps = 0; }, "num_train_timesteps"},
+      {[](SchedulerConfig& c) { c.steps_offset = -1; }, "steps_offset"},
+  };
+  for (const Case& c : cases) {
+    SchedulerConfig config;
+    c.mutate(config);
+    for (const std::string& name : SchedulerNames()) {
+      auto s = MakeScheduler(name, config);
+      ASSERT_FALSE(s.ok()) << c.field;
+      EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(s.status().message().find(c.field), std::string::npos) << s.status().message();
+    }
+    EXPECT_FALSE(ValidateSchedulerConfig(config).ok());
+  }
+  EXPECT_TRUE(ValidateSchedulerConfig(SchedulerConfig{}).ok());
+}
+
+}  // namespace
+}  // namespace qpool

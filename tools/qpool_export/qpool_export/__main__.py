@@ -1,0 +1,5 @@
+import sys
+
+from .export import main
+
+sys.exit(main())

@@ -1,0 +1,168 @@
+"""Building blocks shared by the UNet and the VAE decoder (diffusers-shaped, written for qpool).
+
+Trace-safety rules every block follows: shapes are read from tensors at run time (never stored as
+Python ints), dtypes follow the input (`type_as`), and linear layers are plain nn.Linear.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ResnetBlock2D(nn.Module):
+    """GroupNorm-SiLU-conv twice, with an optional time-embedding injection and 1x1 shortcut."""
+
+    def __init__(self, in_channels: int, out_channels: int, temb_channels: Optional[int],
+                 groups: int, eps: float):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, in_channels, eps=eps)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.time_emb_proj = nn.Linear(temb_channels, out_channels) if temb_channels else None
+        self.norm2 = nn.GroupNorm(groups, out_channels, eps=eps)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.conv_shortcut = (nn.Conv2d(in_channels, out_channels, 1)
+                              if in_channels != out_channels else None)
+
+    def forward(self, x: torch.Tensor, temb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        if self.time_emb_proj is not None and temb is not None:
+            h = h + self.time_emb_proj(F.silu(temb))[:, :, None, None]
+        h = self.conv2(F.silu(self.norm2(h)))
+        if self.conv_shortcut is not None:
+            x = self.conv_shortcut(x)
+        return x + h
+
+
+class Downsample2D(nn.Module):
+    """3x3 convolution with stride 2."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Upsample2D(nn.Module):
+    """Nearest-neighbour 2x upsampling followed by a 3x3 convolution."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # scale_factor (not a size computed here) keeps the traced graph shape-generic.
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Attention(nn.Module):
+    """Multi-head attention of [B, N, query_dim] over a context [B, M, context_dim] (self-attention
+    when no context is given)."""
+
+    def __init__(self, query_dim: int, context_dim: Optional[int], heads: int, head_dim: int,
+                 qkv_bias: bool):
+        super().__init__()
+        inner = heads * head_dim
+        context_dim = context_dim or query_dim
+        self.heads = heads
+        self.to_q = nn.Linear(query_dim, inner, bias=qkv_bias)
+        self.to_k = nn.Linear(context_dim, inner, bias=qkv_bias)
+        self.to_v = nn.Linear(context_dim, inner, bias=qkv_bias)
+        self.to_out = nn.ModuleList([nn.Linear(inner, query_dim)])
+
+    def _split(self, t: torch.Tensor) -> torch.Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.heads, -1).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, context: Optional[torch.Tensor] = None) -> torch.Tensor:
+        ctx = x if context is None else context
+        q, k, v = self._split(self.to_q(x)), self._split(self.to_k(ctx)), self._split(self.to_v(ctx))
+        y = F.scaled_dot_product_attention(q, k, v)
+        b, _, n, _ = y.shape
+        return self.to_out[0](y.transpose(1, 2).reshape(b, n, -1))
+
+
+class GEGLU(nn.Module):
+    """Linear to 2*inner, then value * gelu(gate)."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, inner * 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value, gate = self.proj(x).chunk(2, dim=-1)
+        return value * F.gelu(gate)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4):
+        super().__init__()
+        self.net = nn.ModuleList([GEGLU(dim, dim * mult), nn.Linear(dim * mult, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[1](self.net[0](x))
+
+
+class BasicTransformerBlock(nn.Module):
+    """Self-attention, cross-attention to the text, GEGLU feed-forward; pre-LN, residual."""
+
+    def __init__(self, dim: int, cross_dim: int, heads: int):
+        super().__init__()
+        head_dim = dim // heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = Attention(dim, None, heads, head_dim, qkv_bias=False)
+        self.norm2 = nn.LayerNorm(dim)
+        self.attn2 = Attention(dim, cross_dim, heads, head_dim, qkv_bias=False)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x))
+        x = x + self.attn2(self.norm2(x), context)
+        return x + self.ff(self.norm3(x))
+
+
+class Transformer2D(nn.Module):
+    """GroupNorm, 1x1 conv in, transformer blocks over the H*W tokens, 1x1 conv out, residual."""
+
+    def __init__(self, channels: int, cross_dim: int, heads: int, groups: int, depth: int = 1):
+        super().__init__()
+        if channels % heads:
+            raise ValueError(f"{channels} channels are not divisible by {heads} heads")
+        self.norm = nn.GroupNorm(groups, channels, eps=1e-6)
+        self.proj_in = nn.Conv2d(channels, channels, 1)
+        self.transformer_blocks = nn.ModuleList(
+            BasicTransformerBlock(channels, cross_dim, heads) for _ in range(depth))
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        t = self.proj_in(self.norm(x)).permute(0, 2, 3, 1).reshape(b, h * w, c)
+        for block in self.transformer_blocks:
+            t = block(t, context)
+        return x + self.proj_out(t.reshape(b, h, w, c).permute(0, 3, 1, 2))
+
+
+class VaeAttention(nn.Module):
+    """Single-head spatial self-attention with group norm and residual (VAE mid block)."""
+
+    def __init__(self, channels: int, groups: int, eps: float = 1e-6):
+        super().__init__()
+        self.group_norm = nn.GroupNorm(groups, channels, eps=eps)
+        self.to_q = nn.Linear(channels, channels)
+        self.to_k = nn.Linear(channels, channels)
+        self.to_v = nn.Linear(channels, channels)
+        self.to_out = nn.ModuleList([nn.Linear(channels, channels)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        t = self.group_norm(x).view(b, c, h * w).transpose(1, 2)
+        q, k, v = self.to_q(t)[:, None], self.to_k(t)[:, None], self.to_v(t)[:, None]
+        y = F.scaled_dot_product_attention(q, k, v)[:, 0]
+        y = self.to_out[0](y)
+        return x + y.transpose(1, 2).reshape(b, c, h, w)

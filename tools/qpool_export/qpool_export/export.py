@@ -1,0 +1,321 @@
+"""Command line and export driver: builds a preset's pipeline with seeded random weights,
+optionally quantizes it, traces every component and writes a model-repository folder.
+
+Note [Export is all-or-nothing]
+Everything is written into a hidden staging folder next to the target (".NAME.partial-PID"; the
+server ignores dot-folders) and renamed into place at the end, so a running server never sees a
+half-written pipeline and a failed export leaves the previous one intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import bpe, corpus, manifest, tracing
+from .presets import COMPONENTS, DEFAULT_QUANT_SKIP, PRESETS, Preset, count_parameters
+from .weights import build_component
+
+MAX_LENGTH = 77
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+DEFAULT_QUANT_COMPONENTS = ("text_encoder", "unet")
+
+
+@dataclass
+class ExportOptions:
+    preset: str
+    out: str  # the pipeline folder (its name is the pipeline's name)
+    seed: int = 0
+    quantize: str = "none"  # none | int8 | nf4
+    quant_mode: str = "prequantized"  # prequantized | load-time
+    blocksize: int = 64
+    double_quant: bool = False
+    quant_components: Tuple[str, ...] = DEFAULT_QUANT_COMPONENTS
+    skip: Tuple[str, ...] = ()
+    dtype: str = "float32"  # float32 | float16
+    verbose: bool = True
+    threads: int = 0  # torch intra-op threads while exporting; 0 = leave torch's default
+
+
+@dataclass
+class ComponentReport:
+    name: str
+    params: int
+    tensor_bytes: int
+    file: str
+    quantized_layers: int = 0
+    max_trace_diff: float = 0.0
+
+
+@dataclass
+class ExportResult:
+    out: str
+    vocab_size: int
+    num_merges: int
+    components: List[ComponentReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def validate_name(name: str) -> None:
+    if not _NAME_RE.match(name) or name.startswith("."):
+        raise ValueError(f"'{name}' is not a valid pipeline name (letters, digits, '.', '_', '-'; "
+                         f"at most 64 characters; not starting with '.')")
+
+
+def example_inputs(preset: Preset, component: str, batch: int, h: int, w: int, vocab: int,
+                   gen: torch.Generator) -> Tuple[torch.Tensor, ...]:
+    """Inputs of the documented dtypes and shapes for one component."""
+    if component == "text_encoder":
+        return (torch.randint(0, vocab, (batch, MAX_LENGTH), generator=gen, dtype=torch.long),)
+    c = preset.unet.in_channels
+    latents = torch.randn(batch, c, h, w, generator=gen)
+    if component == "unet":
+        timestep = torch.randint(0, 1000, (batch,), generator=gen).float()
+        context = torch.randn(batch, MAX_LENGTH, preset.text_encoder.hidden_size, generator=gen)
+        return (latents, timestep, context)
+    return (latents,)
+
+
+def _quantize(module: torch.nn.Module, opts: ExportOptions) -> int:
+    try:
+        from . import quant  # written separately; registers torch.ops.qpool.quant_linear
+    except ImportError as e:
+        raise ValueError(f"--quantize {opts.quantize} needs qpool_export/quant.py, which could not "
+                         f"be imported: {e}") from e
+    return quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
+                                 double_quant=opts.double_quant, skip=list(opts.skip),
+                                 prequantize=opts.quant_mode == "prequantized")
+
+
+def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:
+    """Converts fp32 parameters and buffers to fp16 in place, except the quant state of quantized
+    layers (absmax, code, ...: only their weight and bias follow --dtype)."""
+    quant = set(quant_modules)
+    for name, t in list(traced.named_parameters()) + list(traced.named_buffers()):
+        owner, _, leaf = name.rpartition(".")
+        if owner in quant and leaf not in ("weight", "bias"):
+            continue
+        if t.dtype == torch.float32:
+            t.data = t.data.half()
+
+
+def _tensor_bytes(module: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in module.state_dict().values():
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def export_component(preset: Preset, component: str, opts: ExportOptions, folder: str,
+                     vocab: int) -> ComponentReport:
+    module = build_component(preset, component, opts.seed)
+    quantized = 0
+    if opts.quantize != "none" and component in opts.quant_components:
+        quantized = _quantize(module, opts)
+    keep = [n for n, m in module.named_modules() if type(m).__module__.endswith(".quant")]
+
+    gen = torch.Generator().manual_seed(opts.seed)
+    side = preset.trace_latent
+    traced = tracing.trace(module, example_inputs(preset, component, 2, side, side, vocab, gen))
+    tracing.check_no_tensor_constants(component, traced)
+    # Note [Shapes are not baked]: another batch and odd, non-square latents.
+    if component == "text_encoder":
+        second = example_inputs(preset, component, 3, side, side, vocab, gen)
+    elif component == "unet":
+        second = example_inputs(preset, component, 1, 2 * side - 1, side + 3, vocab, gen)
+    else:
+        second = example_inputs(preset, component, 1, side - 3, side + 1, vocab, gen)
+    diff = tracing.check_matches_eager(component, module, traced, second)
+
+    if opts.dtype == "float16":
+        _to_half(traced, keep)
+    path = os.path.join(folder, f"{component}.pt")
+    with tracing.quiet_torchscript():
+        torch.jit.save(traced, path)
+    params = sum(p.numel() for p in traced.parameters())
+    return ComponentReport(component, params, _tensor_bytes(traced), path, quantized, diff)
+
+
+def _install(stage: str, out: str) -> None:
+    """Moves the staged folder to `out`, replacing a previous export there."""
+    if not os.path.exists(out):
+        os.rename(stage, out)
+        return
+    parent, name = os.path.split(os.path.abspath(out))
+    old = os.path.join(parent, f".{name}.old-{os.getpid()}")
+    os.rename(out, old)
+    os.rename(stage, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export(opts: ExportOptions) -> ExportResult:
+    """Writes the pipeline folder opts.out; raises ValueError / tracing.ExportError on failure."""
+    start = time.monotonic()
+    if opts.preset not in PRESETS:
+        raise ValueError(f"unknown preset '{opts.preset}' (choose from {', '.join(PRESETS)})")
+    out = os.path.abspath(opts.out)
+    validate_name(os.path.basename(out))
+    if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and
+                               not os.path.exists(os.path.join(out, "pipeline.yaml"))):
+        raise ValueError(f"{out} exists and is not a pipeline folder; refusing to replace it")
+    preset = PRESETS[opts.preset]
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
+
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    stage = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(stage)
+    try:
+        merges = _train_merges(preset.num_merges)
+        vocab = bpe.write_tokenizer(os.path.join(stage, "tokenizer"), merges)
+        preset = preset.with_vocab(len(vocab))
+        if preset.text_encoder.hidden_size != preset.unet.cross_attention_dim:
+            raise ValueError("text encoder width != UNet cross-attention width")
+        result = ExportResult(out, len(vocab), len(merges))
+        if opts.verbose:
+            print(f"tokenizer     vocab {len(vocab):>13,}  merges {len(merges):,}  "
+                  f"file {os.path.join(out, 'tokenizer', 'vocab.json')}", flush=True)
+        for component in COMPONENTS:
+            report = export_component(preset, component, opts, stage, len(vocab))
+            report.file = os.path.join(out, os.path.basename(report.file))
+            result.components.append(report)
+            if opts.verbose:
+                extra = (f"  ({report.quantized_layers} linear layers -> {opts.quantize}, "
+                         f"{opts.quant_mode})" if report.quantized_layers else "")
+                print(f"{component:<13} params {report.params:>13,}  bytes "
+                      f"{report.tensor_bytes:>15,}  file {report.file}{extra}", flush=True)
+
+        quant = {}
+        if opts.quantize != "none":
+            for c in opts.quant_components:
+                skip = tuple(DEFAULT_QUANT_SKIP.get(c, ())) + tuple(opts.skip)
+                quant[c] = manifest.quantization_section(opts.quantize, opts.blocksize,
+                                                         opts.double_quant, skip)
+        header = (f"written by qpool_export {opts.preset} preset, seed {opts.seed}, dtype "
+                  f"{opts.dtype}, quantize {opts.quantize}"
+                  + (f" ({opts.quant_mode})" if opts.quantize != "none" else "")
+                  + "\nrandom weights: structurally Stable Diffusion 1.x, not a trained model")
+        text = manifest.dump_manifest(manifest.build_manifest(preset, quant, MAX_LENGTH), header)
+        with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
+            f.write(text)
+        _install(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    result.seconds = time.monotonic() - start
+    return result
+
+
+@functools.lru_cache(maxsize=4)
+def _train_merges(num_merges: int) -> Tuple[Tuple[str, str], ...]:
+    """BPE merges of the built-in corpus (deterministic, so cached across in-process exports)."""
+    return tuple(bpe.train_bpe(corpus.PROMPTS, num_merges))
+
+
+def _split_list(text: str) -> Tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def parse_args(argv: Optional[Sequence[str]]):
+    """ExportOptions, or the raw namespace when --count-only was given."""
+    p = argparse.ArgumentParser(
+        prog="python -m qpool_export",
+        description="Export a Stable-Diffusion-1.x-shaped pipeline with random weights as a qpool "
+                    "model-repository folder (docs/model-repository.md).")
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model sizes")
+    p.add_argument("--out", help="pipeline folder to write (or, with --name, the repository "
+                                 "folder); required unless --count-only")
+    p.add_argument("--count-only", action="store_true",
+                   help="print each component's parameter count (built on the meta device, "
+                        "nothing written) and exit")
+    p.add_argument("--name", help="pipeline name: write OUT/NAME instead of OUT")
+    p.add_argument("--seed", type=int, default=0, help="same seed, same weights (default 0)")
+    p.add_argument("--quantize", choices=("none", "int8", "nf4"), default="none")
+    p.add_argument("--quant-mode", choices=("prequantized", "load-time"), default="prequantized",
+                   help="prequantized: packed weights in the .pt files; load-time: full-precision "
+                        "files, the server quantizes when it loads them")
+    p.add_argument("--blocksize", type=int, default=None, help="nf4 block size (default 64)")
+    p.add_argument("--double-quant", action="store_true", help="nf4: 8-bit absmax of absmax")
+    p.add_argument("--components", default=None,
+                   help="components to quantize, comma separated, or 'all' "
+                        "(default: text_encoder,unet)")
+    p.add_argument("--skip", default="",
+                   help="linear layers to keep in full precision (comma separated name substrings)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="dtype of the saved weights (tracing always runs in float32)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for tracing (default: 1 for tiny, which is fastest for small "
+                        "ops and immune to oversubscription; all cores otherwise)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
+    a = p.parse_args(argv)
+    if a.count_only:
+        return a
+    if not a.out:
+        p.error("the following arguments are required: --out")
+
+    if a.threads is not None and a.threads < 1:
+        p.error("--threads must be >= 1")
+    if a.seed < 0:
+        p.error("--seed must be >= 0")
+    out = os.path.join(a.out, a.name) if a.name else a.out
+    name = os.path.basename(os.path.normpath(out))
+    try:
+        validate_name(name)
+    except ValueError as e:
+        p.error(str(e))
+    nf4 = a.quantize == "nf4"
+    if a.blocksize is not None and not nf4:
+        p.error("--blocksize applies to --quantize nf4 only")
+    blocksize = 64 if a.blocksize is None else a.blocksize
+    if blocksize < 16 or blocksize > 4096 or blocksize & (blocksize - 1):
+        p.error(f"--blocksize must be a power of two between 16 and 4096 (got {blocksize})")
+    if a.double_quant and not nf4:
+        p.error("--double-quant applies to --quantize nf4 only")
+    if a.quantize == "none" and (a.components is not None or a.skip or
+                                 a.quant_mode != "prequantized"):
+        p.error("--components, --skip and --quant-mode apply only with --quantize int8|nf4")
+    comps = DEFAULT_QUANT_COMPONENTS
+    if a.components is not None:
+        comps = COMPONENTS if a.components.strip() == "all" else _split_list(a.components)
+        bad = [c for c in comps if c not in COMPONENTS]
+        if bad or not comps:
+            p.error(f"--components: unknown component(s) {', '.join(bad) or '(none given)'} "
+                    f"(choose from {', '.join(COMPONENTS)} or 'all')")
+    return ExportOptions(preset=a.preset, out=out, seed=a.seed, quantize=a.quantize,
+                         quant_mode=a.quant_mode, blocksize=blocksize, double_quant=a.double_quant,
+                         quant_components=tuple(c for c in COMPONENTS if c in comps),
+                         skip=_split_list(a.skip), dtype=a.dtype, verbose=not a.quiet,
+                         threads=a.threads if a.threads else (1 if a.preset == "tiny" else 0))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    opts = parse_args(argv)
+    if isinstance(opts, argparse.Namespace):  # --count-only
+        preset = PRESETS[opts.preset]
+        vocab = preset.vocab_size or len(bpe.build_vocab(_train_merges(preset.num_merges)))
+        for component in COMPONENTS:
+            n = count_parameters(preset, component, vocab)
+            print(f"{component:<13} params {n:>13,}  ({n / 1e6:.1f}M)")
+        return 0
+    try:
+        result = export(opts)
+    except (ValueError, OSError, tracing.ExportError) as e:
+        print(f"qpool_export: error: {e}", file=sys.stderr)
+        return 1
+    if opts.verbose:
+        print(f"wrote {result.out} in {result.seconds:.1f} s", flush=True)
+    return 0

@@ -1,0 +1,65 @@
+"""pipeline.yaml for an exported pipeline (fields and layout: docs/model-repository.md)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import yaml
+
+from .presets import COMPONENTS, Preset
+
+# SD 1.x scheduler config (diffusers' PNDM/DDIM config of runwayml/stable-diffusion-v1-5).
+SD_SCHEDULER = {
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "timestep_spacing": "leading",
+    "steps_offset": 1,
+    "prediction_type": "epsilon",
+}
+SD_SCALING_FACTOR = 0.18215
+
+
+def quantization_section(fmt: str, blocksize: int, double_quant: bool,
+                         skip: tuple = ()) -> Dict[str, object]:
+    """The `quantization:` mapping of one component (only the keys its format accepts)."""
+    q: Dict[str, object] = {"format": fmt}
+    if fmt == "nf4":
+        q["blocksize"] = blocksize
+        q["double_quant"] = bool(double_quant)
+    if skip:
+        q["skip"] = list(skip)
+    return q
+
+
+def build_manifest(preset: Preset, quantization: Optional[Dict[str, Dict[str, object]]] = None,
+                   max_length: int = 77) -> Dict[str, object]:
+    """The manifest as a dict; `quantization` maps component name -> quantization section."""
+    quantization = quantization or {}
+    components: Dict[str, object] = {}
+    for name in COMPONENTS:
+        entry: Dict[str, object] = {"file": f"{name}.pt"}
+        if name in quantization:
+            entry["quantization"] = quantization[name]
+        components[name] = entry
+    return {
+        "kind": "sd",
+        "components": components,
+        "tokenizer": {"vocab": "tokenizer/vocab.json", "merges": "tokenizer/merges.txt",
+                      "max_length": max_length},
+        "scheduler": dict(SD_SCHEDULER),
+        "latent": {"channels": preset.unet.in_channels,
+                   "downscale": preset.vae_decoder.downscale,
+                   "scaling_factor": SD_SCALING_FACTOR},
+        "defaults": dict(preset.defaults),
+        "limits": dict(preset.limits),
+        "placement": {"device": "auto", "dtype": "auto"},
+    }
+
+
+def dump_manifest(manifest: Dict[str, object], header: str = "") -> str:
+    """YAML text in the documented key order, with an optional comment header."""
+    body = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+    lines = "".join(f"# {line}\n" for line in header.splitlines())
+    return lines + body

@@ -1,0 +1,322 @@
+"""Quantized linear layers for qpool components: int8 (per-row absmax) and NF4 (block-wise,
+optional double quantization), the Python reference of the ``qpool::quant_linear`` op and
+``QuantLinear``, the module the exporter puts in place of ``nn.Linear``.
+
+Layouts (docs/quantization.md; C++: server/quant/quant_format.h, Note [Quantized weight layouts]):
+
+* none: weight float [N, K]; the five state tensors are empty (numel 0, float32).
+* int8: weight int8 [N, K], absmax float32 [N]; w = q * (absmax / 127).
+* nf4:  rows zero-padded to Kp = roundup(K, blocksize); weight uint8 [N, Kp / 2] with element 2j in
+  the high nibble and 2j+1 in the low nibble (bitsandbytes order); absmax float32 [N * Kp /
+  blocksize]; code float32 [16] (NF4_CODE); w = code[nibble] * absmax[block].
+* nf4 + double quant: absmax uint8 [nblocks], offset float32 [] (mean of the float absmax),
+  nested_absmax float32 [ceil(nblocks / 256)], nested_code float32 [256] = (i - 128) / 127;
+  absmax_f = nested_code[absmax] * nested_absmax[b // 256] + offset.
+
+Every function here uses exactly the tensor operations of server/quant/quantizer.cpp, so the
+server's load-time quantization produces the same bytes as a pre-quantized export.
+"""
+
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Must stay byte-identical to kQuantLinearSchema in server/quant/quant_linear_op.h (a C++ unit test reads this line).
+SCHEMA = "quant_linear(Tensor x, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> Tensor"  # noqa: E501
+
+FORMATS = ("none", "int8", "nf4")
+STATE_NAMES = ("absmax", "code", "nested_absmax", "nested_code", "offset")
+NESTED_BLOCKSIZE = 256
+MIN_BLOCKSIZE, MAX_BLOCKSIZE = 16, 4096
+
+# The 16 NormalFloat-4 values of the QLoRA paper, as bitsandbytes publishes them.
+NF4_CODE = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+)
+
+State = Dict[str, object]
+
+
+def nf4_code(device=None) -> torch.Tensor:
+    """NF4_CODE as float32 [16]."""
+    return torch.tensor(NF4_CODE, dtype=torch.float32, device=device)
+
+
+def nested_code(device=None) -> torch.Tensor:
+    """The 8-bit code of double quantization, float32 [256]: (i - 128) / 127."""
+    return torch.arange(256, dtype=torch.float32, device=device).sub(128).div(127)
+
+
+def _empty(device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+def nearest_code_index(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+    """Index (int64) of the nearest value of the ascending `code` for each element of float32 x;
+    a value exactly between two codes maps to the lower one."""
+    mid = code[:-1].add(code[1:]).div(2)
+    return torch.bucketize(x, mid)
+
+
+def check_blocksize(blocksize) -> None:
+    if (not isinstance(blocksize, int) or isinstance(blocksize, bool) or blocksize <= 0
+            or blocksize & (blocksize - 1) or not MIN_BLOCKSIZE <= blocksize <= MAX_BLOCKSIZE):
+        raise ValueError(f"nf4 blocksize must be a power of two in [{MIN_BLOCKSIZE}, "
+                         f"{MAX_BLOCKSIZE}], got {blocksize!r}")
+
+
+def _check_weight(w: torch.Tensor, name: str) -> None:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        dims = w.dim() if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"{name}: weight must be 2-D [out, in] to quantize, got {dims}-D")
+    if not w.is_floating_point():
+        raise ValueError(f"{name}: only floating weights can be quantized, got {w.dtype}")
+    if w.numel() == 0:
+        raise ValueError(f"{name}: weight is empty")
+
+
+def _safe(absmax: torch.Tensor) -> torch.Tensor:
+    return torch.where(absmax == 0, torch.ones_like(absmax), absmax)
+
+
+@torch.no_grad()
+def quantize_int8(w: torch.Tensor, name: str = "weight") -> State:
+    """Symmetric per-row int8: {'weight': int8 [N, K], 'absmax': float32 [N], ...}."""
+    _check_weight(w, name)
+    d = w.device
+    w = w.detach().to(torch.float32)
+    absmax = w.abs().amax(1)
+    q = w.div(_safe(absmax).unsqueeze(1)).mul(127).round().clamp(-127, 127).to(torch.int8)
+    return {"format": "int8", "shape": tuple(w.shape), "weight": q, "absmax": absmax,
+            "code": _empty(d), "nested_absmax": _empty(d), "nested_code": _empty(d),
+            "offset": _empty(d)}
+
+
+@torch.no_grad()
+def quantize_nf4(w: torch.Tensor, blocksize: int = 64, double_quant: bool = False,
+                 name: str = "weight") -> State:
+    """Block-wise NF4 (rows zero-padded to a multiple of blocksize), optionally with the absmax
+    double-quantized to 8 bits."""
+    _check_weight(w, name)
+    try:
+        check_blocksize(blocksize)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    d = w.device
+    n, k = w.shape
+    kp = (k + blocksize - 1) // blocksize * blocksize
+    code = nf4_code(d)
+    wf = w.detach().to(torch.float32)
+    if kp != k:
+        wf = F.pad(wf, (0, kp - k))
+    blocks = wf.reshape(-1, blocksize)
+    absmax = blocks.abs().amax(1)
+    idx = nearest_code_index(blocks.div(_safe(absmax).unsqueeze(1)), code)
+    idx = idx.to(torch.uint8).reshape(n, kp // 2, 2)
+    packed = idx[..., 0].bitwise_left_shift(4).bitwise_or(idx[..., 1])
+    state = {"format": "nf4", "shape": (n, k), "weight": packed, "absmax": absmax, "code": code,
+             "nested_absmax": _empty(d), "nested_code": _empty(d), "offset": _empty(d)}
+    if double_quant:
+        nblocks = absmax.numel()
+        nested = (nblocks + NESTED_BLOCKSIZE - 1) // NESTED_BLOCKSIZE
+        offset = absmax.mean()
+        centered = F.pad(absmax.sub(offset), (0, nested * NESTED_BLOCKSIZE - nblocks))
+        centered = centered.reshape(nested, NESTED_BLOCKSIZE)
+        nested_absmax = centered.abs().amax(1)
+        ncode = nested_code(d)
+        q = nearest_code_index(centered.div(_safe(nested_absmax).unsqueeze(1)), ncode)
+        state.update(absmax=q.to(torch.uint8).reshape(-1)[:nblocks].contiguous(),
+                     nested_absmax=nested_absmax, nested_code=ncode, offset=offset)
+    return state
+
+
+def quantize(w: torch.Tensor, fmt: str, blocksize: int = 64, double_quant: bool = False,
+             name: str = "weight") -> State:
+    """Dispatches on fmt ('none' keeps the weight, with empty state)."""
+    if fmt == "int8":
+        return quantize_int8(w, name)
+    if fmt == "nf4":
+        return quantize_nf4(w, blocksize, double_quant, name)
+    if fmt != "none":
+        raise ValueError(f"unknown quantization format {fmt!r} (expected one of {FORMATS})")
+    _check_weight(w, name)
+    d = w.device
+    return {"format": "none", "shape": tuple(w.shape), "weight": w.detach(),
+            **{s: _empty(d) for s in STATE_NAMES}}
+
+
+def _layout(weight, absmax, in_features: int) -> Tuple[str, int, int]:
+    """(format, padded_in, blocksize) derived from the tensors, as the C++ op does."""
+    if weight.is_floating_point():
+        return "none", weight.shape[1], 0
+    if weight.dtype == torch.int8:
+        return "int8", weight.shape[1], 0
+    if weight.dtype != torch.uint8:
+        raise RuntimeError(f"qpool::quant_linear: weight dtype {weight.dtype} is not a known format")
+    kp = 2 * weight.shape[1]
+    blocksize = weight.shape[0] * kp // max(absmax.numel(), 1)
+    if not (kp - blocksize < in_features <= kp):
+        raise RuntimeError(f"qpool::quant_linear: nf4 weight rows hold {kp} values (blocksize "
+                           f"{blocksize}) but the input has {in_features} features")
+    return "nf4", kp, blocksize
+
+
+def nf4_block_absmax(absmax, nested_absmax, nested_code_t, offset) -> torch.Tensor:
+    """Float32 absmax per block (undoes double quantization)."""
+    if absmax.dtype == torch.float32:
+        return absmax
+    n = absmax.numel()
+    nested = nested_absmax.repeat_interleave(NESTED_BLOCKSIZE)[:n]
+    return nested_code_t[absmax.long()].mul(nested).add(offset.reshape(()))
+
+
+def dequantize_tensors(weight, absmax, code, nested_absmax, nested_code_t, offset,
+                       in_features: int, dtype=torch.float32) -> torch.Tensor:
+    """The [N, in_features] weight the tensors stand for, computed in float32 then cast."""
+    fmt, kp, blocksize = _layout(weight, absmax, in_features)
+    if fmt == "none":
+        return weight.to(dtype)
+    if fmt == "int8":
+        w = weight.to(torch.float32).mul(absmax.div(127).unsqueeze(1))
+    else:
+        b = weight.contiguous()
+        idx = torch.stack([b.bitwise_right_shift(4), b.bitwise_and(15)], 2)
+        values = code[idx.reshape(-1).long()]
+        scale = nf4_block_absmax(absmax, nested_absmax, nested_code_t, offset).unsqueeze(1)
+        w = values.reshape(-1, blocksize).mul(scale).reshape(weight.shape[0], kp)
+        w = w[:, :in_features]
+    return w.to(dtype).contiguous()
+
+
+def dequantize(state: State, dtype=torch.float32) -> torch.Tensor:
+    """Inverse of quantize*(): the float weight of `state` (shape state['shape'])."""
+    k = state["shape"][1] if "shape" in state else None
+    if k is None:
+        k = state["weight"].shape[1] * (2 if state["weight"].dtype == torch.uint8 else 1)
+    return dequantize_tensors(state["weight"], state["absmax"], state["code"],
+                              state["nested_absmax"], state["nested_code"], state["offset"], k,
+                              dtype)
+
+
+def _check_devices(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias):
+    named = (("weight", weight), ("absmax", absmax), ("code", code),
+             ("nested_absmax", nested_absmax), ("nested_code", nested_code_t), ("offset", offset),
+             ("bias", bias))
+    for name, t in named:
+        if t is not None and t.device != x.device:
+            raise RuntimeError(f"qpool::quant_linear: {name} is on {t.device} but x is on "
+                               f"{x.device}; every tensor of a quantized linear layer must be "
+                               f"on x's device")
+
+
+def _quant_linear_ref(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias):
+    """Python reference of qpool::quant_linear: dequantize in float32, linear, cast."""
+    _check_devices(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias)
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise RuntimeError(f"qpool::quant_linear: x must be float32, float16 or bfloat16, "
+                           f"got {x.dtype}")
+    w = dequantize_tensors(weight, absmax, code, nested_absmax, nested_code_t, offset,
+                           x.shape[-1])
+    b = bias.to(torch.float32) if bias is not None else None
+    return F.linear(x.to(torch.float32), w, b).to(x.dtype)
+
+
+def _quant_linear_fake(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias):
+    _check_devices(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias)
+    return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+def _op_registered() -> bool:
+    try:
+        torch.ops.qpool.quant_linear
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# Registered only when nobody else did (the C++ library, loaded into this process, wins).
+_LIB: Optional[torch.library.Library] = None
+if not _op_registered():
+    _LIB = torch.library.Library("qpool", "FRAGMENT")
+    _LIB.define(SCHEMA)
+    _LIB.impl("quant_linear", _quant_linear_ref, "CompositeExplicitAutograd")
+    torch.library.register_fake("qpool::quant_linear", _quant_linear_fake, lib=_LIB)
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T + b through torch.ops.qpool.quant_linear. Every tensor is a buffer (weight, the
+    five state tensors, bias), so tracing reads them with GetAttr and the server's mover and
+    accountant see them all; the format is implied by the buffers' dtypes."""
+
+    def __init__(self, in_features: int, out_features: int, state: State,
+                 bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.register_buffer("weight", state["weight"])
+        for name in STATE_NAMES:
+            self.register_buffer(name, state[name])
+        self.register_buffer("bias", None if bias is None else bias.detach())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: str, blocksize: int = 64,
+                    double_quant: bool = False, prequantize: bool = True,
+                    name: str = "weight") -> "QuantLinear":
+        """A QuantLinear with linear's weights, quantized now (prequantize) or kept in float
+        (format none, for the server to quantize at load time)."""
+        state = quantize(linear.weight, fmt if prequantize else "none", blocksize, double_quant,
+                         name)
+        return cls(linear.in_features, linear.out_features, state, linear.bias)
+
+    @property
+    def format(self) -> str:
+        return _layout(self.weight, self.absmax, self.in_features)[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.qpool.quant_linear(x, self.weight, self.absmax, self.code,
+                                            self.nested_absmax, self.nested_code, self.offset,
+                                            self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.format}, bias={self.bias is not None}")
+
+
+def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_quant: bool = False,
+                    skip: Iterable[str] = (), prequantize: bool = True) -> int:
+    """Replaces every nn.Linear of `module` whose qualified name contains no `skip` substring by a
+    QuantLinear (quantized now if prequantize, else in float for load-time quantization).
+    Returns the number of layers replaced; ValueError for a bad format or blocksize, or when no
+    layer was replaced."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown quantization format {fmt!r} (expected one of {FORMATS})")
+    if fmt == "nf4":
+        check_blocksize(blocksize)
+    elif double_quant:
+        raise ValueError("double_quant applies to nf4 only")
+    skip = [s for s in skip if s]
+    targets, skipped = [], 0
+    for qualified, child in module.named_modules():
+        if not isinstance(child, nn.Linear):
+            continue
+        if any(s in qualified for s in skip):
+            skipped += 1
+            continue
+        targets.append(qualified)
+    if not targets:
+        raise ValueError(f"no nn.Linear layers to quantize in {type(module).__name__}"
+                         + (f" ({skipped} skipped)" if skipped else ""))
+    for qualified in targets:
+        parent_name, _, attr = qualified.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        if not attr:
+            raise ValueError("the module itself is an nn.Linear; wrap it in a container")
+        linear = getattr(parent, attr)
+        setattr(parent, attr, QuantLinear.from_linear(linear, fmt, blocksize, double_quant,
+                                                      prequantize, qualified))
+    return len(targets)

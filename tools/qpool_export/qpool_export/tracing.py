@@ -1,0 +1,106 @@
+"""torch.jit.trace with the checks the component contract needs (docs/model-repository.md).
+
+Note [No tensor constants]
+torch.jit.trace bakes any tensor it cannot trace back to an input, parameter or buffer into the
+graph as a prim::Constant. Such a tensor belongs to no attribute, so no mover can reach it and it
+stays on the export device; qpool refuses the component at load. We fail the export instead,
+naming the node, and keep every tensor a forward needs in a buffer.
+
+Note [Shapes are not baked]
+A trace records one execution. Shapes read with `x.shape` stay symbolic (aten::size), but a
+shape turned into a Python value and fed back (e.g. torch.zeros(int(h))) would be frozen. We run
+the traced module on a second input shape and compare it with the eager module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from typing import Iterator, List, Sequence, Tuple
+
+import torch
+
+
+class ExportError(Exception):
+    """An export check failed; the message says which component and why."""
+
+
+@contextlib.contextmanager
+def quiet_torchscript() -> Iterator[None]:
+    """Silences TorchScript's deprecation warnings (we keep TorchScript on purpose, see
+    /work/shared/ARCHITECTURE.md) and re-emits any other warning, TracerWarnings included."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        msg = str(w.message)
+        deprecation = issubclass(w.category, (DeprecationWarning, FutureWarning))
+        if deprecation and ("torch.jit" in msg or "TorchScript" in msg or "torch.compile" in msg):
+            continue
+        if _benign_tracer_warning(w):
+            continue
+        print(f"warning: {w.category.__name__}: {msg}", file=sys.stderr)
+
+
+def _benign_tracer_warning(w: warnings.WarningMessage) -> bool:
+    """F.group_norm's training-time batch-size check (`if size_prods == 1`) reads a traced size as
+    a bool; it only decides whether to raise, so nothing of it enters the graph."""
+    return (issubclass(w.category, torch.jit.TracerWarning) and
+            w.filename.replace("\\", "/").endswith("torch/nn/functional.py") and
+            "Python boolean" in str(w.message))
+
+
+def trace(module: torch.nn.Module, example: Tuple[torch.Tensor, ...]) -> torch.jit.ScriptModule:
+    with quiet_torchscript(), torch.no_grad():
+        return torch.jit.trace(module, example, check_trace=False)
+
+
+def _walk(block) -> Iterator[torch._C.Node]:
+    for node in block.nodes():
+        yield node
+        for sub in node.blocks():
+            yield from _walk(sub)
+
+
+def tensor_constants(traced: torch.jit.ScriptModule, min_numel: int = 2) -> List[str]:
+    """Descriptions of prim::Constant tensors with >= min_numel elements in the forward graph of
+    the module and of every submodule (nested blocks included)."""
+    found = []
+    for name, sub in traced.named_modules():
+        if not sub._c._has_method("forward"):
+            continue  # containers that the trace never called
+        for node in _walk(sub.graph):
+            if node.kind() != "prim::Constant" or node.output().type().kind() != "TensorType":
+                continue
+            value = node.t("value")
+            if value.numel() >= min_numel:
+                where = name or "<root>"
+                found.append(f"{where}.forward: prim::Constant tensor of shape "
+                             f"{tuple(value.shape)} ({str(node).strip()})")
+    return found
+
+
+def check_no_tensor_constants(component: str, traced: torch.jit.ScriptModule) -> None:
+    found = tensor_constants(traced)
+    if found:
+        raise ExportError(f"{component}: the traced graph holds tensor constants (they would stay "
+                          f"on the export device; keep them in buffers):\n  " + "\n  ".join(found))
+
+
+def check_matches_eager(component: str, eager: torch.nn.Module, traced: torch.jit.ScriptModule,
+                        inputs: Sequence[torch.Tensor]) -> float:
+    """Runs both on `inputs` (a shape other than the trace's); returns the max abs difference."""
+    with torch.no_grad():
+        want = eager(*inputs)
+        got = traced(*inputs)
+    if got.shape != want.shape:
+        raise ExportError(f"{component}: traced output shape {tuple(got.shape)} != eager "
+                          f"{tuple(want.shape)} for inputs {[tuple(t.shape) for t in inputs]} "
+                          f"(a shape was baked into the trace)")
+    diff = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = want.abs().max().item() if want.numel() else 0.0
+    if not diff <= 1e-4 * (1.0 + scale):
+        raise ExportError(f"{component}: traced output differs from eager by {diff:g} for inputs "
+                          f"{[tuple(t.shape) for t in inputs]}")
+    return diff
