@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "util/log.h"
+
 namespace qpool::api {
 
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
