@@ -1,0 +1,29 @@
+// The `qpool` commands. Each runs one command against a connected server, prints its result
+// (human text, or one JSON document with --json) and returns the process exit code (ExitCode).
+// A malformed flag value throws UsageError before any RPC is made.
+#pragma once
+
+#include "cli_args.h"
+#include "connection.h"
+
+namespace qpool::cli {
+
+// generate: streams InferenceService/Generate, draws progress, writes the PNG files.
+int RunGenerate(const ParsedArgs& args, const Connection& connection);
+// encode: InferenceService/Encode; prints shape, dtype and statistics; --out writes raw bytes.
+int RunEncode(const ParsedArgs& args, const Connection& connection);
+// list: ModelService/ListPipelines as a table.
+int RunList(const ParsedArgs& args, const Connection& connection);
+// load NAME [--device D]: ModelService/LoadPipeline.
+int RunLoad(const ParsedArgs& args, const Connection& connection);
+// unload NAME: ModelService/UnloadPipeline.
+int RunUnload(const ParsedArgs& args, const Connection& connection);
+// memory: ModelService/GetMemoryReport as device and component tables.
+int RunMemory(const ParsedArgs& args, const Connection& connection);
+// health [--service NAME]: grpc.health.v1.Health/Check; exit 0 only when SERVING.
+int RunHealth(const ParsedArgs& args, const Connection& connection);
+
+// Required flag: its value, or throws UsageError naming it.
+std::string RequiredFlag(const ParsedArgs& args, const std::string& flag);
+
+}  // namespace qpool::cli

@@ -1,0 +1,89 @@
+#include "connection.h"
+
+#include <chrono>
+#include <iostream>
+
+namespace qpool::cli {
+namespace {
+
+std::chrono::system_clock::time_point After(double seconds) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+// Generate responses carry PNGs; allow large results (16 images of 1024x1024 fit easily).
+constexpr int kMaxReceiveBytes = 512 * 1024 * 1024;
+
+}  // namespace
+
+Connection::Connection(const GlobalOptions& options) : options_(options) {
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
+  channel_ = grpc::CreateCustomChannel(options_.server, grpc::InsecureChannelCredentials(),
+                                       channel_args);
+}
+
+// Note [Unreachable fails fast]
+// WaitForConnected() would keep retrying (with backoff) until the deadline, so a server that
+// is simply not running would cost the whole connect timeout. We watch the state instead and
+// give up at the first TRANSIENT_FAILURE: the resolver tried every address and each failed.
+// The connect timeout bounds the slow cases (a black-holed address, slow DNS).
+bool Connection::Connect() {
+  const auto deadline = After(options_.connect_timeout_seconds);
+  grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
+      std::cerr << "cannot reach qpool-server at " << options_.server
+                << " (connection failed; is the server running?)\n";
+      return false;
+    }
+    if (!channel_->WaitForStateChange(state, deadline)) {
+      std::cerr << "cannot reach qpool-server at " << options_.server << " (no connection after "
+                << options_.connect_timeout_seconds << " s)\n";
+      return false;
+    }
+    state = channel_->GetState(/*try_to_connect=*/true);
+  }
+  return true;
+}
+
+void Connection::Prepare(grpc::ClientContext* context) const {
+  if (options_.timeout_seconds > 0) context->set_deadline(After(options_.timeout_seconds));
+}
+
+int Connection::Fail(const grpc::Status& status) const {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    std::cerr << "cannot reach qpool-server at " << options_.server << ": "
+              << status.error_message() << "\n";
+    return kExitUnreachable;
+  }
+  std::cerr << "error: " << StatusCodeName(status.error_code()) << ": " << status.error_message()
+            << "\n";
+  return kExitRpcError;
+}
+
+const char* StatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+}  // namespace qpool::cli

@@ -1,0 +1,204 @@
+// list, load, unload, memory, health: the ModelService and health commands.
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "health_check.h"
+#include "output.h"
+#include "qpool/v1/qpool.grpc.pb.h"
+
+namespace qpool::cli {
+namespace {
+
+using nlohmann::json;
+
+// "loaded" for PIPELINE_STATE_LOADED, etc.
+std::string StateName(v1::PipelineState state) {
+  switch (state) {
+    case v1::PIPELINE_STATE_AVAILABLE: return "available";
+    case v1::PIPELINE_STATE_LOADED: return "loaded";
+    case v1::PIPELINE_STATE_FAILED: return "failed";
+    default: return "unspecified";
+  }
+}
+
+json ComponentJson(const v1::ComponentInfo& c) {
+  return {{"name", c.name()},
+          {"device", c.device()},
+          {"dtype", c.dtype()},
+          {"quantization", c.quantization()},
+          {"weight_bytes", c.weight_bytes()},
+          {"quant_state_bytes", c.quant_state_bytes()},
+          {"other_bytes", c.other_bytes()}};
+}
+
+json PipelineJson(const v1::PipelineInfo& p) {
+  json components = json::array();
+  for (const auto& c : p.components()) components.push_back(ComponentJson(c));
+  return {{"name", p.name()},
+          {"kind", p.kind()},
+          {"state", StateName(p.state())},
+          {"device", p.device()},
+          {"error", p.error()},
+          {"in_flight", p.in_flight()},
+          {"default_steps", p.default_steps()},
+          {"default_width", p.default_width()},
+          {"default_height", p.default_height()},
+          {"schedulers", std::vector<std::string>(p.schedulers().begin(), p.schedulers().end())},
+          {"components", components}};
+}
+
+uint64_t PipelineBytes(const v1::PipelineInfo& p) {
+  uint64_t total = 0;
+  for (const auto& c : p.components()) total += c.weight_bytes() + c.quant_state_bytes() + c.other_bytes();
+  return total;
+}
+
+std::string Join(const google::protobuf::RepeatedPtrField<std::string>& items) {
+  std::string s;
+  for (const std::string& item : items) s += (s.empty() ? "" : ",") + item;
+  return s;
+}
+
+}  // namespace
+
+int RunList(const ParsedArgs& args, const Connection& connection) {
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::ListPipelinesResponse response;
+  const grpc::Status status = stub->ListPipelines(&context, v1::ListPipelinesRequest(), &response);
+  if (!status.ok()) return connection.Fail(status);
+
+  if (args.global.json) {
+    json pipelines = json::array();
+    for (const auto& p : response.pipelines()) pipelines.push_back(PipelineJson(p));
+    std::cout << json{{"pipelines", pipelines}}.dump(2) << "\n";
+    return kExitOk;
+  }
+  Table table({"NAME", "KIND", "STATE", "DEVICE", "IN_FLIGHT", "SIZE", "DEFAULTS", "SCHEDULERS"});
+  for (const auto& p : response.pipelines()) {
+    const bool loaded = p.state() == v1::PIPELINE_STATE_LOADED;
+    table.AddRow({p.name(), p.kind(), StateName(p.state()), p.device(), std::to_string(p.in_flight()),
+                  loaded ? FormatBytes(PipelineBytes(p)) : "",
+                  p.default_steps() ? std::to_string(p.default_steps()) + " steps " +
+                                          std::to_string(p.default_width()) + "x" +
+                                          std::to_string(p.default_height())
+                                    : "",
+                  Join(p.schedulers())});
+  }
+  std::cout << table.ToString();
+  for (const auto& p : response.pipelines()) {
+    if (!p.error().empty()) std::cout << p.name() << ": " << p.error() << "\n";
+  }
+  return kExitOk;
+}
+
+int RunLoad(const ParsedArgs& args, const Connection& connection) {
+  v1::LoadPipelineRequest request;
+  request.set_name(args.positional.at(0));
+  request.set_device(GetString(args, "device").value_or(""));
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::LoadPipelineResponse response;
+  const grpc::Status status = stub->LoadPipeline(&context, request, &response);
+  if (!status.ok()) return connection.Fail(status);
+
+  const v1::PipelineInfo& p = response.pipeline();
+  if (args.global.json) {
+    std::cout << json{{"pipeline", PipelineJson(p)},
+                      {"load_seconds", response.load_seconds()},
+                      {"already_loaded", response.already_loaded()}}
+                     .dump(2)
+              << "\n";
+    return kExitOk;
+  }
+  if (response.already_loaded()) {
+    std::cout << request.name() << " was already loaded on " << p.device() << "\n";
+  } else {
+    std::cout << "loaded " << request.name() << " on " << p.device() << " in "
+              << FormatFixed(response.load_seconds(), 2) << " s (" << p.components_size()
+              << " components, " << FormatBytes(PipelineBytes(p)) << ")\n";
+  }
+  return kExitOk;
+}
+
+int RunUnload(const ParsedArgs& args, const Connection& connection) {
+  v1::UnloadPipelineRequest request;
+  request.set_name(args.positional.at(0));
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::UnloadPipelineResponse response;
+  const grpc::Status status = stub->UnloadPipeline(&context, request, &response);
+  if (!status.ok()) return connection.Fail(status);
+  if (args.global.json) {
+    std::cout << json{{"name", response.name()}, {"freed_bytes", response.freed_bytes()}}.dump(2) << "\n";
+  } else {
+    std::cout << "unloaded " << response.name() << " (freed " << FormatBytes(response.freed_bytes()) << ")\n";
+  }
+  return kExitOk;
+}
+
+int RunMemory(const ParsedArgs& args, const Connection& connection) {
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::MemoryReport report;
+  const grpc::Status status = stub->GetMemoryReport(&context, v1::GetMemoryReportRequest(), &report);
+  if (!status.ok()) return connection.Fail(status);
+
+  if (args.global.json) {
+    json devices = json::array();
+    for (const auto& d : report.devices()) {
+      devices.push_back({{"device", d.device()},
+                         {"allocated_bytes", d.allocated_bytes()},
+                         {"reserved_bytes", d.reserved_bytes()},
+                         {"total_bytes", d.total_bytes()},
+                         {"free_bytes", d.free_bytes()}});
+    }
+    json pipelines = json::array();
+    for (const auto& p : report.pipelines()) pipelines.push_back(PipelineJson(p));
+    std::cout << json{{"devices", devices}, {"pipelines", pipelines}}.dump(2) << "\n";
+    return kExitOk;
+  }
+  Table devices({"DEVICE", "ALLOCATED", "RESERVED", "TOTAL", "FREE"});
+  for (const auto& d : report.devices()) {
+    devices.AddRow({d.device(), FormatBytes(d.allocated_bytes()), FormatBytes(d.reserved_bytes()),
+                    d.total_bytes() ? FormatBytes(d.total_bytes()) : "-",
+                    d.total_bytes() ? FormatBytes(d.free_bytes()) : "-"});
+  }
+  std::cout << devices.ToString();
+  if (report.pipelines_size() == 0) {
+    std::cout << "\nno pipeline loaded\n";
+    return kExitOk;
+  }
+  Table components({"PIPELINE", "COMPONENT", "DEVICE", "DTYPE", "QUANT", "WEIGHTS", "QUANT_STATE", "OTHER"});
+  for (const auto& p : report.pipelines()) {
+    for (const auto& c : p.components()) {
+      components.AddRow({p.name(), c.name(), c.device(), c.dtype(), c.quantization(),
+                         FormatBytes(c.weight_bytes()), FormatBytes(c.quant_state_bytes()),
+                         FormatBytes(c.other_bytes())});
+    }
+  }
+  std::cout << "\n" << components.ToString();
+  return kExitOk;
+}
+
+int RunHealth(const ParsedArgs& args, const Connection& connection) {
+  const std::string service = GetString(args, "service").value_or("");
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  ServingStatus serving = ServingStatus::kUnknown;
+  const grpc::Status status = CheckHealth(connection.channel(), &context, service, &serving);
+  if (!status.ok()) return connection.Fail(status);
+  if (args.global.json) {
+    std::cout << json{{"service", service}, {"status", ServingStatusName(serving)}}.dump(2) << "\n";
+  } else {
+    std::cout << ServingStatusName(serving) << "\n";
+  }
+  return serving == ServingStatus::kServing ? kExitOk : kExitRpcError;
+}
+
+}  // namespace qpool::cli

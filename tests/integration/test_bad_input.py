@@ -1,0 +1,156 @@
+"""Bad requests get the right status code and a message naming what to change, and the server
+keeps serving afterwards; a broken manifest fails only its own pipeline; unloading a busy
+pipeline is refused while its request completes."""
+
+import math
+import threading
+import time
+
+import grpc
+import pytest
+
+from png_reader import max_abs_diff, read_png
+from conftest import TINY_MAX_IMAGES, TINY_MAX_SIZE, TINY_MAX_STEPS, break_manifest, rpc_error
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def add_broken(repository):
+    import shutil
+
+    shutil.copytree(repository / "tiny", repository / "broken")
+    break_manifest(repository / "broken")
+
+
+@pytest.fixture(scope="module")
+def client(make_server):
+    # tiny: loaded; idle: a copy of tiny that is never loaded; broken: manifest without
+    # components.unet.file.
+    return make_server(pipelines=("tiny", ("tiny", "idle")), load="tiny", setup=add_broken)
+
+
+def assert_still_serving(client):
+    result = client.generate_one(pipeline="tiny", prompt="still serving", steps=1, seed=1)
+    assert len(result.images) == 1
+
+
+# (id, request fields, expected code, words of which at least one must be in the message)
+GENERATE_CASES = [
+    ("unknown-pipeline", dict(pipeline="no-such-pipeline"), grpc.StatusCode.NOT_FOUND,
+     ["no-such-pipeline"]),
+    ("too-many-steps", dict(steps=TINY_MAX_STEPS + 1), INVALID, ["steps"]),
+    ("huge-steps", dict(steps=1_000_000), INVALID, ["steps"]),
+    ("width-not-multiple-of-8", dict(width=60), INVALID, ["width"]),
+    ("height-not-multiple-of-8", dict(height=63), INVALID, ["height"]),
+    ("width-over-limit", dict(width=TINY_MAX_SIZE + 8), INVALID, ["width"]),
+    ("height-over-limit", dict(height=TINY_MAX_SIZE + 8), INVALID, ["height"]),
+    ("too-many-images", dict(num_images=TINY_MAX_IMAGES + 1), INVALID, ["num_images", "images"]),
+    ("guidance-nan", dict(guidance_scale=math.nan), INVALID, ["guidance"]),
+    ("guidance-negative", dict(guidance_scale=-1.0), INVALID, ["guidance"]),
+    ("guidance-inf", dict(guidance_scale=math.inf), INVALID, ["guidance"]),
+    ("unknown-scheduler", dict(scheduler="warp-drive"), INVALID, ["warp-drive", "scheduler"]),
+    ("path-parent", dict(pipeline="../tiny"), INVALID, ["../tiny", "pipeline", "name"]),
+    ("path-absolute", dict(pipeline="/etc/passwd"), INVALID, ["/etc/passwd", "pipeline", "name"]),
+    ("path-nested", dict(pipeline="a/b"), INVALID, ["a/b", "pipeline", "name"]),
+    ("empty-pipeline", dict(pipeline=""), INVALID, ["pipeline", "name"]),
+    ("not-loaded", dict(pipeline="idle"), grpc.StatusCode.FAILED_PRECONDITION, ["load"]),
+]
+
+
+@pytest.mark.parametrize("fields,code,words", [c[1:] for c in GENERATE_CASES],
+                         ids=[c[0] for c in GENERATE_CASES])
+def test_bad_generate(client, fields, code, words):
+    request = dict(pipeline="tiny", prompt="bad input", steps=1, seed=1)
+    request.update(fields)
+    error = rpc_error(client.generate, **request)
+    assert error.code() == code, f"{error.code()}: {error.details()}"
+    message = error.details() or ""
+    assert any(w.lower() in message.lower() for w in words), (
+        f"message {message!r} names none of {words}")
+    assert_still_serving(client)
+
+
+def test_encode_without_prompts(client):
+    error = rpc_error(client.inference.Encode, client.pb2.EncodeRequest(pipeline="tiny", prompts=[]))
+    assert error.code() == INVALID
+    assert "prompt" in error.details().lower()
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("name", ["../tiny", "/etc/passwd", "a/b"])
+def test_path_like_names_in_model_service(client, name):
+    for call in (client.models.LoadPipeline, client.models.UnloadPipeline):
+        request_type = (client.pb2.LoadPipelineRequest if call is client.models.LoadPipeline
+                        else client.pb2.UnloadPipelineRequest)
+        error = rpc_error(call, request_type(name=name))
+        assert error.code() == INVALID, f"{error.code()}: {error.details()}"
+    error = rpc_error(client.inference.Encode, client.pb2.EncodeRequest(pipeline=name, prompts=["x"]))
+    assert error.code() == INVALID
+
+
+def test_broken_manifest_fails_only_its_pipeline(client):
+    error = rpc_error(client.models.LoadPipeline, client.pb2.LoadPipelineRequest(name="broken"))
+    assert error.code() == INVALID, f"{error.code()}: {error.details()}"
+    assert "pipeline.yaml" in error.details()
+    assert "components.unet.file" in error.details()
+    broken = client.pipelines()["broken"]
+    assert broken.state == client.pb2.PIPELINE_STATE_FAILED
+    assert "components.unet.file" in broken.error
+    assert client.pipelines()["tiny"].state == client.pb2.PIPELINE_STATE_LOADED
+    assert_still_serving(client)
+    # Generate on the failed pipeline is refused, not crashed.
+    error = rpc_error(client.generate, pipeline="broken", prompt="x", steps=1)
+    assert error.code() in (grpc.StatusCode.FAILED_PRECONDITION, INVALID)
+
+
+def test_unload_with_request_in_flight(client):
+    # As many steps as the limits allow (also checks that max_steps itself is accepted), so the
+    # request is still running when Unload arrives right after its first progress event.
+    request = client.pb2.GenerateRequest(pipeline="tiny", prompt="long", steps=TINY_MAX_STEPS,
+                                         num_images=2, seed=5)
+    stream = client.inference.Generate(request, timeout=600)
+    first = next(stream)
+    assert first.WhichOneof("event") == "progress"
+
+    error = rpc_error(client.models.UnloadPipeline, client.pb2.UnloadPipelineRequest(name="tiny"))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    assert "in flight" in error.details(), error.details()
+    info = client.pipelines()["tiny"]
+    assert info.state == client.pb2.PIPELINE_STATE_LOADED
+    assert info.in_flight >= 1
+
+    rest = list(stream)
+    assert rest[-1].WhichOneof("event") == "result", "the in-flight request did not complete"
+    assert len(rest[-1].result.images) == 2
+    progress = [first] + [r for r in rest if r.WhichOneof("event") == "progress"]
+    assert [p.progress.step for p in progress] == list(range(1, TINY_MAX_STEPS + 1))
+    assert_still_serving(client)
+
+
+def test_concurrent_requests_all_complete(client):
+    results, errors = [], []
+
+    def run(seed):
+        try:
+            results.append(client.generate_one(pipeline="tiny", prompt="together", steps=2,
+                                               seed=seed))
+        except grpc.RpcError as e:  # collected, asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, [f"{e.code()}: {e.details()}" for e in errors]
+    assert sorted(r.seed for r in results) == [0, 1, 2, 3]
+    # Same seed alone gives the same image as in the concurrent run (the server may batch
+    # concurrent requests, so allow float rounding in the decoded pixels).
+    alone = client.generate_one(pipeline="tiny", prompt="together", steps=2, seed=2)
+    together = next(r for r in results if r.seed == 2)
+    diff = max_abs_diff(read_png(alone.images[0].png), read_png(together.images[0].png))
+    assert diff <= 3, f"seed 2 alone and under concurrency differ by {diff}"
+    deadline = time.monotonic() + 10
+    while client.pipelines()["tiny"].in_flight and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.pipelines()["tiny"].in_flight == 0

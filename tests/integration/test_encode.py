@@ -1,0 +1,84 @@
+"""InferenceService/Encode: the text encoder alone."""
+
+import math
+import struct
+
+import pytest
+
+from conftest import rpc_error
+
+MAX_LENGTH = 77
+
+
+@pytest.fixture(scope="module")
+def client(make_server):
+    return make_server(pipelines=("tiny",), load="tiny")
+
+
+def encode(client, *prompts):
+    return client.inference.Encode(client.pb2.EncodeRequest(pipeline="tiny", prompts=list(prompts)),
+                                   timeout=120)
+
+
+def floats(tensor):
+    return struct.unpack(f"<{len(tensor.data) // 4}f", tensor.data)
+
+
+def rows(tensor, per_row_bytes):
+    return [tensor.data[i:i + per_row_bytes] for i in range(0, len(tensor.data), per_row_bytes)]
+
+
+def test_shapes_and_dtypes(client):
+    pb2 = client.pb2
+    response = encode(client, "a photo of a cat", "a dog")
+    emb, ids = response.embeddings, response.input_ids
+    assert len(emb.shape) == 3
+    n, length, hidden = emb.shape
+    assert (n, length) == (2, MAX_LENGTH) and hidden > 0
+    assert emb.dtype == pb2.DTYPE_FLOAT32
+    assert len(emb.data) == n * length * hidden * 4
+    assert list(ids.shape) == [2, MAX_LENGTH]
+    assert ids.dtype == pb2.DTYPE_INT64
+    assert len(ids.data) == 2 * MAX_LENGTH * 8
+    assert response.device, "device is empty"
+    values = floats(emb)
+    assert all(math.isfinite(v) for v in values)
+    assert any(v != 0 for v in values)
+
+
+def test_token_ids_are_valid(client):
+    ids = encode(client, "a photo of a cat").input_ids
+    values = struct.unpack(f"<{MAX_LENGTH}q", ids.data)
+    assert all(v >= 0 for v in values)
+    assert len(set(values)) > 2, "prompt tokens missing from input_ids"
+
+
+def test_same_prompt_same_embedding(client):
+    a = encode(client, "a red apple")
+    b = encode(client, "a red apple")
+    assert a.embeddings.data == b.embeddings.data
+    assert a.input_ids.data == b.input_ids.data
+    # ... also within one batch.
+    both = encode(client, "a red apple", "a red apple")
+    row_bytes = len(both.embeddings.data) // 2
+    first, second = rows(both.embeddings, row_bytes)
+    assert first == second
+    ab = [x - y for x, y in zip(struct.unpack(f"<{row_bytes // 4}f", first), floats(a.embeddings))]
+    assert max(abs(v) for v in ab) < 1e-4, "batched encoding differs from single encoding"
+
+
+def test_different_prompts_differ(client):
+    response = encode(client, "a red apple", "a rocket launch at night")
+    first, second = rows(response.embeddings, len(response.embeddings.data) // 2)
+    assert first != second
+    ids_first, ids_second = rows(response.input_ids, MAX_LENGTH * 8)
+    assert ids_first != ids_second
+
+
+def test_unknown_pipeline_is_not_found(client):
+    import grpc
+
+    error = rpc_error(client.inference.Encode,
+                      client.pb2.EncodeRequest(pipeline="no-such-pipeline", prompts=["x"]))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "no-such-pipeline" in error.details()

@@ -1,0 +1,131 @@
+"""Health, reflection and the ModelService (list, load, unload, memory report)."""
+
+import grpc
+import pytest
+
+from conftest import TINY_DEFAULT_SIZE, TINY_DEFAULT_STEPS, rpc_error
+
+SERVICES = ("qpool.v1.InferenceService", "qpool.v1.ModelService", "grpc.health.v1.Health")
+COMPONENTS = {"text_encoder", "unet", "vae_decoder"}
+
+
+@pytest.fixture(scope="module")
+def client(make_server):
+    # "spare" is a second copy of tiny that starts unloaded.
+    return make_server(pipelines=("tiny", ("tiny", "spare")), load="tiny")
+
+
+def load(client, name, device=""):
+    return client.models.LoadPipeline(client.pb2.LoadPipelineRequest(name=name, device=device),
+                                      timeout=300)
+
+
+def unload(client, name):
+    return client.models.UnloadPipeline(client.pb2.UnloadPipelineRequest(name=name), timeout=120)
+
+
+@pytest.mark.parametrize("service", ("",) + SERVICES[:2])
+def test_health_serving(client, service):
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    from grpc_health.v1 import health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(client.channel)
+    response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_services(client):
+    reflection_pb2 = pytest.importorskip("grpc_reflection.v1alpha.reflection_pb2")
+    from grpc_reflection.v1alpha import reflection_pb2_grpc
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
+    responses = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="*")]), timeout=10)
+    names = {s.name for r in responses for s in r.list_services_response.service}
+    for service in SERVICES:
+        assert service in names, f"reflection does not list {service}: {sorted(names)}"
+
+
+def test_list_shows_states_and_defaults(client):
+    pipelines = client.pipelines()
+    assert set(pipelines) >= {"tiny", "spare"}
+    tiny, spare = pipelines["tiny"], pipelines["spare"]
+    assert tiny.state == client.pb2.PIPELINE_STATE_LOADED
+    assert tiny.kind == "sd"
+    assert tiny.device
+    assert {c.name for c in tiny.components} == COMPONENTS
+    assert tiny.default_steps == TINY_DEFAULT_STEPS
+    assert (tiny.default_width, tiny.default_height) == (TINY_DEFAULT_SIZE, TINY_DEFAULT_SIZE)
+    assert {"ddim", "euler"} <= set(tiny.schedulers)
+    assert tiny.in_flight == 0
+    assert spare.state == client.pb2.PIPELINE_STATE_AVAILABLE
+    assert spare.error == ""
+
+
+def test_load_then_already_loaded(client):
+    first = load(client, "spare")
+    assert not first.already_loaded
+    assert first.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
+    assert {c.name for c in first.pipeline.components} == COMPONENTS
+    assert first.load_seconds > 0
+    second = load(client, "spare")
+    assert second.already_loaded
+    assert second.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
+    assert client.pipelines()["spare"].state == client.pb2.PIPELINE_STATE_LOADED
+
+
+def test_load_on_explicit_cpu_device(client):
+    response = load(client, "spare", device="cpu")
+    assert response.pipeline.device == "cpu"
+
+
+def test_unload_then_generate_fails_then_reload_works(client):
+    load(client, "spare")
+    response = unload(client, "spare")
+    assert response.name == "spare"
+    assert response.freed_bytes > 0
+    assert client.pipelines()["spare"].state == client.pb2.PIPELINE_STATE_AVAILABLE
+
+    error = rpc_error(client.generate, pipeline="spare", prompt="x", steps=1)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "load" in error.details().lower(), error.details()
+
+    again = load(client, "spare")
+    assert not again.already_loaded
+    result = client.generate_one(pipeline="spare", prompt="back again", steps=1, seed=3)
+    assert len(result.images) == 1
+
+
+def test_unload_not_loaded_is_failed_precondition(client):
+    load(client, "spare")
+    unload(client, "spare")
+    error = rpc_error(unload, client, "spare")
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "spare" in error.details()
+
+
+def test_unknown_names_are_not_found(client):
+    for call in (load, unload):
+        error = rpc_error(call, client, "does-not-exist")
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "does-not-exist" in error.details()
+
+
+def test_memory_report(client):
+    load(client, "spare")
+    report = client.models.GetMemoryReport(client.pb2.GetMemoryReportRequest(), timeout=30)
+    devices = {d.device: d for d in report.devices}
+    assert "cpu" in devices, f"no cpu device in {sorted(devices)}"
+    pipelines = {p.name: p for p in report.pipelines}
+    assert set(pipelines) >= {"tiny", "spare"}
+    for pipeline in pipelines.values():
+        assert pipeline.state == client.pb2.PIPELINE_STATE_LOADED
+        assert {c.name for c in pipeline.components} == COMPONENTS
+        for component in pipeline.components:
+            assert component.weight_bytes > 0, f"{pipeline.name}/{component.name}"
+            assert component.device
+            assert component.quantization == "none"
+    # Unloaded pipelines leave the report.
+    unload(client, "spare")
+    report = client.models.GetMemoryReport(client.pb2.GetMemoryReportRequest(), timeout=30)
+    assert "spare" not in {p.name for p in report.pipelines}
