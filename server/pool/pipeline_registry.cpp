@@ -17,6 +17,20 @@ const char* PipelineStateName(PipelineState state) {
   return "unknown";
 }
 
+namespace {
+
+// The names the manifest uses (placement.dtype), not c10's "Float"/"Half".
+std::string DtypeName(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "float32";
+    case c10::kHalf: return "float16";
+    case c10::kBFloat16: return "bfloat16";
+    default: return c10::toString(t);
+  }
+}
+
+}  // namespace
+
 PipelineRegistry::PipelineRegistry(ModelRepository repository, DevicePool& devices)
     : repository_(std::move(repository)), devices_(devices) {}
 
@@ -33,7 +47,7 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
     status.defaults = p.manifest().defaults;
     for (const auto& c : p.components()) {
       status.components.push_back({c->name(), c->device().str(),
-                                   std::string(c10::toString(c->dtype())), c->quantization(),
+                                   DtypeName(c->dtype()), c->quantization(),
                                    c->Bytes()});
     }
   }
@@ -110,7 +124,7 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const std::
   result.pipeline = StatusOf(name, entry);
   uint64_t bytes = 0;
   for (const auto& c : result.pipeline.components) bytes += c.bytes.total();
-  log::Info("loaded pipeline '", name, "' on ", target.str(), " (", c10::toString(*dtype), ", ",
+  log::Info("loaded pipeline '", name, "' on ", target.str(), " (", DtypeName(*dtype), ", ",
             bytes, " bytes) in ", result.load_seconds, " s");
   return result;
 }

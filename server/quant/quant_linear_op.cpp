@@ -31,6 +31,7 @@ at::Tensor QuantLinearMeta(const at::Tensor& x, const at::Tensor& weight, const 
                            const at::Tensor& code, const at::Tensor& nested_absmax,
                            const at::Tensor& nested_code, const at::Tensor& offset,
                            const std::optional<at::Tensor>& bias) {
+  CheckSameDevice(x, MakeState(weight, absmax, code, nested_absmax, nested_code, offset), bias);
   TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2, kOpName, ": x must be [..., in], weight 2-D");
   return at::empty(QuantLinearOutputShape(x, weight.size(0)), x.options());
 }

@@ -171,7 +171,7 @@ torch::jit::Module MakeNet(const at::Tensor& w1, const at::Tensor& b1, const at:
   net.register_module("proj_out", MakeLinear("ProjOut", w2, std::nullopt));
   net.define(R"JIT(
 def forward(self, x):
-    return self.proj_out(torch.relu(self.proj_in(x)))
+    return self.proj_out.forward(torch.relu(self.proj_in.forward(x)))
 )JIT");
   return net;
 }
@@ -197,7 +197,11 @@ TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
     EXPECT_EQ(report->layers_quantized, 2);
     EXPECT_EQ(report->quantized, (std::vector<std::string>{"proj_in", "proj_out"}));
     EXPECT_EQ(report->bytes_before, (48 * 40 + 16 * 48) * 4);
-    EXPECT_LT(report->bytes_after * 3, report->bytes_before);
+    if (std::string(c.format) == "int8") {
+      EXPECT_EQ(report->bytes_after, 48 * 40 + 48 * 4 + 16 * 48 + 16 * 4);  // q + row absmax
+    } else {
+      EXPECT_LT(report->bytes_after, report->bytes_before);
+    }
     EXPECT_TRUE(float_storage.expired()) << "the float weight is still referenced";
 
     QuantOptions o{*ParseQuantFormat(c.format), c.bs, c.dq};
@@ -342,7 +346,9 @@ TEST(PythonReference, CppOpAndQuantizerReproduceThePythonReference) {
     EXPECT_TRUE(at::equal(fl.forward({x}).toTensor(), y));
   }
   EXPECT_EQ(count, 5);
-  std::filesystem::remove_all(dir);
+  // Not std::filesystem::remove_all: in a process with libtorch 2.11 loaded it resolves to a
+  // broken copy exported by libtorch.so and crashes.
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 }  // namespace
