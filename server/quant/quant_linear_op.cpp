@@ -16,9 +16,8 @@ constexpr const char* kOpName = "qpool::quant_linear";
 
 void CheckDevice(const at::Tensor& x, const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.defined(), kOpName, ": ", name, " is undefined (pass an empty tensor instead)");
-  TORCH_CHECK(t.device() == x.device(), kOpName, ": ", name, " is on ", t.device(),
-              " but x is on ", x.device(),
-              "; every tensor of a quantized linear layer must be on x's device");
+  TORCH_CHECK(t.device() == x.device(), kOpName, ": ", name, " is on ", t.device(), " but x is on ",
+              x.device(), "; every tensor of a quantized linear layer must be on x's device");
 }
 
 QuantState MakeState(const at::Tensor& weight, const at::Tensor& absmax, const at::Tensor& code,
@@ -90,12 +89,11 @@ at::Tensor QuantLinearCpu(const at::Tensor& x, const at::Tensor& weight, const a
 
 at::Tensor QuantLinear(const at::Tensor& x, const QuantState& s,
                        const std::optional<at::Tensor>& bias) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow(kOpName, "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const std::optional<at::Tensor>&)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(kOpName, "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const std::optional<at::Tensor>&)>();
   return op.call(x, s.weight, s.absmax, s.code, s.nested_absmax, s.nested_code, s.offset, bias);
 }
 
@@ -105,6 +103,4 @@ TORCH_LIBRARY(qpool, m) { m.def(qpool::quant::kQuantLinearSchema); }
 
 TORCH_LIBRARY_IMPL(qpool, CPU, m) { m.impl("quant_linear", &qpool::quant::QuantLinearCpu); }
 
-TORCH_LIBRARY_IMPL(qpool, Meta, m) {
-  m.impl("quant_linear", &qpool::quant::QuantLinearMeta);
-}
+TORCH_LIBRARY_IMPL(qpool, Meta, m) { m.impl("quant_linear", &qpool::quant::QuantLinearMeta); }

@@ -1,12 +1,13 @@
 // Quantization formats: round-trip error bounds, the NF4 table, packing order, odd shapes,
 // double quantization and clear errors for bad input.
+#include "quant/quant_format.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <string>
 
-#include "quant/quant_format.h"
 #include "quant/quantizer.h"
 
 namespace qpool::quant {
@@ -35,20 +36,30 @@ void ExpectNf4WithinBound(const at::Tensor& w, const QuantState& s, int64_t bloc
       at::constant_pad_nd(w.abs(), {0, kp - k}, 0).reshape({-1, blocksize}).amax(1);
   at::Tensor bound = w_absmax * (LargestNf4Gap() / 2) + 1e-6 + extra_per_block;
   EXPECT_TRUE((err_padded.amax(1) <= bound).all().item<bool>())
-      << "worst excess " << (err_padded.amax(1) - bound).max().item<float>() << " for " << n
-      << "x" << k;
+      << "worst excess " << (err_padded.amax(1) - bound).max().item<float>() << " for " << n << "x"
+      << k;
 }
 
 TEST(QuantFormat, Nf4CodeIsTheStandardTable) {
   at::Tensor code = Nf4Code();
   ASSERT_EQ(code.numel(), 16);
   EXPECT_EQ(code.scalar_type(), at::kFloat);
-  const float expected[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f,
-                              -0.39491748809814453f, -0.28444138169288635f,
-                              -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-                              0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
-                              0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
-                              0.7229568362236023f, 1.0f};
+  const float expected[16] = {-1.0f,
+                              -0.6961928009986877f,
+                              -0.5250730514526367f,
+                              -0.39491748809814453f,
+                              -0.28444138169288635f,
+                              -0.18477343022823334f,
+                              -0.09105003625154495f,
+                              0.0f,
+                              0.07958029955625534f,
+                              0.16093020141124725f,
+                              0.24611230194568634f,
+                              0.33791524171829224f,
+                              0.44070982933044434f,
+                              0.5626170039176941f,
+                              0.7229568362236023f,
+                              1.0f};
   for (int i = 0; i < 16; ++i) EXPECT_EQ(code[i].item<float>(), expected[i]) << "index " << i;
   EXPECT_TRUE((code.slice(0, 1) > code.slice(0, 0, 15)).all().item<bool>());
   at::Tensor nested = NestedCode();
@@ -119,9 +130,11 @@ TEST(QuantFormat, Nf4PackingPutsEvenElementInHighNibble) {
 
 TEST(QuantFormat, Nf4OddShapesArePaddedPerRow) {
   torch::manual_seed(4);
-  struct Case { int64_t n, k, bs; };
-  for (Case c : {Case{1, 16, 16}, Case{3, 17, 64}, Case{3, 1, 64}, Case{5, 100, 64},
-                 Case{2, 65, 16}}) {
+  struct Case {
+    int64_t n, k, bs;
+  };
+  for (Case c :
+       {Case{1, 16, 16}, Case{3, 17, 64}, Case{3, 1, 64}, Case{5, 100, 64}, Case{2, 65, 16}}) {
     at::Tensor w = at::randn({c.n, c.k});
     StatusOr<QuantState> s = QuantizeNf4(w, c.bs, true);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -220,7 +233,7 @@ TEST(QuantFormat, BadInputIsAClearError) {
 TEST(QuantFormat, InspectRejectsInconsistentState) {
   QuantState s = *QuantizeNf4(at::randn({4, 64}), 16, false);
   EXPECT_EQ(InspectQuantState(s, 64, "t").format, QuantFormat::kNf4);
-  EXPECT_EQ(InspectQuantState(s, 49, "t").padded_in, 64);  // 49 rounds up to 64
+  EXPECT_EQ(InspectQuantState(s, 49, "t").padded_in, 64);   // 49 rounds up to 64
   EXPECT_THROW(InspectQuantState(s, 48, "t"), c10::Error);  // would leave a whole padded block
   EXPECT_THROW(InspectQuantState(s, 65, "t"), c10::Error);
   QuantState bad_code = s;

@@ -2,6 +2,7 @@
 // and load-time quantization of a TorchScript module.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -11,8 +12,6 @@
 #include <functional>
 #include <sstream>
 #include <string>
-
-#include <torch/csrc/jit/frontend/resolver.h>
 
 #include "quant/module_quantizer.h"
 #include "quant/quant_format.h"
@@ -59,7 +58,11 @@ TEST(QuantLinearOp, SchemaMatchesPythonReference) {
 
 TEST(QuantLinearOp, CpuEqualsDequantizeThenLinear) {
   torch::manual_seed(11);
-  struct Case { QuantFormat f; int64_t bs; bool dq; };
+  struct Case {
+    QuantFormat f;
+    int64_t bs;
+    bool dq;
+  };
   for (Case c : {Case{QuantFormat::kNone, 64, false}, Case{QuantFormat::kInt8, 64, false},
                  Case{QuantFormat::kNf4, 64, false}, Case{QuantFormat::kNf4, 16, true}}) {
     for (int64_t k : {64, 70}) {
@@ -87,8 +90,10 @@ TEST(QuantLinearOp, QuantizedOutputIsCloseToTheFloatLayer) {
   at::Tensor x = at::randn({8, 256});
   at::Tensor ref = at::linear(x, w);
   const double scale = ref.abs().mean().item<double>();
-  const double int8_err = (QuantLinear(x, StateFor(w, QuantFormat::kInt8)) - ref).abs().mean().item<double>();
-  const double nf4_err = (QuantLinear(x, StateFor(w, QuantFormat::kNf4)) - ref).abs().mean().item<double>();
+  const double int8_err =
+      (QuantLinear(x, StateFor(w, QuantFormat::kInt8)) - ref).abs().mean().item<double>();
+  const double nf4_err =
+      (QuantLinear(x, StateFor(w, QuantFormat::kNf4)) - ref).abs().mean().item<double>();
   EXPECT_LT(int8_err, 0.01 * scale);
   EXPECT_LT(nf4_err, 0.15 * scale);
   EXPECT_LT(int8_err, nf4_err);
@@ -96,21 +101,29 @@ TEST(QuantLinearOp, QuantizedOutputIsCloseToTheFloatLayer) {
 
 TEST(QuantLinearOp, ShapeAndDtypeErrorsAreClear) {
   QuantState s = StateFor(at::randn({8, 32}), QuantFormat::kNf4, 16);
-  EXPECT_NE(ErrorOf([&] { QuantLinear(at::ones({2, 32}, at::kInt), s); })
-                .find("x must be float32, float16 or bfloat16"),
+  EXPECT_NE(ErrorOf([&] {
+              QuantLinear(at::ones({2, 32}, at::kInt), s);
+            }).find("x must be float32, float16 or bfloat16"),
             std::string::npos);
-  EXPECT_NE(ErrorOf([&] { QuantLinear(at::randn({2, 64}), s); }).find("the input has 64 features"),
+  EXPECT_NE(ErrorOf([&] {
+              QuantLinear(at::randn({2, 64}), s);
+            }).find("the input has 64 features"),
             std::string::npos);
-  EXPECT_NE(ErrorOf([&] { QuantLinear(at::randn({2, 32}), s, at::randn({7})); })
-                .find("bias must be [8]"),
+  EXPECT_NE(ErrorOf([&] {
+              QuantLinear(at::randn({2, 32}), s, at::randn({7}));
+            }).find("bias must be [8]"),
             std::string::npos);
   QuantState no_code = s;
   no_code.code = EmptyState();
-  EXPECT_NE(ErrorOf([&] { QuantLinear(at::randn({2, 32}), no_code); }).find("code"),
+  EXPECT_NE(ErrorOf([&] {
+              QuantLinear(at::randn({2, 32}), no_code);
+            }).find("code"),
             std::string::npos);
   QuantState i8 = StateFor(at::randn({8, 32}), QuantFormat::kInt8);
   i8.absmax = i8.absmax.slice(0, 0, 4);
-  EXPECT_NE(ErrorOf([&] { QuantLinear(at::randn({2, 32}), i8); }).find("int8 absmax must have 8"),
+  EXPECT_NE(ErrorOf([&] {
+              QuantLinear(at::randn({2, 32}), i8);
+            }).find("int8 absmax must have 8"),
             std::string::npos);
 }
 
@@ -121,17 +134,17 @@ TEST(QuantLinearOp, DeviceMismatchNamesTheTensor) {
   EXPECT_NE(err.find("code is on meta but x is on cpu"), std::string::npos) << err;
   // Called directly, the CPU kernel checks too (a CUDA tensor would reach it the same way).
   const std::string direct = ErrorOf([&] {
-    QuantLinearCpu(at::randn({2, 32}), s.weight, s.absmax, s.code, s.nested_absmax,
-                   s.nested_code, s.offset, std::nullopt);
+    QuantLinearCpu(at::randn({2, 32}), s.weight, s.absmax, s.code, s.nested_absmax, s.nested_code,
+                   s.offset, std::nullopt);
   });
   EXPECT_NE(direct.find("code is on meta"), std::string::npos) << direct;
 }
 
 TEST(QuantLinearOp, MetaGivesTheOutputShape) {
   QuantState s = StateFor(at::randn({8, 32}), QuantFormat::kInt8);
-  QuantState meta{s.weight.to(at::kMeta), s.absmax.to(at::kMeta), s.code.to(at::kMeta),
-                  s.nested_absmax.to(at::kMeta), s.nested_code.to(at::kMeta),
-                  s.offset.to(at::kMeta)};
+  QuantState meta{s.weight.to(at::kMeta),      s.absmax.to(at::kMeta),
+                  s.code.to(at::kMeta),        s.nested_absmax.to(at::kMeta),
+                  s.nested_code.to(at::kMeta), s.offset.to(at::kMeta)};
   at::Tensor y = QuantLinear(at::empty({3, 4, 32}, at::TensorOptions().device(at::kMeta)), meta);
   EXPECT_TRUE(y.is_meta());
   EXPECT_EQ(y.sizes(), at::IntArrayRef({3, 4, 8}));
@@ -139,9 +152,9 @@ TEST(QuantLinearOp, MetaGivesTheOutputShape) {
 
 // Resolves `qpool.quant_linear` (C++ define() only knows `torch.*` builtins).
 struct QpoolResolver : torch::jit::NativeResolver {
-  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name,
-                                                         torch::jit::GraphFunction& m,
-                                                         const torch::jit::SourceRange& loc) override {
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(
+      const std::string& name, torch::jit::GraphFunction& m,
+      const torch::jit::SourceRange& loc) override {
     if (name == "qpool") return std::make_shared<torch::jit::BuiltinModule>("qpool");
     return torch::jit::NativeResolver::resolveValue(name, m, loc);
   }
@@ -182,7 +195,11 @@ TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
   torch::manual_seed(13);
   at::Tensor w1 = at::randn({48, 40}), b1 = at::randn({48}), w2 = at::randn({16, 48});
   at::Tensor x = at::randn({3, 40});
-  struct Case { const char* format; int bs; bool dq; };
+  struct Case {
+    const char* format;
+    int bs;
+    bool dq;
+  };
   for (Case c : {Case{"int8", 64, false}, Case{"nf4", 64, false}, Case{"nf4", 16, true}}) {
     torch::jit::Module net = MakeNet(w1.clone(), b1, w2.clone());
     // Keep only a weak reference to the float weight: quantization must release it.
@@ -275,15 +292,14 @@ TEST(ModuleQuantizer, RefusesBadSettingsAndPlainModules) {
 }
 
 TEST(ModuleQuantizer, ClassifiesQuantStateNames) {
-  for (const char* n : {"absmax", "code", "nested_absmax", "nested_code", "offset",
-                        "down.0.proj.absmax"}) {
+  for (const char* n :
+       {"absmax", "code", "nested_absmax", "nested_code", "offset", "down.0.proj.absmax"}) {
     EXPECT_TRUE(IsQuantStateName(n)) << n;
   }
   for (const char* n : {"weight", "bias", "proj.weight", "running_mean", "codebook"}) {
     EXPECT_FALSE(IsQuantStateName(n)) << n;
   }
 }
-
 
 // Note [Python cross-check]: tests/python/test_quant.py --write-golden writes traced QuantLinear
 // modules (pre-quantized, with the reference input and output as buffers) and their float
@@ -337,7 +353,8 @@ TEST(PythonReference, CppOpAndQuantizerReproduceThePythonReference) {
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     EXPECT_EQ(report->layers_quantized, format == "none" ? 0 : 1);
     torch::jit::Module a = pre.attr("layer").toModule(), b = fl.attr("layer").toModule();
-    for (const char* attr : {"weight", "absmax", "code", "nested_absmax", "nested_code", "offset"}) {
+    for (const char* attr :
+         {"weight", "absmax", "code", "nested_absmax", "nested_code", "offset"}) {
       const at::Tensor ta = a.attr(attr).toTensor(), tb = b.attr(attr).toTensor();
       EXPECT_EQ(ta.scalar_type(), tb.scalar_type()) << attr;
       EXPECT_EQ(ta.sizes(), tb.sizes()) << attr;

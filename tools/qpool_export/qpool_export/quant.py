@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Must stay byte-identical to kQuantLinearSchema in server/quant/quant_linear_op.h (a C++ unit test reads this line).
+# Byte-identical to kQuantLinearSchema in server/quant/quant_linear_op.h; keep it on one line:
+# unit_quant_op_test reads it from this file and compares.
 SCHEMA = "quant_linear(Tensor x, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> Tensor"  # noqa: E501
 
 FORMATS = ("none", "int8", "nf4")
@@ -157,7 +158,8 @@ def _layout(weight, absmax, in_features: int) -> Tuple[str, int, int]:
     if weight.dtype == torch.int8:
         return "int8", weight.shape[1], 0
     if weight.dtype != torch.uint8:
-        raise RuntimeError(f"qpool::quant_linear: weight dtype {weight.dtype} is not a known format")
+        raise RuntimeError(f"qpool::quant_linear: weight dtype {weight.dtype} is not a known "
+                           f"format")
     kp = 2 * weight.shape[1]
     blocksize = weight.shape[0] * kp // max(absmax.numel(), 1)
     if not (kp - blocksize < in_features <= kp):

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""End-to-end Generate benchmark: starts qpool-server on a model repository, loads each pipeline
+named, and reports per-request latency (p50/p90, per stage) and the bytes each component holds.
+
+  bench/generate_bench.py --server build/server/qpool-server --repository build/test-models \
+      --pipelines tiny,tiny-nf4 --requests 10 --out bench/results/generate_cpu.json
+
+Pipelines are measured one after another in one server process, so their numbers compare side by
+side on the same device. The first request of each pipeline is a warm-up and is not counted.
+"""
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+from grpc_tools import protoc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_stubs():
+    out = tempfile.mkdtemp(prefix="qpool-bench-stubs-")
+    proto_dir = os.path.join(ROOT, "proto")
+    rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{os.path.dirname(protoc.__file__)}/_proto",
+                      f"--python_out={out}", f"--grpc_python_out={out}",
+                      os.path.join(proto_dir, "qpool/v1/qpool.proto")])
+    if rc != 0:
+        sys.exit("protoc failed")
+    sys.path.insert(0, out)
+    from qpool.v1 import qpool_pb2, qpool_pb2_grpc  # noqa: E402
+    return qpool_pb2, qpool_pb2_grpc
+
+
+def start_server(binary, repository, device):
+    proc = subprocess.Popen([binary, "--model-repository", repository, "--listen", "127.0.0.1:0",
+                             "--device", device, "--log-level", "warn"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if "listening on" in line:
+            return proc, line.strip().rsplit(" ", 1)[1]
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    sys.exit("qpool-server did not start: " + proc.stderr.read())
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--repository", required=True)
+    ap.add_argument("--pipelines", default="tiny")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--width", type=int)
+    ap.add_argument("--height", type=int)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    pb, rpc = load_stubs()
+    proc, address = start_server(args.server, args.repository, args.device)
+    results = {"host": platform.node(), "python": platform.python_version(),
+               "requests": args.requests, "pipelines": {}}
+    try:
+        channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", 256 << 20)])
+        models, inference = rpc.ModelServiceStub(channel), rpc.InferenceServiceStub(channel)
+        for name in args.pipelines.split(","):
+            t0 = time.time()
+            loaded = models.LoadPipeline(pb.LoadPipelineRequest(name=name))
+            load_wall = time.time() - t0
+            kwargs = {"pipeline": name, "prompt": "a photo of an astronaut riding a horse on mars"}
+            for key in ("steps", "width", "height"):
+                if getattr(args, key):
+                    kwargs[key] = getattr(args, key)
+            rows = []
+            for i in range(args.requests + 1):
+                t = time.perf_counter()
+                result = None
+                for message in inference.Generate(pb.GenerateRequest(seed=i, **kwargs)):
+                    if message.HasField("result"):
+                        result = message.result
+                wall = time.perf_counter() - t
+                if i > 0:
+                    tm = result.timings
+                    rows.append({"wall": wall, "encode": tm.encode_seconds,
+                                 "denoise": tm.denoise_seconds, "decode": tm.decode_seconds,
+                                 "queue": tm.queue_seconds})
+            walls = [r["wall"] for r in rows]
+            report = models.GetMemoryReport(pb.GetMemoryReportRequest())
+            components = {}
+            for p in report.pipelines:
+                if p.name == name:
+                    for c in p.components:
+                        components[c.name] = {"quantization": c.quantization, "dtype": c.dtype,
+                                              "weight_bytes": c.weight_bytes,
+                                              "quant_state_bytes": c.quant_state_bytes,
+                                              "other_bytes": c.other_bytes}
+            device_memory = [{"device": d.device, "allocated_bytes": d.allocated_bytes,
+                              "reserved_bytes": d.reserved_bytes} for d in report.devices]
+            entry = {
+                "device": result.device, "steps": result.steps,
+                "size": [result.images[0].width, result.images[0].height],
+                "load_seconds": loaded.load_seconds, "load_wall_seconds": load_wall,
+                "latency_p50_seconds": statistics.median(walls),
+                "latency_p90_seconds": percentile(walls, 0.9),
+                "latency_min_seconds": min(walls),
+                "stage_median_seconds": {k: statistics.median(r[k] for r in rows)
+                                         for k in ("queue", "encode", "denoise", "decode")},
+                "components": components, "device_memory_after_load": device_memory,
+            }
+            results["pipelines"][name] = entry
+            print(f"{name:12s} {entry['device']:7s} {entry['size'][0]}x{entry['size'][1]} "
+                  f"{entry['steps']:3d} steps  p50 {entry['latency_p50_seconds']*1000:8.1f} ms  "
+                  f"p90 {entry['latency_p90_seconds']*1000:8.1f} ms  denoise "
+                  f"{entry['stage_median_seconds']['denoise']*1000:8.1f} ms  "
+                  f"weights {sum(c['weight_bytes'] for c in components.values())/2**20:8.1f} MiB  "
+                  f"quant state {sum(c['quant_state_bytes'] for c in components.values())/2**20:6.1f} MiB",
+                  flush=True)
+            models.UnloadPipeline(pb.UnloadPipelineRequest(name=name))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+#include "quant/module_quantizer.h"
+
+#include <c10/core/GradMode.h>
+
+#include <array>
+#include <utility>
+
+#include "quant/quant_format.h"
+#include "quant/quantizer.h"
+
+namespace qpool::quant {
+
+namespace {
+
+constexpr std::array<const char*, 5> kStateNames = {"absmax", "code", "nested_absmax",
+                                                    "nested_code", "offset"};
+
+struct Layer {
+  std::string name;
+  torch::jit::Module module;
+};
+
+std::string DisplayName(const std::string& name) { return name.empty() ? "<root>" : name; }
+
+QuantState ReadState(const torch::jit::Module& m) {
+  return QuantState{m.attr("weight").toTensor(),      m.attr("absmax").toTensor(),
+                    m.attr("code").toTensor(),        m.attr("nested_absmax").toTensor(),
+                    m.attr("nested_code").toTensor(), m.attr("offset").toTensor()};
+}
+
+// Describes an already-quantized state, e.g. "nf4 (blocksize 64, double quant)".
+std::string Describe(const QuantState& s) {
+  if (s.weight.scalar_type() == at::kChar) return "int8";
+  if (s.weight.scalar_type() != at::kByte) return "none";
+  const int64_t blocksize = s.absmax.numel() > 0 ? 2 * s.weight.numel() / s.absmax.numel() : 0;
+  std::string d = "nf4 (blocksize " + std::to_string(blocksize);
+  return d + (s.absmax.scalar_type() == at::kByte ? ", double quant)" : ")");
+}
+
+std::string Describe(const QuantOptions& o) {
+  if (o.format != QuantFormat::kNf4) return QuantFormatName(o.format);
+  return "nf4 (blocksize " + std::to_string(o.blocksize) +
+         (o.double_quant ? ", double quant)" : ")");
+}
+
+bool Skipped(const std::string& name, const std::vector<std::string>& skip) {
+  for (const std::string& s : skip) {
+    if (!s.empty() && name.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool IsQuantStateName(const std::string& attr_name) {
+  const size_t dot = attr_name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
+  for (const char* n : kStateNames) {
+    if (leaf == n) return true;
+  }
+  return false;
+}
+
+bool IsQuantLinear(const torch::jit::Module& module) {
+  if (!module.hasattr("weight")) return false;
+  for (const char* n : kStateNames) {
+    if (!module.hasattr(n)) return false;
+  }
+  return true;
+}
+
+StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings) {
+  ASSIGN_OR_RETURN(QuantFormat format, ParseQuantFormat(settings.format));
+  QuantOptions options;
+  options.format = format;
+  options.blocksize = settings.blocksize;
+  options.double_quant = settings.double_quant;
+  if (format == QuantFormat::kNf4) RETURN_IF_ERROR(ValidateBlocksize(settings.blocksize));
+  QuantizeReport report;
+  if (format == QuantFormat::kNone) return report;
+  const std::string wanted = Describe(options);
+
+  try {
+    c10::AutoGradMode no_grad(false);
+    // Pass 1: find and check every layer; modify nothing.
+    std::vector<Layer> todo;
+    for (const auto& item : module.named_modules()) {
+      if (!IsQuantLinear(item.value)) continue;
+      if (Skipped(item.name, settings.skip)) {
+        ++report.layers_skipped;
+        continue;
+      }
+      const QuantState s = ReadState(item.value);
+      const int64_t bytes = StateBytes(s);
+      report.bytes_before += bytes;
+      if (s.weight.dim() != 2 || s.weight.numel() == 0) {
+        return InvalidArgument("layer '" + DisplayName(item.name) +
+                               "': weight must be a non-empty 2-D [out, in] tensor, got " +
+                               std::to_string(s.weight.dim()) + "-D with " +
+                               std::to_string(s.weight.numel()) + " elements");
+      }
+      if (at::isFloatingType(s.weight.scalar_type())) {
+        todo.push_back({item.name, item.value});
+        continue;
+      }
+      const std::string have = Describe(s);
+      if (have != wanted) {
+        return InvalidArgument("layer '" + DisplayName(item.name) + "' is already quantized as " +
+                               have + " but " + wanted +
+                               " was requested; export it unquantized to quantize at load time");
+      }
+      ++report.layers_already_quantized;
+      report.bytes_after += bytes;
+    }
+    if (todo.empty() && report.layers_already_quantized == 0) {
+      return InvalidArgument(
+          "no quantizable layers: the component has no qpool QuantLinear layers" +
+          std::string(report.layers_skipped > 0
+                          ? " left after skip (" + std::to_string(report.layers_skipped) +
+                                " skipped)"
+                          : "") +
+          "; export it with qpool_export.quant.quantize_module(..., prequantize=False)");
+    }
+    // Pass 2: quantize layer by layer, dropping each float weight as soon as it is replaced.
+    for (Layer& layer : todo) {
+      StatusOr<QuantState> q =
+          Quantize(layer.module.attr("weight").toTensor(), options, DisplayName(layer.name));
+      if (!q.ok()) return q.status();
+      layer.module.setattr("weight", q->weight);
+      layer.module.setattr("absmax", q->absmax);
+      layer.module.setattr("code", q->code);
+      layer.module.setattr("nested_absmax", q->nested_absmax);
+      layer.module.setattr("nested_code", q->nested_code);
+      layer.module.setattr("offset", q->offset);
+      report.bytes_after += StateBytes(*q);
+      ++report.layers_quantized;
+      report.quantized.push_back(DisplayName(layer.name));
+    }
+  } catch (const c10::Error& e) {
+    return Internal("quantizing the component failed: " + std::string(e.what_without_backtrace()));
+  }
+  return report;
+}
+
+}  // namespace qpool::quant

@@ -1,0 +1,55 @@
+// Load-time quantization of a TorchScript component: swaps the buffers of every QuantLinear layer
+// (see tools/qpool_export/qpool_export/quant.py) for their int8 / nf4 form, like load_in_4bit.
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace qpool::quant {
+
+// What to quantize at load; mirrors the manifest's QuantizationSpec field by field.
+struct QuantSettings {
+  std::string format = "none";    // none | int8 | nf4
+  int blocksize = 64;             // nf4 only; power of two in [16, 4096]
+  bool double_quant = false;      // nf4 only; 8-bit absmax of absmax
+  std::vector<std::string> skip;  // layers kept as they are (qualified-name substrings)
+};
+
+// What QuantizeModule did.
+struct QuantizeReport {
+  int layers_quantized = 0;          // float weights replaced by quantized ones
+  int layers_already_quantized = 0;  // exported pre-quantized in the requested format
+  int layers_skipped = 0;            // matched a skip substring
+  int64_t bytes_before = 0;          // weight + quant state of all QuantLinear layers
+  int64_t bytes_after = 0;
+  std::vector<std::string> quantized;  // qualified names of the layers quantized now
+};
+
+// Note [Load-time quantization]
+// A QuantLinear layer is recognized by its attributes (weight, absmax, code, nested_absmax,
+// nested_code, offset), not by its class name, so any exporter that follows the layout works.
+// A first pass checks every layer (format conflicts, weight shapes) without touching anything;
+// the second pass quantizes layer by layer and setattr()s the new buffers, which drops the
+// module's reference to the float weight at once: peak memory stays near the quantized size
+// plus one layer, provided nobody else holds the float tensors (call it before building a
+// tensor table). Quantization runs on the weights' current device with the same ATen operations
+// as quant.py, so a load-time quantized layer is byte-identical to a pre-quantized one.
+
+// Quantizes `module` in place. format "none" changes nothing. InvalidArgument for an unknown
+// format, a bad blocksize, no QuantLinear layer left after `skip`, or a layer already quantized
+// in another format (or blocksize / double quant); nothing is modified then.
+StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings);
+
+// True when `module` has the attributes of a QuantLinear layer.
+bool IsQuantLinear(const torch::jit::Module& module);
+
+// True for the names of quant-state tensors (absmax, code, nested_absmax, nested_code, offset),
+// given either a plain attribute name or a qualified one ("up.0.proj.absmax").
+bool IsQuantStateName(const std::string& attr_name);
+
+}  // namespace qpool::quant

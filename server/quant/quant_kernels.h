@@ -1,0 +1,41 @@
+// CUDA kernels of qpool::quant_linear behind a torch-free interface (raw pointers + stream), so
+// the .cu file compiles without the ATen headers. Callers: quant_linear_cuda.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace qpool::quant::cuda {
+
+// Element type of activations, outputs and dequantized weights.
+enum class ElemType { kFloat, kHalf, kBFloat16 };
+
+// Device pointers and sizes of one packed weight (Note [Quantized weight layouts]).
+struct PackedWeightView {
+  const uint8_t* weight = nullptr;  // int8 or packed nf4 bytes, [rows, row_bytes], contiguous
+  bool nf4 = false;
+  bool double_quant = false;
+  int64_t rows = 0;         // N
+  int64_t in_features = 0;  // K
+  int64_t padded_in = 0;    // Kp
+  int64_t row_bytes = 0;
+  int64_t blocksize = 0;
+  const float* absmax = nullptr;      // int8 [N] or nf4 [nblocks]
+  const uint8_t* absmax_q = nullptr;  // nf4 double quant [nblocks]
+  const float* code = nullptr;        // nf4 [16]
+  const float* nested_absmax = nullptr;
+  const float* nested_code = nullptr;  // [256]
+  const float* offset = nullptr;       // [1]
+};
+
+// Writes the dequantized [N, K] weight (contiguous, `type`) to `out`; bit-identical to the CPU
+// Dequantize() before the cast.
+void LaunchDequantize(const PackedWeightView& w, void* out, ElemType type, cudaStream_t stream);
+
+// out[m, n] = sum_k x[m, k] * w[n, k] + bias[n] for contiguous x [M, K] and out [M, N] of `type`,
+// bias of `type` or null. Reads each packed row once per 16 rows of x; meant for M <= 4.
+void LaunchFusedLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
+                       void* out, ElemType type, cudaStream_t stream);
+
+}  // namespace qpool::quant::cuda

@@ -1,0 +1,120 @@
+#include "quant/quant_linear_cuda.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include "quant/quant_kernels.h"
+#include "quant/quant_linear_op.h"
+
+namespace qpool::quant {
+
+namespace {
+
+cuda::ElemType ElemTypeOf(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return cuda::ElemType::kFloat;
+    case at::kHalf:
+      return cuda::ElemType::kHalf;
+    case at::kBFloat16:
+      return cuda::ElemType::kBFloat16;
+    default:
+      TORCH_CHECK(false, "qpool::quant_linear: unsupported dtype ", t);
+  }
+}
+
+// Contiguous copies of the state (no-ops when already contiguous) and the raw view on them;
+// the copies must outlive the launches.
+struct PackedWeight {
+  QuantState contiguous;
+  cuda::PackedWeightView view;
+};
+
+PackedWeight MakePacked(const QuantState& s, const QuantLayout& layout) {
+  PackedWeight p;
+  p.contiguous =
+      QuantState{s.weight.contiguous(),        s.absmax.contiguous(),      s.code.contiguous(),
+                 s.nested_absmax.contiguous(), s.nested_code.contiguous(), s.offset.contiguous()};
+  const QuantState& c = p.contiguous;
+  cuda::PackedWeightView& v = p.view;
+  v.weight = static_cast<const uint8_t*>(c.weight.data_ptr());
+  v.nf4 = layout.format == QuantFormat::kNf4;
+  v.double_quant = layout.double_quant;
+  v.rows = layout.out_features;
+  v.in_features = layout.in_features;
+  v.padded_in = layout.padded_in;
+  v.row_bytes = layout.row_bytes;
+  v.blocksize = layout.blocksize;
+  if (layout.double_quant) {
+    v.absmax_q = c.absmax.data_ptr<uint8_t>();
+    v.nested_absmax = c.nested_absmax.data_ptr<float>();
+    v.nested_code = c.nested_code.data_ptr<float>();
+    v.offset = c.offset.data_ptr<float>();
+  } else {
+    v.absmax = c.absmax.data_ptr<float>();
+  }
+  if (v.nf4) v.code = c.code.data_ptr<float>();
+  return p;
+}
+
+at::Tensor QuantLinearCudaOp(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& absmax, const at::Tensor& code,
+                             const at::Tensor& nested_absmax, const at::Tensor& nested_code,
+                             const at::Tensor& offset, const std::optional<at::Tensor>& bias) {
+  return QuantLinearCuda(x, QuantState{weight, absmax, code, nested_absmax, nested_code, offset},
+                         bias, CudaPath::kAuto);
+}
+
+}  // namespace
+
+at::Tensor DequantizeCuda(const QuantState& s, int64_t in_features, at::ScalarType dtype) {
+  TORCH_CHECK(s.weight.is_cuda(), "DequantizeCuda: weight is on ", s.weight.device());
+  c10::cuda::CUDAGuard guard(s.weight.device());
+  const QuantLayout layout = InspectQuantState(s, in_features, "DequantizeCuda");
+  if (layout.format == QuantFormat::kNone) return s.weight.to(dtype);
+  PackedWeight packed = MakePacked(s, layout);
+  at::Tensor out = at::empty({layout.out_features, in_features}, s.weight.options().dtype(dtype));
+  cuda::LaunchDequantize(packed.view, out.data_ptr(), ElemTypeOf(dtype),
+                         at::cuda::getCurrentCUDAStream());
+  return out;
+}
+
+at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
+                           const std::optional<at::Tensor>& bias, CudaPath path) {
+  CheckSameDevice(x, s, bias);
+  TORCH_CHECK(x.is_cuda(), "qpool::quant_linear: the CUDA kernel got x on ", x.device());
+  c10::cuda::CUDAGuard guard(x.device());
+  const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
+  const at::ScalarType dtype = x.scalar_type();
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = bias->to(dtype).contiguous();
+  if (layout.format == QuantFormat::kNone) return at::linear(x, s.weight.to(dtype), b);
+
+  const int64_t k = layout.in_features;
+  const at::Tensor x2 = x.reshape({-1, k}).contiguous();
+  const int64_t m = x2.size(0);
+  const std::vector<int64_t> out_shape = QuantLinearOutputShape(x, layout.out_features);
+  const bool fused = path == CudaPath::kFused || (path == CudaPath::kAuto && m <= kFusedMaxRows);
+  // Note [Dequantize workspace]: the dequantized weight is a plain at::empty from the caching
+  // allocator, which hands the same block back on the next call on this stream: a reusable
+  // workspace without a second pool that memory accounting would have to know about.
+  PackedWeight packed = MakePacked(s, layout);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (fused) {
+    TORCH_CHECK(m <= int64_t{65535} * 16, "qpool::quant_linear: fused path limited to ",
+                int64_t{65535} * 16, " rows, got ", m);
+    at::Tensor out = at::empty({m, layout.out_features}, x.options());
+    cuda::LaunchFusedLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
+                            out.data_ptr(), ElemTypeOf(dtype), stream);
+    return out.reshape(out_shape);
+  }
+  at::Tensor w = at::empty({layout.out_features, k}, x.options());
+  cuda::LaunchDequantize(packed.view, w.data_ptr(), ElemTypeOf(dtype), stream);
+  return at::linear(x, w, b);
+}
+
+}  // namespace qpool::quant
+
+TORCH_LIBRARY_IMPL(qpool, CUDA, m) { m.impl("quant_linear", &qpool::quant::QuantLinearCudaOp); }

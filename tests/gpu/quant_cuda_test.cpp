@@ -1,0 +1,156 @@
+// qpool::quant_linear on CUDA: both algorithms against the CPU reference for int8 / nf4 /
+// nf4 + double quant in fp16, bf16 and fp32, odd shapes, unaligned inputs, and device errors.
+#include <c10/cuda/CUDAFunctions.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+#include "quant/quant_format.h"
+#include "quant/quant_linear_cuda.h"
+#include "quant/quant_linear_op.h"
+#include "quant/quantizer.h"
+
+namespace qpool::quant {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available; GPU test skipped"
+
+struct FormatCase {
+  const char* name;
+  QuantFormat format;
+  int64_t blocksize;
+  bool double_quant;
+};
+
+const FormatCase kFormats[] = {
+    {"int8", QuantFormat::kInt8, 64, false},
+    {"nf4", QuantFormat::kNf4, 64, false},
+    {"nf4_dq", QuantFormat::kNf4, 64, true},
+    {"nf4_bs16_dq", QuantFormat::kNf4, 16, true},
+};
+
+QuantState ToDevice(const QuantState& s, const at::Device& d) {
+  return QuantState{s.weight.to(d),        s.absmax.to(d),      s.code.to(d),
+                    s.nested_absmax.to(d), s.nested_code.to(d), s.offset.to(d)};
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Compares a CUDA result with the float32 CPU reference, relative to the output's scale.
+void ExpectClose(const at::Tensor& cuda, const at::Tensor& ref, at::ScalarType dtype,
+                 const std::string& what) {
+  ASSERT_EQ(cuda.scalar_type(), dtype) << what;
+  ASSERT_EQ(cuda.sizes(), ref.sizes()) << what;
+  const at::Tensor got = cuda.cpu().to(at::kFloat);
+  const float scale = ref.abs().max().item<float>() + 1e-6f;
+  const float tol = dtype == at::kFloat ? 1e-4f : (dtype == at::kHalf ? 4e-3f : 2e-2f);
+  const float worst = (got - ref).abs().max().item<float>() / scale;
+  EXPECT_LE(worst, tol) << what;
+}
+
+TEST(QuantCuda, DequantizeIsBitIdenticalToCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(21);
+  for (const FormatCase& f : kFormats) {
+    for (int64_t k : {256, 100, 17}) {
+      at::Tensor w = at::randn({37, k});
+      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      QuantState g = ToDevice(s, at::kCUDA);
+      const at::Tensor cpu = Dequantize(s, k);
+      EXPECT_TRUE(at::equal(DequantizeCuda(g, k, at::kFloat).cpu(), cpu)) << f.name << " K=" << k;
+      EXPECT_TRUE(at::equal(DequantizeCuda(g, k, at::kHalf).cpu(), cpu.to(at::kHalf)))
+          << f.name << " K=" << k;
+      EXPECT_TRUE(at::equal(DequantizeCuda(g, k, at::kBFloat16).cpu(), cpu.to(at::kBFloat16)))
+          << f.name << " K=" << k;
+    }
+  }
+}
+
+TEST(QuantCuda, BothPathsMatchCpuForAllFormatsDtypesAndM) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(22);
+  struct Shape {
+    int64_t n, k;
+  };
+  for (Shape sh : {Shape{320, 768}, Shape{257, 100}, Shape{33, 1040}}) {
+    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    at::Tensor bias = at::randn({sh.n});
+    for (const FormatCase& f : kFormats) {
+      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      QuantState g = ToDevice(s, at::kCUDA);
+      for (int64_t m : {1, 7, 16, 77, 300, 1024}) {
+        for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
+          const at::Tensor x = at::randn({m, sh.k}).to(dt);
+          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
+          const at::Tensor xg = x.cuda(), bg = bias.cuda();
+          const std::string what = std::string(f.name) + " " + std::to_string(sh.n) + "x" +
+                                   std::to_string(sh.k) + " M=" + std::to_string(m) + " " +
+                                   c10::toString(dt);
+          ExpectClose(QuantLinear(xg, g, bg), ref, dt, what + " auto");
+          ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kFused), ref, dt, what + " fused");
+          ExpectClose(QuantLinearCuda(xg, g, std::nullopt, CudaPath::kDequantMatmul),
+                      QuantLinear(x.to(at::kFloat), s), dt, what + " dequant+matmul");
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantCuda, UnalignedAndBatchedInputs) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(23);
+  at::Tensor w = at::randn({64, 128}) * 0.05;
+  QuantState s = *Quantize(w, QuantOptions{QuantFormat::kNf4, 64, true});
+  QuantState g = ToDevice(s, at::kCUDA);
+  // x starting one element into its storage: no 16-byte loads possible.
+  at::Tensor storage = at::randn({5 * 128 + 1}, at::kHalf);
+  at::Tensor x = storage.slice(0, 1).view({5, 128});
+  ExpectClose(QuantLinearCuda(x.cuda().slice(0, 0), g, std::nullopt, CudaPath::kFused),
+              QuantLinear(x.to(at::kFloat), s), at::kHalf, "contiguous copy");
+  at::Tensor xg_storage = storage.cuda();
+  at::Tensor xg = xg_storage.slice(0, 1).view({5, 128});
+  ASSERT_NE(reinterpret_cast<uintptr_t>(xg.data_ptr()) % 16, 0u);
+  ExpectClose(QuantLinearCuda(xg, g, std::nullopt, CudaPath::kFused),
+              QuantLinear(x.to(at::kFloat), s), at::kHalf, "unaligned x");
+  // [B, T, K] input keeps its leading dimensions.
+  at::Tensor x3 = at::randn({2, 77, 128}).to(at::kHalf);
+  at::Tensor y3 = QuantLinear(x3.cuda(), g);
+  EXPECT_EQ(y3.sizes(), at::IntArrayRef({2, 77, 64}));
+  ExpectClose(y3, QuantLinear(x3.to(at::kFloat), s), at::kHalf, "3-D x");
+  // Format none runs on CUDA too.
+  QuantState none = ToDevice(*Quantize(w, QuantOptions{}), at::kCUDA);
+  ExpectClose(QuantLinear(x3.cuda(), none), at::linear(x3.to(at::kFloat), w), at::kHalf, "none");
+}
+
+TEST(QuantCuda, StateOnAnotherDeviceIsAClearError) {
+  SKIP_WITHOUT_CUDA();
+  QuantState s = *Quantize(at::randn({16, 64}), QuantOptions{QuantFormat::kNf4, 64, true});
+  QuantState g = ToDevice(s, at::kCUDA);
+  g.code = g.code.cpu();
+  const std::string err = ErrorOf([&] { QuantLinear(at::randn({2, 64}).cuda(), g); });
+  EXPECT_NE(err.find("code is on cpu but x is on cuda:0"), std::string::npos) << err;
+  QuantState g2 = ToDevice(s, at::kCUDA);
+  const std::string err2 = ErrorOf([&] { QuantLinear(at::randn({2, 64}), g2); });
+  EXPECT_NE(err2.find("weight is on cuda:0 but x is on cpu"), std::string::npos) << err2;
+  if (c10::cuda::device_count() < 2) GTEST_SKIP() << "one GPU: the cuda:0 vs cuda:1 case skipped";
+  const at::Tensor x1 = at::randn({2, 64}).to(at::Device(at::kCUDA, 1));
+  const std::string err3 = ErrorOf([&] { QuantLinear(x1, g2); });
+  EXPECT_NE(err3.find("is on cuda:0 but x is on cuda:1"), std::string::npos) << err3;
+  // Everything on cuda:1 works, and the result stays there.
+  at::Tensor y = QuantLinear(x1, ToDevice(s, at::Device(at::kCUDA, 1)));
+  EXPECT_EQ(y.device(), x1.device());
+}
+
+}  // namespace
+}  // namespace qpool::quant
