@@ -24,7 +24,7 @@ grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext
     return reactor;
   }
   const std::string name = request->name();
-  const std::string wanted = device->str();
+  const std::string wanted = request->device();  // Load resolves it again, same answer
   Status submitted = devices_.worker(*device).Submit(
       [this, reactor, response, name, wanted](bool run) {
         if (!run) {

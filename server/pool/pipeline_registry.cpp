@@ -90,6 +90,12 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const std::
       return FailedPrecondition(StrCat("pipeline '", name, "' is being loaded; retry shortly"));
     }
     if (entry.state == PipelineState::kLoaded) {
+      const bool explicit_device = !device.empty() && device != "auto";
+      if (explicit_device && entry.pipeline->device() != target) {
+        return FailedPrecondition(StrCat("pipeline '", name, "' is already loaded on ",
+                                         entry.pipeline->device().str(), "; unload it to load it on ",
+                                         target.str()));
+      }
       return LoadResult{StatusOf(name, entry), 0.0, true};
     }
     entry.state = PipelineState::kLoading;

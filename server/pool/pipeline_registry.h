@@ -72,7 +72,8 @@ class PipelineRegistry {
 
   // Loads `name` on `device` ("" or "auto": the manifest's placement, then the pool's choice).
   // Blocks while loading; call it from a device worker or a thread of its own, not a gRPC thread.
-  // OK with already_loaded when it is loaded; FailedPrecondition while another load of it runs.
+  // OK with already_loaded when it is loaded (FailedPrecondition if `device` names another
+  // device than the one it is on); FailedPrecondition while another load of it runs.
   StatusOr<LoadResult> Load(const std::string& name, const std::string& device);
   // Drops every tensor of `name`; returns the bytes it held. FailedPrecondition with requests in
   // flight or when not loaded; NotFound when the repository has no such pipeline.

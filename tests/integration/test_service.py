@@ -1,5 +1,7 @@
 """Health, reflection and the ModelService (list, load, unload, memory report)."""
 
+import os
+
 import grpc
 import pytest
 
@@ -75,8 +77,14 @@ def test_load_then_already_loaded(client):
 
 
 def test_load_on_explicit_cpu_device(client):
+    try:
+        unload(client, "spare")  # whatever an earlier test left, on whatever device
+    except grpc.RpcError:
+        pass
     response = load(client, "spare", device="cpu")
     assert response.pipeline.device == "cpu"
+    assert all(c.device == "cpu" for c in response.pipeline.components)
+    assert load(client, "spare", device="cpu").already_loaded
 
 
 def test_unload_then_generate_fails_then_reload_works(client):
@@ -129,3 +137,17 @@ def test_memory_report(client):
     unload(client, "spare")
     report = client.models.GetMemoryReport(client.pb2.GetMemoryReportRequest(), timeout=30)
     assert "spare" not in {p.name for p in report.pipelines}
+
+
+def test_load_on_another_device_than_the_loaded_one_is_refused(client):
+    device = os.environ.get("QPOOL_TEST_DEVICE", "cpu")
+    if not device.startswith("cuda"):
+        pytest.skip("needs the server's pipelines on a GPU")
+    try:
+        unload(client, "spare")
+    except grpc.RpcError:
+        pass
+    assert load(client, "spare").pipeline.device == device
+    error = rpc_error(load, client, "spare", device="cpu")
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"already loaded on {device}" in error.details()
