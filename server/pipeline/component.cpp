@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "quant/module_quantizer.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -57,16 +58,10 @@ void ConfigureExecutorOnce() {
   std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
 }
 
-bool IsQuantStateName(const std::string& name) {
-  static const std::unordered_set<std::string> kNames = {"absmax", "code", "nested_absmax",
-                                                         "nested_code", "offset"};
-  return kNames.count(name) > 0;
-}
-
 }  // namespace
 
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter) {
-  if (IsQuantStateName(attr_name)) return TensorRole::kQuantState;
+  if (quant::IsQuantStateName(attr_name)) return TensorRole::kQuantState;
   if (is_parameter || attr_name == "weight" || attr_name == "bias") return TensorRole::kWeight;
   return TensorRole::kOther;
 }
