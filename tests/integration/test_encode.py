@@ -82,3 +82,48 @@ def test_unknown_pipeline_is_not_found(client):
                       client.pb2.EncodeRequest(pipeline="no-such-pipeline", prompts=["x"]))
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert "no-such-pipeline" in error.details()
+
+
+CROSS_CHECK_PROMPTS = [
+    "a photo of an astronaut riding a horse on mars",
+    "  A   Photo\tof a CAT!!  ",
+    "it's a dog's life, isn't it? we'll see; they've 2 cats & 13 birds.",
+    "ünïcödé café, Ελληνικά, русский, 東京タワー, emoji 🦊🔥",
+    "highly detailed, 8k, trending on artstation, " * 12,  # longer than 77 tokens: truncated
+    "",
+]
+
+
+def test_server_tokens_and_embeddings_match_the_python_reference(client, source_repository):
+    """The C++ tokenizer and text-encoder path against the exporter's Python reference
+    tokenizer and the same TorchScript file run by PyTorch: ids equal, embeddings close."""
+    import os
+    import sys
+
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "qpool_export"))
+    from qpool_export.bpe import ClipTokenizer
+
+    tiny = os.path.join(str(source_repository), "tiny")
+    # The server does no HTML unescaping (see clip_tokenizer.cpp); compare like with like.
+    reference = ClipTokenizer(os.path.join(tiny, "tokenizer", "vocab.json"),
+                              os.path.join(tiny, "tokenizer", "merges.txt"), unescape_html=False)
+    response = encode(client, *CROSS_CHECK_PROMPTS)
+    n = len(CROSS_CHECK_PROMPTS)
+    server_ids = struct.unpack(f"<{n * MAX_LENGTH}q", response.input_ids.data)
+    for i, prompt in enumerate(CROSS_CHECK_PROMPTS):
+        expected = reference.encode_padded(prompt)
+        assert list(server_ids[i * MAX_LENGTH:(i + 1) * MAX_LENGTH]) == expected, prompt
+
+    if response.device != "cpu":
+        pytest.skip("embedding comparison is for the CPU (float32) server")
+    import warnings
+
+    with warnings.catch_warnings():  # TorchScript's deprecation notice
+        warnings.simplefilter("ignore", DeprecationWarning)
+        encoder = torch.jit.load(os.path.join(tiny, "text_encoder.pt"))
+    with torch.inference_mode():
+        ids = torch.tensor(server_ids, dtype=torch.int64).view(n, MAX_LENGTH)
+        expected = encoder(ids).float()
+    got = torch.tensor(floats(response.embeddings)).view(expected.shape)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (got - expected).abs().max()
