@@ -3,10 +3,16 @@
 //
 //   quant_linear_bench --benchmark_out=quant_linear.json --benchmark_out_format=json
 //
-// Counters: weight_bytes (bytes of weight + quant state read per call), weight_GBps (those bytes
-// per second), fp16_us (torch::linear in fp16 on the same shape, measured in the same run) and
-// speedup_vs_fp16 (fp16_us / this time; > 1 is faster than fp16). Without CUDA every benchmark
-// reports SkipWithError.
+// Note [Benchmark methodology]: one sample is kCallsPerSample back-to-back calls on the current
+// stream between two CUDA events, with no host synchronization in between; the sample's time
+// divided by kCallsPerSample is one iteration's manual time (per call), so launch and sync
+// latency are amortized and the GPU time of the calls is what is measured. The weights stay
+// resident between calls (L2-warm for the small shapes, same for the fp16/bf16 baselines).
+// Counters (from the median sample): us_per_call, weight_bytes (bytes of weight + quant state
+// read per call), weight_GBps (those bytes / us_per_call), fp16_us and bf16_us (torch::linear
+// in fp16 / bf16 on the same shape, measured the same way in the same run, once per shape and
+// M), ratio_vs_fp16 and ratio_vs_bf16 (this time / baseline; < 1 is faster). Without CUDA every
+// benchmark reports SkipWithError.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <benchmark/benchmark.h>
@@ -42,7 +48,7 @@ const LinearShape kShapes[] = {
     {"flux_mlp_up_3072x12288", 3072, 12288}, {"flux_mlp_down_12288x3072", 12288, 3072},
 };
 
-const int64_t kMs[] = {1, 16, 77, 1024, 4096};
+const int64_t kMs[] = {1, 4, 16, 77, 1024, 4096};
 
 struct Variant {
   const char* name;
@@ -60,43 +66,53 @@ const Variant kVariants[] = {
     {"nf4dq_fp16", QuantFormat::kNf4, true, at::kHalf, CudaPath::kAuto},
     {"int8_bf16", QuantFormat::kInt8, false, at::kBFloat16, CudaPath::kAuto},
     {"nf4_bf16", QuantFormat::kNf4, false, at::kBFloat16, CudaPath::kAuto},
-    // Both algorithms around the crossover (M = 16 and 77), to tune kFusedMaxRows.
+    {"nf4dq_bf16", QuantFormat::kNf4, true, at::kBFloat16, CudaPath::kAuto},
+    // Every algorithm around the crossovers (M = 1, 4, 16, 77), to tune the path choice.
     {"int8_fp16_fused", QuantFormat::kInt8, false, at::kHalf, CudaPath::kFused},
+    {"int8_fp16_mma", QuantFormat::kInt8, false, at::kHalf, CudaPath::kMma},
     {"int8_fp16_dequant", QuantFormat::kInt8, false, at::kHalf, CudaPath::kDequantMatmul},
     {"nf4_fp16_fused", QuantFormat::kNf4, false, at::kHalf, CudaPath::kFused},
+    {"nf4_fp16_mma", QuantFormat::kNf4, false, at::kHalf, CudaPath::kMma},
     {"nf4_fp16_dequant", QuantFormat::kNf4, false, at::kHalf, CudaPath::kDequantMatmul},
 };
 
 bool ForcedPath(const Variant& v) { return v.path != CudaPath::kAuto; }
 
-// Median time in microseconds of `fn` on the current stream, measured with CUDA events.
+constexpr int kCallsPerSample = 20;  // Note [Benchmark methodology]
+constexpr int kSamples = 15;
+
+// Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
 template <typename Fn>
-double MedianMicros(Fn&& fn, int reps) {
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto stream = at::cuda::getCurrentCUDAStream();
-    start.record(stream);
-    fn();
-    stop.record(stream);
-    stop.synchronize();
-    t.push_back(start.elapsed_time(stop) * 1e3);
-  }
+double SampleMicros(Fn&& fn, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& stop) {
+  auto stream = at::cuda::getCurrentCUDAStream();
+  start.record(stream);
+  for (int i = 0; i < kCallsPerSample; ++i) benchmark::DoNotOptimize(fn());
+  stop.record(stream);
+  stop.synchronize();
+  return start.elapsed_time(stop) * 1e3 / kCallsPerSample;
+}
+
+double Median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
 
-// fp16 torch::linear time per (shape, M), measured once per process.
-double Fp16Micros(const LinearShape& s, int64_t m) {
-  static std::map<std::tuple<int64_t, int64_t, int64_t>, double> cache;
-  auto key = std::make_tuple(s.in, s.out, m);
+// torch::linear time per call in `dtype` per (shape, M, dtype), measured once per process.
+double BaselineMicros(const LinearShape& s, int64_t m, at::ScalarType dtype) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, double> cache;
+  auto key = std::make_tuple(s.in, s.out, m, static_cast<int>(dtype));
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
   at::Tensor w = at::randn({s.out, s.in}, opts) * 0.02;
   at::Tensor x = at::randn({m, s.in}, opts);
   for (int i = 0; i < 3; ++i) at::linear(x, w);
-  const double us = MedianMicros([&] { at::linear(x, w); }, 30);
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (int i = 0; i < kSamples; ++i) {
+    t.push_back(SampleMicros([&] { return at::linear(x, w); }, start, stop));
+  }
+  const double us = Median(t);
   cache[key] = us;
   return us;
 }
@@ -124,39 +140,39 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   for (int i = 0; i < 3; ++i) run();
   torch::cuda::synchronize();
   at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
   for (auto _ : state) {
-    auto stream = at::cuda::getCurrentCUDAStream();
-    start.record(stream);
-    at::Tensor y = run();
-    stop.record(stream);
-    stop.synchronize();
-    state.SetIterationTime(start.elapsed_time(stop) * 1e-3);
-    benchmark::DoNotOptimize(y);
+    t.push_back(SampleMicros(run, start, stop));
+    state.SetIterationTime(t.back() * 1e-6);
   }
+  const double us = Median(t);
   const double bytes = static_cast<double>(StateBytes(s));
-  const double fp16_us = Fp16Micros(shape, m);
+  const double fp16_us = BaselineMicros(shape, m, at::kHalf);
+  const double bf16_us = BaselineMicros(shape, m, at::kBFloat16);
+  state.counters["us_per_call"] = us;
   state.counters["weight_bytes"] = bytes;
-  state.counters["weight_GBps"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_GBps"] = bytes * 1e-3 / us;
   state.counters["fp16_us"] = fp16_us;
+  state.counters["bf16_us"] = bf16_us;
+  state.counters["ratio_vs_fp16"] = us / fp16_us;
+  state.counters["ratio_vs_bf16"] = us / bf16_us;
   state.counters["M"] = static_cast<double>(m);
+  state.counters["calls_per_sample"] = kCallsPerSample;
   state.SetLabel(std::string(shape.name) + " " + v.name);
-  // fp16 seconds x iterations / this benchmark's seconds = fp16 time / mean time.
-  state.counters["speedup_vs_fp16"] =
-      benchmark::Counter(fp16_us * 1e-6, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void RegisterAll() {
   for (const LinearShape& shape : kShapes) {
     for (const Variant& v : kVariants) {
       for (int64_t m : kMs) {
-        if (ForcedPath(v) && m != 16 && m != 77) continue;
+        if (ForcedPath(v) && m != 1 && m != 4 && m != 16 && m != 77) continue;
+        if (v.path == CudaPath::kMma && m > 16) continue;
         const std::string name =
             std::string("quant_linear/") + shape.name + "/" + v.name + "/M:" + std::to_string(m);
         benchmark::RegisterBenchmark(name.c_str(), BM_QuantLinear, shape, v, m)
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond)
-            ->MinTime(0.02);
+            ->Iterations(kSamples);
       }
     }
   }
@@ -167,6 +183,12 @@ void RegisterAll() {
 
 int main(int argc, char** argv) {
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext(
+      "methodology", "per call = median over " + std::to_string(qpool::quant::kSamples) +
+                         " samples of (CUDA-event time of " +
+                         std::to_string(qpool::quant::kCallsPerSample) +
+                         " back-to-back calls on the current stream, no host sync) / calls; "
+                         "fp16/bf16 torch::linear baselines measured the same way in the same run");
   if (torch::cuda::is_available()) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {

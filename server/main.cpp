@@ -5,6 +5,8 @@
 #include <future>
 #include <iostream>
 
+#include <ATen/Parallel.h>
+
 #include "api/grpc_server.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
@@ -46,6 +48,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   qpool::log::SetLevel(options->log_level);
+  if (options->cpu_threads > 0) at::set_num_threads(options->cpu_threads);
 
   // Signals are taken by sigwait in this thread only; every thread started below inherits the mask.
   sigset_t signals;

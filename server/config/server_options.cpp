@@ -39,6 +39,7 @@ std::string ServerUsage() {
   --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
   --max-message-mb N       largest gRPC message in MiB (default 64)
   --drain-seconds N        time in-flight requests get on SIGTERM (default 30)
+  --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
   --log-level LEVEL        debug | info | warn | error (default info)
   --help                   this text
 )";
@@ -73,6 +74,8 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
       ASSIGN_OR_RETURN(o.max_message_mb, ParseInt(flag, value, 1, 2047));
     } else if (flag == "--drain-seconds") {
       ASSIGN_OR_RETURN(o.drain_seconds, ParseInt(flag, value, 0, 3600));
+    } else if (flag == "--cpu-threads") {
+      ASSIGN_OR_RETURN(o.cpu_threads, ParseInt(flag, value, 0, 1024));
     } else if (flag == "--log-level") {
       if (value != "debug" && value != "info" && value != "warn" && value != "error") {
         return InvalidArgument(StrCat("--log-level must be debug, info, warn or error"));

@@ -23,6 +23,9 @@ struct ServerOptions {
   int max_message_mb = 64;
   // Seconds in-flight requests get to finish on SIGTERM/SIGINT.
   int drain_seconds = 30;
+  // Intra-op threads for CPU work (0 = PyTorch's default, one per core). Several servers or
+  // test processes sharing a few cores run far faster with 1 each than oversubscribed.
+  int cpu_threads = 0;
   std::string log_level = "info";
 };
 

@@ -1,5 +1,6 @@
 #include "pool/device_worker.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -46,6 +47,8 @@ size_t DeviceWorker::pending() const {
 }
 
 void DeviceWorker::Loop() {
+  // OpenMP's thread count is per thread: take the process-wide setting (--cpu-threads).
+  at::init_num_threads();
   // Each GPU worker computes on its own stream so devices never serialize on the default one.
   std::optional<c10::cuda::CUDAGuard> device_guard;
   std::optional<c10::cuda::CUDAStreamGuard> stream_guard;

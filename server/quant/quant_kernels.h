@@ -21,6 +21,7 @@ struct PackedWeightView {
   int64_t padded_in = 0;    // Kp
   int64_t row_bytes = 0;
   int64_t blocksize = 0;
+  int block_shift = 0;  // log2(blocksize) for nf4
   const float* absmax = nullptr;      // int8 [N] or nf4 [nblocks]
   const uint8_t* absmax_q = nullptr;  // nf4 double quant [nblocks]
   const float* code = nullptr;        // nf4 [16]
@@ -37,5 +38,23 @@ void LaunchDequantize(const PackedWeightView& w, void* out, ElemType type, cudaS
 // bias of `type` or null. Reads each packed row once per 16 rows of x; meant for M <= 4.
 void LaunchFusedLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                        void* out, ElemType type, cudaStream_t stream);
+
+// Largest M the tensor-core small-M kernel takes (one m16 tile of x).
+inline constexpr int64_t kMmaMaxRows = 16;
+
+// Whether LaunchMmaLinear can run this weight with x (fp16/bf16, 16-byte aligned rows, nf4
+// without row padding, packed rows a multiple of 16 bytes, m <= kMmaMaxRows).
+bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type);
+
+// Float32 workspace (elements) LaunchMmaLinear needs for its split-K partial sums; 0 when the
+// kernel writes `out` directly. `sm_count`: multiprocessors of the device.
+int64_t MmaLinearWorkspace(const PackedWeightView& w, int64_t m, int sm_count);
+
+// Same contract as LaunchFusedLinear on tensor cores (Note [Tensor-core small-M linear]):
+// each packed weight byte is read once and applied to all m rows. `workspace` holds
+// MmaLinearWorkspace() floats (may be null when that is 0). Requires MmaLinearSupported().
+void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
+                     void* out, ElemType type, float* workspace, int sm_count,
+                     cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda

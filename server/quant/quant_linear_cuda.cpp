@@ -47,6 +47,7 @@ PackedWeight MakePacked(const QuantState& s, const QuantLayout& layout) {
   v.padded_in = layout.padded_in;
   v.row_bytes = layout.row_bytes;
   v.blocksize = layout.blocksize;
+  while (v.nf4 && (int64_t{1} << v.block_shift) < v.blocksize) ++v.block_shift;
   if (layout.double_quant) {
     v.absmax_q = c.absmax.data_ptr<uint8_t>();
     v.nested_absmax = c.nested_absmax.data_ptr<float>();
@@ -96,12 +97,26 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   const at::Tensor x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   const std::vector<int64_t> out_shape = QuantLinearOutputShape(x, layout.out_features);
+  // Note [Small-M path choice]: see kFusedMaxRows and cuda::kMmaMaxRows.
+  PackedWeight packed = MakePacked(s, layout);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cuda::ElemType et = ElemTypeOf(dtype);
+  const bool mma_ok = cuda::MmaLinearSupported(packed.view, x2.data_ptr(), m, et);
+  if (mma_ok && (path == CudaPath::kMma || path == CudaPath::kAuto)) {
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t ws = cuda::MmaLinearWorkspace(packed.view, m, sms);
+    at::Tensor workspace = ws > 0 ? at::empty({ws}, x.options().dtype(at::kFloat)) : at::Tensor();
+    at::Tensor out = at::empty({m, layout.out_features}, x.options());
+    cuda::LaunchMmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
+                          out.data_ptr(), et, ws > 0 ? workspace.data_ptr<float>() : nullptr, sms,
+                          stream);
+    return out.reshape(out_shape);
+  }
+  if (path == CudaPath::kMma) path = CudaPath::kAuto;
   const bool fused = path == CudaPath::kFused || (path == CudaPath::kAuto && m <= kFusedMaxRows);
   // Note [Dequantize workspace]: the dequantized weight is a plain at::empty from the caching
   // allocator, which hands the same block back on the next call on this stream: a reusable
   // workspace without a second pool that memory accounting would have to know about.
-  PackedWeight packed = MakePacked(s, layout);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (fused) {
     TORCH_CHECK(m <= int64_t{65535} * 16, "qpool::quant_linear: fused path limited to ",
                 int64_t{65535} * 16, " rows, got ", m);

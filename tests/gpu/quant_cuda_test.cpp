@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "quant/quant_format.h"
 #include "quant/quant_linear_cuda.h"
@@ -99,8 +100,63 @@ TEST(QuantCuda, BothPathsMatchCpuForAllFormatsDtypesAndM) {
                                    c10::toString(dt);
           ExpectClose(QuantLinear(xg, g, bg), ref, dt, what + " auto");
           ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kFused), ref, dt, what + " fused");
+          ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kMma), ref, dt, what + " mma");
           ExpectClose(QuantLinearCuda(xg, g, std::nullopt, CudaPath::kDequantMatmul),
                       QuantLinear(x.to(at::kFloat), s), dt, what + " dequant+matmul");
+        }
+      }
+    }
+  }
+}
+
+// The fast dequantize kernel (Note [Fast dequantize]) on large layouts, including a weight
+// whose unit count is no multiple of the grid, stays bit-identical to the CPU.
+TEST(QuantCuda, FastDequantizeIsBitIdenticalOnLargeShapes) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(24);
+  for (const FormatCase& f : kFormats) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1000, 1280}, {3, 4096}, {517, 64}}) {
+      at::Tensor w = at::randn({n, k}) * 0.03;
+      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      QuantState g = ToDevice(s, at::kCUDA);
+      const at::Tensor cpu = Dequantize(s, k);
+      const std::string what = std::string(f.name) + " " + std::to_string(n) + "x" +
+                               std::to_string(k);
+      EXPECT_TRUE(at::equal(DequantizeCuda(g, k, at::kFloat).cpu(), cpu)) << what;
+      EXPECT_TRUE(at::equal(DequantizeCuda(g, k, at::kHalf).cpu(), cpu.to(at::kHalf))) << what;
+      EXPECT_TRUE(at::equal(DequantizeCuda(g, k, at::kBFloat16).cpu(), cpu.to(at::kBFloat16)))
+          << what;
+    }
+  }
+}
+
+// The tensor-core kernel for every M in 1..16 (both row buckets), output features that are no
+// multiple of 8 or of a block, and layers long enough to be split along k
+// (Note [Split-k]), against the CPU reference; auto must agree.
+TEST(QuantCuda, MmaPathMatchesCpuForEveryMAndSplit) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(25);
+  struct Shape {
+    int64_t n, k;
+  };
+  for (Shape sh : {Shape{70, 1536}, Shape{9, 8192}, Shape{600, 320}}) {
+    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    at::Tensor bias = at::randn({sh.n});
+    for (const FormatCase& f : kFormats) {
+      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      QuantState g = ToDevice(s, at::kCUDA);
+      for (int64_t m = 1; m <= 16; ++m) {
+        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+          const at::Tensor x = at::randn({m, sh.k}).to(dt);
+          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
+          const std::string what = std::string(f.name) + " " + std::to_string(sh.n) + "x" +
+                                   std::to_string(sh.k) + " M=" + std::to_string(m) + " " +
+                                   c10::toString(dt);
+          ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kMma), ref, dt,
+                      what + " mma");
+          ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, CudaPath::kMma),
+                      QuantLinear(x.to(at::kFloat), s), dt, what + " mma no bias");
+          ExpectClose(QuantLinear(x.cuda(), g, bias.cuda()), ref, dt, what + " auto");
         }
       }
     }
@@ -123,6 +179,9 @@ TEST(QuantCuda, UnalignedAndBatchedInputs) {
   ASSERT_NE(reinterpret_cast<uintptr_t>(xg.data_ptr()) % 16, 0u);
   ExpectClose(QuantLinearCuda(xg, g, std::nullopt, CudaPath::kFused),
               QuantLinear(x.to(at::kFloat), s), at::kHalf, "unaligned x");
+  // The tensor-core path falls back (its 16-byte loads need alignment) and stays correct.
+  ExpectClose(QuantLinearCuda(xg, g, std::nullopt, CudaPath::kMma),
+              QuantLinear(x.to(at::kFloat), s), at::kHalf, "unaligned x, mma requested");
   // [B, T, K] input keeps its leading dimensions.
   at::Tensor x3 = at::randn({2, 77, 128}).to(at::kHalf);
   at::Tensor y3 = QuantLinear(x3.cuda(), g);

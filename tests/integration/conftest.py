@@ -158,7 +158,10 @@ class QpoolServer:
 
     def command(self):
         cmd = [self.binary, "--model-repository", str(self.repository),
-               "--listen", "127.0.0.1:0", "--log-level", "info", "--device", self.device]
+               "--listen", "127.0.0.1:0", "--log-level", "info", "--device", self.device,
+               # ctest runs modules in parallel: one thread per server keeps CPU work from
+               # oversubscribing the cores.
+               "--cpu-threads", "1"]
         if server_supports(self.binary, "--metrics-port"):
             cmd += ["--metrics-port", "0"]
         if self.load:
