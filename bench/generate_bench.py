@@ -38,9 +38,10 @@ def load_stubs():
     return qpool_pb2, qpool_pb2_grpc
 
 
-def start_server(binary, repository, device):
+def start_server(binary, repository, device, cpu_threads):
     proc = subprocess.Popen([binary, "--model-repository", repository, "--listen", "127.0.0.1:0",
-                             "--device", device, "--log-level", "warn"],
+                             "--device", device, "--log-level", "warn",
+                             "--cpu-threads", str(cpu_threads)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -65,6 +66,7 @@ def main():
     ap.add_argument("--pipelines", default="tiny")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--cpu-threads", type=int, default=0, help="qpool-server --cpu-threads")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--width", type=int)
     ap.add_argument("--height", type=int)
@@ -72,8 +74,11 @@ def main():
     args = ap.parse_args()
 
     pb, rpc = load_stubs()
-    proc, address = start_server(args.server, args.repository, args.device)
+    proc, address = start_server(args.server, args.repository, args.device,
+                                  args.cpu_threads)
     results = {"host": platform.node(), "python": platform.python_version(),
+               "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+               "cpu_threads": args.cpu_threads,
                "requests": args.requests, "pipelines": {}}
     try:
         channel = grpc.insecure_channel(address, options=[
