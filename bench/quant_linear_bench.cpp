@@ -5,8 +5,10 @@
 //
 // Note [Benchmark methodology]: one sample is kCallsPerSample back-to-back calls on the current
 // stream between two CUDA events, with no host synchronization in between; the sample's time
-// divided by kCallsPerSample is one iteration's manual time (per call), so launch and sync
-// latency are amortized and the GPU time of the calls is what is measured. The weights stay
+// divided by kCallsPerSample is one iteration's manual time (per call). A spin kernel
+// (at::cuda::sleep) is queued before the start event so that the host has queued all calls
+// before the GPU reaches them: the events then time GPU work, not the host's enqueue rate
+// (host_us: host time per call to enqueue, reported separately). The weights stay
 // resident between calls (L2-warm for the small shapes, same for the fp16/bf16 baselines).
 // Counters (from the median sample): us_per_call, weight_bytes (bytes of weight + quant state
 // read per call), weight_GBps (those bytes / us_per_call), fp16_us and bf16_us (torch::linear
@@ -15,6 +17,7 @@
 // benchmark reports SkipWithError.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
 #include <benchmark/benchmark.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -22,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 #include <tuple>
@@ -80,15 +84,24 @@ bool ForcedPath(const Variant& v) { return v.path != CudaPath::kAuto; }
 
 constexpr int kCallsPerSample = 20;  // Note [Benchmark methodology]
 constexpr int kSamples = 15;
+constexpr int64_t kSleepCycles = 4'000'000;  // ~2 ms at 1.98 GHz: longer than 20 enqueues
 
 // Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
+// `host_us` (optional) receives the host time per call spent enqueueing.
 template <typename Fn>
-double SampleMicros(Fn&& fn, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& stop) {
+double SampleMicros(Fn&& fn, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& stop,
+                    double* host_us = nullptr) {
   auto stream = at::cuda::getCurrentCUDAStream();
+  at::cuda::sleep(kSleepCycles);
   start.record(stream);
+  const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kCallsPerSample; ++i) benchmark::DoNotOptimize(fn());
+  const auto t1 = std::chrono::steady_clock::now();
   stop.record(stream);
   stop.synchronize();
+  if (host_us != nullptr) {
+    *host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kCallsPerSample;
+  }
   return start.elapsed_time(stop) * 1e3 / kCallsPerSample;
 }
 
@@ -140,12 +153,15 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   for (int i = 0; i < 3; ++i) run();
   torch::cuda::synchronize();
   at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
+  std::vector<double> t, host;
   for (auto _ : state) {
-    t.push_back(SampleMicros(run, start, stop));
+    double h = 0;
+    t.push_back(SampleMicros(run, start, stop, &h));
+    host.push_back(h);
     state.SetIterationTime(t.back() * 1e-6);
   }
   const double us = Median(t);
+  state.counters["host_us"] = Median(host);
   const double bytes = static_cast<double>(StateBytes(s));
   const double fp16_us = BaselineMicros(shape, m, at::kHalf);
   const double bf16_us = BaselineMicros(shape, m, at::kBFloat16);
@@ -187,7 +203,8 @@ int main(int argc, char** argv) {
       "methodology", "per call = median over " + std::to_string(qpool::quant::kSamples) +
                          " samples of (CUDA-event time of " +
                          std::to_string(qpool::quant::kCallsPerSample) +
-                         " back-to-back calls on the current stream, no host sync) / calls; "
+                         " back-to-back calls on the current stream, no host sync, queued behind a "
+                         "~2 ms spin kernel so GPU time is measured) / calls; "
                          "fp16/bf16 torch::linear baselines measured the same way in the same run");
   if (torch::cuda::is_available()) {
     cudaDeviceProp prop{};

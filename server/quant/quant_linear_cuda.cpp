@@ -102,7 +102,9 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cuda::ElemType et = ElemTypeOf(dtype);
   const bool mma_ok = cuda::MmaLinearSupported(packed.view, x2.data_ptr(), m, et);
-  if (mma_ok && (path == CudaPath::kMma || path == CudaPath::kAuto)) {
+  // int8 at M = 1: the CUDA-core kernel measured faster (bench/results/quant_linear.md).
+  const bool auto_mma = mma_ok && !(layout.format == QuantFormat::kInt8 && m == 1);
+  if ((mma_ok && path == CudaPath::kMma) || (auto_mma && path == CudaPath::kAuto)) {
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t ws = cuda::MmaLinearWorkspace(packed.view, m, sms);
     at::Tensor workspace = ws > 0 ? at::empty({ws}, x.options().dtype(at::kFloat)) : at::Tensor();

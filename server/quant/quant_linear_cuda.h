@@ -12,8 +12,9 @@ namespace qpool::quant {
 
 // Which CUDA algorithm computes the product.
 enum class CudaPath {
-  kAuto,           // kMma for fp16/bf16 x with M <= kMmaMaxRows when the layout allows it,
-                   // else fused for M <= kFusedMaxRows, otherwise dequantize + matmul
+  kAuto,           // kMma for fp16/bf16 x with M <= kMmaMaxRows when the layout allows it
+                   // (int8 at M = 1: kFused), else fused for M <= kFusedMaxRows, otherwise
+                   // dequantize + matmul
   kFused,          // fused dequantize-and-multiply kernel on CUDA cores (any M; small M)
   kMma,            // fused tensor-core kernel (fp16/bf16, M <= 16; falls back to kAuto when
                    // the layout does not allow it: see cuda::MmaLinearSupported)
