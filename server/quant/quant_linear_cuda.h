@@ -21,14 +21,11 @@ enum class CudaPath {
   kDequantMatmul,  // dequantize into a temporary [N, K] weight, then at::linear (cuBLAS)
 };
 
-// Largest M (rows of x) the automatic choice sends to the fused kernel.
-// Note [Fused kernel crossover]: on an H100 (bench/results/quant_linear_h100.json) the fused
-// kernel beats fp16 cuBLAS at M = 1 (int8 1.1-2.3x, nf4 up to 2.2x on most shapes) but its cost
-// grows about linearly with M (x is re-read per output row, no tensor cores): at M = 16 it is
-// 1.3-2.2x slower than dequantize + cuBLAS on the SDXL feed-forward and Flux layers and only
-// wins on SD 1.5-sized ones. Interpolating the measured
-// M = 1 and M = 16 times puts the crossover between M = 5 and 12 depending on the shape, so 4 is
-// a conservative cut. A tensor-core (mma) kernel would move it up.
+// Largest M (rows of x) the automatic choice sends to the CUDA-core fused kernel when the
+// tensor-core kernel cannot run (float32 x, unaligned or padded layouts).
+// Note [Fused kernel crossover]: on an H100 the CUDA-core kernel's cost grows about linearly
+// with M (no tensor cores): at M = 16 it is 2-11x slower than the tensor-core kernel and
+// 1.3-4x slower than dequantize + cuBLAS on the large layers (bench/results/quant_linear.md).
 inline constexpr int64_t kFusedMaxRows = 4;
 
 // qpool::quant_linear on CUDA with an explicit algorithm; same checks as the op.
