@@ -1,5 +1,8 @@
 #include "quant/quant_linear_cuda.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
@@ -82,8 +85,24 @@ at::Tensor DequantizeCuda(const QuantState& s, int64_t in_features, at::ScalarTy
   return out;
 }
 
+// Note [Kernel path override]: QPOOL_QUANT_CUDA_PATH=auto|fused|mma|dequant replaces kAuto for
+// the whole process: an operator's escape hatch when a kernel misbehaves on a new GPU, and a way
+// to compare paths end to end. Read once; unknown values are ignored (auto).
+static CudaPath PathFromEnvironment() {
+  static const CudaPath path = [] {
+    const char* env = std::getenv("QPOOL_QUANT_CUDA_PATH");
+    const std::string v = env ? env : "";
+    if (v == "fused") return CudaPath::kFused;
+    if (v == "mma") return CudaPath::kMma;
+    if (v == "dequant") return CudaPath::kDequantMatmul;
+    return CudaPath::kAuto;
+  }();
+  return path;
+}
+
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
                            const std::optional<at::Tensor>& bias, CudaPath path) {
+  if (path == CudaPath::kAuto) path = PathFromEnvironment();
   CheckSameDevice(x, s, bias);
   TORCH_CHECK(x.is_cuda(), "qpool::quant_linear: the CUDA kernel got x on ", x.device());
   c10::cuda::CUDAGuard guard(x.device());
