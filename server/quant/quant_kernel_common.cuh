@@ -1,0 +1,103 @@
+// Device helpers shared by the quant_linear CUDA kernels (quant_kernels.cu, quant_mma_kernels.cu).
+// Included by .cu files only; everything here is inline or internal to each translation unit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "quant/quant_kernels.h"
+
+namespace qpool::quant::cuda {
+namespace {
+
+// Note [Kernel work unit]
+// Both kernels walk a packed row in chunks of 16 bytes (one uint4 load): 16 int8 values or 32
+// nf4 values. Chunks start at multiples of 16 bytes, so an nf4 chunk covers two groups of 16
+// values and, blocksize being a power of two >= 16, each group lies in one block: two scale
+// look-ups per chunk. A chunk that is short (row end) or unaligned is read byte by byte.
+constexpr int kChunkBytes = 16;
+constexpr int kWarp = 32;
+constexpr int kFusedWarps = 8;     // rows (output features) per block of the fused kernel
+constexpr int kFusedMaxTile = 16;  // rows of x per block of the fused kernel
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ int64_t MinI64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__host__ __device__ __forceinline__ bool Aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// Code tables in shared memory; every thread of the block must call it.
+__device__ __forceinline__ void LoadTables(const PackedWeightView& w, float* s_code,
+                                           float* s_nested) {
+  if (w.nf4) {
+    for (int i = threadIdx.x; i < 16; i += blockDim.x) s_code[i] = w.code[i];
+    if (w.double_quant) {
+      for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested[i] = w.nested_code[i];
+    }
+  }
+  __syncthreads();
+}
+
+// Float32 absmax of nf4 block `b`; the double-quant formula avoids FMA contraction to match the
+// CPU's separate multiply and add.
+__device__ __forceinline__ float BlockScale(const PackedWeightView& w, const float* s_nested,
+                                            int64_t b) {
+  if (!w.double_quant) return w.absmax[b];
+  return __fadd_rn(__fmul_rn(s_nested[w.absmax_q[b]], w.nested_absmax[b / 256]), *w.offset);
+}
+
+// Loads the 16 bytes at `src` (fewer when `valid` < 16; the rest are zero).
+__device__ __forceinline__ void LoadChunk(const uint8_t* src, int valid, bool vec, uint8_t* out) {
+  if (vec && valid == kChunkBytes) {
+    *reinterpret_cast<uint4*>(out) = __ldg(reinterpret_cast<const uint4*>(src));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunkBytes; ++j) out[j] = j < valid ? src[j] : 0;
+  }
+}
+
+// Values of a chunk before scaling: int8 as float, nf4 as code values.
+template <bool kNf4>
+__device__ __forceinline__ void DecodeChunk(const uint8_t* bytes, const float* s_code, float* v) {
+#pragma unroll
+  for (int j = 0; j < kChunkBytes; ++j) {
+    if constexpr (kNf4) {
+      v[2 * j] = s_code[bytes[j] >> 4];
+      v[2 * j + 1] = s_code[bytes[j] & 15];
+    } else {
+      v[j] = static_cast<float>(static_cast<int8_t>(bytes[j]));
+    }
+  }
+}
+
+// Scales of the two 16-value groups of the nf4 chunk at value `k0` of row `n` (0 past the row).
+__device__ __forceinline__ void ChunkScales(const PackedWeightView& w, const float* s_nested,
+                                            int64_t n, int64_t k0, float* s0, float* s1) {
+  const int64_t base = n * w.padded_in + k0;
+  *s0 = BlockScale(w, s_nested, base / w.blocksize);
+  *s1 = k0 + 16 < w.padded_in ? BlockScale(w, s_nested, (base + 16) / w.blocksize) : 0.f;
+}
+
+}  // namespace
+}  // namespace qpool::quant::cuda
