@@ -171,20 +171,23 @@ StatusOr<uint64_t> PipelineRegistry::Unload(const std::string& name) {
 std::vector<PipelineStatus> PipelineRegistry::List() {
   std::vector<PipelineStatus> out;
   const auto names = repository_.ListNames();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& name : names) {
-    auto it = entries_.find(name);
-    PipelineStatus status = it == entries_.end() ? PipelineStatus{} : StatusOf(name, it->second);
-    status.name = name;
-    if (it == entries_.end() || !it->second.pipeline) {
-      // Not loaded: show what the manifest says, if it parses.
-      auto manifest = repository_.LoadManifest(name);
-      if (manifest.ok()) {
-        status.kind = manifest->kind;
-        status.defaults = manifest->defaults;
-      }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& name : names) {
+      auto it = entries_.find(name);
+      PipelineStatus status = it == entries_.end() ? PipelineStatus{} : StatusOf(name, it->second);
+      status.name = name;
+      out.push_back(std::move(status));
     }
-    out.push_back(std::move(status));
+  }
+  // Not loaded: show what the manifest says, if it parses (file reads without the mutex).
+  for (auto& status : out) {
+    if (status.state == PipelineState::kLoaded) continue;
+    auto manifest = repository_.LoadManifest(status.name);
+    if (manifest.ok()) {
+      status.kind = manifest->kind;
+      status.defaults = manifest->defaults;
+    }
   }
   return out;
 }
