@@ -9,7 +9,8 @@ TORCH_VERSION=${QPOOL_TORCH_VERSION:-2.11.0}
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
-  googletest libgtest-dev libgmock-dev libbenchmark-dev)
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  libmicrohttpd-dev prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,8 +18,22 @@ done
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  # 'prometheus' is here for promtool and the prometheus binary the tests run themselves; its
+  # post-install script would start a Prometheus service on :9090, and fails where no init
+  # system runs (containers). Where no policy-rc.d exists (Docker images ship one that denies
+  # all starts), a temporary one denies service starts during this install only.
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod 755 "$policy"
+    trap '$sudo rm -f "$policy"' EXIT
+  fi
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # On a systemd host the unit was enabled for the next boot; we only wanted the binaries.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $sudo systemctl disable prometheus >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then

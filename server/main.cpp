@@ -6,10 +6,19 @@
 #include <iostream>
 
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 
 #include "api/grpc_server.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
+#include "memory/arena_allocator.h"
+#include "memory/device_memory.h"
+#include "memory/memory_event_log.h"
+#include "memory/memory_metrics.h"
+#include "metrics/metrics_http_server.h"
+#include "metrics/metrics_registry.h"
+#include "pool/idle_offloader.h"
+#include "residency/block_copy.h"
 #include "pool/device_pool.h"
 #include "pool/pipeline_registry.h"
 #include "util/log.h"
@@ -70,18 +79,42 @@ int Run(int argc, char** argv) {
     std::cerr << "qpool-server: " << devices.status().message() << "\n";
     return 2;
   }
-  qpool::PipelineRegistry registry(*repository, **devices);
+  qpool::ArenaAllocator arenas;
+  qpool::BlockCopier copier;
+  qpool::DeviceMemory memory(arenas);
+  qpool::MemoryEventLog events;
+  qpool::ResidencyContext residency{&arenas, &copier, &memory, &events};
+  qpool::PipelineRegistry registry(*repository, **devices, residency);
+  qpool::IdleOffloader idle(registry, **devices);
+  qpool::MetricsRegistry metrics;
+  metrics.AddGauge("qpool_build_info", "qpool build; the value is 1.", {"version", "torch"})
+      .WithLabels({QPOOL_VERSION, TORCH_VERSION})
+      .Set(1);
+  qpool::MemoryMetrics memory_metrics(metrics, memory, registry, events, (*devices)->devices());
+  std::unique_ptr<qpool::MetricsHttpServer> metrics_server;
+  if (!options->metrics_listen.empty()) {
+    auto started = qpool::MetricsHttpServer::Start(options->metrics_listen, metrics);
+    if (!started.ok()) {
+      std::cerr << "qpool-server: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics_server = std::move(started).value();
+  }
 
   qpool::api::GrpcServerOptions grpc_options;
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
-  auto server = qpool::api::GrpcServer::Start(grpc_options, registry, **devices);
+  auto server = qpool::api::GrpcServer::Start(
+      grpc_options, qpool::api::EngineRefs{&registry, devices->get(), &memory, &events});
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";
     return 1;
   }
   LoadAtStartup(options->load, registry, **devices, *repository);
   (*server)->SetServing(true);
+  if (metrics_server) {
+    std::cout << "qpool-server metrics on " << metrics_server->address() << std::endl;
+  }
   std::cout << "qpool-server listening on " << (*server)->address() << std::endl;
   qpool::log::Info("serving model repository ", repository->root(), " on ", (*server)->address());
 
@@ -90,7 +123,9 @@ int Run(int argc, char** argv) {
   qpool::log::Info("signal ", signal_number, ": draining for up to ", options->drain_seconds,
                    " s");
   (*server)->Shutdown(options->drain_seconds);
+  idle.Stop();
   (*devices)->Stop();
+  if (metrics_server) metrics_server->Stop();
   qpool::log::Info("stopped");
   return 0;
 }

@@ -10,11 +10,10 @@
 namespace qpool::api {
 
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
-                                                        PipelineRegistry& registry,
-                                                        DevicePool& devices) {
+                                                        EngineRefs engine) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<GrpcServer> server(new GrpcServer(registry, devices));
+  std::unique_ptr<GrpcServer> server(new GrpcServer(engine));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);

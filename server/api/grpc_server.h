@@ -22,8 +22,7 @@ class GrpcServer {
  public:
   // Builds and starts the server. Unavailable if the address cannot be bound.
   static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
-                                                     PipelineRegistry& registry,
-                                                     DevicePool& devices);
+                                                     EngineRefs engine);
   // The address actually bound (the port filled in when 0 was asked).
   const std::string& address() const { return address_; }
   // Marks every service SERVING (or NOT_SERVING) in grpc.health.v1.
@@ -32,8 +31,7 @@ class GrpcServer {
   void Shutdown(int drain_seconds);
 
  private:
-  GrpcServer(PipelineRegistry& registry, DevicePool& devices)
-      : inference_(registry), models_(registry, devices) {}
+  explicit GrpcServer(EngineRefs engine) : inference_(*engine.registry), models_(engine) {}
   InferenceService inference_;
   ModelService models_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,18 +1,29 @@
-// ModelService: list, load and unload pipelines by name; report memory.
+// ModelService: list, load and unload pipelines by name; residency admin (offload, onload, move,
+// policy); memory reports, events, cache release and allocator snapshots.
 #pragma once
 
+#include "memory/device_memory.h"
+#include "memory/memory_event_log.h"
 #include "pool/device_pool.h"
 #include "pool/pipeline_registry.h"
 #include "qpool/v1/qpool.grpc.pb.h"
 
 namespace qpool::api {
 
-// Loads run on the target device's worker (they allocate on that device); the other RPCs are
-// cheap and answer on the gRPC thread.
+// What the services use from the engine; all outlive the gRPC server.
+struct EngineRefs {
+  PipelineRegistry* registry = nullptr;
+  DevicePool* devices = nullptr;
+  const DeviceMemory* memory = nullptr;
+  MemoryEventLog* events = nullptr;
+};
+
+// Loads, unloads and residency changes run on the worker of the device they allocate on (the
+// target), serialized with that device's requests; the other RPCs are cheap and answer on the
+// gRPC thread. WatchMemory streams from a thread of its own per call.
 class ModelService final : public v1::ModelService::CallbackService {
  public:
-  ModelService(PipelineRegistry& registry, DevicePool& devices)
-      : registry_(registry), devices_(devices) {}
+  explicit ModelService(EngineRefs engine) : engine_(engine) {}
 
   grpc::ServerUnaryReactor* ListPipelines(grpc::CallbackServerContext* context,
                                           const v1::ListPipelinesRequest* request,
@@ -26,10 +37,38 @@ class ModelService final : public v1::ModelService::CallbackService {
   grpc::ServerUnaryReactor* GetMemoryReport(grpc::CallbackServerContext* context,
                                             const v1::GetMemoryReportRequest* request,
                                             v1::MemoryReport* response) override;
+  grpc::ServerWriteReactor<v1::MemoryEvent>* WatchMemory(
+      grpc::CallbackServerContext* context, const v1::WatchMemoryRequest* request) override;
+  // model_service_admin.cpp
+  grpc::ServerUnaryReactor* OffloadPipeline(grpc::CallbackServerContext* context,
+                                            const v1::OffloadPipelineRequest* request,
+                                            v1::ResidencyChange* response) override;
+  grpc::ServerUnaryReactor* OnloadPipeline(grpc::CallbackServerContext* context,
+                                           const v1::OnloadPipelineRequest* request,
+                                           v1::ResidencyChange* response) override;
+  grpc::ServerUnaryReactor* MovePipeline(grpc::CallbackServerContext* context,
+                                         const v1::MovePipelineRequest* request,
+                                         v1::ResidencyChange* response) override;
+  grpc::ServerUnaryReactor* SetOffloadPolicy(grpc::CallbackServerContext* context,
+                                             const v1::SetOffloadPolicyRequest* request,
+                                             v1::SetOffloadPolicyResponse* response) override;
+  grpc::ServerUnaryReactor* EmptyCache(grpc::CallbackServerContext* context,
+                                       const v1::EmptyCacheRequest* request,
+                                       v1::EmptyCacheResponse* response) override;
+  grpc::ServerUnaryReactor* GetAllocatorSnapshot(grpc::CallbackServerContext* context,
+                                                 const v1::GetAllocatorSnapshotRequest* request,
+                                                 v1::AllocatorSnapshot* response) override;
 
  private:
-  PipelineRegistry& registry_;
-  DevicePool& devices_;
+  // Runs `work` on `device`'s worker and finishes `reactor` with its status (UNAVAILABLE when
+  // the worker stops first).
+  void RunOn(const c10::Device& device, grpc::ServerUnaryReactor* reactor,
+             std::function<Status()> work);
+  grpc::ServerUnaryReactor* Change(grpc::CallbackServerContext* context, const std::string& name,
+                                   PipelineRegistry::Change change, const std::string& device,
+                                   v1::ResidencyChange* response);
+
+  EngineRefs engine_;
 };
 
 }  // namespace qpool::api

@@ -58,6 +58,12 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
     info->set_weight_bytes(c.bytes.weight);
     info->set_quant_state_bytes(c.bytes.quant_state);
     info->set_other_bytes(c.bytes.other);
+    info->set_residency(c.residency);
+    info->set_host_bytes(c.host_bytes);
+  }
+  if (s.state == PipelineState::kLoaded) {
+    out->mutable_offload_policy()->set_policy(OffloadModeName(s.policy.mode));
+    out->mutable_offload_policy()->set_idle_seconds(s.policy.idle_seconds);
   }
   out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));
   out->set_default_width(static_cast<uint32_t>(s.defaults.width));
@@ -71,6 +77,46 @@ void ToProto(const DeviceMemoryStats& s, v1::DeviceMemory* out) {
   out->set_reserved_bytes(s.reserved_bytes);
   out->set_total_bytes(s.total_bytes);
   out->set_free_bytes(s.free_bytes);
+  out->set_active_bytes(s.active_bytes);
+  out->set_inactive_split_bytes(s.inactive_split_bytes);
+  out->set_requested_bytes(s.requested_bytes);
+  out->set_peak_allocated_bytes(s.peak_allocated_bytes);
+  out->set_alloc_retries(s.alloc_retries);
+  out->set_ooms(s.ooms);
+}
+
+void ToProto(const MemoryEvent& e, uint64_t first_available, v1::MemoryEvent* out) {
+  out->set_sequence(e.sequence);
+  out->set_unix_nanos(e.unix_nanos);
+  out->set_kind(MemoryEventKindName(e.kind));
+  out->set_pipeline(e.pipeline);
+  out->set_component(e.component);
+  out->set_device(e.device);
+  out->set_from_device(e.from_device);
+  out->set_to_device(e.to_device);
+  out->set_allocated_before(e.allocated_before);
+  out->set_allocated_after(e.allocated_after);
+  out->set_reserved_before(e.reserved_before);
+  out->set_reserved_after(e.reserved_after);
+  out->set_attributed_delta_bytes(e.attributed_delta);
+  out->set_duration_seconds(e.duration_seconds);
+  out->set_outcome(MemoryEventOutcomeName(e.outcome));
+  out->set_message(e.message);
+  out->set_first_available_sequence(first_available);
+}
+
+void ToProto(const ResidencyReport& report, v1::ResidencyChange* out) {
+  for (const auto& m : report.moves) {
+    auto* move = out->add_moves();
+    move->set_component(m.component);
+    move->set_from(m.from);
+    move->set_to(m.to);
+    move->set_bytes(m.bytes);
+    move->set_seconds(m.seconds);
+    move->set_tensors_checked(static_cast<uint32_t>(m.tensors_checked));
+  }
+  out->set_bytes(report.bytes);
+  out->set_seconds(report.seconds);
 }
 
 void ToProto(const torch::Tensor& tensor, v1::Tensor* out) {

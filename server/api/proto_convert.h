@@ -7,6 +7,7 @@
 #include "pipeline/sd_pipeline.h"
 #include "pool/pipeline_registry.h"
 #include "memory/device_memory.h"
+#include "memory/memory_event.h"
 #include "qpool/v1/qpool.pb.h"
 #include "util/status.h"
 
@@ -18,6 +19,9 @@ grpc::Status ToGrpc(const Status& status);
 GenerateRequestIn FromProto(const v1::GenerateRequest& request);
 void ToProto(const PipelineStatus& status, v1::PipelineInfo* out);
 void ToProto(const DeviceMemoryStats& stats, v1::DeviceMemory* out);
+// `first_available` is the oldest sequence the log still holds.
+void ToProto(const MemoryEvent& event, uint64_t first_available, v1::MemoryEvent* out);
+void ToProto(const ResidencyReport& report, v1::ResidencyChange* out);
 // Copies a CPU tensor (float32, float16, bfloat16 or int64) into a Tensor message.
 void ToProto(const torch::Tensor& tensor, v1::Tensor* out);
 

@@ -30,7 +30,8 @@ namespace qpool {
 namespace {
 
 const std::vector<std::string> kTopKeys = {"kind",   "components", "tokenizer", "scheduler",
-                                           "latent", "defaults",   "limits",    "placement"};
+                                           "latent", "defaults",   "limits",    "placement",
+                                           "offload"};
 const std::vector<std::string> kComponentKeys = {"file", "quantization"};
 const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length"};
@@ -43,6 +44,7 @@ const std::vector<std::string> kDefaultsKeys = {"steps", "guidance_scale", "widt
 const std::vector<std::string> kLimitsKeys = {"max_steps", "max_width", "max_height", "max_images",
                                               "max_prompts"};
 const std::vector<std::string> kPlacementKeys = {"device", "dtype"};
+const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds"};
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;
@@ -137,6 +139,7 @@ class Parser {
   Status ParseDefaults(const YAML::Node& root, const LatentSpec& latent,
                        const RequestLimits& limits, GenerationDefaults* d) const;
   Status ParsePlacement(const YAML::Node& root, Placement* p) const;
+  Status ParseOffload(const YAML::Node& root, OffloadSpec* o) const;
 
   std::string dir_;
   std::string path_;
@@ -446,6 +449,23 @@ Status Parser::ParsePlacement(const YAML::Node& root, Placement* p) const {
   return CheckOneOf("placement.dtype", p->dtype, {"auto", "float32", "float16", "bfloat16"});
 }
 
+Status Parser::ParseOffload(const YAML::Node& root, OffloadSpec* o) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "offload", false, kOffloadKeys, &node));
+  RETURN_IF_ERROR(ReadString(node, "offload", "policy", false, &o->policy));
+  if (o->policy == "sequential" || o->policy == "group") {
+    return Got("offload.policy",
+               "is not supported yet (layer-wise streaming); use none, model or idle",
+               "'" + o->policy + "'");
+  }
+  RETURN_IF_ERROR(CheckOneOf("offload.policy", o->policy, {"none", "model", "idle"}));
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "idle_seconds", &o->idle_seconds));
+  if (!(o->idle_seconds > 0) || o->idle_seconds > 7 * 24 * 3600) {
+    return Got("offload.idle_seconds", "must be in (0, 604800]", o->idle_seconds);
+  }
+  return Status::Ok();
+}
+
 StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   std::vector<YAML::Node> docs;
   try {
@@ -480,6 +500,7 @@ StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   RETURN_IF_ERROR(ParseLimits(root, m.scheduler, &m.limits));
   RETURN_IF_ERROR(ParseDefaults(root, m.latent, m.limits, &m.defaults));
   RETURN_IF_ERROR(ParsePlacement(root, &m.placement));
+  RETURN_IF_ERROR(ParseOffload(root, &m.offload));
   return m;
 }
 

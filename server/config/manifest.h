@@ -63,6 +63,13 @@ struct Placement {
   std::string dtype = "auto";   // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
 };
 
+// How the pipeline's components use device memory between and during requests
+// (residency/offload_policy.h has the semantics).
+struct OffloadSpec {
+  std::string policy = "none";  // none | model | idle
+  double idle_seconds = 300;    // idle: offload after this long without requests
+};
+
 struct PipelineManifest {
   std::string name;                       // pipeline folder name
   std::string kind;                       // "sd"
@@ -75,6 +82,7 @@ struct PipelineManifest {
   GenerationDefaults defaults;
   RequestLimits limits;
   Placement placement;
+  OffloadSpec offload;
 
   // The component called `name`, or nullptr if the pipeline has none.
   const ComponentSpec* FindComponent(const std::string& name) const;

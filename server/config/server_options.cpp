@@ -34,6 +34,7 @@ std::string ServerUsage() {
   return R"(usage: qpool-server [flags]
   --model-repository DIR   directory of pipeline folders (default: models)
   --listen HOST:PORT       gRPC address (default: 0.0.0.0:50051; port 0 picks a free port)
+  --metrics-listen HOST:PORT  Prometheus /metrics address (default: off; port 0 picks one)
   --load NAMES             pipelines to load at start: comma-separated names, or "all"
   --device DEVICE          default placement: auto (GPUs, else CPU) | cpu | cuda | cuda:N
   --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
@@ -64,6 +65,8 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
       o.model_repository = value;
     } else if (flag == "--listen") {
       o.listen = value;
+    } else if (flag == "--metrics-listen") {
+      o.metrics_listen = value;
     } else if (flag == "--load") {
       o.load = SplitComma(value);
     } else if (flag == "--device") {

@@ -13,6 +13,9 @@ struct ServerOptions {
   std::string model_repository = "models";
   // host:port; port 0 picks a free one (printed at start-up, for tests and scripts).
   std::string listen = "0.0.0.0:50051";
+  // host:port of the Prometheus /metrics endpoint; empty = off. Port 0 picks a free one (printed
+  // at start-up as "qpool-server metrics on HOST:PORT").
+  std::string metrics_listen;
   // Pipelines loaded at start-up: names, or "all". A failed load is logged, not fatal.
   std::vector<std::string> load;
   // auto (every GPU, else CPU) | cpu | cuda | cuda:N: where pipelines go by default.

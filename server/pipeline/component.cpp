@@ -5,7 +5,7 @@
 
 #include <functional>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "quant/module_quantizer.h"
 #include "util/log.h"
@@ -86,7 +86,10 @@ StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
 }
 
 void Component::Refresh() {
+  std::lock_guard<std::mutex> lock(mu_);
   slots_.clear();
+  dtype_ = c10::kFloat;
+  bool have_dtype = false;
   for (const auto& named : module_.named_modules()) {
     auto object = named.value._ivalue();
     const auto& type = object->type();
@@ -95,7 +98,13 @@ void Component::Refresh() {
       if (!object->getSlot(i).isTensor()) continue;  // None-valued optional tensors
       const std::string attr = type->getAttributeName(i);
       std::string qualified = named.name.empty() ? attr : named.name + "." + attr;
-      slots_.push_back({object, i, std::move(qualified), RoleOf(attr, type->is_parameter(i))});
+      const TensorRole role = RoleOf(attr, type->is_parameter(i));
+      const auto& t = object->getSlot(i).toTensor();
+      if (!have_dtype && role == TensorRole::kWeight && t.is_floating_point()) {
+        dtype_ = t.scalar_type();
+        have_dtype = true;
+      }
+      slots_.push_back({object, i, std::move(qualified), role});
     }
   }
 }
@@ -105,6 +114,7 @@ torch::Tensor Component::TensorAt(const Slot& slot) const {
 }
 
 std::string Component::quantization() const {
+  std::lock_guard<std::mutex> lock(mu_);
   for (const auto& slot : slots_) {
     if (slot.role != TensorRole::kWeight) continue;
     const auto t = TensorAt(slot);
@@ -114,54 +124,83 @@ std::string Component::quantization() const {
   return "none";
 }
 
-Status Component::MoveTo(const c10::Device& device, c10::ScalarType dtype) {
-  // Note [qpool owns the tensors]: first make every new tensor, then swap them all in.
-  std::vector<torch::Tensor> moved;
-  moved.reserve(slots_.size());
-  try {
-    c10::InferenceMode guard(false);
-    for (const auto& slot : slots_) {
-      torch::Tensor t = TensorAt(slot);
-      const bool convert = t.is_floating_point() && slot.role != TensorRole::kQuantState;
-      moved.push_back(t.to(device, convert ? dtype : t.scalar_type(), /*non_blocking=*/false,
-                           /*copy=*/false));
-    }
-  } catch (const c10::Error& e) {
-    moved.clear();
-    const bool oom = std::string(e.what()).find("out of memory") != std::string::npos;
-    std::string msg = StrCat("moving component '", name_, "' to ", device.str(), " failed: ",
-                             e.what_without_backtrace());
-    return oom ? ResourceExhausted(msg) : Internal(msg);
-  }
+c10::Device Component::device() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_;
+}
+
+c10::ScalarType Component::dtype() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dtype_;
+}
+
+std::vector<torch::Tensor> Component::Tensors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<torch::Tensor> out;
+  out.reserve(slots_.size());
+  for (const auto& slot : slots_) out.push_back(TensorAt(slot));
+  return out;
+}
+
+void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Device& device,
+                       c10::ScalarType dtype) {
+  TORCH_CHECK(tensors.size() == slots_.size(), "Component::Rebind: ", tensors.size(),
+              " tensors for ", slots_.size(), " slots");
+  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].owner->setSlot(slots_[i].index, c10::IValue(moved[i]));
-  }
-  moved.clear();
-  for (const auto& slot : slots_) {
-    if (TensorAt(slot).device() != device) {
-      return Internal(StrCat("component '", name_, "': tensor '", slot.name, "' is on ",
-                             TensorAt(slot).device().str(), " after a move to ", device.str()));
-    }
+    slots_[i].owner->setSlot(slots_[i].index, c10::IValue(tensors[i]));
   }
   device_ = device;
   dtype_ = dtype;
-  return Status::Ok();
+}
+
+void Component::RebindOne(size_t i, const torch::Tensor& tensor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_.at(i).owner->setSlot(slots_[i].index, c10::IValue(tensor));
 }
 
 ComponentBytes Component::Bytes() const {
+  struct View {
+    int64_t offset;
+    uint64_t nbytes;
+    TensorRole role;
+  };
+  struct Storage {
+    uint64_t nbytes = 0;
+    std::vector<View> views;
+  };
+  std::unordered_map<const void*, Storage> storages;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& slot : slots_) {
+      const auto t = TensorAt(slot);
+      if (!t.defined() || !t.has_storage()) continue;
+      Storage& s = storages[t.storage().unsafeGetStorageImpl()];
+      s.nbytes = t.storage().nbytes();
+      const int64_t offset = t.storage_offset() * static_cast<int64_t>(t.element_size());
+      const uint64_t nbytes = t.numel() * t.element_size();
+      bool seen = false;
+      for (const auto& v : s.views) seen = seen || (v.offset == offset && v.nbytes == nbytes);
+      if (!seen) s.views.push_back({offset, nbytes, slot.role});
+    }
+  }
   ComponentBytes bytes;
-  std::unordered_set<const void*> seen;
-  for (const auto& slot : slots_) {
-    const auto t = TensorAt(slot);
-    if (!t.defined() || !t.has_storage()) continue;
-    const void* key = t.storage().unsafeGetStorageImpl();
-    if (!seen.insert(key).second) continue;
-    const uint64_t n = t.storage().nbytes();
-    switch (slot.role) {
+  auto add = [&bytes](TensorRole role, uint64_t n) {
+    switch (role) {
       case TensorRole::kWeight: bytes.weight += n; break;
       case TensorRole::kQuantState: bytes.quant_state += n; break;
       case TensorRole::kOther: bytes.other += n; break;
     }
+  };
+  for (const auto& [impl, s] : storages) {
+    uint64_t viewed = 0;
+    const View* largest = &s.views.front();
+    for (const auto& v : s.views) {
+      add(v.role, v.nbytes);
+      viewed += v.nbytes;
+      if (v.nbytes > largest->nbytes) largest = &v;
+    }
+    if (s.nbytes > viewed) add(largest->role, s.nbytes - viewed);
   }
   return bytes;
 }

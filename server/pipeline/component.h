@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,17 +28,19 @@ struct ComponentBytes {
 // Note [qpool owns the tensors]
 // A TorchScript module's `to()` moves parameters and buffers but not plain tensor attributes, and
 // it converts integer buffers when asked for a dtype. qpool therefore keeps its own table of
-// every tensor slot (parameters, buffers and attributes of every submodule), moves them itself,
-// and checks afterwards that every one of them is on the target device. Quant state (absmax,
-// code tables) keeps its dtype; floating weights and buffers take the compute dtype.
+// every tensor slot (parameters, buffers and attributes of every submodule); the residency layer
+// (residency/component_residency.h) moves them itself and checks afterwards that every one of
+// them is on the target device. Quant state (absmax, code tables) keeps its dtype; floating
+// weights and buffers take the compute dtype.
 //
 // Note [No tensor constants]
 // torch.jit.trace bakes tensors computed during tracing into the graph as constants. No mover
 // can reach them, so a component with a non-scalar tensor constant is refused at load, naming
 // the node.
 //
-// Thread safety: none. A component belongs to one pipeline, which one device worker runs at a
-// time; loading, moving and unloading happen while no request runs on it.
+// Thread safety: Tensors, Rebind, Bytes and device take an internal mutex, so snapshots may be
+// read from any thread while the owning worker rebinds. Forward and module() are the owning
+// worker's only: a component belongs to one pipeline, which one device worker runs at a time.
 class Component {
  public:
   // Loads a TorchScript file onto the CPU. InvalidArgument for unreadable files or graphs that
@@ -45,19 +48,31 @@ class Component {
   static StatusOr<std::unique_ptr<Component>> Load(const std::string& name, const std::string& path);
 
   const std::string& name() const { return name_; }
-  const c10::Device& device() const { return device_; }
-  c10::ScalarType dtype() const { return dtype_; }
+  // Where the tensors are (the device of the last Rebind; the CPU after Load).
+  c10::Device device() const;
+  // The floating-point dtype of the weights (of the last Rebind; as loaded after Load).
+  c10::ScalarType dtype() const;
   // "none", "int8" or "nf4", derived from the weights of the quantized linear layers.
   std::string quantization() const;
 
-  // Moves every tensor to `device`, converting floating weights and buffers to `dtype`.
-  // All or nothing: if any copy fails (e.g. out of memory) nothing changes.
-  Status MoveTo(const c10::Device& device, c10::ScalarType dtype);
-
-  // Bytes held now, by role, each storage counted once.
+  // Bytes held now, by role. Each storage is counted once; several slots viewing one storage (an
+  // arena) count their own bytes, and the storage's remainder goes to its largest view's role.
   ComponentBytes Bytes() const;
   // Number of tensor slots (parameters, buffers, attributes).
   size_t num_tensors() const { return slots_.size(); }
+  // Slot i's qualified name ("mid.attn.to_q.absmax") and role.
+  const std::string& slot_name(size_t i) const { return slots_[i].name; }
+  TensorRole slot_role(size_t i) const { return slots_[i].role; }
+
+  // Every slot's tensor, in slot order.
+  std::vector<torch::Tensor> Tensors() const;
+  // Puts tensors[i] into slot i (sizes must match num_tensors()) and records where they live.
+  // The previous tensors are released by the component.
+  void Rebind(const std::vector<torch::Tensor>& tensors, const c10::Device& device,
+              c10::ScalarType dtype);
+  // Puts one tensor into slot i, leaving device and dtype as they are (for packing a component
+  // slot by slot, so that each original tensor is freed as soon as it is copied).
+  void RebindOne(size_t i, const torch::Tensor& tensor);
 
   // Runs `forward`. Catches c10 errors: InvalidArgument for shape/device problems is not
   // distinguishable from bugs here, so they are Internal with the component's name.
@@ -81,7 +96,8 @@ class Component {
 
   std::string name_;
   torch::jit::Module module_;
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_;  // fixed after Refresh(); the tensors in them change under mu_
+  mutable std::mutex mu_;
   c10::Device device_{c10::kCPU};
   c10::ScalarType dtype_ = c10::kFloat;
 };

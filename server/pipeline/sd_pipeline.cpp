@@ -40,16 +40,17 @@ StatusOr<c10::ScalarType> ResolveDtype(const std::string& name, const c10::Devic
       StrCat("unknown dtype '", name, "'; valid: auto, float32, float16, bfloat16"));
 }
 
-SdPipeline::SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::Device device,
-                       c10::ScalarType dtype)
-    : manifest_(std::move(manifest)),
-      tokenizer_(std::move(tokenizer)),
-      device_(device),
-      dtype_(dtype) {}
+SdPipeline::SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::ScalarType dtype)
+    : manifest_(std::move(manifest)), tokenizer_(std::move(tokenizer)), dtype_(dtype) {}
+
+SdPipeline::~SdPipeline() {
+  if (residency_) residency_->Unload();
+}
 
 StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& manifest,
                                                        const c10::Device& device,
-                                                       c10::ScalarType dtype) {
+                                                       c10::ScalarType dtype,
+                                                       const ResidencyContext& residency) {
   if (manifest.kind != "sd") {
     return InvalidArgument(StrCat(manifest.path, ": kind '", manifest.kind,
                                   "' is not served by the sd pipeline"));
@@ -58,7 +59,9 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
                    ClipTokenizer::Load(manifest.tokenizer.vocab, manifest.tokenizer.merges,
                                        manifest.tokenizer.max_length));
   std::unique_ptr<SdPipeline> pipeline(
-      new SdPipeline(manifest, std::move(tokenizer), device, dtype));
+      new SdPipeline(manifest, std::move(tokenizer), dtype));
+  ASSIGN_OR_RETURN(OffloadPolicy policy,
+                   MakeOffloadPolicy(manifest.offload.policy, manifest.offload.idle_seconds));
   for (const char* name : kComponentNames) {
     const ComponentSpec* spec = manifest.FindComponent(name);
     if (spec == nullptr) {
@@ -84,10 +87,14 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
     }
     pipeline->components_.push_back(std::move(component));
   }
-  // Note [qpool owns the tensors]: moves are all-or-nothing per component; if a later one fails,
-  // the pipeline object (and every tensor already moved) is dropped by the caller.
-  for (auto& component : pipeline->components_) {
-    RETURN_IF_ERROR(component->MoveTo(device, dtype));
+  std::vector<Component*> components;
+  for (auto& c : pipeline->components_) components.push_back(c.get());
+  pipeline->residency_ =
+      std::make_unique<PipelineResidency>(manifest.name, components, residency, policy);
+  // All or nothing: on failure the caller drops the pipeline and with it every block.
+  Status placed = pipeline->residency_->Place(device, dtype);
+  if (!placed.ok()) {
+    return Status(placed.code(), StrCat(manifest.path, ": ", placed.message()));
   }
   return pipeline;
 }
@@ -111,8 +118,11 @@ torch::Tensor SdPipeline::TokenIds(const std::vector<std::string>& texts) const 
 }
 
 StatusOr<torch::Tensor> SdPipeline::EncodeTexts(const std::vector<std::string>& texts) {
-  torch::Tensor ids = TokenIds(texts).to(device_);
-  ASSIGN_OR_RETURN(torch::Tensor hidden, component("text_encoder").Forward({ids}));
+  Component& encoder = component("text_encoder");
+  RETURN_IF_ERROR(residency_->Use(encoder));
+  torch::Tensor ids = TokenIds(texts).to(device());
+  ASSIGN_OR_RETURN(torch::Tensor hidden, encoder.Forward({ids}));
+  residency_->Done(encoder);
   if (hidden.dim() != 3 || hidden.size(0) != ids.size(0) || hidden.size(1) != ids.size(1)) {
     return Internal(StrCat("text_encoder returned shape ", hidden.sizes(),
                            ", expected [", ids.size(0), ", ", ids.size(1), ", hidden]"));
@@ -124,9 +134,11 @@ StatusOr<GenerateOutput> SdPipeline::Generate(const GenerateParams& params,
                                               const ProgressFn& progress,
                                               const CancelledFn& cancelled) {
   c10::InferenceMode inference;
+  RequestResidencyScope residency(*residency_);
   GenerateOutput output;
   try {
     auto start = Clock::now();
+    residency_->Prefetch(component("unet"));
     const bool cfg = params.do_cfg();
     std::vector<std::string> texts = {params.prompt};
     if (cfg) texts.insert(texts.begin(), params.negative_prompt);
@@ -175,11 +187,14 @@ StatusOr<torch::Tensor> SdPipeline::Denoise(const GenerateParams& params,
     auto gen = at::make_generator<at::CPUGeneratorImpl>(params.seed + static_cast<uint64_t>(i));
     noise.push_back(torch::randn({1, latent.channels, h, w}, gen, torch::kFloat));
   }
+  const c10::Device device = this->device();
   torch::Tensor latents =
-      (torch::cat(noise) * scheduler->init_noise_sigma()).to(device_, dtype_);
+      (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype_);
 
   const bool cfg = params.do_cfg();
   Component& unet = component("unet");
+  RETURN_IF_ERROR(residency_->Use(unet));
+  residency_->Prefetch(component("vae_decoder"));
   const auto& timesteps = scheduler->timesteps();
   const int total = static_cast<int>(timesteps.size());
   for (int i = 0; i < total; ++i) {
@@ -187,7 +202,7 @@ StatusOr<torch::Tensor> SdPipeline::Denoise(const GenerateParams& params,
     torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     model_in = scheduler->ScaleModelInput(model_in, i);
     torch::Tensor t =
-        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype_).device(device_));
+        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype_).device(device));
     ASSIGN_OR_RETURN(torch::Tensor eps, unet.Forward({model_in, t, context}));
     RETURN_IF_ERROR(CheckShape("unet", eps, model_in.sizes()));
     if (cfg) {
@@ -197,13 +212,16 @@ StatusOr<torch::Tensor> SdPipeline::Denoise(const GenerateParams& params,
     latents = scheduler->Step(eps, i, latents);
     if (progress) progress(i + 1, total);
   }
+  residency_->Done(unet);
   return latents;
 }
 
 StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(const torch::Tensor& latents) {
   const auto& latent = manifest_.latent;
-  ASSIGN_OR_RETURN(torch::Tensor image,
-                   component("vae_decoder").Forward({latents / latent.scaling_factor}));
+  Component& decoder = component("vae_decoder");
+  RETURN_IF_ERROR(residency_->Use(decoder));
+  ASSIGN_OR_RETURN(torch::Tensor image, decoder.Forward({latents / latent.scaling_factor}));
+  residency_->Done(decoder);
   const int64_t n = latents.size(0);
   const int64_t height = latents.size(2) * latent.downscale;
   const int64_t width = latents.size(3) * latent.downscale;
@@ -225,6 +243,7 @@ StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(const torch::Tensor& la
 
 StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompts) {
   c10::InferenceMode inference;
+  RequestResidencyScope residency(*residency_);
   try {
     EncodeOutput out;
     out.input_ids = TokenIds(prompts);

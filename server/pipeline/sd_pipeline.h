@@ -13,6 +13,7 @@
 #include "pipeline/component.h"
 #include "pipeline/generate_request.h"
 #include "pipeline/tokenizer/clip_tokenizer.h"
+#include "residency/pipeline_residency.h"
 #include "util/status.h"
 
 namespace qpool {
@@ -49,27 +50,34 @@ using CancelledFn = std::function<bool()>;
 class SdPipeline {
  public:
   // Loads tokenizer and components on the CPU, quantizes components whose manifest asks for it
-  // at load time, then moves them to `device` in `dtype`. All or nothing.
+  // at load time, packs them into host copies in `dtype` and brings them to the residency the
+  // manifest's offload policy wants on `device`. All or nothing.
   static StatusOr<std::unique_ptr<SdPipeline>> Load(const PipelineManifest& manifest,
                                                     const c10::Device& device,
-                                                    c10::ScalarType dtype);
+                                                    c10::ScalarType dtype,
+                                                    const ResidencyContext& residency);
+  // Drops every tensor of every component.
+  ~SdPipeline();
 
   // Runs a validated request. Noise is drawn on the CPU from seed + i for image i, so a seed
   // gives identical images on the same device.
   StatusOr<GenerateOutput> Generate(const GenerateParams& params, const ProgressFn& progress,
                                     const CancelledFn& cancelled);
 
-  // Runs the text encoder alone.
+  // Runs the text encoder alone. Under the model policy the encoder goes back to the host
+  // afterwards like after every request (Note [Offload policies]).
   StatusOr<EncodeOutput> Encode(const std::vector<std::string>& prompts);
 
   const PipelineManifest& manifest() const { return manifest_; }
-  const c10::Device& device() const { return device_; }
+  // The device the pipeline computes on (its components may be offloaded to the host).
+  c10::Device device() const { return residency_->device(); }
   c10::ScalarType dtype() const { return dtype_; }
   const std::vector<std::unique_ptr<Component>>& components() const { return components_; }
+  PipelineResidency& residency() { return *residency_; }
+  const PipelineResidency& residency() const { return *residency_; }
 
  private:
-  SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::Device device,
-             c10::ScalarType dtype);
+  SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::ScalarType dtype);
   Component& component(const std::string& name);
   torch::Tensor TokenIds(const std::vector<std::string>& texts) const;
   StatusOr<torch::Tensor> EncodeTexts(const std::vector<std::string>& texts);
@@ -79,9 +87,9 @@ class SdPipeline {
 
   PipelineManifest manifest_;
   ClipTokenizer tokenizer_;
-  c10::Device device_;
   c10::ScalarType dtype_;
   std::vector<std::unique_ptr<Component>> components_;
+  std::unique_ptr<PipelineResidency> residency_;  // borrows components_
 };
 
 // Parses "float32"/"float16"/"bfloat16"; "auto" is float16 on CUDA, float32 on the CPU.

@@ -30,7 +30,8 @@ class PipelineGpuTest : public ::testing::TestWithParam<std::string> {
       ADD_FAILURE() << manifest.status().ToString();
       return nullptr;
     }
-    auto pipeline = SdPipeline::Load(*manifest, device, c10::kHalf);
+    auto pipeline = SdPipeline::Load(*manifest, device, c10::kHalf,
+                                     ResidencyContext{&arenas_, &copier_, &memory_, &events_});
     if (!pipeline.ok()) {
       ADD_FAILURE() << pipeline.status().ToString();
       return nullptr;
@@ -38,11 +39,15 @@ class PipelineGpuTest : public ::testing::TestWithParam<std::string> {
     return std::move(pipeline).value();
   }
 
-  static int64_t Allocated(const c10::Device& d) {
-    return static_cast<int64_t>(ReadDeviceMemory({d})[0].allocated_bytes);
+  int64_t Allocated(const c10::Device& d) const {
+    return static_cast<int64_t>(memory_.Read(d).allocated_bytes);
   }
 
   std::string repo_;
+  ArenaAllocator arenas_;
+  BlockCopier copier_;
+  DeviceMemory memory_{arenas_};
+  MemoryEventLog events_;
 };
 
 GenerateParams Params() {

@@ -64,20 +64,6 @@ TEST(Component, LoadsAndAccountsEveryTensor) {
   EXPECT_TRUE(torch::allclose(*out, torch::full({2, 4}, 9.0)));
 }
 
-TEST(Component, MoveConvertsFloatsButKeepsIntsAndQuantState) {
-  auto c = Component::Load("unet", SaveModule(MakeModule(), "component-move"));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ASSERT_TRUE((*c)->MoveTo(c10::Device(c10::kCPU), c10::kHalf).ok());
-  auto& m = (*c)->module();
-  auto inner = m.attr("inner").toModule();
-  EXPECT_EQ(inner.attr("weight").toTensor().scalar_type(), c10::kHalf);
-  EXPECT_EQ(inner.attr("table").toTensor().scalar_type(), c10::kHalf);  // plain attribute too
-  EXPECT_EQ(inner.attr("absmax").toTensor().scalar_type(), c10::kFloat);  // quant state
-  EXPECT_EQ(m.attr("position_ids").toTensor().scalar_type(), c10::kLong);
-  EXPECT_EQ((*c)->dtype(), c10::kHalf);
-  EXPECT_EQ((*c)->Bytes().weight, 16u * 2);
-}
-
 TEST(Component, RefusesTensorConstantsNamingTheNode) {
   torch::jit::Module m("Baked");
   m.define(R"JIT(

@@ -1,0 +1,90 @@
+#include "memory/memory_metrics.h"
+
+#include <cstdlib>
+
+namespace qpool {
+
+MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memory,
+                             PipelineRegistry& registry, MemoryEventLog& events,
+                             std::vector<c10::Device> devices)
+    : metrics_(metrics), memory_(memory), registry_(registry), devices_(std::move(devices)) {
+  auto& counts = metrics.AddCounter("qpool_memory_events_total",
+                                    "Memory events (load, unload, offload, onload, move, "
+                                    "empty_cache, oom, leak) by outcome.",
+                                    {"kind", "outcome"});
+  auto& durations = metrics.AddHistogram(
+      "qpool_memory_event_duration_seconds", "Duration of memory events.", {"kind"},
+      {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  auto& leaked =
+      metrics.AddCounter("qpool_vram_leaked_bytes_total",
+                         "Bytes unload checks found not given back, by device.", {"device"});
+  events.AddListener([&counts, &durations, &leaked](const MemoryEvent& e) {
+    counts.WithLabels({MemoryEventKindName(e.kind), MemoryEventOutcomeName(e.outcome)}).Inc();
+    durations.WithLabels({MemoryEventKindName(e.kind)}).Observe(e.duration_seconds);
+    if (e.kind == MemoryEventKind::kLeak) {
+      // The leak event's message starts with the byte count (PipelineRegistry::RecordEvent).
+      leaked.WithLabels({e.device}).Inc(std::strtod(e.message.c_str(), nullptr));
+    }
+  });
+  collector_ = metrics.AddCollector([this](SampleSink& sink) { Collect(sink); });
+}
+
+MemoryMetrics::~MemoryMetrics() { metrics_.RemoveCollector(collector_); }
+
+void MemoryMetrics::Collect(SampleSink& sink) const {
+  for (const auto& s : memory_.ReadAll(devices_)) {
+    const MetricLabels device = {{"device", s.device}};
+    auto gauge = [&](const char* name, const char* help, uint64_t v) {
+      sink.AddGauge(name, help, device, static_cast<double>(v));
+    };
+    gauge("qpool_device_memory_allocated_bytes",
+          "Bytes in use by tensors (caching allocator; host bytes of pipeline tensors for cpu).",
+          s.allocated_bytes);
+    gauge("qpool_device_memory_reserved_bytes",
+          "Bytes the caching allocator holds from the driver.", s.reserved_bytes);
+    gauge("qpool_device_memory_active_bytes", "Allocated bytes plus blocks waiting on streams.",
+          s.active_bytes);
+    gauge("qpool_device_memory_inactive_split_bytes", "Free parts of split blocks (fragmentation).",
+          s.inactive_split_bytes);
+    gauge("qpool_device_memory_requested_bytes", "Bytes callers asked for, before rounding.",
+          s.requested_bytes);
+    gauge("qpool_device_memory_peak_allocated_bytes",
+          "Peak allocated bytes since start or the last reset.", s.peak_allocated_bytes);
+    if (s.total_bytes > 0) {
+      gauge("qpool_device_memory_total_bytes", "Device capacity.", s.total_bytes);
+      gauge("qpool_device_memory_free_bytes", "Free device memory as the driver reports it.",
+            s.free_bytes);
+    }
+    sink.AddCounter("qpool_device_alloc_retries_total",
+                    "cudaMalloc retries after the cache was flushed.", device,
+                    static_cast<double>(s.alloc_retries));
+    sink.AddCounter("qpool_device_ooms_total", "Out-of-memory errors the allocator raised.", device,
+                    static_cast<double>(s.ooms));
+  }
+  sink.AddGauge("qpool_pinned_host_memory_bytes", "Pinned host memory held for offload copies.", {},
+                static_cast<double>(memory_.pinned_bytes()));
+  for (const auto& p : registry_.ListLoaded()) {
+    for (const auto& c : p.components) {
+      // c.device is where the component's tensors are: its GPU, or cpu when offloaded.
+      auto bytes = [&](const char* kind, uint64_t v) {
+        sink.AddGauge(
+            "qpool_pipeline_memory_bytes",
+            "Bytes a loaded pipeline's component holds where it is now, by kind "
+            "(weights, quant_state, other).",
+            {{"pipeline", p.name}, {"component", c.name}, {"device", c.device}, {"kind", kind}},
+            static_cast<double>(v));
+      };
+      bytes("weights", c.bytes.weight);
+      bytes("quant_state", c.bytes.quant_state);
+      bytes("other", c.bytes.other);
+      if (c.host_bytes > 0 && c.device != "cpu") {
+        sink.AddGauge("qpool_pipeline_host_copy_bytes",
+                      "Bytes of the pinned host copy kept while the component is on its GPU.",
+                      {{"pipeline", p.name}, {"component", c.name}},
+                      static_cast<double>(c.host_bytes));
+      }
+    }
+  }
+}
+
+}  // namespace qpool

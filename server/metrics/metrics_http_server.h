@@ -1,0 +1,55 @@
+// MetricsHttpServer: serves a MetricsRegistry as Prometheus text on GET /metrics, on its own
+// port (libmicrohttpd, a pool of kThreads threads on epoll). Nothing else is served: GET /
+// links to /metrics, other paths are 404 and methods other than GET and HEAD are 405.
+//
+// Thread safety: Start, Stop, port and address may be called from any thread. Requests are
+// answered on libmicrohttpd's threads, which call only MetricsRegistry::Expose.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "metrics/metrics_registry.h"
+#include "util/status.h"
+
+struct MHD_Daemon;
+
+namespace qpool {
+
+class MetricsHttpServer {
+ public:
+  // Scrapes are rare (every few seconds) and short, so two threads keep one slow client from
+  // delaying another without costing the server anything.
+  static constexpr unsigned kThreads = 2;
+  // Idle connections are closed after this many seconds, so stuck clients cannot pile up.
+  static constexpr unsigned kConnectionTimeoutSeconds = 10;
+
+  // Listens on `listen`, "HOST:PORT" (HOST a name or address, IPv6 in brackets: "[::]:9100";
+  // PORT 0 picks a free port) and serves `registry`, which must outlive the server.
+  // InvalidArgument for a malformed or unresolvable address, Unavailable when it cannot be
+  // bound (port in use, address not local); both messages name the address.
+  static StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& listen,
+                                                            const MetricsRegistry& registry);
+  // Stops the server.
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  // The bound port (the chosen one when started with port 0).
+  int port() const { return port_; }
+  // The bound address as "HOST:PORT" with HOST numeric, e.g. "127.0.0.1:9100" or "[::]:9100".
+  std::string address() const;
+  // Closes the port and waits for requests in progress; idempotent.
+  void Stop();
+
+ private:
+  MetricsHttpServer(MHD_Daemon* daemon, std::string host, int port);
+
+  std::mutex mu_;  // guards daemon_ (Stop)
+  MHD_Daemon* daemon_;
+  const std::string host_;  // numeric, IPv6 in brackets
+  const int port_;
+};
+
+}  // namespace qpool

@@ -1,0 +1,40 @@
+// ArenaLayout: where each tensor of a component sits inside one contiguous block of bytes.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace qpool {
+
+// Note [One block per component]
+// A component's tensors live as views into one block per place (host copy, device copy). A move
+// is then one allocation and one copy, which is as fast as the link allows and either succeeds
+// or fails as a whole; freeing a place frees one block. Offsets are aligned to 256 bytes, so
+// vectorized kernels see the alignment of a fresh allocation.
+class ArenaLayout {
+ public:
+  static constexpr int64_t kAlignment = 256;
+
+  // Lays out tensors of these shapes and dtypes, in order.
+  static ArenaLayout Plan(const std::vector<torch::Tensor>& like);
+
+  // Bytes of the whole block.
+  int64_t total_bytes() const { return total_bytes_; }
+  size_t size() const { return entries_.size(); }
+  // Contiguous views of `block` (uint8, total_bytes()), one per planned tensor.
+  std::vector<torch::Tensor> Views(const torch::Tensor& block) const;
+
+ private:
+  struct Entry {
+    int64_t offset;
+    int64_t nbytes;
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype;
+  };
+  std::vector<Entry> entries_;
+  int64_t total_bytes_ = 0;
+};
+
+}  // namespace qpool

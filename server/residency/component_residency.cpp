@@ -1,0 +1,196 @@
+#include "residency/component_residency.h"
+
+#include <chrono>
+
+namespace qpool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string PlaceName(Residency r, const c10::Device& d) {
+  return r == Residency::kDevice ? d.str() : std::string(ResidencyName(r));
+}
+
+}  // namespace
+
+ComponentResidency::ComponentResidency(Component& component, ArenaAllocator& arenas,
+                                       BlockCopier& copier)
+    : component_(component), arenas_(arenas), copier_(copier) {}
+
+Residency ComponentResidency::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+c10::Device ComponentResidency::device() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_;
+}
+
+uint64_t ComponentResidency::host_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_bytes_;
+}
+
+Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned) {
+  RETURN_IF_ERROR(CheckTransition(component_.name(), state(), device(), Residency::kHost,
+                                  c10::Device(c10::kCPU)));
+  if (state() != Residency::kUnloaded) return Status::Ok();
+  std::vector<torch::Tensor> originals = component_.Tensors();
+  std::vector<torch::Tensor> like;
+  std::vector<bool> convert;
+  for (size_t i = 0; i < originals.size(); ++i) {
+    const auto& t = originals[i];
+    const bool c = t.is_floating_point() && component_.slot_role(i) != TensorRole::kQuantState;
+    convert.push_back(c);
+    like.push_back(
+        torch::empty(t.sizes(), t.options().dtype(c ? dtype : t.scalar_type()).device(c10::kMeta)));
+  }
+  ArenaLayout layout = ArenaLayout::Plan(like);
+  like.clear();
+  ASSIGN_OR_RETURN(ArenaBlock block,
+                   arenas_.Allocate(c10::Device(c10::kCPU),
+                                    static_cast<uint64_t>(layout.total_bytes()), pinned));
+  c10::InferenceMode normal(false);  // Views of a normal block, packed in place
+  std::vector<torch::Tensor> views = layout.Views(block.bytes);
+  try {
+    for (size_t i = 0; i < views.size(); ++i) {
+      views[i].copy_(originals[i]);
+      component_.RebindOne(i, views[i]);  // the original is freed here if nothing else holds it
+      originals[i] = torch::Tensor();
+    }
+  } catch (const c10::Error& e) {
+    return Internal(StrCat("component '", component_.name(),
+                           "': packing into host memory failed: ", e.what_without_backtrace()));
+  }
+  component_.Rebind(views, c10::Device(c10::kCPU), dtype);
+  layout_ = std::move(layout);
+  dtype_ = dtype;
+  host_ = std::move(block);
+  host_pinned_ = pinned;
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = Residency::kHost;
+  device_ = c10::Device(c10::kCPU);
+  host_bytes_ = host_->bytes.numel();
+  return Status::Ok();
+}
+
+StatusOr<ComponentResidency::Staged> ComponentResidency::Stage(Residency to,
+                                                               const c10::Device& target) {
+  const Residency from = state();
+  const c10::Device from_device = device();
+  RETURN_IF_ERROR(CheckTransition(component_.name(), from, from_device, to, target));
+  if (from == Residency::kUnloaded || to == Residency::kUnloaded) {
+    return FailedPrecondition(StrCat("component '", component_.name(), "' is not loaded"));
+  }
+  const auto start = Clock::now();
+  Staged staged;
+  staged.to = to;
+  staged.device = to == Residency::kHost ? c10::Device(c10::kCPU) : target;
+  const uint64_t size = static_cast<uint64_t>(layout_->total_bytes());
+  // A host copy is needed (and missing) when going to the host or to the CPU as a device.
+  const bool wants_host = to == Residency::kHost || staged.device.is_cpu();
+  if (wants_host && !host_) {
+    // Only a component on a device can lack a host copy.
+    const bool pinned = from_device.is_cuda();
+    ASSIGN_OR_RETURN(ArenaBlock host, arenas_.Allocate(c10::Device(c10::kCPU), size, pinned));
+    ASSIGN_OR_RETURN(staged.copy, copier_.Copy(host.bytes, device_block_->bytes));
+    staged.host_block = std::move(host);
+    staged.bytes = size;
+  } else if (!wants_host && !(from == Residency::kDevice && from_device == target)) {
+    ASSIGN_OR_RETURN(ArenaBlock block, arenas_.Allocate(target, size, /*pinned=*/false));
+    const torch::Tensor& source =
+        (from == Residency::kDevice && device_block_) ? device_block_->bytes : host_->bytes;
+    ASSIGN_OR_RETURN(staged.copy, copier_.Copy(block.bytes, source));
+    staged.block = std::move(block);
+    staged.bytes = size;
+  }
+  staged.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return staged;
+}
+
+StatusOr<ComponentMove> ComponentResidency::Commit(Staged staged, bool wait) {
+  const auto start = Clock::now();
+  const Residency from = state();
+  const c10::Device from_device = device();
+  ComponentMove move;
+  move.component = component_.name();
+  move.from = PlaceName(from, from_device);
+  move.to = PlaceName(staged.to, staged.device);
+  move.bytes = staged.bytes;
+  if (wait || staged.host_block || from == Residency::kDevice) staged.copy.Synchronize();
+
+  const torch::Tensor* source = nullptr;
+  if (staged.block) {
+    source = &staged.block->bytes;
+  } else if (staged.to == Residency::kDevice && !staged.device.is_cpu()) {
+    source = &device_block_->bytes;  // already there
+  } else {
+    source = staged.host_block ? &staged.host_block->bytes : &host_->bytes;
+  }
+  std::vector<torch::Tensor> previous = component_.Tensors();
+  component_.Rebind(layout_->Views(*source), staged.device, dtype_);
+  for (const auto& t : component_.Tensors()) {
+    if (t.device() != staged.device) {
+      component_.Rebind(previous, from_device, dtype_);
+      return Internal(StrCat("component '", component_.name(), "': a tensor is on ",
+                             t.device().str(), " after a move to ", staged.device.str(),
+                             "; the move was undone"));
+    }
+    ++move.tensors_checked;
+  }
+  previous.clear();
+  if (staged.host_block) host_ = std::move(staged.host_block);
+  if (staged.block) {
+    device_block_ = std::move(staged.block);
+  } else if (staged.to == Residency::kHost || staged.device.is_cpu()) {
+    device_block_.reset();
+  }
+  pending_ = wait ? PendingCopy() : staged.copy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = staged.to;
+    device_ = staged.device;
+    host_bytes_ = host_ ? host_->bytes.numel() : 0;
+  }
+  move.seconds = staged.seconds + std::chrono::duration<double>(Clock::now() - start).count();
+  return move;
+}
+
+void ComponentResidency::AwaitPending() {
+  pending_.Wait();
+  pending_ = PendingCopy();
+}
+
+void ComponentResidency::DropHostCopy() {
+  if (state() != Residency::kDevice || device().is_cpu() || !host_) return;
+  host_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  host_bytes_ = 0;
+}
+
+std::vector<ComponentResidency::BlockRef> ComponentResidency::Blocks() const {
+  std::vector<BlockRef> out;
+  for (const auto* block : {&host_, &device_block_}) {
+    if (!block->has_value()) continue;
+    const torch::Tensor& t = (*block)->bytes;
+    out.push_back({t.storage().getWeakStorageImpl(), t.device(), static_cast<uint64_t>(t.numel()),
+                   (*block)->allocator_bytes});
+  }
+  return out;
+}
+
+void ComponentResidency::Unload() {
+  pending_.Synchronize();
+  pending_ = PendingCopy();
+  std::vector<torch::Tensor> empty(component_.num_tensors());
+  component_.Rebind(empty, c10::Device(c10::kCPU), dtype_);
+  device_block_.reset();
+  host_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = Residency::kUnloaded;
+  device_ = c10::Device(c10::kCPU);
+  host_bytes_ = 0;
+}
+
+}  // namespace qpool

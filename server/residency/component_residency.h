@@ -1,0 +1,110 @@
+// ComponentResidency: the residency state of one component and the moves between states.
+#pragma once
+
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+
+#include "memory/arena_allocator.h"
+#include "pipeline/component.h"
+#include "residency/arena_layout.h"
+#include "residency/block_copy.h"
+#include "residency/residency_state.h"
+#include "util/log.h"
+#include "util/status.h"
+
+namespace qpool {
+
+// What one move did.
+struct ComponentMove {
+  std::string component;
+  std::string from;  // "host" or a device ("cuda:0")
+  std::string to;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  size_t tensors_checked = 0;  // tensors verified on `to` afterwards
+};
+
+// Note [The host copy is the master]
+// Components are immutable while they serve (no request writes a weight), so a host copy, once
+// made, stays valid: onload copies host -> device and offload just drops the device copy. Only
+// the first offload of a component that has no host copy copies device -> host. Under the
+// `none` policy the load-time host copy is pageable and dropped after the first onload; under
+// the others it is pinned and kept for the pipeline's life.
+//
+// Note [Staged moves]
+// A move first stages the new place (allocates the block and copies into it) without touching
+// the component; only Commit rebinds the component's slots, verifies that every tensor is on the
+// target and frees the old place. A pipeline stages all its components before committing any,
+// so a failure (out of memory on the third component) changes nothing anywhere.
+//
+// Thread safety: state(), device(), host_bytes() may be read from any thread; every other method
+// belongs to the one thread that runs the pipeline's work at a time (its device worker).
+class ComponentResidency {
+ public:
+  ComponentResidency(Component& component, ArenaAllocator& arenas, BlockCopier& copier);
+
+  Component& component() { return component_; }
+  const Component& component() const { return component_; }
+  Residency state() const;
+  // The device while kDevice; the CPU otherwise.
+  c10::Device device() const;
+  // Bytes of the host copy held (0 when there is none).
+  uint64_t host_bytes() const;
+  bool host_copy_pinned() const { return host_pinned_; }
+
+  // unloaded -> host: packs the component's tensors into a host block, floating weights and
+  // buffers converted to `dtype` (quant state keeps its dtype), freeing each original as it goes.
+  Status Place(c10::ScalarType dtype, bool pinned);
+
+  // A move staged but not committed (Note [Staged moves]); dropping it undoes it.
+  struct Staged {
+    Residency to = Residency::kHost;
+    c10::Device device{c10::kCPU};
+    std::optional<ArenaBlock> block;       // the new device block (onload/move)
+    std::optional<ArenaBlock> host_block;  // a new host copy (first offload)
+    PendingCopy copy;
+    uint64_t bytes = 0;  // copied
+    double seconds = 0;
+  };
+  // Prepares the move to `to` (host or device `device`). Nothing visible changes.
+  // FailedPrecondition for impossible transitions, ResourceExhausted when the target is full.
+  StatusOr<Staged> Stage(Residency to, const c10::Device& device);
+  // Makes a staged move visible: rebinds the slots, checks every tensor's device (restoring the
+  // previous tensors and returning Internal if one is wrong) and frees the old place. When
+  // `wait` is false a copy may still be running: Use() makes the compute stream wait for it.
+  StatusOr<ComponentMove> Commit(Staged staged, bool wait);
+  // Makes the current stream wait for a copy committed without waiting.
+  void AwaitPending();
+  // Frees the host copy while the component is on a device (Note [The host copy is the master]).
+  void DropHostCopy();
+  // Drops every tensor: the component holds nothing afterwards.
+  void Unload();
+
+  // The blocks held now, weakly: after Unload each must be gone (Note [Leak check]).
+  struct BlockRef {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    c10::Device device{c10::kCPU};
+    uint64_t bytes = 0;            // block size
+    uint64_t allocator_bytes = 0;  // what the device's allocator counted for it
+  };
+  std::vector<BlockRef> Blocks() const;
+
+ private:
+  Component& component_;
+  ArenaAllocator& arenas_;
+  BlockCopier& copier_;
+  std::optional<ArenaLayout> layout_;
+  c10::ScalarType dtype_ = c10::kFloat;
+  std::optional<ArenaBlock> host_;
+  std::optional<ArenaBlock> device_block_;
+  bool host_pinned_ = false;
+  PendingCopy pending_;
+  mutable std::mutex mu_;  // guards state_, device_, host_bytes_ for readers on other threads
+  Residency state_ = Residency::kUnloaded;
+  c10::Device device_{c10::kCPU};
+  uint64_t host_bytes_ = 0;
+};
+
+}  // namespace qpool

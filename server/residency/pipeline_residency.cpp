@@ -1,0 +1,329 @@
+#include "residency/pipeline_residency.h"
+
+#include "util/log.h"
+
+namespace qpool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+PipelineResidency::PipelineResidency(std::string pipeline, std::vector<Component*> components,
+                                     ResidencyContext context, OffloadPolicy policy)
+    : pipeline_(std::move(pipeline)), context_(context), policy_(policy) {
+  for (Component* c : components) {
+    components_.push_back(
+        std::make_unique<ComponentResidency>(*c, *context_.arenas, *context_.copier));
+  }
+}
+
+PipelineResidency::~PipelineResidency() = default;
+
+c10::Device PipelineResidency::device() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_;
+}
+
+OffloadPolicy PipelineResidency::policy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return policy_;
+}
+
+ComponentResidency& PipelineResidency::of(const Component& component) {
+  for (auto& c : components_) {
+    if (&c->component() == &component) return *c;
+  }
+  throw std::logic_error("component " + component.name() + " is not part of pipeline " + pipeline_);
+}
+
+// The bytes of `c` that count against `device`'s counters: on the CPU its host copy (which a
+// component on the CPU computes from, too), on a GPU its device copy.
+static int64_t BytesOn(const ComponentResidency& c, const c10::Device& device) {
+  if (device.is_cpu()) return static_cast<int64_t>(c.host_bytes());
+  if (c.state() == Residency::kDevice && c.device() == device) {
+    return static_cast<int64_t>(c.component().Bytes().total());
+  }
+  return 0;
+}
+
+DeviceMemoryStats PipelineResidency::Counters(const c10::Device& device) const {
+  if (context_.memory == nullptr) return DeviceMemoryStats{device.str()};
+  return context_.memory->Read(device);
+}
+
+void PipelineResidency::Record(MemoryEventKind kind, const std::string& component,
+                               const c10::Device& device, const DeviceMemoryStats& before,
+                               int64_t delta, double seconds, const Status& status,
+                               const std::string& from, const std::string& to) {
+  if (context_.events == nullptr) return;
+  const DeviceMemoryStats after = Counters(device);
+  MemoryEvent e;
+  e.kind = kind;
+  e.pipeline = pipeline_;
+  e.component = component;
+  e.device = device.str();
+  e.from_device = from;
+  e.to_device = to;
+  e.allocated_before = before.allocated_bytes;
+  e.allocated_after = after.allocated_bytes;
+  e.reserved_before = before.reserved_bytes;
+  e.reserved_after = after.reserved_bytes;
+  e.attributed_delta = status.ok() ? delta : 0;
+  e.duration_seconds = seconds;
+  e.outcome = status.ok() ? MemoryEventOutcome::kOk : MemoryEventOutcome::kError;
+  e.message = status.ok() ? "" : status.message();
+  context_.events->Append(std::move(e));
+}
+
+Status PipelineResidency::Place(const c10::Device& device, c10::ScalarType dtype) {
+  const OffloadMode mode = policy().mode;
+  // Note [The host copy is the master]: pinned only when it will be used again.
+  const bool pinned = device.is_cuda() && mode != OffloadMode::kNone;
+  for (auto& c : components_) RETURN_IF_ERROR(c->Place(dtype, pinned));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = device;
+  }
+  if (mode == OffloadMode::kModel) return Status::Ok();  // resting residency: the host
+  ASSIGN_OR_RETURN(ResidencyReport report,
+                   MoveAll(Residency::kDevice, device, MemoryEventKind::kOnload));
+  (void)report;
+  if (!pinned) {
+    for (auto& c : components_) c->DropHostCopy();
+  }
+  return Status::Ok();
+}
+
+StatusOr<ComponentMove> PipelineResidency::MoveOne(ComponentResidency& c, Residency to,
+                                                   const c10::Device& device, bool wait,
+                                                   MemoryEventKind kind) {
+  const auto start = Clock::now();
+  const c10::Device counted = to == Residency::kHost ? c.device() : device;
+  const DeviceMemoryStats before = Counters(counted);
+  const int64_t on_device_before = BytesOn(c, counted);
+  const std::string from = c.state() == Residency::kDevice ? c.device().str() : "host";
+  auto staged = c.Stage(to, device);
+  StatusOr<ComponentMove> moved = staged.ok() ? c.Commit(std::move(staged).value(), wait)
+                                              : StatusOr<ComponentMove>(staged.status());
+  if (moved.ok() && moved->bytes == 0 && moved->from == moved->to) return moved;  // nothing moved
+  const int64_t on_device_after = BytesOn(c, counted);
+  Record(kind, c.component().name(), counted, before, on_device_after - on_device_before,
+         SecondsSince(start), moved.status(), from, to == Residency::kHost ? "host" : device.str());
+  return moved;
+}
+
+StatusOr<ResidencyReport> PipelineResidency::MoveAll(Residency to, const c10::Device& device,
+                                                     MemoryEventKind kind) {
+  const auto start = Clock::now();
+  // Note [Staged moves]: stage everything first; any failure drops what was staged.
+  std::vector<ComponentResidency::Staged> staged;
+  std::vector<DeviceMemoryStats> before;
+  std::vector<int64_t> bytes_before;
+  std::vector<std::string> from;
+  for (auto& c : components_) {
+    const c10::Device counted = to == Residency::kHost ? c->device() : device;
+    before.push_back(Counters(counted));
+    bytes_before.push_back(BytesOn(*c, counted));
+    from.push_back(c->state() == Residency::kDevice ? c->device().str() : "host");
+    auto s = c->Stage(to, device);
+    if (!s.ok()) {
+      staged.clear();  // frees every staged block
+      Record(kind, c->component().name(), counted, before.back(), 0, SecondsSince(start),
+             s.status(), from.back(), to == Residency::kHost ? "host" : device.str());
+      return Status(s.status().code(), StrCat("pipeline '", pipeline_, "': ", s.status().message(),
+                                              "; nothing was moved"));
+    }
+    staged.push_back(std::move(s).value());
+  }
+  ResidencyReport report;
+  std::vector<std::string> committed;
+  for (size_t i = 0; i < components_.size(); ++i) {
+    auto& c = *components_[i];
+    const c10::Device counted = to == Residency::kHost ? c.device() : device;
+    const bool moves = staged[i].bytes > 0 || c.state() != to ||
+                       (to == Residency::kDevice && c.device() != device);
+    auto moved = c.Commit(std::move(staged[i]), /*wait=*/true);
+    if (!moved.ok()) {
+      // Verification failed: this component was restored; earlier ones stay moved, which is a
+      // consistent state of its own (each component is whole on one device).
+      return Status(moved.status().code(),
+                    StrCat("pipeline '", pipeline_, "': ", moved.status().message(),
+                           committed.empty()
+                               ? ""
+                               : StrCat(" (already moved: ", committed.size(), " component(s))")));
+    }
+    committed.push_back(moved->component);
+    if (!moves) continue;
+    const int64_t bytes_after = BytesOn(c, counted);
+    Record(kind, c.component().name(), counted, before[i], bytes_after - bytes_before[i],
+           moved->seconds, Status::Ok(), from[i], moved->to);
+    report.bytes += moved->bytes;
+    report.moves.push_back(std::move(moved).value());
+  }
+  if (to == Residency::kDevice) {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = device;
+  }
+  report.seconds = SecondsSince(start);
+  return report;
+}
+
+Status PipelineResidency::SetPolicy(OffloadPolicy policy) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    policy_ = policy;
+    last_used_ = Clock::now();
+  }
+  Settle();
+  return Status::Ok();
+}
+
+void PipelineResidency::BeginRequest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_request_ = true;
+}
+
+Status PipelineResidency::Use(Component& component) {
+  ComponentResidency& c = of(component);
+  const c10::Device target = device();
+  if (c.state() != Residency::kDevice || c.device() != target) {
+    ASSIGN_OR_RETURN(ComponentMove moved, MoveOne(c, Residency::kDevice, target, /*wait=*/false,
+                                                  MemoryEventKind::kOnload));
+    (void)moved;
+  }
+  c.AwaitPending();
+  return Status::Ok();
+}
+
+void PipelineResidency::Prefetch(Component& component) {
+  if (policy().mode != OffloadMode::kModel) return;
+  ComponentResidency& c = of(component);
+  const c10::Device target = device();
+  if (c.state() == Residency::kDevice && c.device() == target) return;
+  auto moved = MoveOne(c, Residency::kDevice, target, /*wait=*/false, MemoryEventKind::kOnload);
+  if (!moved.ok()) {
+    log::Warn("pipeline '", pipeline_, "': prefetch of ", component.name(),
+              " failed (Use will retry): ", moved.status().message());
+  }
+}
+
+void PipelineResidency::Done(Component& component) {
+  if (policy().mode != OffloadMode::kModel) return;
+  ComponentResidency& c = of(component);
+  if (c.state() != Residency::kDevice) return;
+  auto moved = MoveOne(c, Residency::kHost, c.device(), /*wait=*/true, MemoryEventKind::kOffload);
+  if (!moved.ok()) {
+    log::Error("pipeline '", pipeline_, "': offloading ", component.name(),
+               " failed: ", moved.status().message());
+  }
+}
+
+void PipelineResidency::Settle() {
+  OffloadPolicy policy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_request_ = false;
+    last_used_ = Clock::now();
+    policy = policy_;
+  }
+  const c10::Device target = device();
+  for (auto& c : components_) {
+    if (c->state() == Residency::kUnloaded) continue;
+    StatusOr<ComponentMove> moved = ComponentMove{};
+    if (policy.mode == OffloadMode::kModel && c->state() == Residency::kDevice) {
+      moved = MoveOne(*c, Residency::kHost, c->device(), /*wait=*/true, MemoryEventKind::kOffload);
+    } else if (policy.mode == OffloadMode::kNone &&
+               (c->state() != Residency::kDevice || c->device() != target)) {
+      moved = MoveOne(*c, Residency::kDevice, target, /*wait=*/true, MemoryEventKind::kOnload);
+    }
+    if (!moved.ok()) {
+      log::Error("pipeline '", pipeline_, "': bringing ", c->component().name(),
+                 " to its resting residency failed: ", moved.status().message());
+    }
+  }
+}
+
+StatusOr<ResidencyReport> PipelineResidency::Offload() {
+  if (device().is_cpu()) {
+    return FailedPrecondition(
+        StrCat("pipeline '", pipeline_, "' runs on the CPU; there is no device memory to free"));
+  }
+  return MoveAll(Residency::kHost, device(), MemoryEventKind::kOffload);
+}
+
+StatusOr<ResidencyReport> PipelineResidency::Onload(const c10::Device& device) {
+  return MoveAll(Residency::kDevice, device, MemoryEventKind::kOnload);
+}
+
+StatusOr<ResidencyReport> PipelineResidency::MoveTo(const c10::Device& device) {
+  if (policy().mode == OffloadMode::kModel) {
+    // Between requests everything is on the host: only the device the next request uses changes.
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = device;
+    return ResidencyReport{};
+  }
+  for (auto& c : components_) {
+    if (c->state() == Residency::kHost && policy().mode == OffloadMode::kNone) {
+      return FailedPrecondition(StrCat("pipeline '", pipeline_,
+                                       "' is offloaded; onload it to a device instead of moving"));
+    }
+  }
+  return MoveAll(Residency::kDevice, device, MemoryEventKind::kMove);
+}
+
+void PipelineResidency::Unload() {
+  for (auto& c : components_) c->Unload();
+}
+
+std::vector<ComponentPlace> PipelineResidency::Snapshot() const {
+  std::vector<ComponentPlace> out;
+  for (const auto& c : components_) {
+    out.push_back({c->component().name(), c->state(), c->device(), c->host_bytes()});
+  }
+  return out;
+}
+
+std::vector<ComponentResidency::BlockRef> PipelineResidency::Blocks() const {
+  std::vector<ComponentResidency::BlockRef> out;
+  for (const auto& c : components_) {
+    for (auto& b : c->Blocks()) out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::map<std::string, uint64_t> PipelineResidency::BytesByDevice() const {
+  std::map<std::string, uint64_t> out;
+  for (const auto& c : components_) {
+    if (c->host_bytes() > 0) out["cpu"] += c->host_bytes();
+    if (c->state() == Residency::kDevice && !c->device().is_cpu()) {
+      out[c->device().str()] += c->component().Bytes().total();
+    }
+  }
+  return out;
+}
+
+double PipelineResidency::idle_for() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_request_ ? 0.0 : SecondsSince(last_used_);
+}
+
+bool PipelineResidency::IdleOffloadDue() const {
+  const OffloadPolicy p = policy();
+  if (p.mode != OffloadMode::kIdle || device().is_cpu()) return false;
+  bool resident = false;
+  for (const auto& c : components_) resident = resident || c->state() == Residency::kDevice;
+  return resident && idle_for() >= p.idle_seconds;
+}
+
+RequestResidencyScope::RequestResidencyScope(PipelineResidency& residency) : residency_(residency) {
+  residency_.BeginRequest();
+}
+
+RequestResidencyScope::~RequestResidencyScope() { residency_.Settle(); }
+
+}  // namespace qpool
