@@ -110,8 +110,12 @@ StatusOr<ComponentMove> PipelineResidency::MoveOne(ComponentResidency& c, Reside
   auto staged = c.Stage(to, device);
   StatusOr<ComponentMove> moved = staged.ok() ? c.Commit(std::move(staged).value(), wait)
                                               : StatusOr<ComponentMove>(staged.status());
-  if (moved.ok() && moved->bytes == 0 && moved->from == moved->to) return moved;  // nothing moved
   const int64_t on_device_after = BytesOn(c, counted);
+  // Nothing copied and nothing changed on the counted device (e.g. host <-> the CPU as device,
+  // or an offload that reused the host copy on the CPU): no event.
+  if (moved.ok() && moved->bytes == 0 && on_device_after == on_device_before && counted.is_cpu()) {
+    return moved;
+  }
   Record(kind, c.component().name(), counted, before, on_device_after - on_device_before,
          SecondsSince(start), moved.status(), from, to == Residency::kHost ? "host" : device.str());
   return moved;
@@ -160,6 +164,10 @@ StatusOr<ResidencyReport> PipelineResidency::MoveAll(Residency to, const c10::De
     committed.push_back(moved->component);
     if (!moves) continue;
     const int64_t bytes_after = BytesOn(c, counted);
+    if (moved->bytes == 0 && bytes_after == bytes_before[i] && counted.is_cpu()) {
+      report.moves.push_back(std::move(moved).value());
+      continue;
+    }
     Record(kind, c.component().name(), counted, before[i], bytes_after - bytes_before[i],
            moved->seconds, Status::Ok(), from[i], moved->to);
     report.bytes += moved->bytes;

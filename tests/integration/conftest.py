@@ -28,6 +28,7 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
 LISTEN_RE = re.compile(r"qpool-server listening on (\S+:\d+)")
+METRICS_RE = re.compile(r"qpool-server metrics on (\S+:\d+)")
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 
@@ -153,6 +154,7 @@ class QpoolServer:
         self.extra_args = list(extra_args)
         self.process = None
         self.address = None
+        self.metrics_address = None  # host:port of /metrics
         self.stdout_lines = []
         self.stderr_path = self.workdir / "qpool-server.stderr"
 
@@ -162,8 +164,7 @@ class QpoolServer:
                # ctest runs modules in parallel: one thread per server keeps CPU work from
                # oversubscribing the cores.
                "--cpu-threads", "1"]
-        if server_supports(self.binary, "--metrics-port"):
-            cmd += ["--metrics-port", "0"]
+        cmd += ["--metrics-listen", "127.0.0.1:0"]
         if self.load:
             cmd += ["--load", self.load]
         return cmd + self.extra_args
@@ -207,6 +208,9 @@ class QpoolServer:
                     f"{why}\ncommand: {' '.join(self.command())}\n"
                     f"stdout:\n" + "\n".join(self.stdout_lines[-50:]) +
                     f"\nstderr:\n{self.stderr_text()}")
+            metrics = METRICS_RE.search(line)
+            if metrics:
+                self.metrics_address = metrics.group(1)
             match = LISTEN_RE.search(line)
             if match:
                 self.address = match.group(1)
