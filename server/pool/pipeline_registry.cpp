@@ -74,8 +74,12 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
     const auto places = p.residency().Snapshot();
     for (size_t i = 0; i < p.components().size(); ++i) {
       const auto& c = p.components()[i];
-      ComponentStatus cs{c->name(), c->device().str(), DtypeName(c->dtype()), c->quantization(),
-                         c->Bytes()};
+      ComponentStatus cs;
+      cs.name = c->name();
+      cs.device = c->device().str();
+      cs.dtype = DtypeName(c->dtype());
+      cs.quantization = c->quantization();
+      cs.bytes = c->Bytes();
       cs.residency = ResidencyName(places[i].state);
       cs.host_bytes = places[i].host_bytes;
       status.components.push_back(std::move(cs));
@@ -196,9 +200,7 @@ StatusOr<PipelineRegistry::Entry*> PipelineRegistry::LoadedEntry(const std::stri
   return &it->second;
 }
 
-Status PipelineRegistry::CheckUnload(const std::string& name) {
-  RETURN_IF_ERROR(ValidatePipelineName(name));
-  std::lock_guard<std::mutex> lock(mu_);
+StatusOr<PipelineRegistry::Entry*> PipelineRegistry::IdleEntry(const std::string& name) {
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
   if (entry->changing) {
     return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
@@ -208,7 +210,13 @@ Status PipelineRegistry::CheckUnload(const std::string& name) {
     return FailedPrecondition(StrCat("pipeline '", name, "' has ", in_flight,
                                      " request(s) in flight; retry when it is idle"));
   }
-  return Status::Ok();
+  return entry;
+}
+
+Status PipelineRegistry::CheckUnload(const std::string& name) {
+  RETURN_IF_ERROR(ValidatePipelineName(name));
+  std::lock_guard<std::mutex> lock(mu_);
+  return IdleEntry(name).status();
 }
 
 StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name) {
@@ -218,15 +226,7 @@ StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name) {
   UnloadResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-    if (entry->changing) {
-      return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
-    }
-    const int in_flight = entry->in_flight->load();
-    if (in_flight > 0) {
-      return FailedPrecondition(StrCat("pipeline '", name, "' has ", in_flight,
-                                       " request(s) in flight; retry when it is idle"));
-    }
+    ASSIGN_OR_RETURN(Entry * entry, IdleEntry(name));
     dropped = std::move(entry->pipeline);
     entries_.erase(name);
   }

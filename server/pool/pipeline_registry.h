@@ -145,6 +145,8 @@ class PipelineRegistry {
   PipelineStatus StatusOf(const std::string& name, const Entry& entry) const;
   // The loaded entry or the error Acquire/Unload give.
   StatusOr<Entry*> LoadedEntry(const std::string& name);
+  // The loaded entry if nothing runs on it (no request in flight, no move); mu_ held.
+  StatusOr<Entry*> IdleEntry(const std::string& name);
   void RecordEvent(MemoryEventKind kind, const std::string& name, const c10::Device& device,
                    const DeviceMemoryStats& before, int64_t delta, double seconds,
                    const Status& status, uint64_t leaked = 0);
