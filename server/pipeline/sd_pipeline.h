@@ -80,7 +80,8 @@ class SdPipeline {
   SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::ScalarType dtype);
   Component& component(const std::string& name);
   torch::Tensor TokenIds(const std::vector<std::string>& texts) const;
-  StatusOr<torch::Tensor> EncodeTexts(const std::vector<std::string>& texts);
+  // Runs the text encoder; `next` (may be null) is prefetched while it runs.
+  StatusOr<torch::Tensor> EncodeTexts(const std::vector<std::string>& texts, Component* next);
   StatusOr<torch::Tensor> Denoise(const GenerateParams& params, const torch::Tensor& context,
                                   const ProgressFn& progress, const CancelledFn& cancelled);
   StatusOr<std::vector<GeneratedImage>> Decode(const torch::Tensor& latents);

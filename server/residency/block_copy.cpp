@@ -1,7 +1,6 @@
 #include "residency/block_copy.h"
 
 #include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -48,13 +47,6 @@ StatusOr<PendingCopy> BlockCopier::Copy(const torch::Tensor& dst, const torch::T
     {
       c10::cuda::CUDAStreamGuard stream_guard(side);
       dst.copy_(src, /*non_blocking=*/true);
-    }
-    for (const auto* t : {&dst, &src}) {
-      // A block on another GPU (a cross-device move) is kept alive by the caller until the copy
-      // is synchronized.
-      if (t->is_cuda() && t->device() == device) {
-        c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), side);
-      }
     }
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(side);

@@ -33,9 +33,13 @@ class PendingCopy {
 // Note [Copy ordering]
 // A copy to or from a GPU runs on that GPU's copy stream, after the work already queued on the
 // caller's current (compute) stream, because the destination block may be memory the compute
-// stream freed a moment ago. Both blocks are marked as used by the copy stream so the caching
-// allocator does not hand them out before the copy ends. Host<->host and meta copies are plain
-// synchronous copies. One large copy per component: per-copy overhead is ~4 us, so a UNet's
+// stream freed a moment ago. The blocks are not marked as used by the copy stream
+// (recordStream): the caching allocator would then defer their frees until its next allocation on
+// that device, and the allocated bytes that every memory event and the unload leak check read
+// would lag behind. Instead, whoever holds a block keeps it until its copy is known to be done:
+// ComponentResidency synchronizes a pending copy before it drops or reads from a block the copy
+// touches, and a staged move synchronizes its copy when it is dropped. Host<->host and meta
+// copies are plain synchronous copies. One large copy per component: per-copy overhead is ~4 us, so a UNet's
 // ~700 tensors copied one by one would cost milliseconds of launch time alone.
 //
 // Thread safety: Copy may be called from any thread.

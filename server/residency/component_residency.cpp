@@ -77,6 +77,10 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned) {
 
 StatusOr<ComponentResidency::Staged> ComponentResidency::Stage(Residency to,
                                                                const c10::Device& target) {
+  // A prefetch that was never used may still be writing the device block this move reads or
+  // frees (Note [Copy ordering]).
+  pending_.Synchronize();
+  pending_ = PendingCopy();
   const Residency from = state();
   const c10::Device from_device = device();
   RETURN_IF_ERROR(CheckTransition(component_.name(), from, from_device, to, target));
@@ -146,7 +150,8 @@ StatusOr<ComponentMove> ComponentResidency::Commit(Staged staged, bool wait) {
   } else if (staged.to == Residency::kHost || staged.device.is_cpu()) {
     device_block_.reset();
   }
-  pending_ = wait ? PendingCopy() : staged.copy;
+  pending_ = wait ? PendingCopy() : std::move(staged.copy);
+  staged.copy = PendingCopy();
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_ = staged.to;
@@ -164,6 +169,8 @@ void ComponentResidency::AwaitPending() {
 
 void ComponentResidency::DropHostCopy() {
   if (state() != Residency::kDevice || device().is_cpu() || !host_) return;
+  pending_.Synchronize();  // the host copy may be the source of a copy still running
+  pending_ = PendingCopy();
   host_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   host_bytes_ = 0;

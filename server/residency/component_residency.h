@@ -60,6 +60,13 @@ class ComponentResidency {
 
   // A move staged but not committed (Note [Staged moves]); dropping it undoes it.
   struct Staged {
+    Staged() = default;
+    Staged(Staged&&) = default;
+    Staged& operator=(Staged&&) = default;
+    // A staged move dropped uncommitted waits for its copy before its block goes back to the
+    // allocator (Note [Copy ordering]).
+    ~Staged() { copy.Synchronize(); }
+
     Residency to = Residency::kHost;
     c10::Device device{c10::kCPU};
     std::optional<ArenaBlock> block;       // the new device block (onload/move)

@@ -6,62 +6,19 @@
 
 #include <filesystem>
 
-#include "config/model_repository.h"
-#include "memory/device_memory.h"
-#include "pipeline/sd_pipeline.h"
-#include "testing/test_paths.h"
+#include "gpu/gpu_pipeline_fixture.h"
 
 namespace qpool {
 namespace {
 
-class PipelineGpuTest : public ::testing::TestWithParam<std::string> {
+class PipelineGpuTest : public ::testing::TestWithParam<std::string>,
+                        protected testing::GpuPipelineTest {
  protected:
   void SetUp() override {
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    repo_ = testing::TinyRepository();
-    if (repo_.empty()) GTEST_SKIP() << "no test repository (build target qpool_test_models)";
+    std::string skip;
+    if (!Prepare(&skip)) GTEST_SKIP() << skip;
   }
-
-  std::unique_ptr<SdPipeline> Load(const std::string& name, const c10::Device& device) {
-    auto repository = ModelRepository::Open(repo_);
-    EXPECT_TRUE(repository.ok());
-    auto manifest = repository->LoadManifest(name);
-    if (!manifest.ok()) {
-      ADD_FAILURE() << manifest.status().ToString();
-      return nullptr;
-    }
-    auto pipeline = SdPipeline::Load(*manifest, device, c10::kHalf,
-                                     ResidencyContext{&arenas_, &copier_, &memory_, &events_});
-    if (!pipeline.ok()) {
-      ADD_FAILURE() << pipeline.status().ToString();
-      return nullptr;
-    }
-    return std::move(pipeline).value();
-  }
-
-  int64_t Allocated(const c10::Device& d) const {
-    return static_cast<int64_t>(memory_.Read(d).allocated_bytes);
-  }
-
-  std::string repo_;
-  ArenaAllocator arenas_;
-  BlockCopier copier_;
-  DeviceMemory memory_{arenas_};
-  MemoryEventLog events_;
 };
-
-GenerateParams Params() {
-  GenerateParams p;
-  p.prompt = "a red fox in the snow";
-  p.steps = 3;
-  p.guidance_scale = 7.5;
-  p.width = 64;
-  p.height = 64;
-  p.num_images = 2;
-  p.seed = 42;
-  p.scheduler = "euler";
-  return p;
-}
 
 // Note: "tiny-nf4" is quantized at load time on the CPU and then moved: its quant state must
 // follow the weights to the GPU (the field bug: quant_state.code left on cuda:0).

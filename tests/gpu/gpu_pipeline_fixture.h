@@ -1,0 +1,79 @@
+// A fixture for GPU tests that load the exported tiny pipelines with their own residency context.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <memory>
+#include <string>
+
+#include "config/model_repository.h"
+#include "memory/device_memory.h"
+#include "pipeline/sd_pipeline.h"
+#include "testing/test_paths.h"
+
+namespace qpool::testing {
+
+class GpuPipelineTest {
+ protected:
+  // False (with the reason in `skip`) when there is no GPU or no test repository.
+  bool Prepare(std::string* skip) {
+    if (!torch::cuda::is_available()) {
+      *skip = "no CUDA device";
+      return false;
+    }
+    repo_ = TinyRepository();
+    if (repo_.empty()) {
+      *skip = "no test repository (build target qpool_test_models)";
+      return false;
+    }
+    return true;
+  }
+
+  // Loads `name` on `device`; `policy` overrides the manifest's offload policy when not empty.
+  std::unique_ptr<SdPipeline> Load(const std::string& name, const c10::Device& device,
+                                   const std::string& policy = "") {
+    auto repository = ModelRepository::Open(repo_);
+    EXPECT_TRUE(repository.ok());
+    auto manifest = repository->LoadManifest(name);
+    if (!manifest.ok()) {
+      ADD_FAILURE() << manifest.status().ToString();
+      return nullptr;
+    }
+    if (!policy.empty()) manifest->offload.policy = policy;
+    auto pipeline = SdPipeline::Load(*manifest, device, c10::kHalf, context());
+    if (!pipeline.ok()) {
+      ADD_FAILURE() << pipeline.status().ToString();
+      return nullptr;
+    }
+    return std::move(pipeline).value();
+  }
+
+  ResidencyContext context() { return ResidencyContext{&arenas_, &copier_, &memory_, &events_}; }
+
+  int64_t Allocated(const c10::Device& d) const {
+    return static_cast<int64_t>(memory_.Read(d).allocated_bytes);
+  }
+
+  // Two 64x64 images, 3 Euler steps with guidance: every component runs.
+  static GenerateParams Params() {
+    GenerateParams p;
+    p.prompt = "a red fox in the snow";
+    p.steps = 3;
+    p.guidance_scale = 7.5;
+    p.width = 64;
+    p.height = 64;
+    p.num_images = 2;
+    p.seed = 42;
+    p.scheduler = "euler";
+    return p;
+  }
+
+  std::string repo_;
+  ArenaAllocator arenas_;
+  BlockCopier copier_;
+  DeviceMemory memory_{arenas_};
+  MemoryEventLog events_;
+};
+
+}  // namespace qpool::testing
