@@ -68,7 +68,7 @@ def main():
     ap.add_argument("--pipeline", default="tiny-nf4")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--cycles", type=int, default=200)
-    ap.add_argument("--oom-headroom-gib", type=float, default=3.0)
+    ap.add_argument("--oom-headroom-gib", type=float, default=1.0)
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -123,7 +123,7 @@ def main():
             oom = {}
             try:
                 generate(inference, pb, pipeline=name, prompt="too big", seed=2, width=1024,
-                         height=1024, num_images=4)
+                         height=1024, num_images=4, steps=2)
                 oom["big_request"] = "OK (did not run out of memory)"
             except grpc.RpcError as e:
                 oom["big_request"] = f"{e.code().name}: {e.details()[:300]}"

@@ -67,6 +67,7 @@ std::vector<std::string> Split(const std::string& s) {
 std::string Measure(const Options& options, const std::string& name, ArenaAllocator& arenas,
                     BlockCopier& copier, DeviceMemory& memory) {
   const c10::Device device(options.device);
+  torch::empty({1}, torch::TensorOptions().device(device));  // allocator stats need a first use
   auto repository = ModelRepository::Open(options.repository);
   if (!repository.ok()) throw std::runtime_error(repository.status().ToString());
   auto manifest = repository->LoadManifest(name);

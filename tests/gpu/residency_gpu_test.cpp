@@ -139,7 +139,7 @@ TEST_F(ResidencyGpuTest, HostRoundTripToAnotherGpuGivesIdenticalBytes) {
     EXPECT_EQ(place.state, Residency::kHost) << place.name;
   }
   EXPECT_EQ(pipeline->residency().BytesByDevice().count(kGpu0.str()), 0u);
-  auto onloaded = pipeline->residency().MoveTo(target);
+  auto onloaded = pipeline->residency().Onload(target);
   ASSERT_TRUE(onloaded.ok()) << onloaded.status().ToString();
   CheckEveryTensorOn(*pipeline, target);
   auto again = pipeline->Generate(Params(), nullptr, nullptr);
