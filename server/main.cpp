@@ -9,6 +9,7 @@
 #include <torch/version.h>
 
 #include "api/grpc_server.h"
+#include "api/request_metrics.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
 #include "memory/arena_allocator.h"
@@ -91,6 +92,7 @@ int Run(int argc, char** argv) {
       .WithLabels({QPOOL_VERSION, TORCH_VERSION})
       .Set(1);
   qpool::MemoryMetrics memory_metrics(metrics, memory, registry, events, (*devices)->devices());
+  qpool::api::RequestMetrics request_metrics(metrics);
   std::unique_ptr<qpool::MetricsHttpServer> metrics_server;
   if (!options->metrics_listen.empty()) {
     auto started = qpool::MetricsHttpServer::Start(options->metrics_listen, metrics);
@@ -105,7 +107,8 @@ int Run(int argc, char** argv) {
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
   auto server = qpool::api::GrpcServer::Start(
-      grpc_options, qpool::api::EngineRefs{&registry, devices->get(), &memory, &events});
+      grpc_options,
+      qpool::api::EngineRefs{&registry, devices->get(), &memory, &events, &request_metrics});
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";
     return 1;

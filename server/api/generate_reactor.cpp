@@ -12,43 +12,38 @@ double Since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-GenerateReactor::GenerateReactor(PipelineRegistry& registry, const v1::GenerateRequest& request)
-    : queued_at_(std::chrono::steady_clock::now()) {
-  auto lease = registry.Acquire(request.pipeline());
-  if (!lease.ok()) {
-    Finish(ToGrpc(lease.status()));
-    return;
-  }
-  lease_ = std::move(lease).value();
-  auto params = ResolveGenerateRequest(FromProto(request), lease_->pipeline().manifest());
-  if (!params.ok()) {
-    lease_.reset();
-    Finish(ToGrpc(params.status()));
-    return;
-  }
-  params_ = std::move(params).value();
-  DeviceWorker& worker = lease_->worker();
-  Status submitted = worker.Submit([this](bool run) { Run(run); });
-  if (!submitted.ok()) {
-    lease_.reset();
-    Finish(ToGrpc(submitted));
-  }
+GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateRequest& request)
+    : call_(engine, RequestRpc::kGenerate) {
+  Status queued = Queue(request);
+  if (!queued.ok()) FinishAfterWrites(ToGrpc(queued));
+}
+
+Status GenerateReactor::Queue(const v1::GenerateRequest& request) {
+  RETURN_IF_ERROR(call_.Acquire(request.pipeline()));
+  ASSIGN_OR_RETURN(params_,
+                   ResolveGenerateRequest(FromProto(request), call_.pipeline().manifest()));
+  return call_.Submit([this](bool run) { Run(run); });
+}
+
+void GenerateReactor::OnDone() {
+  // Every operation has completed, so final_status_ is no longer written.
+  call_.Finish(final_status_.error_code());
+  delete this;
 }
 
 void GenerateReactor::Run(bool run) {
-  if (!run) {
-    lease_.reset();
-    FinishAfterWrites(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
+  Status started = call_.Start(run);
+  if (!started.ok()) {
+    FinishAfterWrites(ToGrpc(started));
     return;
   }
   if (cancelled_) {
-    lease_.reset();
     FinishAfterWrites(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
     return;
   }
-  const double queue_seconds = Since(queued_at_);
+  SdPipeline& pipeline = call_.pipeline();
+  const double queue_seconds = call_.queue_seconds();
   const auto start = std::chrono::steady_clock::now();
-  SdPipeline& pipeline = lease_->pipeline();
   auto progress = [this, start](int step, int total) {
     v1::GenerateResponse message;
     auto* p = message.mutable_progress();
@@ -59,7 +54,7 @@ void GenerateReactor::Run(bool run) {
   };
   auto output = pipeline.Generate(params_, progress, [this] { return cancelled_.load(); });
   const std::string device = pipeline.device().str();
-  lease_.reset();
+  call_.End(output.status());
   if (!output.ok()) {
     if (output.status().code() != StatusCode::kCancelled) {
       log::Warn("Generate failed: ", output.status().ToString());
@@ -103,6 +98,7 @@ void GenerateReactor::Push(v1::GenerateResponse message) {
 }
 
 void GenerateReactor::FinishAfterWrites(grpc::Status status) {
+  call_.Release();  // usually released already; a refused or cancelled call still holds it
   {
     std::lock_guard<std::mutex> lock(mu_);
     final_status_ = std::move(status);

@@ -31,7 +31,7 @@ class GrpcServer {
   void Shutdown(int drain_seconds);
 
  private:
-  explicit GrpcServer(EngineRefs engine) : inference_(*engine.registry), models_(engine) {}
+  explicit GrpcServer(EngineRefs engine) : inference_(engine), models_(engine) {}
   InferenceService inference_;
   ModelService models_;
   std::unique_ptr<grpc::Server> server_;

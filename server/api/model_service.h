@@ -2,21 +2,10 @@
 // policy); memory reports, events, cache release and allocator snapshots.
 #pragma once
 
-#include "memory/device_memory.h"
-#include "memory/memory_event_log.h"
-#include "pool/device_pool.h"
-#include "pool/pipeline_registry.h"
+#include "api/engine_refs.h"
 #include "qpool/v1/qpool.grpc.pb.h"
 
 namespace qpool::api {
-
-// What the services use from the engine; all outlive the gRPC server.
-struct EngineRefs {
-  PipelineRegistry* registry = nullptr;
-  DevicePool* devices = nullptr;
-  const DeviceMemory* memory = nullptr;
-  MemoryEventLog* events = nullptr;
-};
 
 // Loads, unloads and residency changes run on the worker of the device they allocate on (the
 // target), serialized with that device's requests; the other RPCs are cheap and answer on the

@@ -36,12 +36,12 @@ class DeviceMemory {
   explicit DeviceMemory(const ArenaAllocator& arenas) : arenas_(arenas) {}
   virtual ~DeviceMemory() = default;
 
-  // One device's counters.
+  // One device's counters. Virtual, like ResetPeak, so tests can stand in for a GPU.
   virtual DeviceMemoryStats Read(const c10::Device& device) const;
   // One entry per device, in order.
   std::vector<DeviceMemoryStats> ReadAll(const std::vector<c10::Device>& devices) const;
   // Sets the peak of `device` to its current allocation (per-request peaks).
-  void ResetPeak(const c10::Device& device) const;
+  virtual void ResetPeak(const c10::Device& device) const;
   // Releases the caching allocator's unused cached blocks (every GPU's); returns nothing on CPU.
   void EmptyCache() const;
   // Pinned host bytes of offload copies.

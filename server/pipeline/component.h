@@ -74,8 +74,9 @@ class Component {
   // slot by slot, so that each original tensor is freed as soon as it is copied).
   void RebindOne(size_t i, const torch::Tensor& tensor);
 
-  // Runs `forward`. Catches c10 errors: InvalidArgument for shape/device problems is not
-  // distinguishable from bugs here, so they are Internal with the component's name.
+  // Runs `forward`. Catches its errors (c10's and the TorchScript interpreter's): an
+  // allocation failure is ResourceExhausted; anything else is Internal with the component's
+  // name (shape/device problems are not distinguishable from bugs here).
   StatusOr<torch::Tensor> Forward(std::vector<c10::IValue> inputs);
 
   // The executable, for load-time quantization (which rebinds buffers); call Refresh() after.

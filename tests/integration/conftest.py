@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -29,6 +30,9 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
 LISTEN_RE = re.compile(r"qpool-server listening on (\S+:\d+)")
 METRICS_RE = re.compile(r"qpool-server metrics on (\S+:\d+)")
+# One sample line of the text exposition: name, {labels} (optional), value.
+SAMPLE_RE = re.compile(r'^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})? (\S+)$')
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 
@@ -331,3 +335,38 @@ def rpc_error(call, *args, **kwargs):
         if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
             list(result)
     return info.value
+
+
+def scrape(client):
+    """GET /metrics of the client's server; checks the status and Content-Type, returns the
+    text."""
+    url = f"http://{client.server.metrics_address}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return response.read().decode()
+
+
+def parse_samples(text):
+    """The samples of a text exposition as {(name, frozenset of (label, value)): value}."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = SAMPLE_RE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        name, labels, value = match.groups()
+        key = (name, frozenset(LABEL_RE.findall(labels or "")))
+        assert key not in samples, f"repeated sample: {line!r}"
+        samples[key] = float(value)
+    return samples
+
+
+def promtool_check(text):
+    """Asserts that `promtool check metrics` accepts `text` without a lint complaint."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: run scripts/setup.sh (Debian package prometheus)"
+    checked = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
+                             capture_output=True, timeout=60)
+    assert checked.returncode == 0 and not checked.stdout.strip() and \
+        not checked.stderr.strip(), checked.stdout.decode() + checked.stderr.decode()

@@ -64,6 +64,20 @@ TEST(Component, LoadsAndAccountsEveryTensor) {
   EXPECT_TRUE(torch::allclose(*out, torch::full({2, 4}, 9.0)));
 }
 
+TEST(Component, ForwardErrorsAreStatusesNotExceptions) {
+  auto c = Component::Load("unet", SaveModule(MakeModule(), "component-forward-error"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // The TorchScript interpreter turns the op's c10::Error into a std::runtime_error; it must
+  // still come back as a status naming the component and the op's message, on one line.
+  auto out = (*c)->Forward({torch::ones({2, 3})});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInternal);
+  const std::string& message = out.status().message();
+  EXPECT_EQ(message.rfind("component 'unet' failed: ", 0), 0u) << message;
+  EXPECT_NE(message.find("cannot be multiplied"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
 TEST(Component, RefusesTensorConstantsNamingTheNode) {
   torch::jit::Module m("Baked");
   m.define(R"JIT(

@@ -1,0 +1,21 @@
+// EngineRefs: the engine objects the gRPC services use.
+#pragma once
+
+#include "api/request_metrics.h"
+#include "memory/device_memory.h"
+#include "memory/memory_event_log.h"
+#include "pool/device_pool.h"
+#include "pool/pipeline_registry.h"
+
+namespace qpool::api {
+
+// Borrowed pointers; all outlive the gRPC server.
+struct EngineRefs {
+  PipelineRegistry* registry = nullptr;
+  DevicePool* devices = nullptr;
+  const DeviceMemory* memory = nullptr;
+  MemoryEventLog* events = nullptr;
+  RequestMetrics* requests = nullptr;  // null: requests are not measured
+};
+
+}  // namespace qpool::api

@@ -1,0 +1,127 @@
+#include "api/request_metrics.h"
+
+#include <vector>
+
+namespace qpool::api {
+namespace {
+
+// Diffusion requests take from milliseconds (an Encode, a refusal) to minutes (a large batch on
+// a small GPU).
+std::vector<double> DurationBuckets() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120};
+}
+
+// The same range, plus the sub-millisecond waits of an idle worker.
+std::vector<double> QueueBuckets() {
+  std::vector<double> buckets = {0.0005, 0.001, 0.0025};
+  for (double b : DurationBuckets()) buckets.push_back(b);
+  return buckets;
+}
+
+// 1 MiB, 2 MiB, ... 256 GiB: an Encode of a small model up to the largest GPUs.
+std::vector<double> ByteBuckets() { return ExponentialBuckets(1 << 20, 2, 19); }
+
+}  // namespace
+
+const char* RequestRpcName(RequestRpc rpc) {
+  switch (rpc) {
+    case RequestRpc::kGenerate:
+      return "generate";
+    case RequestRpc::kEncode:
+      return "encode";
+  }
+  return "unknown";
+}
+
+const char* GrpcStatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::DO_NOT_USE:
+      break;
+  }
+  // Any other value is not a code gRPC sends; one fixed label keeps the series bounded.
+  return "UNKNOWN";
+}
+
+RequestMetrics::RequestMetrics(MetricsRegistry& metrics)
+    : requests_(metrics.AddCounter("qpool_requests_total",
+                                   "Generate and Encode requests by pipeline, RPC and gRPC status "
+                                   "code, counted once when they end.",
+                                   {"pipeline", "rpc", "status"})),
+      durations_(metrics.AddHistogram("qpool_request_duration_seconds",
+                                      "Wall time of requests from arrival to their end.",
+                                      {"pipeline", "rpc", "status"}, DurationBuckets())),
+      queue_(metrics.AddHistogram("qpool_request_queue_seconds",
+                                  "Time requests waited for their device worker.",
+                                  {"pipeline", "rpc"}, QueueBuckets())),
+      peak_memory_(metrics.AddHistogram(
+          "qpool_request_peak_memory_bytes",
+          "Peak allocated GPU memory while a request ran (successful requests, CUDA only).",
+          {"pipeline", "rpc", "device"}, ByteBuckets())),
+      working_memory_(metrics.AddHistogram(
+          "qpool_request_working_memory_bytes",
+          "Peak allocated GPU memory of a request above what was allocated when it started "
+          "(successful requests, CUDA only).",
+          {"pipeline", "rpc", "device"}, ByteBuckets())) {}
+
+std::string RequestMetrics::PipelineLabel(const std::string& requested, const Status& acquired) {
+  const StatusCode code = acquired.code();
+  if (code == StatusCode::kInvalidArgument || code == StatusCode::kNotFound) {
+    return kUnknownPipeline;
+  }
+  return requested;
+}
+
+void RequestMetrics::RecordFinished(const std::string& pipeline, RequestRpc rpc,
+                                    grpc::StatusCode code, double seconds) {
+  const std::vector<std::string> labels = {pipeline, RequestRpcName(rpc), GrpcStatusCodeName(code)};
+  requests_.WithLabels(labels).Inc();
+  durations_.WithLabels(labels).Observe(seconds);
+}
+
+void RequestMetrics::RecordQueued(const std::string& pipeline, RequestRpc rpc, double seconds) {
+  queue_.WithLabels({pipeline, RequestRpcName(rpc)}).Observe(seconds);
+}
+
+void RequestMetrics::RecordMemory(const std::string& pipeline, RequestRpc rpc,
+                                  const std::string& device, uint64_t peak_bytes,
+                                  uint64_t working_bytes) {
+  const std::vector<std::string> labels = {pipeline, RequestRpcName(rpc), device};
+  peak_memory_.WithLabels(labels).Observe(static_cast<double>(peak_bytes));
+  working_memory_.WithLabels(labels).Observe(static_cast<double>(working_bytes));
+}
+
+}  // namespace qpool::api

@@ -1,0 +1,63 @@
+// RequestMetrics: the request families of /metrics (counts, durations, queue time and
+// per-request device memory of Generate and Encode calls).
+#pragma once
+
+#include <grpcpp/support/status_code_enum.h>
+
+#include <cstdint>
+#include <string>
+
+#include "metrics/metrics_registry.h"
+#include "util/status.h"
+
+namespace qpool::api {
+
+// The RPCs that run a pipeline; their label values are "generate" and "encode".
+enum class RequestRpc { kGenerate, kEncode };
+
+// The `rpc` label value of `rpc`.
+const char* RequestRpcName(RequestRpc rpc);
+// The gRPC name of `code` ("OK", "INVALID_ARGUMENT", ...): the `status` label value.
+const char* GrpcStatusCodeName(grpc::StatusCode code);
+
+// Note [Request label values]
+// Label values come only from bounded sets, so a client cannot create series: `rpc` and `status`
+// are enums, `device` is one of the pool's devices, and `pipeline` is a name the model
+// repository holds, or kUnknownPipeline for any name it does not (invalid or not found).
+
+// Registers the request families in the constructor; the Record* methods update them.
+// Thread safety: every method may be called from any thread (series lookups take the family's
+// mutex, updates are atomic).
+class RequestMetrics {
+ public:
+  // The pipeline label of requests naming no pipeline of the model repository.
+  static constexpr const char* kUnknownPipeline = "unknown";
+
+  explicit RequestMetrics(MetricsRegistry& metrics);
+  RequestMetrics(const RequestMetrics&) = delete;
+  RequestMetrics& operator=(const RequestMetrics&) = delete;
+
+  // The pipeline label of a request for `requested`, given PipelineRegistry::Acquire's answer
+  // for it: InvalidArgument (bad name) and NotFound (not in the repository) give
+  // kUnknownPipeline, every other answer (OK, not loaded, moving) names a repository pipeline.
+  static std::string PipelineLabel(const std::string& requested, const Status& acquired);
+
+  // Counts one finished request and observes its duration (arrival to end).
+  void RecordFinished(const std::string& pipeline, RequestRpc rpc, grpc::StatusCode code,
+                      double seconds);
+  // Observes how long a request waited for its device worker.
+  void RecordQueued(const std::string& pipeline, RequestRpc rpc, double seconds);
+  // Observes a request's peak allocated bytes on `device` and its working memory (that peak
+  // minus what was allocated when the request started).
+  void RecordMemory(const std::string& pipeline, RequestRpc rpc, const std::string& device,
+                    uint64_t peak_bytes, uint64_t working_bytes);
+
+ private:
+  CounterFamily& requests_;
+  HistogramFamily& durations_;
+  HistogramFamily& queue_;
+  HistogramFamily& peak_memory_;
+  HistogramFamily& working_memory_;
+};
+
+}  // namespace qpool::api

@@ -1,0 +1,70 @@
+#include "api/request_recorder.h"
+
+#include <utility>
+
+namespace qpool::api {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+RequestRecorder::RequestRecorder(const EngineRefs& engine, RequestRpc rpc)
+    : engine_(engine), rpc_(rpc), arrived_(std::chrono::steady_clock::now()) {}
+
+void RequestRecorder::SetPipeline(const std::string& requested, const Status& acquired) {
+  pipeline_ = RequestMetrics::PipelineLabel(requested, acquired);
+}
+
+void RequestRecorder::RunStarted(const c10::Device& device) {
+  run_started_ = std::chrono::steady_clock::now();
+  queue_seconds_ = std::chrono::duration<double>(run_started_ - arrived_).count();
+  if (engine_.requests != nullptr) engine_.requests->RecordQueued(pipeline_, rpc_, queue_seconds_);
+  device_ = device;
+  if (engine_.memory != nullptr) {
+    engine_.memory->ResetPeak(device);
+    at_start_ = engine_.memory->Read(device);
+  }
+}
+
+void RequestRecorder::RunEnded(const Status& status) {
+  if (!device_) return;
+  const DeviceMemoryStats after =
+      engine_.memory != nullptr ? engine_.memory->Read(*device_) : DeviceMemoryStats{};
+  if (status.code() == StatusCode::kResourceExhausted) AppendOomEvent(status, after);
+  if (status.ok() && device_->is_cuda() && engine_.memory != nullptr &&
+      engine_.requests != nullptr) {
+    const uint64_t peak = after.peak_allocated_bytes;
+    const uint64_t base = at_start_.allocated_bytes;
+    engine_.requests->RecordMemory(pipeline_, rpc_, device_->str(), peak,
+                                   peak > base ? peak - base : 0);
+  }
+}
+
+void RequestRecorder::AppendOomEvent(const Status& status, const DeviceMemoryStats& after) {
+  if (engine_.events == nullptr) return;
+  MemoryEvent e;
+  e.kind = MemoryEventKind::kOom;
+  e.pipeline = pipeline_;
+  e.device = device_->str();
+  e.allocated_before = at_start_.allocated_bytes;
+  e.allocated_after = after.allocated_bytes;
+  e.reserved_before = at_start_.reserved_bytes;
+  e.reserved_after = after.reserved_bytes;
+  e.duration_seconds = SecondsSince(run_started_);
+  e.outcome = MemoryEventOutcome::kError;
+  e.message = status.message();
+  engine_.events->Append(std::move(e));
+}
+
+void RequestRecorder::Finish(grpc::StatusCode code) {
+  if (finished_) return;
+  finished_ = true;
+  if (engine_.requests != nullptr) {
+    engine_.requests->RecordFinished(pipeline_, rpc_, code, SecondsSince(arrived_));
+  }
+}
+
+}  // namespace qpool::api
