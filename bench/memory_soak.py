@@ -115,7 +115,7 @@ def main():
 
         if device.startswith("cuda"):
             models.LoadPipeline(pb.LoadPipelineRequest(name=name, device=device))
-            ok = generate(inference, pb, pipeline=name, prompt="warm up", seed=1)
+            ok = generate(inference, pb, pipeline=name, prompt="a lighthouse at dusk", seed=1)
             filler = subprocess.Popen(
                 [sys.executable, "-c", FILLER, device, str(int(args.oom_headroom_gib * 2**30))],
                 stdout=subprocess.PIPE, text=True)
@@ -130,7 +130,7 @@ def main():
             filler.send_signal(signal.SIGTERM)
             filler.wait(timeout=30)
             filler = None
-            again = generate(inference, pb, pipeline=name, prompt="after the OOM", seed=1)
+            again = generate(inference, pb, pipeline=name, prompt="a lighthouse at dusk", seed=1)
             oom["next_request_identical"] = again.images[0].png == ok.images[0].png
             oom["events"] = [
                 {"kind": e.kind, "outcome": e.outcome, "pipeline": e.pipeline,
