@@ -58,30 +58,6 @@ void ConfigureExecutorOnce() {
   std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
 }
 
-// Note [Interpreter errors]
-// TorchScript's interpreter catches an op's c10::Error (c10::OutOfMemoryError included) and
-// throws a std::runtime_error instead: "The following operation failed in the TorchScript
-// interpreter.", the TorchScript stack, then "RuntimeError: <the op's message>". Catching only
-// c10::Error let a CUDA OOM in a forward escape the request's task, so its call never finished.
-
-// The last non-empty line of `text`.
-std::string LastLine(const std::string& text) {
-  const size_t end = text.find_last_not_of('\n');
-  if (end == std::string::npos) return text;
-  const size_t newline = text.rfind('\n', end);
-  const size_t start = newline == std::string::npos ? 0 : newline + 1;
-  return text.substr(start, end + 1 - start);
-}
-
-// ResourceExhausted when the error is an allocation failure, else Internal; `shown` is the
-// part of the error the status carries.
-Status ForwardError(const std::string& component, const std::string& what,
-                    const std::string& shown) {
-  std::string msg = StrCat("component '", component, "' failed: ", shown);
-  const bool oom = what.find("out of memory") != std::string::npos;
-  return oom ? ResourceExhausted(std::move(msg)) : Internal(std::move(msg));
-}
-
 }  // namespace
 
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter) {
@@ -237,13 +213,32 @@ StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
                              ", expected a Tensor"));
     }
     return out.toTensor();
-  } catch (const c10::Error& e) {
-    return ForwardError(name_, e.what(), e.what_without_backtrace());
   } catch (const std::exception& e) {
-    // Note [Interpreter errors]: the op's error, an OOM included, arrives as a plain
-    // std::runtime_error whose last line is the op's own message.
-    return ForwardError(name_, e.what(), LastLine(e.what()));
+    return TorchErrorStatus(StrCat("component '", name_, "' failed"), e);
   }
+}
+
+// Note [Interpreter errors]
+// TorchScript's interpreter catches an op's c10::Error (c10::OutOfMemoryError included) and
+// throws a std::runtime_error instead: "The following operation failed in the TorchScript
+// interpreter.", the TorchScript stack, then "RuntimeError: <the op's message>". Catching only
+// c10::Error let a CUDA OOM in a forward escape the request's task, so its call never finished.
+
+Status TorchErrorStatus(const std::string& context, const std::exception& e) {
+  std::string shown;
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    shown = c10_error->what_without_backtrace();
+  } else {
+    // Note [Interpreter errors]: the op's own message is the last non-empty line.
+    const std::string text = e.what();
+    const size_t end = text.find_last_not_of('\n');
+    const size_t newline = end == std::string::npos ? std::string::npos : text.rfind('\n', end);
+    const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+    shown = end == std::string::npos ? text : text.substr(begin, end + 1 - begin);
+  }
+  std::string msg = StrCat(context, ": ", shown);
+  const bool oom = std::string(e.what()).find("out of memory") != std::string::npos;
+  return oom ? ResourceExhausted(std::move(msg)) : Internal(std::move(msg));
 }
 
 }  // namespace qpool

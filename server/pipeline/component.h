@@ -107,4 +107,9 @@ class Component {
 // and weight/bias are weights, the rest are other buffers.
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter);
 
+// The status of an exception out of LibTorch (a c10::Error, or the std::runtime_error TorchScript's
+// interpreter turns an op's error into: Note [Interpreter errors]): ResourceExhausted for an
+// allocation failure, else Internal, with `context` and the error's one-line message.
+Status TorchErrorStatus(const std::string& context, const std::exception& e);
+
 }  // namespace qpool

@@ -165,10 +165,8 @@ StatusOr<GenerateOutput> SdPipeline::Generate(const GenerateParams& params,
     start = Clock::now();
     ASSIGN_OR_RETURN(output.images, Decode(latents));
     output.timings.decode_seconds = SecondsSince(start);
-  } catch (const c10::Error& e) {
-    const bool oom = std::string(e.what()).find("out of memory") != std::string::npos;
-    std::string msg = StrCat("pipeline '", manifest_.name, "': ", e.what_without_backtrace());
-    return oom ? ResourceExhausted(msg) : Internal(msg);
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);
   }
   return output;
 }
@@ -253,8 +251,8 @@ StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompt
     ASSIGN_OR_RETURN(torch::Tensor hidden, EncodeTexts(prompts, /*next=*/nullptr));
     out.embeddings = hidden.to(torch::kCPU, torch::kFloat).contiguous();
     return out;
-  } catch (const c10::Error& e) {
-    return Internal(StrCat("pipeline '", manifest_.name, "': ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);
   }
 }
 

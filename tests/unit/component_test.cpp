@@ -108,5 +108,32 @@ TEST(Component, MissingFileIsAClearError) {
   EXPECT_NE(c.status().message().find("/nonexistent/unet.pt"), std::string::npos);
 }
 
+// Out-of-memory errors reach requests as RESOURCE_EXHAUSTED whichever way LibTorch throws them:
+// as a c10::Error, or as the interpreter's std::runtime_error whose last line is the op's error.
+TEST(Component, TorchErrorsMapToStatusesWithOneLineMessages) {
+  const std::runtime_error interpreter(
+      "The following operation failed in the TorchScript interpreter.\n"
+      "Traceback of TorchScript (most recent call last):\n  File \"code\", line 3\n"
+      "RuntimeError: CUDA out of memory. Tried to allocate 1024.00 MiB.\n");
+  Status oom = TorchErrorStatus("pipeline 'p'", interpreter);
+  EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(oom.message(),
+            "pipeline 'p': RuntimeError: CUDA out of memory. Tried to allocate 1024.00 MiB.");
+
+  Status shape = TorchErrorStatus("component 'unet' failed",
+                                  std::runtime_error("a\nRuntimeError: shapes do not match"));
+  EXPECT_EQ(shape.code(), StatusCode::kInternal);
+  EXPECT_EQ(shape.message(), "component 'unet' failed: RuntimeError: shapes do not match");
+
+  try {
+    TORCH_CHECK(false, "mat1 and mat2 shapes cannot be multiplied");
+  } catch (const c10::Error& e) {
+    Status s = TorchErrorStatus("c", e);
+    EXPECT_EQ(s.code(), StatusCode::kInternal);
+    EXPECT_EQ(s.message().find("c: mat1 and mat2 shapes cannot be multiplied"), 0u)
+        << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace qpool
