@@ -26,6 +26,7 @@
 #include "config/model_repository.h"
 #include "memory/device_memory.h"
 #include "pipeline/sd_pipeline.h"
+#include "util/clock.h"
 
 namespace qpool {
 namespace {
@@ -44,10 +45,6 @@ struct Options {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
 void Sync() {
@@ -106,29 +103,29 @@ std::string Measure(const Options& options, const std::string& name, ArenaAlloca
     Status used = residency.Use(*component);
     if (!used.ok()) throw std::runtime_error(used.ToString());
     Sync();
-    const double on = Seconds(t);
+    const double on = SecondsSince(t);
     t = Clock::now();
     residency.Done(*component);
     Sync();
-    const double off = Seconds(t);
+    const double off = SecondsSince(t);
     residency.Settle();
 
     t = Clock::now();
     if (cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
       throw std::runtime_error("cudaMemcpy");
     }
-    const double base = Seconds(t);
+    const double base = SecondsSince(t);
 
     t = Clock::now();
     auto on_all = residency.Onload(device);
     if (!on_all.ok()) throw std::runtime_error(on_all.status().ToString());
     Sync();
-    const double all_on = Seconds(t);
+    const double all_on = SecondsSince(t);
     t = Clock::now();
     auto off_all = residency.Offload();
     if (!off_all.ok()) throw std::runtime_error(off_all.status().ToString());
     Sync();
-    const double all_off = Seconds(t);
+    const double all_off = SecondsSince(t);
     if (rep == 0) continue;
     onload.push_back(on);
     offload.push_back(off);

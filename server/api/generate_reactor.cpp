@@ -1,17 +1,10 @@
 #include "api/generate_reactor.h"
 
 #include "api/proto_convert.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 namespace qpool::api {
-namespace {
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
-
 GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateRequest& request)
     : call_(engine, RequestRpc::kGenerate) {
   Status queued = Queue(request);
@@ -49,7 +42,7 @@ void GenerateReactor::Run(bool run) {
     auto* p = message.mutable_progress();
     p->set_step(static_cast<uint32_t>(step));
     p->set_total(static_cast<uint32_t>(total));
-    p->set_elapsed_seconds(Since(start));
+    p->set_elapsed_seconds(SecondsSince(start));
     Push(std::move(message));
   };
   auto output = pipeline.Generate(params_, progress, [this] { return cancelled_.load(); });
@@ -80,7 +73,7 @@ void GenerateReactor::Run(bool run) {
   timings->set_encode_seconds(output->timings.encode_seconds);
   timings->set_denoise_seconds(output->timings.denoise_seconds);
   timings->set_decode_seconds(output->timings.decode_seconds);
-  timings->set_total_seconds(queue_seconds + Since(start));
+  timings->set_total_seconds(queue_seconds + SecondsSince(start));
   Push(std::move(message));
   FinishAfterWrites(grpc::Status::OK);
 }

@@ -2,15 +2,9 @@
 
 #include <utility>
 
+#include "util/clock.h"
+
 namespace qpool::api {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
-
 RequestRecorder::RequestRecorder(const EngineRefs& engine, RequestRpc rpc)
     : engine_(engine), rpc_(rpc), arrived_(std::chrono::steady_clock::now()) {}
 

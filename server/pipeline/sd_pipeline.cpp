@@ -6,6 +6,7 @@
 
 #include "pipeline/scheduler/scheduler.h"
 #include "quant/module_quantizer.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/png_encoder.h"
 
@@ -13,10 +14,6 @@ namespace qpool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 const char* const kComponentNames[] = {"text_encoder", "unet", "vae_decoder"};
 

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "util/clock.h"
+
 namespace qpool {
 namespace {
 
@@ -109,7 +111,7 @@ StatusOr<ComponentResidency::Staged> ComponentResidency::Stage(Residency to,
     staged.block = std::move(block);
     staged.bytes = size;
   }
-  staged.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  staged.seconds = SecondsSince(start);
   return staged;
 }
 
@@ -151,14 +153,13 @@ StatusOr<ComponentMove> ComponentResidency::Commit(Staged staged, bool wait) {
     device_block_.reset();
   }
   pending_ = wait ? PendingCopy() : std::move(staged.copy);
-  staged.copy = PendingCopy();
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_ = staged.to;
     device_ = staged.device;
     host_bytes_ = host_ ? host_->bytes.numel() : 0;
   }
-  move.seconds = staged.seconds + std::chrono::duration<double>(Clock::now() - start).count();
+  move.seconds = staged.seconds + SecondsSince(start);
   return move;
 }
 

@@ -1,15 +1,12 @@
 #include "residency/pipeline_residency.h"
 
+#include "util/clock.h"
 #include "util/log.h"
 
 namespace qpool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 }  // namespace
 

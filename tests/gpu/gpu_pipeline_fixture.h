@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,11 @@ class GpuPipelineTest {
       return nullptr;
     }
     return std::move(pipeline).value();
+  }
+
+  // Whether the test repository holds `name` (the quantized variants are optional).
+  bool Exported(const std::string& name) const {
+    return std::filesystem::exists(repo_ + "/" + name + "/pipeline.yaml");
   }
 
   ResidencyContext context() { return ResidencyContext{&arenas_, &copier_, &memory_, &events_}; }

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include <filesystem>
 
 #include "gpu/gpu_pipeline_fixture.h"
 
@@ -24,7 +23,7 @@ class PipelineGpuTest : public ::testing::TestWithParam<std::string>,
 // follow the weights to the GPU (the field bug: quant_state.code left on cuda:0).
 TEST_P(PipelineGpuTest, EveryTensorOnEveryGpuAndUnloadReturnsTheBytes) {
   const std::string name = GetParam();
-  if (name != "tiny" && !std::filesystem::exists(repo_ + "/" + name)) {
+  if (!Exported(name)) {
     GTEST_SKIP() << name << " not exported";
   }
   for (int index = static_cast<int>(torch::cuda::device_count()) - 1; index >= 0; --index) {

@@ -9,7 +9,6 @@
 #include <torch/cuda.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 
 #include "gpu/gpu_pipeline_fixture.h"
@@ -49,10 +48,6 @@ class ResidencyGpuTest : public ::testing::Test, protected testing::GpuPipelineT
     ASSERT_NE(pipeline, nullptr);
     ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
     ASSERT_TRUE(pipeline->Encode({"warm"}).ok());
-  }
-
-  bool Exported(const std::string& name) const {
-    return std::filesystem::exists(repo_ + "/" + name + "/pipeline.yaml");
   }
 };
 
