@@ -22,28 +22,29 @@
 #include "residency/block_copy.h"
 #include "pool/device_pool.h"
 #include "pool/pipeline_registry.h"
+#include "pool/pool_metrics.h"
 #include "util/log.h"
 
 namespace {
 
-// Loads each start-up pipeline on its device's worker and waits; failures are logged and the
-// pipeline shows as FAILED in ListPipelines, the server still starts.
+// Loads each start-up pipeline (its replicas in turn, each on its device's worker) and waits;
+// failures are logged and the pipeline shows as FAILED in ListPipelines, the server still starts.
 void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineRegistry& registry,
                    qpool::DevicePool& devices, const qpool::ModelRepository& repository) {
   std::vector<std::string> names = requested;
   if (names.size() == 1 && names[0] == "all") names = repository.ListNames();
   for (const auto& name : names) {
-    auto device = registry.PlanDevice(name, "");
-    if (!device.ok()) {
-      qpool::log::Error("cannot load '", name, "' at start-up: ", device.status().message());
+    auto planned = registry.PlanLoad(name, "");
+    if (!planned.ok()) {
+      qpool::log::Error("cannot load '", name, "' at start-up: ", planned.status().message());
       continue;
     }
     std::promise<void> done;
-    auto submitted = devices.worker(*device).Submit([&](bool run) {
-      if (run) (void)registry.Load(name, device->str());  // Load logs its own errors
-      done.set_value();
-    });
-    if (submitted.ok()) done.get_future().wait();
+    devices.RunInTurn(
+        *planned,
+        [&](const c10::Device& device) { return registry.Load(name, device).status(); },
+        [&](const qpool::Status&) { done.set_value(); });  // Load logs its own errors
+    done.get_future().wait();
   }
 }
 
@@ -85,7 +86,9 @@ int Run(int argc, char** argv) {
   qpool::DeviceMemory memory(arenas);
   qpool::MemoryEventLog events;
   qpool::ResidencyContext residency{&arenas, &copier, &memory, &events};
-  qpool::PipelineRegistry registry(*repository, **devices, residency);
+  qpool::AdmissionOptions admission;
+  admission.memory_budget = options->memory_budget;
+  qpool::PipelineRegistry registry(*repository, **devices, residency, admission);
   qpool::IdleOffloader idle(registry, **devices);
   qpool::MetricsRegistry metrics;
   metrics.AddGauge("qpool_build_info", "qpool build; the value is 1.", {"version", "torch"})
@@ -93,6 +96,7 @@ int Run(int argc, char** argv) {
       .Set(1);
   qpool::MemoryMetrics memory_metrics(metrics, memory, registry, events, (*devices)->devices());
   qpool::api::RequestMetrics request_metrics(metrics);
+  qpool::PoolMetrics pool_metrics(metrics, registry, **devices);
   std::unique_ptr<qpool::MetricsHttpServer> metrics_server;
   if (!options->metrics_listen.empty()) {
     auto started = qpool::MetricsHttpServer::Start(options->metrics_listen, metrics);

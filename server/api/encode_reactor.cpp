@@ -12,9 +12,9 @@ EncodeReactor::EncodeReactor(const EngineRefs& engine, const v1::EncodeRequest& 
 }
 
 Status EncodeReactor::Queue(const v1::EncodeRequest& request) {
-  RETURN_IF_ERROR(call_.Acquire(request.pipeline()));
-  RETURN_IF_ERROR(ValidateEncodePrompts(static_cast<size_t>(request.prompts_size()),
-                                        call_.pipeline().manifest()));
+  ASSIGN_OR_RETURN(auto manifest, call_.Manifest(request.pipeline()));
+  RETURN_IF_ERROR(ValidateEncodePrompts(static_cast<size_t>(request.prompts_size()), *manifest));
+  RETURN_IF_ERROR(call_.Acquire(request.pipeline(), RouteOptions{}));
   prompts_.assign(request.prompts().begin(), request.prompts().end());
   return call_.Submit([this](bool run) { Run(run); });
 }
@@ -32,6 +32,7 @@ void EncodeReactor::Reply(grpc::Status status) {
 
 void EncodeReactor::Run(bool run) {
   Status started = call_.Start(run);
+  if (!started.ok() && call_.RetryElsewhere(started, [this](bool run) { Run(run); })) return;
   if (!started.ok()) {
     Reply(ToGrpc(started));
     return;
@@ -40,6 +41,7 @@ void EncodeReactor::Run(bool run) {
   auto out = pipeline.Encode(prompts_);
   const std::string device = pipeline.device().str();
   call_.End(out.status());
+  if (!out.ok() && call_.RetryElsewhere(out.status(), [this](bool run) { Run(run); })) return;
   if (!out.ok()) {
     Reply(ToGrpc(out.status()));
     return;
@@ -47,6 +49,7 @@ void EncodeReactor::Run(bool run) {
   ToProto(out->embeddings, response_->mutable_embeddings());
   ToProto(out->input_ids, response_->mutable_input_ids());
   response_->set_device(device);
+  response_->set_route(call_.route());
   Reply(grpc::Status::OK);
 }
 

@@ -12,9 +12,14 @@ GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateReq
 }
 
 Status GenerateReactor::Queue(const v1::GenerateRequest& request) {
-  RETURN_IF_ERROR(call_.Acquire(request.pipeline()));
-  ASSIGN_OR_RETURN(params_,
-                   ResolveGenerateRequest(FromProto(request), call_.pipeline().manifest()));
+  ASSIGN_OR_RETURN(auto manifest, call_.Manifest(request.pipeline()));
+  ASSIGN_OR_RETURN(params_, ResolveGenerateRequest(FromProto(request), *manifest));
+  RouteOptions route;
+  route.width = params_.width;
+  route.height = params_.height;
+  route.images = params_.num_images;
+  route.steps = params_.steps;
+  RETURN_IF_ERROR(call_.Acquire(request.pipeline(), std::move(route)));
   return call_.Submit([this](bool run) { Run(run); });
 }
 
@@ -26,6 +31,7 @@ void GenerateReactor::OnDone() {
 
 void GenerateReactor::Run(bool run) {
   Status started = call_.Start(run);
+  if (!started.ok() && call_.RetryElsewhere(started, [this](bool run) { Run(run); })) return;
   if (!started.ok()) {
     FinishAfterWrites(ToGrpc(started));
     return;
@@ -38,6 +44,7 @@ void GenerateReactor::Run(bool run) {
   const double queue_seconds = call_.queue_seconds();
   const auto start = std::chrono::steady_clock::now();
   auto progress = [this, start](int step, int total) {
+    call_.StepDone();
     v1::GenerateResponse message;
     auto* p = message.mutable_progress();
     p->set_step(static_cast<uint32_t>(step));
@@ -48,6 +55,9 @@ void GenerateReactor::Run(bool run) {
   auto output = pipeline.Generate(params_, progress, [this] { return cancelled_.load(); });
   const std::string device = pipeline.device().str();
   call_.End(output.status());
+  if (!output.ok() && call_.RetryElsewhere(output.status(), [this](bool run) { Run(run); })) {
+    return;  // runs again on another device
+  }
   if (!output.ok()) {
     if (output.status().code() != StatusCode::kCancelled) {
       log::Warn("Generate failed: ", output.status().ToString());
@@ -68,6 +78,8 @@ void GenerateReactor::Run(bool run) {
   result->set_scheduler(params_.scheduler);
   result->set_steps(static_cast<uint32_t>(params_.steps));
   result->set_guidance_scale(static_cast<float>(params_.guidance_scale));
+  result->set_route(call_.route());
+  result->set_attempts(static_cast<uint32_t>(call_.attempts()));
   auto* timings = result->mutable_timings();
   timings->set_queue_seconds(queue_seconds);
   timings->set_encode_seconds(output->timings.encode_seconds);

@@ -5,17 +5,13 @@
 
 namespace qpool::api {
 
-void ModelService::RunOn(const c10::Device& device, grpc::ServerUnaryReactor* reactor,
-                         std::function<Status()> work) {
-  Status submitted =
-      engine_.devices->worker(device).Submit([reactor, work = std::move(work)](bool run) {
-        if (!run) {
-          reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
-          return;
-        }
-        reactor->Finish(ToGrpc(work()));
-      });
-  if (!submitted.ok()) reactor->Finish(ToGrpc(submitted));
+void ModelService::RunInTurn(std::vector<c10::Device> devices, grpc::ServerUnaryReactor* reactor,
+                             DevicePool::Step step, std::function<void()> finish) {
+  engine_.devices->RunInTurn(std::move(devices), std::move(step),
+                             [reactor, finish = std::move(finish)](const Status& status) {
+                               if (status.ok() && finish) finish();
+                               reactor->Finish(ToGrpc(status));
+                             });
 }
 
 grpc::ServerUnaryReactor* ModelService::ListPipelines(grpc::CallbackServerContext* context,
@@ -31,20 +27,30 @@ grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext
                                                      const v1::LoadPipelineRequest* request,
                                                      v1::LoadPipelineResponse* response) {
   auto* reactor = context->DefaultReactor();
-  auto device = engine_.registry->PlanDevice(request->name(), request->device());
-  if (!device.ok()) {
-    reactor->Finish(ToGrpc(device.status()));
+  const std::string name = request->name();
+  auto devices = engine_.registry->PlanLoad(name, request->device());
+  if (!devices.ok()) {
+    reactor->Finish(ToGrpc(devices.status()));
     return reactor;
   }
-  const std::string name = request->name();
-  const std::string wanted = request->device();  // Load resolves it again, same answer
-  RunOn(*device, reactor, [this, response, name, wanted]() -> Status {
-    ASSIGN_OR_RETURN(LoadResult result, engine_.registry->Load(name, wanted));
-    ToProto(result.pipeline, response->mutable_pipeline());
-    response->set_load_seconds(result.load_seconds);
-    response->set_already_loaded(result.already_loaded);
-    return Status::Ok();
-  });
+  if (devices->empty()) {  // loaded already, where it was asked for
+    response->set_already_loaded(true);
+    for (const auto& status : engine_.registry->ListLoaded()) {
+      if (status.name == name) ToProto(status, response->mutable_pipeline());
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  // One replica per device, each loaded on its own worker.
+  auto seconds = std::make_shared<double>(0);
+  RunInTurn(*devices, reactor,
+            [this, response, name, seconds](const c10::Device& device) -> Status {
+              ASSIGN_OR_RETURN(LoadResult result, engine_.registry->Load(name, device));
+              ToProto(result.pipeline, response->mutable_pipeline());
+              *seconds += result.load_seconds;
+              return Status::Ok();
+            },
+            [response, seconds] { response->set_load_seconds(*seconds); });
   return reactor;
 }
 
@@ -53,21 +59,26 @@ grpc::ServerUnaryReactor* ModelService::UnloadPipeline(grpc::CallbackServerConte
                                                        v1::UnloadPipelineResponse* response) {
   auto* reactor = context->DefaultReactor();
   const std::string name = request->name();
-  // Unload on the pipeline's worker: its frees are ordered after its last request and nothing
-  // else allocates there during the leak check (Note [Leak check]).
-  auto device = engine_.registry->ChangeTarget(name, PipelineRegistry::Change::kOffload, "");
-  Status unloadable = device.ok() ? engine_.registry->CheckUnload(name) : device.status();
-  if (!unloadable.ok()) {
-    reactor->Finish(ToGrpc(unloadable));
+  // Each replica unloads on its device's worker: its frees are ordered after its last request
+  // and nothing else allocates there during the leak check (Note [Leak check]).
+  auto devices = engine_.registry->BeginUnload(name);
+  if (!devices.ok()) {
+    reactor->Finish(ToGrpc(devices.status()));
     return reactor;
   }
-  RunOn(*device, reactor, [this, response, name]() -> Status {
-    ASSIGN_OR_RETURN(UnloadResult result, engine_.registry->Unload(name));
-    response->set_name(name);
-    response->set_freed_bytes(result.freed_bytes);
-    response->set_leaked_bytes(result.leaked_bytes);
-    return Status::Ok();
-  });
+  response->set_name(name);
+  engine_.devices->RunInTurn(
+      *devices,
+      [this, response, name](const c10::Device& device) -> Status {
+        ASSIGN_OR_RETURN(UnloadResult result, engine_.registry->Unload(name, device));
+        response->set_freed_bytes(response->freed_bytes() + result.freed_bytes);
+        response->set_leaked_bytes(response->leaked_bytes() + result.leaked_bytes);
+        return Status::Ok();
+      },
+      [this, reactor, name](const Status& status) {
+        engine_.registry->EndUnload(name);
+        reactor->Finish(ToGrpc(status));
+      });
   return reactor;
 }
 

@@ -51,8 +51,10 @@ class ModelService final : public v1::ModelService::CallbackService {
  private:
   // Runs `work` on `device`'s worker and finishes `reactor` with its status (UNAVAILABLE when
   // the worker stops first).
-  void RunOn(const c10::Device& device, grpc::ServerUnaryReactor* reactor,
-             std::function<Status()> work);
+  // Runs `step` on each device's worker in turn (DevicePool::RunInTurn), then `finish` on success,
+  // and finishes the reactor with the first error or OK.
+  void RunInTurn(std::vector<c10::Device> devices, grpc::ServerUnaryReactor* reactor,
+                 DevicePool::Step step, std::function<void()> finish = nullptr);
   grpc::ServerUnaryReactor* Change(grpc::CallbackServerContext* context, const std::string& name,
                                    PipelineRegistry::Change change, const std::string& device,
                                    v1::ResidencyChange* response);

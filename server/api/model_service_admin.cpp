@@ -13,17 +13,32 @@ grpc::ServerUnaryReactor* ModelService::Change(grpc::CallbackServerContext* cont
                                                const std::string& device,
                                                v1::ResidencyChange* response) {
   auto* reactor = context->DefaultReactor();
-  auto target = engine_.registry->ChangeTarget(name, change, device);
-  if (!target.ok()) {
-    reactor->Finish(ToGrpc(target.status()));
+  auto plan = engine_.registry->PlanChange(name, change, device);
+  if (!plan.ok()) {
+    reactor->Finish(ToGrpc(plan.status()));
     return reactor;
   }
-  RunOn(*target, reactor, [this, response, name, change, device]() -> Status {
-    ASSIGN_OR_RETURN(auto result, engine_.registry->ChangeResidency(name, change, device));
-    ToProto(result.first, response->mutable_pipeline());
-    ToProto(result.second, response);
-    return Status::Ok();
-  });
+  // Each replica changes on the worker of its target device, one after the other.
+  auto targets = std::make_shared<std::map<std::string, c10::Device>>();
+  std::vector<c10::Device> devices;
+  for (const auto& [replica, target] : *plan) {
+    targets->emplace(target.str(), replica);
+    devices.push_back(target);
+  }
+  RunInTurn(
+      devices, reactor,
+      [this, response, name, change, targets](const c10::Device& target) -> Status {
+        ASSIGN_OR_RETURN(ResidencyReport report,
+                         engine_.registry->ChangeResidency(name, targets->at(target.str()),
+                                                           change, target));
+        ToProto(report, response);
+        return Status::Ok();
+      },
+      [this, response, name] {
+        for (const auto& status : engine_.registry->ListLoaded()) {
+          if (status.name == name) ToProto(status, response->mutable_pipeline());
+        }
+      });
   return reactor;
 }
 
@@ -57,16 +72,23 @@ grpc::ServerUnaryReactor* ModelService::SetOffloadPolicy(grpc::CallbackServerCon
     reactor->Finish(ToGrpc(policy.status()));
     return reactor;
   }
-  auto device = engine_.registry->ChangeTarget(name, PipelineRegistry::Change::kOffload, "");
-  if (!device.ok()) {
-    reactor->Finish(ToGrpc(device.status()));
+  auto plan = engine_.registry->PlanChange(name, PipelineRegistry::Change::kOffload, "");
+  if (!plan.ok()) {
+    reactor->Finish(ToGrpc(plan.status()));
     return reactor;
   }
-  RunOn(*device, reactor, [this, response, name, policy = *policy]() -> Status {
-    ASSIGN_OR_RETURN(PipelineStatus status, engine_.registry->SetPolicy(name, policy));
-    ToProto(status, response->mutable_pipeline());
-    return Status::Ok();
-  });
+  std::vector<c10::Device> devices;
+  for (const auto& [replica, target] : *plan) devices.push_back(replica);
+  RunInTurn(
+      devices, reactor,
+      [this, name, policy = *policy](const c10::Device& device) {
+        return engine_.registry->SetPolicy(name, device, policy);
+      },
+      [this, response, name] {
+        for (const auto& status : engine_.registry->ListLoaded()) {
+          if (status.name == name) ToProto(status, response->mutable_pipeline());
+        }
+      });
   return reactor;
 }
 

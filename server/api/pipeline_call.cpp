@@ -2,16 +2,27 @@
 
 #include <utility>
 
+#include "util/log.h"
+
 namespace qpool::api {
 
 PipelineCall::PipelineCall(const EngineRefs& engine, RequestRpc rpc)
     : registry_(*engine.registry), recorder_(engine, rpc) {}
 
-Status PipelineCall::Acquire(const std::string& name) {
-  auto lease = registry_.Acquire(name);
+StatusOr<std::shared_ptr<const PipelineManifest>> PipelineCall::Manifest(const std::string& name) {
+  auto manifest = registry_.Manifest(name);
+  recorder_.SetPipeline(name, manifest.status());
+  return manifest;
+}
+
+Status PipelineCall::Acquire(const std::string& name, RouteOptions options) {
+  name_ = name;
+  options_ = std::move(options);
+  auto lease = registry_.Acquire(name, options_);
   recorder_.SetPipeline(name, lease.status());
   if (!lease.ok()) return lease.status();
   lease_ = std::move(lease).value();
+  route_ = lease_->route().reason;
   return Status::Ok();
 }
 
@@ -26,13 +37,39 @@ Status PipelineCall::Start(bool run) {
     lease_.reset();
     return Unavailable("server is shutting down");
   }
+  ++attempts_;
+  last_device_ = lease_->pipeline().device().str();
+  Status admitted = registry_.Admit(*lease_, options_);
+  if (!admitted.ok()) {
+    lease_.reset();
+    return admitted;
+  }
   recorder_.RunStarted(lease_->pipeline().device());
   return Status::Ok();
 }
 
 void PipelineCall::End(const Status& status) {
   recorder_.RunEnded(status);
+  if (status.ok() && recorder_.working_bytes() > 0) {
+    registry_.ObserveWorkingMemory(name_, options_, recorder_.working_bytes());
+  }
   lease_.reset();
+}
+
+bool PipelineCall::RetryElsewhere(const Status& failure, DeviceWorker::Task task) {
+  if (failure.code() != StatusCode::kResourceExhausted || attempts_ != 1 || lease_) return false;
+  // Both a run that ran out of memory and a Start whose budget could not make room mean this
+  // device is short now; another device's replica may not be.
+  RouteOptions retry = options_;
+  retry.exclude.push_back(last_device_);
+  auto lease = registry_.Acquire(name_, retry);
+  if (!lease.ok()) return false;
+  lease_ = std::move(lease).value();
+  const std::string to = lease_->pipeline().device().str();
+  if (!Submit(std::move(task)).ok()) return false;
+  log::Warn("request of '", name_, "' ran out of memory on ", last_device_, "; retrying on ", to);
+  route_ = "retry-oom";
+  return true;
 }
 
 }  // namespace qpool::api

@@ -1,5 +1,6 @@
-// PipelineCall: the engine side of one Generate or Encode call: its lease on the pipeline, the
-// hand-off to the pipeline's device worker, and its RequestRecorder.
+// PipelineCall: the engine side of one Generate or Encode call: its lease on the replica the pool
+// routed it to, the hand-off to that replica's device worker, one retry on another device after
+// running out of memory, and its RequestRecorder.
 #pragma once
 
 #include <grpcpp/support/status_code_enum.h>
@@ -15,33 +16,48 @@
 
 namespace qpool::api {
 
-// A reactor owns one and calls, in order: Acquire and Submit on the gRPC thread, Start and End in
-// the task on the worker, Release when it finishes the call (a refused or cancelled call still
-// holds the lease), and Finish once the call has finished (its OnDone), whichever way it ended.
+// A reactor owns one and calls, in order: Manifest, Acquire and Submit on the gRPC thread; Start,
+// StepDone and End in the task on the worker, then RetryElsewhere when the run ran out of
+// memory; Release when it finishes the call (a refused or cancelled call still holds the lease),
+// and Finish once the call has finished (its OnDone), whichever way it ended.
 // Thread safety: as RequestRecorder; the call's own hand-offs order the calls.
 class PipelineCall {
  public:
   // Starts the request's clock (RequestRecorder). `engine.registry` must be set.
   PipelineCall(const EngineRefs& engine, RequestRpc rpc);
 
-  // Leases the pipeline `name` (PipelineRegistry::Acquire's errors) and labels the request
-  // from the answer.
-  Status Acquire(const std::string& name);
+  // The manifest of the loaded pipeline `name`, to resolve the request against; an error labels
+  // the request as Acquire's would.
+  StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
+  // Leases the replica the pool routes the request to (PipelineRegistry::Acquire's errors).
+  Status Acquire(const std::string& name, RouteOptions options);
   // The leased pipeline: valid from a successful Acquire until Release or End.
   SdPipeline& pipeline() { return lease_->pipeline(); }
-  // Queues `task` on the pipeline's worker; ResourceExhausted (queue full) or Unavailable
+  // Queues `task` on the replica's worker; ResourceExhausted (queue full) or Unavailable
   // (stopping) otherwise, and then the lease is released.
   Status Submit(DeviceWorker::Task task);
   // Releases the lease if still held.
   void Release() { lease_.reset(); }
 
   // In the task: Unavailable when the worker dropped it at shutdown (`run` false; the lease is
-  // released), else OK, with the run's start recorded (queue time, memory at the start).
+  // released); ResourceExhausted when the device's memory budget cannot make room for it (Note
+  // [Memory budget]); else OK, with the run's start recorded (queue time, memory at the start).
   Status Start(bool run);
+  // One denoising step done (routing counts the steps a replica still has to run).
+  void StepDone() { lease_->StepDone(); }
   // After the pipeline run that returned `status`: records its end, releases the lease.
   void End(const Status& status);
+  // After End (or a Start) that failed with ResourceExhausted, the device being short of memory:
+  // leases a replica on another device and queues `task` there, once per call. False when it did not (not an OOM, already retried, no other
+  // replica, its queue full): the caller then finishes with `failure`.
+  bool RetryElsewhere(const Status& failure, DeviceWorker::Task task);
+
   // Seconds the request waited for the worker (after Start).
   double queue_seconds() const { return recorder_.queue_seconds(); }
+  // Why the pool chose the device that ran it ("idle", "onload", "least-loaded", "retry-oom").
+  const std::string& route() const { return route_; }
+  // Runs started: 2 after a retry.
+  int attempts() const { return attempts_; }
 
   // Records the call once, with the code it finished with.
   void Finish(grpc::StatusCode code) { recorder_.Finish(code); }
@@ -50,6 +66,11 @@ class PipelineCall {
   PipelineRegistry& registry_;
   RequestRecorder recorder_;
   std::unique_ptr<PipelineLease> lease_;
+  std::string name_;
+  RouteOptions options_;
+  std::string route_;
+  std::string last_device_;  // of the last Start
+  int attempts_ = 0;
 };
 
 }  // namespace qpool::api

@@ -61,6 +61,15 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
     info->set_residency(c.residency);
     info->set_host_bytes(c.host_bytes);
   }
+  for (const auto& r : s.replicas) {
+    auto* info = out->add_replicas();
+    info->set_device(r.device);
+    info->set_residency(r.residency);
+    info->set_in_flight(r.in_flight);
+    info->set_device_bytes(r.device_bytes);
+    info->set_host_bytes(r.host_bytes);
+  }
+  out->set_max_queue(static_cast<uint32_t>(s.max_queue));
   if (s.state == PipelineState::kLoaded) {
     out->mutable_offload_policy()->set_policy(OffloadModeName(s.policy.mode));
     out->mutable_offload_policy()->set_idle_seconds(s.policy.idle_seconds);
@@ -115,8 +124,8 @@ void ToProto(const ResidencyReport& report, v1::ResidencyChange* out) {
     move->set_seconds(m.seconds);
     move->set_tensors_checked(static_cast<uint32_t>(m.tensors_checked));
   }
-  out->set_bytes(report.bytes);
-  out->set_seconds(report.seconds);
+  out->set_bytes(out->bytes() + report.bytes);  // replicas change in turn: their sum
+  out->set_seconds(out->seconds() + report.seconds);
 }
 
 void ToProto(const torch::Tensor& tensor, v1::Tensor* out) {

@@ -14,8 +14,14 @@ void RequestRecorder::SetPipeline(const std::string& requested, const Status& ac
 
 void RequestRecorder::RunStarted(const c10::Device& device) {
   run_started_ = std::chrono::steady_clock::now();
-  queue_seconds_ = std::chrono::duration<double>(run_started_ - arrived_).count();
-  if (engine_.requests != nullptr) engine_.requests->RecordQueued(pipeline_, rpc_, queue_seconds_);
+  working_bytes_ = 0;
+  if (!queued_recorded_) {
+    queued_recorded_ = true;
+    queue_seconds_ = std::chrono::duration<double>(run_started_ - arrived_).count();
+    if (engine_.requests != nullptr) {
+      engine_.requests->RecordQueued(pipeline_, rpc_, queue_seconds_);
+    }
+  }
   device_ = device;
   if (engine_.memory != nullptr) {
     engine_.memory->ResetPeak(device);
@@ -32,8 +38,8 @@ void RequestRecorder::RunEnded(const Status& status) {
       engine_.requests != nullptr) {
     const uint64_t peak = after.peak_allocated_bytes;
     const uint64_t base = at_start_.allocated_bytes;
-    engine_.requests->RecordMemory(pipeline_, rpc_, device_->str(), peak,
-                                   peak > base ? peak - base : 0);
+    working_bytes_ = peak > base ? peak - base : 0;
+    engine_.requests->RecordMemory(pipeline_, rpc_, device_->str(), peak, working_bytes_);
   }
 }
 

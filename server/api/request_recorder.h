@@ -46,8 +46,10 @@ class RequestRecorder {
   void RunStarted(const c10::Device& device);
   // Right after the pipeline run that returned `status` (Note [Request memory]).
   void RunEnded(const Status& status);
-  // Seconds from arrival to RunStarted (0 before RunStarted).
+  // Seconds from arrival to the first RunStarted (0 before it).
   double queue_seconds() const { return queue_seconds_; }
+  // Working memory of the last run if it succeeded on a GPU, else 0 (Note [Request memory]).
+  uint64_t working_bytes() const { return working_bytes_; }
   // Counts the request with its final `code` and observes its duration. Only the first call
   // records.
   void Finish(grpc::StatusCode code);
@@ -62,6 +64,8 @@ class RequestRecorder {
   double queue_seconds_ = 0;
   std::chrono::steady_clock::time_point run_started_;
   std::optional<c10::Device> device_;  // set by RunStarted
+  bool queued_recorded_ = false;       // a retried request waits twice; its queue time is the first
+  uint64_t working_bytes_ = 0;
   DeviceMemoryStats at_start_;         // read by RunStarted, after the peak reset
   bool finished_ = false;
 };

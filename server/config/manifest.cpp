@@ -41,9 +41,9 @@ const std::vector<std::string> kSchedulerKeys = {
 const std::vector<std::string> kLatentKeys = {"channels", "downscale", "scaling_factor"};
 const std::vector<std::string> kDefaultsKeys = {"steps", "guidance_scale", "width", "height",
                                                 "scheduler"};
-const std::vector<std::string> kLimitsKeys = {"max_steps", "max_width", "max_height", "max_images",
-                                              "max_prompts"};
-const std::vector<std::string> kPlacementKeys = {"device", "dtype"};
+const std::vector<std::string> kLimitsKeys = {"max_steps",  "max_width",   "max_height",
+                                              "max_images", "max_prompts", "max_queue"};
+const std::vector<std::string> kPlacementKeys = {"device", "dtype", "replicas"};
 const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds"};
 
 std::string Join(const std::vector<std::string>& items) {
@@ -83,7 +83,7 @@ bool IsPlainScalar(const YAML::Node& node) { return node.IsScalar() && node.Tag(
 
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
-bool IsValidDevice(const std::string& d) {
+bool IsValidSingleDevice(const std::string& d) {
   if (d == "auto" || d == "cpu" || d == "cuda") return true;
   if (d.rfind("cuda:", 0) != 0 || d.size() == 5 || d.size() > 8) return false;
   for (size_t i = 5; i < d.size(); ++i) {
@@ -91,6 +91,22 @@ bool IsValidDevice(const std::string& d) {
   }
   return true;
 }
+
+}  // namespace
+
+bool IsValidDevice(const std::string& d) {
+  if (d.find(',') == std::string::npos) return IsValidSingleDevice(d);
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = d.find(',', start);
+    const std::string one = d.substr(start, comma - start);
+    if (one.rfind("cuda:", 0) != 0 || !IsValidSingleDevice(one)) return false;
+    if (comma == std::string::npos) return true;
+    start = comma + 1;
+  }
+}
+
+namespace {
 
 class Parser {
  public:
@@ -391,7 +407,8 @@ Status Parser::ParseLimits(const YAML::Node& root, const SchedulerConfig& s,
                                                  {"max_width", &l->max_width},
                                                  {"max_height", &l->max_height},
                                                  {"max_images", &l->max_images},
-                                                 {"max_prompts", &l->max_prompts}};
+                                                 {"max_prompts", &l->max_prompts},
+                                                 {"max_queue", &l->max_queue}};
   for (const auto& [key, value] : fields) {
     RETURN_IF_ERROR(ReadNumber(node, "limits", key, value));
     if (*value < 1) return Got(Dotted("limits", key), "must be >= 1", *value);
@@ -443,7 +460,15 @@ Status Parser::ParsePlacement(const YAML::Node& root, Placement* p) const {
   RETURN_IF_ERROR(GetSection(root, "", "placement", false, kPlacementKeys, &node));
   RETURN_IF_ERROR(ReadString(node, "placement", "device", false, &p->device));
   if (!IsValidDevice(p->device)) {
-    return Got("placement.device", "must be auto, cpu, cuda or cuda:N", "'" + p->device + "'");
+    return Got("placement.device", "must be auto, cpu, cuda, cuda:N or a list cuda:N,cuda:M",
+               "'" + p->device + "'");
+  }
+  const YAML::Node replicas = node["replicas"];
+  if (replicas.IsDefined() && replicas.IsScalar() && replicas.Scalar() == "all") {
+    p->replicas = 0;
+  } else {
+    RETURN_IF_ERROR(ReadNumber(node, "placement", "replicas", &p->replicas));
+    if (p->replicas < 1) return Got("placement.replicas", "must be >= 1 or all", p->replicas);
   }
   RETURN_IF_ERROR(ReadString(node, "placement", "dtype", false, &p->dtype));
   return CheckOneOf("placement.dtype", p->dtype, {"auto", "float32", "float16", "bfloat16"});

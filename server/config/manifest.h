@@ -55,11 +55,19 @@ struct RequestLimits {
   int max_height = 1024;
   int max_images = 4;
   int max_prompts = 16;  // per Encode call
+  // Requests queued or running for the pipeline (all replicas) before RESOURCE_EXHAUSTED: a
+  // bounded wait beats an unbounded queue whose clients time out anyway.
+  int max_queue = 32;
 };
 
 // Where and in which dtype the pipeline runs.
 struct Placement {
-  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  // Where replicas may live: auto (the server's devices) | cpu | cuda (every GPU) | cuda:N |
+  // a list "cuda:0,cuda:1".
+  std::string device = "auto";
+  // Replicas loaded by a load without an explicit device, one per device; 0 = "all": one on
+  // each device `device` allows. A load naming a device adds a replica there.
+  int replicas = 1;
   std::string dtype = "auto";   // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
 };
 
@@ -87,6 +95,9 @@ struct PipelineManifest {
   // The component called `name`, or nullptr if the pipeline has none.
   const ComponentSpec* FindComponent(const std::string& name) const;
 };
+
+// Whether `device` is a valid placement.device: auto, cpu, cuda, cuda:N or "cuda:N,cuda:M,...".
+bool IsValidDevice(const std::string& device);
 
 // Component names a pipeline of `kind` must have, in execution order; empty for unknown kinds.
 std::vector<std::string> RequiredComponents(const std::string& kind);

@@ -28,6 +28,16 @@ StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int mi
                                 " (got '", value, "')"));
 }
 
+StatusOr<double> ParseFraction(const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size() && v > 0 && v <= 1) return v;
+  } catch (const std::exception&) {
+  }
+  return InvalidArgument(StrCat(flag, " must be a fraction in (0, 1] (got '", value, "')"));
+}
+
 }  // namespace
 
 std::string ServerUsage() {
@@ -36,7 +46,12 @@ std::string ServerUsage() {
   --listen HOST:PORT       gRPC address (default: 0.0.0.0:50051; port 0 picks a free port)
   --metrics-listen HOST:PORT  Prometheus /metrics address (default: off; port 0 picks one)
   --load NAMES             pipelines to load at start: comma-separated names, or "all"
-  --device DEVICE          default placement: auto (GPUs, else CPU) | cpu | cuda | cuda:N
+  --devices DEVICES        where pipelines go unless their manifest or a load names a device:
+                           auto (every GPU, else CPU) | cpu | cuda | cuda:N | cuda:0,cuda:1
+                           (--device is the same flag)
+  --memory-budget F        fraction of each GPU's memory qpool may fill with pipelines and
+                           requests; beyond it idle pipelines are offloaded, least recently
+                           used first, or the load/request fails (default 0.9)
   --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
   --max-message-mb N       largest gRPC message in MiB (default 64)
   --drain-seconds N        time in-flight requests get on SIGTERM (default 30)
@@ -69,8 +84,10 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
       o.metrics_listen = value;
     } else if (flag == "--load") {
       o.load = SplitComma(value);
-    } else if (flag == "--device") {
+    } else if (flag == "--devices" || flag == "--device") {
       o.device = value;
+    } else if (flag == "--memory-budget") {
+      ASSIGN_OR_RETURN(o.memory_budget, ParseFraction(flag, value));
     } else if (flag == "--max-queue") {
       ASSIGN_OR_RETURN(o.max_queue, ParseInt(flag, value, 1, 100000));
     } else if (flag == "--max-message-mb") {

@@ -18,8 +18,12 @@ struct ServerOptions {
   std::string metrics_listen;
   // Pipelines loaded at start-up: names, or "all". A failed load is logged, not fatal.
   std::vector<std::string> load;
-  // auto (every GPU, else CPU) | cpu | cuda | cuda:N: where pipelines go by default.
+  // --devices: auto (every GPU, else CPU) | cpu | cuda | cuda:N | cuda:N,cuda:M: where
+  // pipelines go unless their manifest or a load names a device.
   std::string device = "auto";
+  // Fraction of each GPU's total memory that pipelines plus the running request may use; the
+  // rest is left to the CUDA context, the caching allocator's slack and other processes.
+  double memory_budget = 0.9;
   // Requests waiting per device before RESOURCE_EXHAUSTED.
   int max_queue = 64;
   // Largest request/response in MiB: a few 1024x1024 PNGs fit in the default.

@@ -3,6 +3,7 @@
 
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,7 +14,8 @@
 namespace qpool {
 
 struct DevicePoolOptions {
-  // "auto" = every visible GPU, else the CPU; "cpu"; "cuda" = every GPU; "cuda:N".
+  // Where pipelines go unless told otherwise: "auto" = every visible GPU, else the CPU; "cpu";
+  // "cuda" = every GPU; "cuda:N"; or a list "cuda:0,cuda:1".
   std::string default_device = "auto";
   // Requests waiting per device before RESOURCE_EXHAUSTED.
   size_t max_queue = 64;
@@ -27,7 +29,10 @@ class DevicePool {
   static StatusOr<std::unique_ptr<DevicePool>> Create(const DevicePoolOptions& options);
   ~DevicePool();
 
-  // Parses and checks "cpu", "cuda", "cuda:N" or "auto"/"" (the default placement).
+  // The devices a placement allows: "auto"/"" (the defaults), "cpu", "cuda" (every GPU),
+  // "cuda:N" or a list "cuda:N,cuda:M". InvalidArgument for malformed or missing devices.
+  StatusOr<std::vector<c10::Device>> Candidates(const std::string& request) const;
+  // One device of Candidates(request).
   // `loaded_bytes(device)` ranks GPUs when several qualify: the least loaded wins.
   StatusOr<c10::Device> Resolve(const std::string& request,
                                 const std::function<uint64_t(const c10::Device&)>& loaded_bytes) const;
@@ -35,6 +40,13 @@ class DevicePool {
   DeviceWorker& worker(const c10::Device& device);
   // Every device served, CPU first.
   std::vector<c10::Device> devices() const;
+  // Runs `step(d)` for each device d of `devices` in turn, each on d's worker (the next is queued
+  // when one returns OK), then `done` with the first error, or OK after the last (at once for
+  // none). `done` runs on a worker thread, or on the caller's when a step cannot be queued;
+  // Unavailable when the pool stops first.
+  using Step = std::function<Status(const c10::Device&)>;
+  void RunInTurn(std::vector<c10::Device> devices, Step step,
+                 std::function<void(const Status&)> done);
   // Stops every worker (queued requests get UNAVAILABLE).
   void Stop();
 

@@ -25,17 +25,18 @@ void IdleOffloader::Run() {
     cv_.wait_for(lock, period_, [this] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
-    for (const auto& name : registry_.IdleOffloadsDue()) {
-      auto device = registry_.ChangeTarget(name, PipelineRegistry::Change::kOffload, "");
-      if (!device.ok()) continue;  // unloaded meanwhile
-      Status submitted = devices_.worker(*device).Submit([this, name](bool run) {
+    for (const auto& [name, device] : registry_.IdleOffloadsDue()) {
+      Status submitted = devices_.worker(device).Submit([this, name = name, device = device](
+                                                            bool run) {
         if (!run) return;
-        auto result = registry_.ChangeResidency(name, PipelineRegistry::Change::kOffload, "");
-        if (result.ok()) {
-          log::Info("pipeline '", name, "' offloaded after its idle time (", result->second.bytes,
-                    " bytes copied)");
-        } else if (result.status().code() != StatusCode::kNotFound) {
-          log::Warn("idle offload of '", name, "' failed: ", result.status().message());
+        auto report = registry_.ChangeResidency(name, device, PipelineRegistry::Change::kOffload,
+                                                device);
+        if (report.ok()) {
+          log::Info("pipeline '", name, "' offloaded from ", device.str(),
+                    " after its idle time (", report->bytes, " bytes copied)");
+        } else if (report.status().code() != StatusCode::kNotFound &&
+                   report.status().code() != StatusCode::kFailedPrecondition) {
+          log::Warn("idle offload of '", name, "' failed: ", report.status().message());
         }
       });
       (void)submitted;  // a full queue means the pipeline is not idle for long; next period

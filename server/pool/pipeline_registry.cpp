@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <optional>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -29,11 +32,42 @@ std::string DtypeName(c10::ScalarType t) {
   }
 }
 
+uint64_t FileBytes(const std::string& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  return error ? 0 : static_cast<uint64_t>(size);
+}
+
 }  // namespace
 
+PipelineLease::PipelineLease(std::shared_ptr<SdPipeline> pipeline,
+                             std::shared_ptr<ReplicaLoad> load, DeviceWorker* worker,
+                             RouteDecision route, int steps)
+    : pipeline_(std::move(pipeline)),
+      load_(std::move(load)),
+      worker_(worker),
+      route_(std::move(route)),
+      steps_left_(steps) {}
+
+PipelineLease::~PipelineLease() {
+  pipeline_.reset();
+  load_->pending_steps.fetch_sub(steps_left_);
+  load_->last_used_ns.store(SteadyNanos());
+  load_->in_flight.fetch_sub(1);
+}
+
+void PipelineLease::StepDone() {
+  if (steps_left_ <= 0) return;
+  --steps_left_;
+  load_->pending_steps.fetch_sub(1);
+}
+
 PipelineRegistry::PipelineRegistry(ModelRepository repository, DevicePool& devices,
-                                   ResidencyContext residency)
-    : repository_(std::move(repository)), devices_(devices), residency_(residency) {}
+                                   ResidencyContext residency, AdmissionOptions admission)
+    : repository_(std::move(repository)),
+      devices_(devices),
+      residency_(residency),
+      admission_(admission) {}
 
 void PipelineRegistry::RecordEvent(MemoryEventKind kind, const std::string& name,
                                    const c10::Device& device, const DeviceMemoryStats& before,
@@ -62,88 +96,123 @@ void PipelineRegistry::RecordEvent(MemoryEventKind kind, const std::string& name
 PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& entry) const {
   PipelineStatus status;
   status.name = name;
-  status.state = entry.state;
   status.error = entry.error;
-  status.in_flight = static_cast<uint32_t>(entry.in_flight->load());
-  if (entry.pipeline) {
-    const SdPipeline& p = *entry.pipeline;
-    status.kind = p.manifest().kind;
-    status.device = p.device().str();
-    status.defaults = p.manifest().defaults;
-    status.policy = p.residency().policy();
+  status.state = !entry.replicas.empty() ? PipelineState::kLoaded
+                 : !entry.loading.empty() ? PipelineState::kLoading
+                 : !entry.error.empty()   ? PipelineState::kFailed
+                                          : PipelineState::kAvailable;
+  for (const auto& replica : entry.replicas) {
+    const SdPipeline& p = *replica.pipeline;
+    ReplicaStatus rs;
+    rs.device = p.device().str();
+    rs.in_flight = static_cast<uint32_t>(replica.load->in_flight.load());
     const auto places = p.residency().Snapshot();
-    for (size_t i = 0; i < p.components().size(); ++i) {
-      const auto& c = p.components()[i];
-      ComponentStatus cs;
-      cs.name = c->name();
-      cs.device = c->device().str();
-      cs.dtype = DtypeName(c->dtype());
-      cs.quantization = c->quantization();
-      cs.bytes = c->Bytes();
-      cs.residency = ResidencyName(places[i].state);
-      cs.host_bytes = places[i].host_bytes;
-      status.components.push_back(std::move(cs));
+    size_t on_device = 0;
+    for (const auto& place : places) {
+      if (place.state == Residency::kDevice) ++on_device;
+      rs.host_bytes += place.host_bytes;
     }
+    rs.residency = on_device == places.size() ? "device" : on_device == 0 ? "host" : "partial";
+    const auto bytes = p.residency().BytesByDevice();
+    auto it = bytes.find(rs.device);
+    rs.device_bytes = it == bytes.end() ? 0 : it->second;
+    status.in_flight += rs.in_flight;
+    status.replicas.push_back(std::move(rs));
+  }
+  if (entry.replicas.empty()) return status;
+  const SdPipeline& p = *entry.replicas.front().pipeline;
+  status.kind = p.manifest().kind;
+  status.device = p.device().str();
+  status.defaults = p.manifest().defaults;
+  status.policy = p.residency().policy();
+  status.max_queue = p.manifest().limits.max_queue;
+  const auto places = p.residency().Snapshot();
+  for (size_t i = 0; i < p.components().size(); ++i) {
+    const auto& c = p.components()[i];
+    ComponentStatus cs;
+    cs.name = c->name();
+    cs.device = c->device().str();
+    cs.dtype = DtypeName(c->dtype());
+    cs.quantization = c->quantization();
+    cs.bytes = c->Bytes();
+    cs.residency = ResidencyName(places[i].state);
+    cs.host_bytes = places[i].host_bytes;
+    status.components.push_back(std::move(cs));
   }
   return status;
 }
 
-StatusOr<c10::Device> PipelineRegistry::PlanDevice(const std::string& name,
-                                                   const std::string& device) {
+PipelineRegistry::Replica* PipelineRegistry::FindReplica(Entry& entry, const c10::Device& device) {
+  for (auto& replica : entry.replicas) {
+    if (replica.pipeline->device() == device) return &replica;
+  }
+  return nullptr;
+}
+
+StatusOr<std::vector<c10::Device>> PipelineRegistry::PlanLoad(const std::string& name,
+                                                              const std::string& device) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
   auto manifest = repository_.LoadManifest(name);
   if (!manifest.ok() && manifest.status().code() == StatusCode::kNotFound) {
     return manifest.status();
   }
+  const bool automatic = device.empty() || device == "auto";
   // A broken manifest still "loads" (on the CPU worker) so that Load records its error.
-  const std::string wanted = (device.empty() || device == "auto")
-                                 ? (manifest.ok() ? manifest->placement.device : "cpu")
-                                 : device;
-  auto loaded_bytes = [this](const c10::Device& d) {
-    uint64_t total = 0;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [n, e] : entries_) {
-      if (!e.pipeline) continue;
-      const auto bytes = e.pipeline->residency().BytesByDevice();
-      auto it = bytes.find(d.str());
-      if (it != bytes.end()) total += it->second;
+  const std::string wanted =
+      !automatic ? device : (manifest.ok() ? manifest->placement.device : "cpu");
+  ASSIGN_OR_RETURN(std::vector<c10::Device> candidates, devices_.Candidates(wanted));
+  if (!automatic && candidates.size() > 1) {
+    return InvalidArgument(StrCat("name one device to load '", name, "' on (got '", device, "')"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  const bool loaded = it != entries_.end() && !it->second.replicas.empty();
+  if (automatic && loaded) return std::vector<c10::Device>{};
+  std::vector<c10::Device> free;  // candidates without a replica
+  for (const auto& d : candidates) {
+    if (it == entries_.end() || FindReplica(it->second, d) == nullptr) free.push_back(d);
+  }
+  // Most room first: the least attributed bytes, then the lowest index (stable).
+  std::map<std::string, uint64_t> used;
+  for (const auto& [n, e] : entries_) {
+    for (const auto& r : e.replicas) {
+      for (const auto& [d, bytes] : r.pipeline->residency().BytesByDevice()) used[d] += bytes;
     }
-    return total;
-  };
-  return devices_.Resolve(wanted, loaded_bytes);
+  }
+  std::stable_sort(free.begin(), free.end(), [&](const c10::Device& a, const c10::Device& b) {
+    return used[a.str()] < used[b.str()];
+  });
+  const int replicas = manifest.ok() ? manifest->placement.replicas : 1;
+  if (automatic && replicas > 0 && free.size() > static_cast<size_t>(replicas)) {
+    free.erase(free.begin() + replicas, free.end());
+  }
+  return free;
 }
 
-StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const std::string& device) {
+StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::Device& target) {
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(ValidatePipelineName(name));
-  auto planned = PlanDevice(name, device);
-  if (!planned.ok()) return planned.status();
-  const c10::Device target = *planned;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = entries_[name];
-    if (entry.state == PipelineState::kLoading) {
-      return FailedPrecondition(StrCat("pipeline '", name, "' is being loaded; retry shortly"));
+    if (entry.loading.count(target.str())) {
+      return FailedPrecondition(StrCat("pipeline '", name, "' is being loaded on ", target.str(),
+                                       "; retry shortly"));
     }
-    if (entry.state == PipelineState::kLoaded) {
-      const bool explicit_device = !device.empty() && device != "auto";
-      if (explicit_device && entry.pipeline->device() != target) {
-        return FailedPrecondition(StrCat("pipeline '", name, "' is already loaded on ",
-                                         entry.pipeline->device().str(), "; unload it to load it on ",
-                                         target.str()));
-      }
-      return LoadResult{StatusOf(name, entry), 0.0, true};
+    if (FindReplica(entry, target) != nullptr) return LoadResult{StatusOf(name, entry), 0.0, true};
+    if (entry.unloading) {
+      return Unavailable(StrCat("pipeline '", name, "' is being unloaded; retry shortly"));
     }
-    entry.state = PipelineState::kLoading;
+    entry.loading.insert(target.str());
     entry.error.clear();
   }
 
   auto fail = [&](const Status& status) -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = entries_[name];
-    entry.state = PipelineState::kFailed;
+    entry.loading.erase(target.str());
     entry.error = status.message();
-    log::Error("loading pipeline '", name, "' failed: ", status.message());
+    log::Error("loading pipeline '", name, "' on ", target.str(), " failed: ", status.message());
     return status;
   };
   auto manifest = repository_.LoadManifest(name);
@@ -153,11 +222,19 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const std::
     return fail(InvalidArgument(StrCat(manifest->path, ": field 'placement.dtype': ",
                                        dtype.status().message())));
   }
+  if (target.is_cuda()) {
+    // The component files are what the load puts on the device (at most: load-time
+    // quantization shrinks them); room for them is made before anything is allocated.
+    uint64_t file_bytes = 0;
+    for (const auto& c : manifest->components) file_bytes += FileBytes(c.file);
+    Status room = MakeRoom(target, file_bytes, name,
+                           StrCat("loading '", name, "' (", file_bytes, " bytes of components)"));
+    if (!room.ok()) return fail(room);
+  }
   const DeviceMemoryStats before =
       residency_.memory ? residency_.memory->Read(target) : DeviceMemoryStats{};
   auto pipeline = SdPipeline::Load(*manifest, target, *dtype, residency_);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = SecondsSince(start);
   if (!pipeline.ok()) {
     RecordEvent(MemoryEventKind::kLoad, name, target, before, 0, seconds, pipeline.status());
     return fail(pipeline.status());
@@ -170,28 +247,35 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const std::
   }
 
   LoadResult result;
-  result.load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.load_seconds = SecondsSince(start);
   std::lock_guard<std::mutex> lock(mu_);
   Entry& entry = entries_[name];
-  entry.pipeline = std::shared_ptr<SdPipeline>(std::move(pipeline).value());
-  entry.state = PipelineState::kLoaded;
+  entry.loading.erase(target.str());
+  Replica replica;
+  replica.pipeline = std::shared_ptr<SdPipeline>(std::move(pipeline).value());
+  replica.load->last_used_ns.store(SteadyNanos());
+  if (entry.replicas.empty()) {
+    entry.manifest = std::make_shared<const PipelineManifest>(replica.pipeline->manifest());
+    entry.working = std::make_shared<WorkingMemoryModel>(
+        static_cast<double>(admission_.default_working_bytes_per_pixel));
+  }
+  entry.replicas.push_back(std::move(replica));
   result.pipeline = StatusOf(name, entry);
   uint64_t bytes = 0;
   for (const auto& c : result.pipeline.components) bytes += c.bytes.total();
   log::Info("loaded pipeline '", name, "' on ", target.str(), " (", DtypeName(*dtype), ", ",
-            bytes, " bytes) in ", result.load_seconds, " s");
+            bytes, " bytes, replica ", entry.replicas.size(), ") in ", result.load_seconds, " s");
   return result;
 }
 
 StatusOr<PipelineRegistry::Entry*> PipelineRegistry::LoadedEntry(const std::string& name) {
   auto it = entries_.find(name);
-  if (it == entries_.end() || it->second.state != PipelineState::kLoaded) {
+  if (it == entries_.end() || it->second.replicas.empty()) {
     const auto names = repository_.ListNames();
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       return NotFound(StrCat("no pipeline named '", name, "' in the model repository"));
     }
-    if (it != entries_.end() && it->second.state == PipelineState::kLoading) {
+    if (it != entries_.end() && !it->second.loading.empty()) {
       return FailedPrecondition(StrCat("pipeline '", name, "' is being loaded; retry shortly"));
     }
     return FailedPrecondition(
@@ -200,38 +284,70 @@ StatusOr<PipelineRegistry::Entry*> PipelineRegistry::LoadedEntry(const std::stri
   return &it->second;
 }
 
-StatusOr<PipelineRegistry::Entry*> PipelineRegistry::IdleEntry(const std::string& name) {
+StatusOr<std::vector<c10::Device>> PipelineRegistry::BeginUnload(const std::string& name) {
+  RETURN_IF_ERROR(ValidatePipelineName(name));
+  std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-  if (entry->changing) {
-    return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
+  if (entry->unloading) {
+    return Unavailable(StrCat("pipeline '", name, "' is being unloaded"));
   }
-  const int in_flight = entry->in_flight->load();
+  int in_flight = 0;
+  for (const auto& r : entry->replicas) {
+    if (r.changing) return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
+    in_flight += r.load->in_flight.load();
+  }
   if (in_flight > 0) {
     return FailedPrecondition(StrCat("pipeline '", name, "' has ", in_flight,
                                      " request(s) in flight; retry when it is idle"));
   }
-  return entry;
+  std::vector<c10::Device> out;
+  for (auto& r : entry->replicas) {
+    r.changing = true;
+    out.push_back(r.pipeline->device());
+  }
+  entry->unloading = true;
+  return out;
 }
 
-Status PipelineRegistry::CheckUnload(const std::string& name) {
-  RETURN_IF_ERROR(ValidatePipelineName(name));
+void PipelineRegistry::EndUnload(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  return IdleEntry(name).status();
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;
+  it->second.unloading = false;
+  for (auto& r : it->second.replicas) r.changing = false;
+  if (it->second.replicas.empty() && it->second.loading.empty() && it->second.error.empty()) {
+    entries_.erase(it);
+  }
 }
 
-StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name) {
+StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name,
+                                                const c10::Device& device) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<SdPipeline> dropped;
   UnloadResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(Entry * entry, IdleEntry(name));
-    dropped = std::move(entry->pipeline);
-    entries_.erase(name);
+    ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
+    Replica* replica = FindReplica(*entry, device);
+    if (replica == nullptr) {
+      return FailedPrecondition(
+          StrCat("pipeline '", name, "' has no replica on ", device.str()));
+    }
+    const int in_flight = replica->load->in_flight.load();
+    if (in_flight > 0) {
+      return FailedPrecondition(StrCat("pipeline '", name, "' has ", in_flight,
+                                       " request(s) in flight on ", device.str(),
+                                       "; retry when it is idle"));
+    }
+    if (replica->changing && !entry->unloading) {
+      return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
+    }
+    dropped = std::move(replica->pipeline);
+    entry->replicas.erase(entry->replicas.begin() + (replica - entry->replicas.data()));
+    if (entry->replicas.empty() && !entry->unloading) entries_.erase(name);
   }
   // Note [Leak check]
-  const c10::Device device = dropped->device();
   const auto blocks = dropped->residency().Blocks();
   const auto attributed = dropped->residency().BytesByDevice();
   for (const auto& [d, bytes] : attributed) result.freed_bytes += bytes;
@@ -261,8 +377,7 @@ StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name) {
     }
   }
   result.leaked_bytes = std::max(retained, shortfall);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = SecondsSince(start);
   for (const auto& d : counted) {
     auto it = attributed.find(d.str());
     const int64_t delta = it == attributed.end() ? 0 : -static_cast<int64_t>(it->second);
@@ -271,105 +386,25 @@ StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name) {
   }
   if (result.leaked_bytes > 0) {
     leaked_total_ += result.leaked_bytes;
-    log::Error("unloading pipeline '", name, "' left ", result.leaked_bytes,
-               " bytes behind (", retained, " in blocks something still references, ", shortfall,
+    log::Error("unloading pipeline '", name, "' from ", device.str(), " left ",
+               result.leaked_bytes, " bytes behind (", retained,
+               " in blocks something still references, ", shortfall,
                " bytes the allocator did not get back)");
     RecordEvent(MemoryEventKind::kLeak, name, device, before[device.str()], 0, seconds,
                 Status::Ok(), result.leaked_bytes);
   }
-  log::Info("unloaded pipeline '", name, "' (", result.freed_bytes, " bytes)");
+  log::Info("unloaded pipeline '", name, "' from ", device.str(), " (", result.freed_bytes,
+            " bytes)");
   return result;
-}
-
-StatusOr<c10::Device> PipelineRegistry::ChangeTarget(const std::string& name, Change change,
-                                                     const std::string& device) {
-  RETURN_IF_ERROR(ValidatePipelineName(name));
-  c10::Device current(c10::kCPU);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-    current = entry->pipeline->device();
-  }
-  if (change == Change::kOffload || device.empty()) {
-    if (change == Change::kMove) {
-      return InvalidArgument("MovePipeline needs a target device (cpu, cuda:N)");
-    }
-    return current;
-  }
-  if (device == "auto") {
-    return InvalidArgument("name the target device (cpu, cuda:N); auto is for loads");
-  }
-  return devices_.Resolve(device, [](const c10::Device&) { return uint64_t{0}; });
-}
-
-StatusOr<std::pair<PipelineStatus, ResidencyReport>> PipelineRegistry::ChangeResidency(
-    const std::string& name, Change change, const std::string& device) {
-  ASSIGN_OR_RETURN(c10::Device target, ChangeTarget(name, change, device));
-  std::shared_ptr<SdPipeline> pipeline;
-  bool elsewhere = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-    if (entry->changing) {
-      return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
-    }
-    pipeline = entry->pipeline;
-    elsewhere = change != Change::kOffload && pipeline->device() != target;
-    if (elsewhere) {
-      const int in_flight = entry->in_flight->load();
-      if (in_flight > 0) {
-        return FailedPrecondition(StrCat("pipeline '", name, "' has ", in_flight,
-                                         " request(s) in flight; retry when it is idle"));
-      }
-      entry->changing = true;  // Acquire refuses meanwhile
-    }
-  }
-  StatusOr<ResidencyReport> report = Status::Ok();
-  switch (change) {
-    case Change::kOffload: report = pipeline->residency().Offload(); break;
-    case Change::kOnload: report = pipeline->residency().Onload(target); break;
-    case Change::kMove: report = pipeline->residency().MoveTo(target); break;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(name);
-  if (it != entries_.end()) it->second.changing = false;
-  if (!report.ok()) return report.status();
-  return std::make_pair(StatusOf(name, it->second), std::move(report).value());
-}
-
-StatusOr<PipelineStatus> PipelineRegistry::SetPolicy(const std::string& name,
-                                                     const OffloadPolicy& policy) {
-  RETURN_IF_ERROR(ValidatePipelineName(name));
-  std::shared_ptr<SdPipeline> pipeline;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-    pipeline = entry->pipeline;
-  }
-  RETURN_IF_ERROR(pipeline->residency().SetPolicy(policy));
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-  return StatusOf(name, *entry);
-}
-
-std::vector<std::string> PipelineRegistry::IdleOffloadsDue() {
-  std::vector<std::string> out;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, entry] : entries_) {
-    if (entry.pipeline && !entry.changing && entry.in_flight->load() == 0 &&
-        entry.pipeline->residency().IdleOffloadDue()) {
-      out.push_back(name);
-    }
-  }
-  return out;
 }
 
 std::map<std::string, uint64_t> PipelineRegistry::AttributedBytes() {
   std::map<std::string, uint64_t> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [name, entry] : entries_) {
-    if (!entry.pipeline) continue;
-    for (const auto& [d, bytes] : entry.pipeline->residency().BytesByDevice()) out[d] += bytes;
+    for (const auto& r : entry.replicas) {
+      for (const auto& [d, bytes] : r.pipeline->residency().BytesByDevice()) out[d] += bytes;
+    }
   }
   return out;
 }
@@ -402,31 +437,9 @@ std::vector<PipelineStatus> PipelineRegistry::ListLoaded() {
   std::vector<PipelineStatus> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [name, entry] : entries_) {
-    if (entry.state == PipelineState::kLoaded) out.push_back(StatusOf(name, entry));
+    if (!entry.replicas.empty()) out.push_back(StatusOf(name, entry));
   }
   return out;
-}
-
-StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::string& name) {
-  RETURN_IF_ERROR(ValidatePipelineName(name));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(name);
-  if (it == entries_.end() || it->second.state != PipelineState::kLoaded) {
-    const auto names = repository_.ListNames();
-    if (std::find(names.begin(), names.end(), name) == names.end()) {
-      return NotFound(StrCat("no pipeline named '", name, "' in the model repository"));
-    }
-    return FailedPrecondition(
-        StrCat("pipeline '", name, "' is not loaded; load it first (ModelService.LoadPipeline)"));
-  }
-  Entry& entry = it->second;
-  if (entry.changing) {
-    return Unavailable(StrCat("pipeline '", name, "' is being moved to another device; retry "
-                              "shortly"));
-  }
-  entry.in_flight->fetch_add(1);
-  return std::make_unique<PipelineLease>(entry.pipeline, entry.in_flight,
-                                         &devices_.worker(entry.pipeline->device()));
 }
 
 }  // namespace qpool

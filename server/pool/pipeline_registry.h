@@ -1,9 +1,11 @@
-// PipelineRegistry: which pipelines of the model repository are loaded, where, and how many
-// requests each has in flight.
+// PipelineRegistry: which pipelines of the model repository are loaded, their replicas (one
+// copy per device), how many requests each has in flight, and the memory budget of each GPU.
 #pragma once
 
 #include <atomic>
 #include <map>
+#include <set>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,6 +14,8 @@
 #include "config/model_repository.h"
 #include "pipeline/sd_pipeline.h"
 #include "pool/device_pool.h"
+#include "pool/router.h"
+#include "pool/working_memory.h"
 #include "residency/pipeline_residency.h"
 #include "util/status.h"
 
@@ -29,17 +33,28 @@ struct ComponentStatus {
   uint64_t host_bytes = 0;  // host copy
 };
 
+// One copy of a pipeline on one device.
+struct ReplicaStatus {
+  std::string device;
+  std::string residency;  // "device", "host" or "partial" (some components on each)
+  uint32_t in_flight = 0;
+  uint64_t device_bytes = 0;  // attributed bytes on `device`
+  uint64_t host_bytes = 0;    // pinned host copies
+};
+
 // A snapshot for ListPipelines / GetMemoryReport.
 struct PipelineStatus {
   std::string name;
   std::string kind;
   PipelineState state = PipelineState::kAvailable;
-  std::string device;
+  std::string device;  // the first replica's
   std::string error;
-  uint32_t in_flight = 0;
-  std::vector<ComponentStatus> components;
+  uint32_t in_flight = 0;  // all replicas
+  std::vector<ComponentStatus> components;  // the first replica's
+  std::vector<ReplicaStatus> replicas;
   GenerationDefaults defaults;
   OffloadPolicy policy;
+  int max_queue = 0;  // limits.max_queue of a loaded pipeline
 };
 
 struct LoadResult {
@@ -48,78 +63,155 @@ struct LoadResult {
   bool already_loaded = false;
 };
 
-// Holds a loaded pipeline for one request; the pipeline cannot be unloaded while a lease lives.
+// What a replica's requests are doing, shared by the registry and the leases.
+struct ReplicaLoad {
+  std::atomic<int> in_flight{0};          // requests queued or running
+  std::atomic<int64_t> pending_steps{0};  // denoising steps they still have to run
+  std::atomic<int64_t> last_used_ns{0};   // steady clock, for LRU eviction
+};
+
+// What Acquire needs to know about a request to route it.
+struct RouteOptions {
+  int width = 0;   // output size, for the working-memory estimate (0 = the defaults)
+  int height = 0;
+  int images = 1;
+  int steps = 0;   // denoising steps it will run (0 for Encode)
+  std::vector<std::string> exclude;  // devices not to use: a retry after OOM there
+};
+
+// Holds one replica of a loaded pipeline for one request; the replica cannot be unloaded or moved
+// while a lease lives.
 class PipelineLease {
  public:
-  PipelineLease(std::shared_ptr<SdPipeline> pipeline, std::shared_ptr<std::atomic<int>> in_flight,
-                DeviceWorker* worker)
-      : pipeline_(std::move(pipeline)), in_flight_(std::move(in_flight)), worker_(worker) {}
+  PipelineLease(std::shared_ptr<SdPipeline> pipeline, std::shared_ptr<ReplicaLoad> load,
+                DeviceWorker* worker, RouteDecision route, int steps);
   // Drops its reference before it stops counting, so an unload that sees no request in flight
   // holds the last reference.
-  ~PipelineLease() {
-    pipeline_.reset();
-    in_flight_->fetch_sub(1);
-  }
+  ~PipelineLease();
   PipelineLease(const PipelineLease&) = delete;
   PipelineLease& operator=(const PipelineLease&) = delete;
 
   SdPipeline& pipeline() { return *pipeline_; }
-  // The worker of the pipeline's device; requests run there.
+  // The worker of the replica's device; the request runs there.
   DeviceWorker& worker() { return *worker_; }
+  // Which replica was chosen and why.
+  const RouteDecision& route() const { return route_; }
+  // One denoising step is done (the router's least-loaded estimate counts what is left).
+  void StepDone();
 
  private:
   std::shared_ptr<SdPipeline> pipeline_;
-  std::shared_ptr<std::atomic<int>> in_flight_;
+  std::shared_ptr<ReplicaLoad> load_;
   DeviceWorker* worker_;
+  RouteDecision route_;
+  int steps_left_;
 };
 
 // What an unload freed and whether the device got it all back.
 struct UnloadResult {
-  uint64_t freed_bytes = 0;   // attributed bytes the pipeline held
+  uint64_t freed_bytes = 0;   // attributed bytes the replica held
   uint64_t leaked_bytes = 0;  // Note [Leak check]
 };
 
+// Admission limits (Note [Memory budget]).
+struct AdmissionOptions {
+  // Fraction of each GPU's total memory that pipelines and the running request may use.
+  double memory_budget = 0.9;
+  // Working memory per output pixel assumed until a pipeline's first request on a GPU has been
+  // measured: ~1 GiB for one 512x512 image, what an fp16 SD 1.5 VAE decode needs.
+  uint64_t default_working_bytes_per_pixel = 4096;
+};
+
+// Counters the pool's metrics export (PoolMetrics).
+struct PoolCounters {
+  // (pipeline, device, reason) -> requests routed
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> routed;
+  // (pipeline, device) -> replicas offloaded to make room
+  std::map<std::pair<std::string, std::string>, uint64_t> evictions;
+  // pipeline -> requests retried on another device after running out of memory
+  std::map<std::string, uint64_t> retries;
+  // pipeline -> requests queued or running, all replicas
+  std::map<std::string, int> queued;
+};
+
 // Note [Leak check]
-// Unload drops every tensor of the pipeline and then compares, per device, the drop of the
-// allocator's allocated bytes with what the pipeline's blocks held (as the allocator counted them
+// Unload drops every tensor of the replica and then compares, per device, the drop of the
+// allocator's allocated bytes with what the replica's blocks held (as the allocator counted them
 // when they were allocated). Unload runs on the device's worker, so nothing else allocates on
 // that device meanwhile; a drop smaller than expected is a leak: an error log, a `leak` event and
 // qpool_vram_leaked_bytes_total. The CPU is checked the same way against the host bytes of
 // pipeline tensors (Note [Host memory accounting]).
+//
+// Note [Memory budget]
+// Each GPU has a budget, --memory-budget of its total memory. What counts against it is what qpool
+// attributes to pipelines there plus the working memory of the request that is about to run
+// (one at a time per device). Acquire routes with a snapshot of it (router.h); the worker checks
+// it again right before the run (Admit) and before a load, when nothing else runs on the device.
+// When it does not fit, idle replicas of other pipelines on that device are offloaded to pinned
+// host memory, least recently used first; if even that is not enough, RESOURCE_EXHAUSTED says
+// what was needed and what the budget had. The working memory of a request is learned per
+// pipeline from the peaks measured on the GPU (WorkingMemoryModel).
 
-// Thread safety: all public methods take the mutex; loading itself runs without it (the entry is
-// marked kLoading meanwhile). Do not call a public method from another one.
+// Thread safety: all public methods take the mutex; loading, unloading and moving run without it
+// (the replica is marked meanwhile). Do not call a public method from another one.
 class PipelineRegistry {
  public:
-  PipelineRegistry(ModelRepository repository, DevicePool& devices, ResidencyContext residency);
+  PipelineRegistry(ModelRepository repository, DevicePool& devices, ResidencyContext residency,
+                   AdmissionOptions admission = {});
 
-  // Loads `name` on `device` ("" or "auto": the manifest's placement, then the pool's choice).
-  // Blocks while loading; call it from a device worker or a thread of its own, not a gRPC thread.
-  // OK with already_loaded when it is loaded (FailedPrecondition if `device` names another
-  // device than the one it is on); FailedPrecondition while another load of it runs.
-  StatusOr<LoadResult> Load(const std::string& name, const std::string& device);
-  // Drops every tensor of `name` and checks that the memory came back (Note [Leak check]). Call
-  // it on the pipeline's device worker. FailedPrecondition with requests in flight or when not
-  // loaded; NotFound when the repository has no such pipeline.
-  StatusOr<UnloadResult> Unload(const std::string& name);
-  // The errors Unload would give now (an early answer before queueing it on the worker).
-  Status CheckUnload(const std::string& name);
+  // The devices a load of `name` should load a replica on, each on its own worker. `device`
+  // "" or "auto": the manifest's placement and replica count, less the devices that have one
+  // already (empty when loaded); else that device (empty when a replica is there).
+  StatusOr<std::vector<c10::Device>> PlanLoad(const std::string& name, const std::string& device);
+  // Loads one replica of `name` on `device`, making room under the budget first. Call it on
+  // `device`'s worker. already_loaded when a replica is there; FailedPrecondition while another
+  // load of it on that device runs; ResourceExhausted when it cannot fit.
+  StatusOr<LoadResult> Load(const std::string& name, const c10::Device& device);
+  // The devices of `name`'s replicas, marking them all as unloading so that no request is
+  // routed to them (FailedPrecondition with requests in flight, NotFound, not loaded...). Then
+  // Unload each on its worker; EndUnload clears the marks of replicas left (after an error).
+  StatusOr<std::vector<c10::Device>> BeginUnload(const std::string& name);
+  void EndUnload(const std::string& name);
+  // Drops every tensor of the replica on `device` and checks that the memory came back (Note
+  // [Leak check]). Call it on that device's worker.
+  StatusOr<UnloadResult> Unload(const std::string& name, const c10::Device& device);
 
-  // Admin residency changes; call them on the worker of the device they target (MoveTarget).
-  // OFFLOAD: every component to the host. ONLOAD: back to `device` ("" = where it was).
-  // MOVE: to `device`. FailedPrecondition when not loaded, for a CPU pipeline's offload, or (move
-  // and onload elsewhere) with requests in flight; Unavailable while another change runs.
+  // Admin residency changes. OFFLOAD: every component to the host. ONLOAD: back to the
+  // replica's device, or to `device`. MOVE: to `device`.
   enum class Change { kOffload, kOnload, kMove };
-  StatusOr<std::pair<PipelineStatus, ResidencyReport>> ChangeResidency(const std::string& name,
-                                                                       Change change,
-                                                                       const std::string& device);
-  // The device whose worker runs a change (the target, or the pipeline's device).
-  StatusOr<c10::Device> ChangeTarget(const std::string& name, Change change,
-                                     const std::string& device);
-  // Sets the offload policy; the pipeline goes to its resting residency. Call it on the worker.
-  StatusOr<PipelineStatus> SetPolicy(const std::string& name, const OffloadPolicy& policy);
-  // Loaded pipelines whose idle policy wants an offload now.
-  std::vector<std::string> IdleOffloadsDue();
+  // Which replica goes where: (replica's device, target). Every replica for OFFLOAD and ONLOAD
+  // without a device; an explicit device needs a pipeline with one replica (FailedPrecondition)
+  // and no other replica on the target. Run each change on the target's worker.
+  StatusOr<std::vector<std::pair<c10::Device, c10::Device>>> PlanChange(
+      const std::string& name, Change change, const std::string& device);
+  // One replica's change from PlanChange. FailedPrecondition when not loaded, for a CPU
+  // pipeline's offload, or (move and onload elsewhere) with requests in flight; Unavailable
+  // while another change of it runs.
+  StatusOr<ResidencyReport> ChangeResidency(const std::string& name, const c10::Device& replica,
+                                            Change change, const c10::Device& target);
+  // Sets the offload policy of the replica on `device`; it goes to its resting residency. Call
+  // it on that device's worker.
+  Status SetPolicy(const std::string& name, const c10::Device& device,
+                   const OffloadPolicy& policy);
+
+  // A lease on the replica the router picks for a request (router.h). InvalidArgument for bad
+  // names, NotFound for unknown ones, FailedPrecondition when not loaded, ResourceExhausted when
+  // the pipeline's queue is full or no replica's device can fit it, Unavailable while every
+  // replica is being moved.
+  StatusOr<std::unique_ptr<PipelineLease>> Acquire(const std::string& name,
+                                                   const RouteOptions& options);
+  // The manifest of a loaded pipeline (its replicas share it), for resolving a request before
+  // Acquire. Errors as Acquire.
+  StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
+  // On the worker, right before the leased request runs: makes room under the budget (Note
+  // [Memory budget]). ResourceExhausted when it cannot.
+  Status Admit(PipelineLease& lease, const RouteOptions& options);
+  // A successful request on a GPU needed `bytes` of working memory (Note [Request memory]).
+  void ObserveWorkingMemory(const std::string& name, const RouteOptions& options,
+                            uint64_t bytes);
+
+  // (pipeline, replica device) of replicas whose idle policy wants an offload now.
+  std::vector<std::pair<std::string, c10::Device>> IdleOffloadsDue();
   // Bytes attributed to loaded pipelines, per device string ("cpu" counts host copies).
   std::map<std::string, uint64_t> AttributedBytes();
   // Sum of every leak found by unload checks.
@@ -128,25 +220,34 @@ class PipelineRegistry {
   std::vector<PipelineStatus> List();
   // Loaded pipelines only.
   std::vector<PipelineStatus> ListLoaded();
-  // A lease on a loaded pipeline. InvalidArgument for bad names, NotFound for unknown ones,
-  // FailedPrecondition when it is not loaded.
-  StatusOr<std::unique_ptr<PipelineLease>> Acquire(const std::string& name);
-  // The device a Load of `name` would use, for routing the load onto that device's worker.
-  StatusOr<c10::Device> PlanDevice(const std::string& name, const std::string& device);
+  // Routing, eviction and queue counters.
+  PoolCounters Counters();
 
  private:
-  struct Entry {
-    PipelineState state = PipelineState::kAvailable;
-    std::string error;
+  struct Replica {
     std::shared_ptr<SdPipeline> pipeline;
-    std::shared_ptr<std::atomic<int>> in_flight = std::make_shared<std::atomic<int>>(0);
-    bool changing = false;  // a residency change to another device runs
+    std::shared_ptr<ReplicaLoad> load = std::make_shared<ReplicaLoad>();
+    bool changing = false;  // being moved, evicted or unloaded: nothing is routed to it
+  };
+  struct Entry {
+    std::string error;                  // of the last failed load
+    std::vector<Replica> replicas;      // loaded copies, one per device
+    std::set<std::string> loading;      // devices with a replica being loaded
+    bool unloading = false;             // BeginUnload..EndUnload
+    std::shared_ptr<const PipelineManifest> manifest;  // of the loaded replicas
+    std::shared_ptr<WorkingMemoryModel> working;       // learned per pipeline
   };
   PipelineStatus StatusOf(const std::string& name, const Entry& entry) const;
-  // The loaded entry or the error Acquire/Unload give.
+  // The loaded entry or the error Acquire/Unload give; mu_ held.
   StatusOr<Entry*> LoadedEntry(const std::string& name);
-  // The loaded entry if nothing runs on it (no request in flight, no move); mu_ held.
-  StatusOr<Entry*> IdleEntry(const std::string& name);
+  // The replica of `entry` on `device`, or nullptr; mu_ held.
+  static Replica* FindReplica(Entry& entry, const c10::Device& device);
+  // Budget, use and evictable bytes of `device`, with `except`'s replicas not evictable; mu_ held.
+  DeviceSnapshot SnapshotOf(const c10::Device& device, const std::string& except);
+  // Offloads idle replicas of other pipelines on `device`, LRU first, until `needed` bytes fit
+  // in the budget. `what` names the need in the error. Call it on `device`'s worker without mu_.
+  Status MakeRoom(const c10::Device& device, uint64_t needed, const std::string& except,
+                  const std::string& what);
   void RecordEvent(MemoryEventKind kind, const std::string& name, const c10::Device& device,
                    const DeviceMemoryStats& before, int64_t delta, double seconds,
                    const Status& status, uint64_t leaked = 0);
@@ -154,9 +255,11 @@ class PipelineRegistry {
   const ModelRepository repository_;
   DevicePool& devices_;
   const ResidencyContext residency_;
+  const AdmissionOptions admission_;
   std::atomic<uint64_t> leaked_total_{0};
   std::mutex mu_;
   std::map<std::string, Entry> entries_;
+  PoolCounters counters_;  // `queued` is filled in by Counters()
 };
 
 const char* PipelineStateName(PipelineState state);

@@ -208,14 +208,14 @@ TEST_F(ResidencyGpuTest, LoadUnloadCyclesLeakNothing) {
   uint64_t attributed = 0;
   for (int i = 0; i < cycles; ++i) {
     const int64_t before = Allocated(kGpu0);
-    auto loaded = registry.Load(name, kGpu0.str());
+    auto loaded = registry.Load(name, kGpu0);
     ASSERT_TRUE(loaded.ok()) << "cycle " << i << ": " << loaded.status().ToString();
     attributed = registry.AttributedBytes()[kGpu0.str()];
     const int64_t delta = Allocated(kGpu0) - before;
     // The allocator rounds each block up (to 512 bytes, or 2 MiB for large ones): never less.
     ASSERT_GE(delta, static_cast<int64_t>(attributed)) << "cycle " << i;
     max_rounding = std::max(max_rounding, delta - static_cast<int64_t>(attributed));
-    auto unloaded = registry.Unload(name);
+    auto unloaded = registry.Unload(name, kGpu0);
     ASSERT_TRUE(unloaded.ok()) << "cycle " << i << ": " << unloaded.status().ToString();
     ASSERT_EQ(unloaded->leaked_bytes, 0u) << "cycle " << i;
     ASSERT_EQ(Allocated(kGpu0), before) << "cycle " << i;

@@ -49,9 +49,11 @@ limits:
   max_height: 640
   max_images: 2
   max_prompts: 8
+  max_queue: 5
 placement:
   device: cuda:1
   dtype: bfloat16
+  replicas: 2
 )";
 
 
@@ -102,8 +104,10 @@ TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   EXPECT_EQ(m.limits.max_height, 640);
   EXPECT_EQ(m.limits.max_images, 2);
   EXPECT_EQ(m.limits.max_prompts, 8);
+  EXPECT_EQ(m.limits.max_queue, 5);
   EXPECT_EQ(m.placement.device, "cuda:1");
   EXPECT_EQ(m.placement.dtype, "bfloat16");
+  EXPECT_EQ(m.placement.replicas, 2);
   ASSERT_NE(m.FindComponent("unet"), nullptr);
   EXPECT_EQ(m.FindComponent("unet")->file, dir_ + "/unet.pt");
   EXPECT_EQ(m.FindComponent("refiner"), nullptr);
@@ -141,8 +145,10 @@ TEST_F(ManifestTest, MinimalManifestGetsEveryDefault) {
   EXPECT_EQ(m.limits.max_height, 1024);
   EXPECT_EQ(m.limits.max_images, 4);
   EXPECT_EQ(m.limits.max_prompts, 16);
+  EXPECT_EQ(m.limits.max_queue, 32);
   EXPECT_EQ(m.placement.device, "auto");
   EXPECT_EQ(m.placement.dtype, "auto");
+  EXPECT_EQ(m.placement.replicas, 1);
 }
 
 TEST_F(ManifestTest, EmptyOptionalSectionsGetDefaults) {
@@ -222,10 +228,16 @@ TEST_F(ManifestTest, MissingFileReportsTheResolvedPath) {
 }
 
 TEST_F(ManifestTest, ValidVariantsAreAccepted) {
-  for (const std::string device : {"auto", "cpu", "cuda", "cuda:0", "cuda:12"}) {
+  for (const std::string device :
+       {"auto", "cpu", "cuda", "cuda:0", "cuda:12", "cuda:0,cuda:1", "cuda:3,cuda:1,cuda:2"}) {
     auto r = Parse(Build(Parts().Extra("placement:\n  device: \"" + device + "\"\n")));
     ASSERT_TRUE(r.ok()) << device << ": " << r.status().ToString();
     EXPECT_EQ(r->placement.device, device);
+  }
+  {
+    auto r = Parse(Build(Parts().Extra("placement:\n  replicas: all\n")));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->placement.replicas, 0) << "all = one per allowed device";
   }
   for (const std::string dtype : {"auto", "float32", "float16", "bfloat16"}) {
     auto r = Parse(Build(Parts().Extra("placement:\n  dtype: " + dtype + "\n")));

@@ -1,0 +1,203 @@
+// PipelineRegistry's routing and admission: leases on the replica the router picks, the memory
+// budget of each GPU and the eviction that makes room under it (Note [Memory budget]).
+#include <algorithm>
+
+#include "pool/eviction.h"
+#include "pool/pipeline_registry.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+namespace qpool {
+namespace {
+
+// Bytes of a replica not on its device: what an onload must copy before it can run.
+uint64_t OnloadBytes(const SdPipeline& pipeline) {
+  uint64_t out = 0;
+  const auto places = pipeline.residency().Snapshot();
+  const auto& components = pipeline.components();
+  for (size_t i = 0; i < places.size(); ++i) {
+    if (places[i].state != Residency::kDevice) out += components[i]->Bytes().total();
+  }
+  return out;
+}
+
+uint64_t BytesOn(const SdPipeline& pipeline, const c10::Device& device) {
+  const auto bytes = pipeline.residency().BytesByDevice();
+  auto it = bytes.find(device.str());
+  return it == bytes.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+DeviceSnapshot PipelineRegistry::SnapshotOf(const c10::Device& device, const std::string& except) {
+  DeviceSnapshot s;
+  s.device = device.str();
+  s.queued = devices_.worker(device).pending();
+  if (!device.is_cuda() || residency_.memory == nullptr) return s;  // no budget on the CPU
+  const DeviceMemoryStats stats = residency_.memory->Read(device);
+  s.budget_bytes = static_cast<uint64_t>(admission_.memory_budget *
+                                         static_cast<double>(stats.total_bytes));
+  s.free_bytes = stats.free_bytes;
+  for (const auto& [name, entry] : entries_) {
+    for (const auto& r : entry.replicas) {
+      const uint64_t bytes = BytesOn(*r.pipeline, device);
+      s.used_bytes += bytes;
+      if (name != except && !r.changing && r.load->in_flight.load() == 0) {
+        s.evictable_bytes += bytes;
+      }
+    }
+  }
+  return s;
+}
+
+StatusOr<std::shared_ptr<const PipelineManifest>> PipelineRegistry::Manifest(
+    const std::string& name) {
+  RETURN_IF_ERROR(ValidatePipelineName(name));
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
+  return entry->manifest;
+}
+
+StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::string& name,
+                                                                   const RouteOptions& options) {
+  RETURN_IF_ERROR(ValidatePipelineName(name));
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
+  if (entry->unloading) {
+    return Unavailable(StrCat("pipeline '", name, "' is being unloaded"));
+  }
+  int queued = 0;
+  for (const auto& r : entry->replicas) queued += r.load->in_flight.load();
+  const int max_queue = entry->manifest->limits.max_queue;
+  if (queued >= max_queue) {
+    return ResourceExhausted(StrCat("pipeline '", name, "' has ", queued,
+                                    " requests queued or running (limits.max_queue ", max_queue,
+                                    "); retry later"));
+  }
+  std::vector<DeviceSnapshot> devices;
+  std::vector<ReplicaSnapshot> replicas;
+  for (size_t i = 0; i < entry->replicas.size(); ++i) {
+    const Replica& r = entry->replicas[i];
+    const c10::Device device = r.pipeline->device();
+    devices.push_back(SnapshotOf(device, name));
+    ReplicaSnapshot rs;
+    rs.id = static_cast<int>(i);
+    rs.device = device.str();
+    rs.onload_bytes = device.is_cuda() ? OnloadBytes(*r.pipeline) : 0;
+    rs.resident = rs.onload_bytes == 0;
+    rs.available = !r.changing;
+    rs.in_flight = static_cast<size_t>(r.load->in_flight.load());
+    rs.pending_steps = static_cast<uint64_t>(std::max<int64_t>(0, r.load->pending_steps.load()));
+    replicas.push_back(std::move(rs));
+  }
+  const GenerationDefaults& d = entry->manifest->defaults;
+  RouteRequest request;
+  request.working_bytes = entry->working->Estimate(options.width > 0 ? options.width : d.width,
+                                                   options.height > 0 ? options.height : d.height,
+                                                   std::max(1, options.images));
+  request.exclude = options.exclude;
+  ASSIGN_OR_RETURN(RouteDecision decision, Route(devices, replicas, request));
+  Replica& chosen = entry->replicas.at(static_cast<size_t>(decision.replica));
+  chosen.load->in_flight.fetch_add(1);
+  chosen.load->pending_steps.fetch_add(options.steps);
+  chosen.load->last_used_ns.store(SteadyNanos());
+  ++counters_.routed[{name, decision.device, decision.reason}];
+  if (!options.exclude.empty()) ++counters_.retries[name];
+  const c10::Device device = chosen.pipeline->device();
+  return std::make_unique<PipelineLease>(chosen.pipeline, chosen.load, &devices_.worker(device),
+                                         std::move(decision), options.steps);
+}
+
+Status PipelineRegistry::Admit(PipelineLease& lease, const RouteOptions& options) {
+  const SdPipeline& pipeline = lease.pipeline();
+  const c10::Device device = pipeline.device();
+  if (!device.is_cuda()) return Status::Ok();
+  uint64_t needed = OnloadBytes(pipeline);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(pipeline.manifest().name);
+    if (it != entries_.end() && it->second.working) {
+      const GenerationDefaults& d = pipeline.manifest().defaults;
+      needed += it->second.working->Estimate(options.width > 0 ? options.width : d.width,
+                                              options.height > 0 ? options.height : d.height,
+                                              std::max(1, options.images));
+    }
+  }
+  return MakeRoom(device, needed, pipeline.manifest().name,
+                  StrCat("a request of '", pipeline.manifest().name, "'"));
+}
+
+Status PipelineRegistry::MakeRoom(const c10::Device& device, uint64_t needed,
+                                  const std::string& except, const std::string& what) {
+  if (!device.is_cuda() || residency_.memory == nullptr || needed == 0) return Status::Ok();
+  std::vector<EvictionCandidate> candidates;
+  DeviceSnapshot snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot = SnapshotOf(device, except);
+    for (const auto& [name, entry] : entries_) {
+      if (name == except) continue;
+      for (size_t i = 0; i < entry.replicas.size(); ++i) {
+        const Replica& r = entry.replicas[i];
+        const uint64_t bytes = BytesOn(*r.pipeline, device);
+        if (bytes == 0) continue;
+        candidates.push_back({name, static_cast<int>(i), bytes,
+                              static_cast<uint64_t>(r.load->last_used_ns.load()),
+                              !r.changing && r.load->in_flight.load() == 0});
+      }
+    }
+  }
+  const uint64_t headroom =
+      snapshot.budget_bytes > snapshot.used_bytes ? snapshot.budget_bytes - snapshot.used_bytes : 0;
+  if (needed <= headroom) return Status::Ok();
+  auto plan = PlanEviction(candidates, needed - headroom);
+  if (!plan.ok()) {
+    return ResourceExhausted(StrCat(what, " needs ", needed, " bytes on ", device.str(),
+                                    "; its budget has ", headroom, " free (budget ",
+                                    snapshot.budget_bytes, ", ", snapshot.used_bytes,
+                                    " in use) and idle pipelines hold ", snapshot.evictable_bytes,
+                                    " of it"));
+  }
+  for (const EvictionCandidate& victim : *plan) {
+    auto offloaded = ChangeResidency(victim.pipeline, device, Change::kOffload, device);
+    if (!offloaded.ok()) {
+      return ResourceExhausted(StrCat(what, " needs ", needed, " bytes on ", device.str(),
+                                      "; offloading idle pipeline '", victim.pipeline,
+                                      "' to make room failed: ", offloaded.status().message()));
+    }
+    log::Info("evicted pipeline '", victim.pipeline, "' from ", device.str(), " (",
+              victim.bytes, " bytes to host memory) for ", what);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.evictions[{victim.pipeline, device.str()}];
+  }
+  return Status::Ok();
+}
+
+void PipelineRegistry::ObserveWorkingMemory(const std::string& name, const RouteOptions& options,
+                                            uint64_t bytes) {
+  std::shared_ptr<WorkingMemoryModel> model;
+  GenerationDefaults d;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(name);
+    if (it == entries_.end() || !it->second.working) return;
+    model = it->second.working;
+    d = it->second.manifest->defaults;
+  }
+  model->Observe(options.width > 0 ? options.width : d.width,
+                 options.height > 0 ? options.height : d.height, std::max(1, options.images),
+                 bytes);
+}
+
+PoolCounters PipelineRegistry::Counters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PoolCounters out = counters_;
+  for (const auto& [name, entry] : entries_) {
+    int queued = 0;
+    for (const auto& r : entry.replicas) queued += r.load->in_flight.load();
+    if (!entry.replicas.empty()) out.queued[name] = queued;
+  }
+  return out;
+}
+
+}  // namespace qpool

@@ -1,0 +1,47 @@
+#include "pool/pool_metrics.h"
+
+namespace qpool {
+
+PoolMetrics::PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry,
+                         DevicePool& devices)
+    : metrics_(metrics), registry_(registry), devices_(devices) {
+  collector_ = metrics.AddCollector([this](SampleSink& sink) { Collect(sink); });
+}
+
+PoolMetrics::~PoolMetrics() { metrics_.RemoveCollector(collector_); }
+
+void PoolMetrics::Collect(SampleSink& sink) const {
+  for (const auto& device : devices_.devices()) {
+    sink.AddGauge("qpool_device_queue_depth",
+                  "Tasks (requests, loads, moves) waiting or running on the device's worker.",
+                  {{"device", device.str()}},
+                  static_cast<double>(devices_.worker(device).pending()));
+  }
+  const PoolCounters c = registry_.Counters();
+  for (const auto& [pipeline, queued] : c.queued) {
+    sink.AddGauge("qpool_pipeline_queue_depth",
+                  "Requests of the pipeline queued or running, all replicas (limits.max_queue "
+                  "bounds it).",
+                  {{"pipeline", pipeline}}, static_cast<double>(queued));
+  }
+  for (const auto& [key, n] : c.routed) {
+    const auto& [pipeline, device, reason] = key;
+    sink.AddCounter("qpool_requests_routed_total",
+                    "Requests the router sent to a replica, by its device and the reason (idle, "
+                    "onload, least-loaded).",
+                    {{"pipeline", pipeline}, {"device", device}, {"reason", reason}},
+                    static_cast<double>(n));
+  }
+  for (const auto& [key, n] : c.evictions) {
+    sink.AddCounter("qpool_evictions_total",
+                    "Idle replicas offloaded to host memory to make room under a GPU's budget.",
+                    {{"pipeline", key.first}, {"device", key.second}}, static_cast<double>(n));
+  }
+  for (const auto& [pipeline, n] : c.retries) {
+    sink.AddCounter("qpool_request_retries_total",
+                    "Requests retried on another device after running out of memory.",
+                    {{"pipeline", pipeline}}, static_cast<double>(n));
+  }
+}
+
+}  // namespace qpool
