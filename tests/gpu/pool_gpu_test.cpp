@@ -1,0 +1,204 @@
+// The pool on GPUs: replicas of one quantized pipeline on two GPUs serve concurrently, each on
+// its own device; under a small memory budget, loads and requests evict idle pipelines to pinned
+// host memory, least recently used first. Tests that need two GPUs skip on one.
+#include <c10/cuda/CUDAFunctions.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <filesystem>
+#include <future>
+#include <iostream>
+
+#include "gpu/gpu_pipeline_fixture.h"
+#include "pool/device_pool.h"
+#include "pool/pipeline_registry.h"
+
+namespace qpool {
+namespace {
+
+const c10::Device kGpu0(c10::kCUDA, 0);
+const c10::Device kGpu1(c10::kCUDA, 1);
+
+class PoolGpuTest : public ::testing::Test, protected testing::GpuPipelineTest {
+ protected:
+  void SetUp() override {
+    std::string skip;
+    if (!Prepare(&skip)) GTEST_SKIP() << skip;
+    auto devices = DevicePool::Create(DevicePoolOptions{"cuda", 64});
+    ASSERT_TRUE(devices.ok()) << devices.status().ToString();
+    devices_ = std::move(devices).value();
+  }
+  void TearDown() override {
+    if (devices_) devices_->Stop();
+  }
+
+  std::unique_ptr<PipelineRegistry> MakeRegistry(AdmissionOptions admission = {}) {
+    auto repository = ModelRepository::Open(repo_);
+    EXPECT_TRUE(repository.ok());
+    return std::make_unique<PipelineRegistry>(std::move(repository).value(), *devices_,
+                                              context(), admission);
+  }
+
+  // Runs `work` on `device`'s worker (with its stream current, as requests run) and waits.
+  template <typename Work>
+  auto OnWorker(const c10::Device& device, Work work) -> decltype(work()) {
+    using Result = decltype(work());
+    auto done = std::make_shared<std::promise<Result>>();
+    auto future = done->get_future();
+    Status submitted = devices_->worker(device).Submit([done, &work](bool run) {
+      if (!run) return;
+      done->set_value(work());
+    });
+    EXPECT_TRUE(submitted.ok()) << submitted.ToString();
+    return future.get();
+  }
+
+  static RouteOptions Small() {
+    RouteOptions o;
+    o.width = 64;
+    o.height = 64;
+    o.images = 2;
+    o.steps = 3;
+    return o;
+  }
+
+  static uint64_t FileBytes(const std::string& dir) {
+    uint64_t total = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      if (f.path().extension() == ".pt") total += f.file_size();
+    }
+    return total;
+  }
+
+  const ReplicaStatus* ReplicaOn(PipelineRegistry& registry, const std::string& name,
+                                 const std::string& device) {
+    statuses_ = registry.ListLoaded();
+    for (const auto& p : statuses_) {
+      if (p.name != name) continue;
+      for (const auto& r : p.replicas) {
+        if (r.device == device) return &r;
+      }
+    }
+    return nullptr;
+  }
+
+  std::unique_ptr<DevicePool> devices_;
+  std::vector<PipelineStatus> statuses_;
+};
+
+TEST_F(PoolGpuTest, ReplicasOnTwoGpusServeConcurrentlyEachOnItsDevice) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  const std::string name = Exported("tiny-nf4") ? "tiny-nf4" : "tiny";
+  auto registry = MakeRegistry();
+  for (const auto& device : {kGpu0, kGpu1}) {
+    auto loaded = OnWorker(device, [&] { return registry->Load(name, device); });
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  }
+  ASSERT_NE(ReplicaOn(*registry, name, "cuda:0"), nullptr);
+  ASSERT_NE(ReplicaOn(*registry, name, "cuda:1"), nullptr);
+
+  // Two requests at once go to the two idle replicas; a third waits behind one of them.
+  auto first = registry->Acquire(name, Small());
+  auto second = registry->Acquire(name, Small());
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ((*first)->route().reason, "idle");
+  EXPECT_EQ((*second)->route().reason, "idle");
+  EXPECT_NE((*first)->pipeline().device(), (*second)->pipeline().device());
+  {
+    auto third = registry->Acquire(name, Small());
+    ASSERT_TRUE(third.ok());
+    EXPECT_EQ((*third)->route().reason, "least-loaded");
+  }
+
+  // Both run at the same time, each on its own worker: no device mismatch anywhere.
+  std::vector<std::future<StatusOr<GenerateOutput>>> runs;
+  for (auto* lease : {first->get(), second->get()}) {
+    auto done = std::make_shared<std::promise<StatusOr<GenerateOutput>>>();
+    runs.push_back(done->get_future());
+    ASSERT_TRUE(lease->worker()
+                    .Submit([done, lease](bool run) {
+                      if (run) done->set_value(lease->pipeline().Generate(Params(), nullptr, nullptr));
+                    })
+                    .ok());
+  }
+  auto a = runs[0].get();
+  auto b = runs[1].get();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(a->images.size(), 2u);
+  // Same model, seed and kernels on two identical GPUs: the same bytes.
+  for (size_t i = 0; i < a->images.size(); ++i) EXPECT_EQ(a->images[i].png, b->images[i].png);
+  first->reset();
+  second->reset();
+
+  const auto counters = registry->Counters();
+  EXPECT_EQ(counters.routed.at({name, "cuda:0", "idle"}) + counters.routed.at({name, "cuda:1", "idle"}), 2u);
+  EXPECT_EQ(counters.queued.at(name), 0);
+  for (const auto& device : {kGpu0, kGpu1}) {
+    auto unloaded = OnWorker(device, [&] { return registry->Unload(name, device); });
+    ASSERT_TRUE(unloaded.ok()) << unloaded.status().ToString();
+    EXPECT_EQ(unloaded->leaked_bytes, 0u);
+  }
+  std::cout << "[ pool ] two replicas of " << name
+            << " generated concurrently on cuda:0 and cuda:1 with identical PNGs" << std::endl;
+}
+
+TEST_F(PoolGpuTest, ASmallBudgetEvictsTheLeastRecentlyUsedIdlePipeline) {
+  if (!Exported("tiny-nf4") || !Exported("tiny-int8")) GTEST_SKIP() << "quantized tiny not exported";
+  // The budget holds the larger pipeline's component files and no more: loading it evicts the
+  // other one, which is idle.
+  std::string small = "tiny-nf4", large = "tiny-int8";
+  if (FileBytes(repo_ + "/" + small) > FileBytes(repo_ + "/" + large)) std::swap(small, large);
+  const uint64_t budget = FileBytes(repo_ + "/" + large) + 4096;
+  const uint64_t total = memory_.Read(kGpu0).total_bytes;
+  AdmissionOptions admission;
+  admission.memory_budget = static_cast<double>(budget) / static_cast<double>(total);
+  admission.default_working_bytes_per_pixel = 16;
+  auto registry = MakeRegistry(admission);
+
+  auto loaded = OnWorker(kGpu0, [&] { return registry->Load(small, kGpu0); });
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const uint64_t small_bytes = ReplicaOn(*registry, small, "cuda:0")->device_bytes;
+  loaded = OnWorker(kGpu0, [&] { return registry->Load(large, kGpu0); });
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const uint64_t large_bytes = ReplicaOn(*registry, large, "cuda:0")->device_bytes;
+  EXPECT_EQ(ReplicaOn(*registry, small, "cuda:0")->residency, "host");
+  EXPECT_EQ(ReplicaOn(*registry, small, "cuda:0")->device_bytes, 0u);
+  EXPECT_EQ((registry->Counters().evictions.at({small, "cuda:0"})), 1u);
+
+  // A request of the evicted pipeline onloads it, evicting the other if both do not fit.
+  auto lease = registry->Acquire(small, Small());
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ((*lease)->route().reason, "onload");
+  auto output = OnWorker(kGpu0, [&]() -> StatusOr<GenerateOutput> {
+    RETURN_IF_ERROR(registry->Admit(**lease, Small()));
+    return (*lease)->pipeline().Generate(Params(), nullptr, nullptr);
+  });
+  ASSERT_TRUE(output.ok()) << output.status().ToString();
+  lease->reset();
+  const bool both_fit = small_bytes + large_bytes + 16ull * 64 * 64 * 2 <= budget;
+  EXPECT_EQ(ReplicaOn(*registry, large, "cuda:0")->residency, both_fit ? "device" : "host");
+  EXPECT_EQ(registry->Counters().evictions.count({large, "cuda:0"}), both_fit ? 0u : 1u);
+  EXPECT_LE(registry->AttributedBytes()["cuda:0"], budget) << "the budget held throughout";
+
+  // A budget smaller than one pipeline refuses the load with what was needed and what was free.
+  AdmissionOptions tiny_budget;
+  tiny_budget.memory_budget = 1024.0 / static_cast<double>(total);
+  auto refusing = MakeRegistry(tiny_budget);
+  auto refused = OnWorker(kGpu0, [&] { return refusing->Load(small, kGpu0); });
+  ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("budget"), std::string::npos)
+      << refused.status().message();
+  for (const auto& name : {small, large}) {
+    auto unloaded = OnWorker(kGpu0, [&] { return registry->Unload(name, kGpu0); });
+    ASSERT_TRUE(unloaded.ok()) << unloaded.status().ToString();
+    EXPECT_EQ(unloaded->leaked_bytes, 0u);
+  }
+  std::cout << "[ pool ] budget " << budget << " bytes on cuda:0: loading " << large << " ("
+            << large_bytes << " bytes) evicted " << small << " (" << small_bytes
+            << " bytes); its next request onloaded it"
+            << (both_fit ? " next to " : " and evicted ") << large << std::endl;
+}
+
+}  // namespace
+}  // namespace qpool

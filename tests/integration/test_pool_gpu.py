@@ -1,0 +1,102 @@
+"""The pool on two GPUs, through a real server: a pipeline with a replica on each GPU serves
+concurrent requests on both, and a request that runs out of memory on one GPU is retried on the
+other. Skips without two GPUs."""
+
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+import yaml
+
+from conftest import Client, QpoolServer, parse_samples, scrape
+from test_request_metrics import FILLER
+
+
+def gpu_count():
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
+
+
+pytestmark = pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs")
+
+
+@pytest.fixture(scope="module")
+def client(server_bin, source_repository, pb, tmp_path_factory):
+    from conftest import copy_pipeline
+
+    workdir = tmp_path_factory.mktemp("qpool_pool_gpu")
+    repository = workdir / "models"
+    repository.mkdir()
+    copy_pipeline(source_repository, repository, "tiny")
+    path = repository / "tiny" / "pipeline.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest.setdefault("placement", {}).update(device="cuda:0,cuda:1", replicas="all")
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    server = QpoolServer(server_bin, repository, workdir, load="tiny", device="cuda")
+    server.start()
+    client = Client(server, pb)
+    yield client
+    client.close()
+    assert server.stop() == 0, server.stderr_text()
+
+
+def test_one_replica_per_gpu(client):
+    info = client.pipelines()["tiny"]
+    assert [r.device for r in info.replicas] == ["cuda:0", "cuda:1"]
+    assert all(r.residency == "device" and r.device_bytes > 0 for r in info.replicas)
+
+
+def test_concurrent_requests_spread_over_both_gpus(client):
+    results, errors = [], []
+
+    def run(i):
+        try:
+            results.append(client.generate_one(pipeline="tiny", prompt=f"spread {i}", steps=20,
+                                               seed=i))
+        except grpc.RpcError as e:  # asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, [f"{e.code()}: {e.details()}" for e in errors]
+    devices = [r.device for r in results]
+    assert devices.count("cuda:0") >= 4 and devices.count("cuda:1") >= 4, devices
+    # The same seed gives the same bytes whichever GPU ran it.
+    by_seed = {}
+    for r in results:
+        by_seed.setdefault(r.seed, r)
+    a = client.generate_one(pipeline="tiny", prompt="spread 3", steps=20, seed=3)
+    assert a.images[0].png == by_seed[3].images[0].png
+
+
+def test_out_of_memory_on_one_gpu_is_retried_on_the_other(client):
+    pb2 = client.pb2
+    client.models.EmptyCache(pb2.EmptyCacheRequest(device="cuda:0"), timeout=30)
+    # Both replicas idle and equal: the router picks cuda:0 (lowest id), which the filler holds.
+    filler = subprocess.Popen([sys.executable, "-c", FILLER, "cuda:0"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert filler.stdout.readline().startswith("held")
+        result = client.generate_one(pipeline="tiny", prompt="too big for cuda:0", steps=1,
+                                     seed=2, width=256, height=256, num_images=4)
+    finally:
+        filler.kill()
+        filler.wait(timeout=30)
+    assert (result.device, result.route, result.attempts) == ("cuda:1", "retry-oom", 2)
+    assert len(result.images) == 4
+    report = client.models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=100), timeout=30)
+    ooms = [e for e in report.events if e.kind == "oom"]
+    assert [(e.device, e.pipeline) for e in ooms] == [("cuda:0", "tiny")]
+    samples = parse_samples(scrape(client))
+    assert samples[("qpool_request_retries_total", frozenset({("pipeline", "tiny")}))] == 1
+    # Both replicas keep serving.
+    info = client.pipelines()["tiny"]
+    assert [r.in_flight for r in info.replicas] == [0, 0]
