@@ -41,7 +41,7 @@ class Workload:
                       "a bowl of ramen, studio photo", "a city street in the rain")
     concurrency: int = 8
     requests: int = 48  # measured
-    warmup: int = 4     # per run, not measured
+    warmup: int = 16    # per run, not measured; sent with full concurrency so every replica warms
 
 
 @dataclasses.dataclass
@@ -71,18 +71,21 @@ def generate_once(pb, stub, workload, i):
 
 
 def run_closed_loop(pb, stub, workload):
-    """Runs warmup + requests with `concurrency` clients; returns (records, wall seconds)."""
-    for i in range(workload.warmup):
-        generate_once(pb, stub, workload, 10_000 + i)
-    next_index, lock, records = [0], threading.Lock(), []
+    """Runs warm-up then measured requests with `concurrency` clients; returns (measured records,
+    wall seconds of the measured part)."""
+    closed_loop(pb, stub, workload, range(10_000, 10_000 + workload.warmup))
+    return closed_loop(pb, stub, workload, range(workload.requests))
+
+
+def closed_loop(pb, stub, workload, indices):
+    pending, lock, records = list(reversed(indices)), threading.Lock(), []
 
     def client():
         while True:
             with lock:
-                i = next_index[0]
-                if i >= workload.requests:
+                if not pending:
                     return
-                next_index[0] += 1
+                i = pending.pop()
             record = generate_once(pb, stub, workload, i)
             with lock:
                 records.append(record)
@@ -125,7 +128,7 @@ def main():
     ap.add_argument("--configs", default="1gpu,2gpu")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--height", type=int, default=512)
     ap.add_argument("--steps", type=int, default=30)

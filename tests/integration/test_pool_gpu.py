@@ -69,12 +69,13 @@ def test_concurrent_requests_spread_over_both_gpus(client):
     assert not errors, [f"{e.code()}: {e.details()}" for e in errors]
     devices = [r.device for r in results]
     assert devices.count("cuda:0") >= 4 and devices.count("cuda:1") >= 4, devices
-    # The same seed gives the same bytes whichever GPU ran it.
-    by_seed = {}
-    for r in results:
-        by_seed.setdefault(r.seed, r)
-    a = client.generate_one(pipeline="tiny", prompt="spread 3", steps=20, seed=3)
-    assert a.images[0].png == by_seed[3].images[0].png
+    # Alone, a request goes to the idle replica with the lowest id (cuda:0), and gives the bytes
+    # that cuda:0 gave under load.
+    on_gpu0 = next(r for r in results if r.device == "cuda:0")
+    alone = client.generate_one(pipeline="tiny", prompt=f"spread {on_gpu0.seed}", steps=20,
+                                seed=on_gpu0.seed)
+    assert (alone.device, alone.route) == ("cuda:0", "idle")
+    assert alone.images[0].png == on_gpu0.images[0].png
 
 
 def test_out_of_memory_on_one_gpu_is_retried_on_the_other(client):
