@@ -54,7 +54,8 @@ void Connection::Prepare(grpc::ClientContext* context) const {
 
 int Connection::Fail(const grpc::Status& status) const {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    std::cerr << "cannot reach qpool-server at " << options_.server << ": "
+    // Connected, then UNAVAILABLE: the server is draining, stopping, or moving the pipeline.
+    std::cerr << "qpool-server at " << options_.server << " is unavailable: "
               << status.error_message() << "\n";
     return kExitUnreachable;
   }

@@ -23,7 +23,8 @@ class Connection {
   void Prepare(grpc::ClientContext* context) const;
 
   // Prints a failed status to stderr and returns the exit code: kExitUnreachable for
-  // UNAVAILABLE ("cannot reach ..."), else kExitRpcError ("error: <CODE>: <message>").
+  // UNAVAILABLE ("qpool-server at ... is unavailable: <message>", e.g. while it drains), else
+  // kExitRpcError ("error: <CODE>: <message>").
   int Fail(const grpc::Status& status) const;
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }

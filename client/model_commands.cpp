@@ -32,9 +32,24 @@ json ComponentJson(const v1::ComponentInfo& c) {
           {"other_bytes", c.other_bytes()}};
 }
 
+// Every replica's device, "cuda:0,cuda:1"; the pipeline's device when it reports no replicas.
+std::string Devices(const v1::PipelineInfo& p) {
+  std::string out;
+  for (const auto& r : p.replicas()) out += (out.empty() ? "" : ",") + r.device();
+  return out.empty() ? p.device() : out;
+}
+
 json PipelineJson(const v1::PipelineInfo& p) {
   json components = json::array();
   for (const auto& c : p.components()) components.push_back(ComponentJson(c));
+  json replicas = json::array();
+  for (const auto& r : p.replicas()) {
+    replicas.push_back({{"device", r.device()},
+                        {"residency", r.residency()},
+                        {"in_flight", r.in_flight()},
+                        {"device_bytes", r.device_bytes()},
+                        {"host_bytes", r.host_bytes()}});
+  }
   return {{"name", p.name()},
           {"kind", p.kind()},
           {"state", StateName(p.state())},
@@ -45,7 +60,9 @@ json PipelineJson(const v1::PipelineInfo& p) {
           {"default_width", p.default_width()},
           {"default_height", p.default_height()},
           {"schedulers", std::vector<std::string>(p.schedulers().begin(), p.schedulers().end())},
-          {"components", components}};
+          {"components", components},
+          {"replicas", replicas},
+          {"max_queue", p.max_queue()}};
 }
 
 uint64_t PipelineBytes(const v1::PipelineInfo& p) {
@@ -79,7 +96,7 @@ int RunList(const ParsedArgs& args, const Connection& connection) {
   Table table({"NAME", "KIND", "STATE", "DEVICE", "IN_FLIGHT", "SIZE", "DEFAULTS", "SCHEDULERS"});
   for (const auto& p : response.pipelines()) {
     const bool loaded = p.state() == v1::PIPELINE_STATE_LOADED;
-    table.AddRow({p.name(), p.kind(), StateName(p.state()), p.device(), std::to_string(p.in_flight()),
+    table.AddRow({p.name(), p.kind(), StateName(p.state()), Devices(p), std::to_string(p.in_flight()),
                   loaded ? FormatBytes(PipelineBytes(p)) : "",
                   p.default_steps() ? std::to_string(p.default_steps()) + " steps " +
                                           std::to_string(p.default_width()) + "x" +
@@ -115,9 +132,9 @@ int RunLoad(const ParsedArgs& args, const Connection& connection) {
     return kExitOk;
   }
   if (response.already_loaded()) {
-    std::cout << request.name() << " was already loaded on " << p.device() << "\n";
+    std::cout << request.name() << " was already loaded on " << Devices(p) << "\n";
   } else {
-    std::cout << "loaded " << request.name() << " on " << p.device() << " in "
+    std::cout << "loaded " << request.name() << " on " << Devices(p) << " in "
               << FormatFixed(response.load_seconds(), 2) << " s (" << p.components_size()
               << " components, " << FormatBytes(PipelineBytes(p)) << ")\n";
   }

@@ -1,9 +1,12 @@
 // qpool-server: serves the pipelines of a model repository over gRPC.
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <future>
 #include <iostream>
+#include <thread>
 
 #include <ATen/Parallel.h>
 #include <torch/version.h>
@@ -23,6 +26,7 @@
 #include "pool/device_pool.h"
 #include "pool/pipeline_registry.h"
 #include "pool/pool_metrics.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 namespace {
@@ -46,6 +50,88 @@ void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineReg
         [&](const qpool::Status&) { done.set_value(); });  // Load logs its own errors
     done.get_future().wait();
   }
+}
+
+// Note [Drain]
+// On SIGTERM/SIGINT the server drains, within --drain-seconds (default 25 s, inside Kubernetes'
+// default 30 s grace period):
+//   1. health (grpc.health.v1: "" and each service) goes NOT_SERVING and new Generate/Encode
+//      calls get UNAVAILABLE "the server is draining ..." from our own code (PipelineCall), while
+//      the port stays open. gRPC's Shutdown is not the first step because it closes the listener
+//      and sends GOAWAY: a probe or a new call would then see only a refused connection
+//      (UNAVAILABLE with a transport message), never NOT_SERVING nor why. With the port open,
+//      readiness probes observe NOT_SERVING and clients get a retryable UNAVAILABLE that says
+//      what happens. WatchMemory streams, which never end by themselves, end with UNAVAILABLE.
+//   2. The requests in flight (queued or running: the registry's in-flight counts) run until
+//      none is left or the time is up.
+//   3. gRPC's Shutdown closes the port and waits, until the same deadline, for the calls still
+//      open (the last writes of a finished Generate, admin calls), then cancels the rest: a
+//      running Generate stops at its next denoising step and frees its memory, a queued one ends
+//      when the worker reaches it; its client sees UNAVAILABLE or CANCELLED.
+// main then stops the idle offloader, unloads every pipeline on its device's worker with the
+// usual leak check (the last memory events and logs say what was given back) and exits 0. A
+// health Watch stream that a client keeps open holds step 3 until the deadline.
+
+// Requests queued or running on every loaded pipeline.
+int InFlight(qpool::PipelineRegistry& registry) {
+  int n = 0;
+  for (const auto& p : registry.ListLoaded()) n += static_cast<int>(p.in_flight);
+  return n;
+}
+
+// Steps 1 to 3 of Note [Drain]; `draining` is the flag the services check.
+void Drain(qpool::api::GrpcServer& server, qpool::PipelineRegistry& registry,
+           std::atomic<bool>& draining, int drain_seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::seconds(drain_seconds);
+  // The same instant on the clock gRPC takes (steady time cannot jump while we wait).
+  const auto grpc_deadline = std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds);
+  draining = true;
+  server.SetServing(false);
+  int left = InFlight(registry);
+  qpool::log::Info("draining: health NOT_SERVING, new requests refused; ", left,
+                   " request(s) in flight get up to ", drain_seconds, " s");
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    left = InFlight(registry);
+  }
+  if (left > 0) {
+    qpool::log::Warn("drain time is up: cancelling ", left, " request(s) still in flight");
+  } else {
+    qpool::log::Info("drained: no request in flight after ", qpool::SecondsSince(start), " s");
+  }
+  server.Shutdown(grpc_deadline);
+  qpool::log::Info("gRPC server stopped ", qpool::SecondsSince(start), " s after the signal");
+}
+
+// Unloads every loaded pipeline, each replica on its device's worker (Note [Leak check]), and
+// waits; failures are logged.
+void UnloadAll(qpool::PipelineRegistry& registry, qpool::DevicePool& devices) {
+  std::vector<std::string> unloaded;
+  for (const auto& pipeline : registry.ListLoaded()) {
+    const std::string& name = pipeline.name;
+    auto replicas = registry.BeginUnload(name);
+    if (!replicas.ok()) {
+      qpool::log::Warn("not unloading '", name, "' at exit: ", replicas.status().message());
+      continue;
+    }
+    std::promise<qpool::Status> done;
+    devices.RunInTurn(
+        *replicas,
+        [&](const c10::Device& device) { return registry.Unload(name, device).status(); },
+        [&](const qpool::Status& status) { done.set_value(status); });  // Unload logs each
+    const qpool::Status status = done.get_future().get();
+    registry.EndUnload(name);
+    if (status.ok()) {
+      unloaded.push_back(name);
+    } else {
+      qpool::log::Warn("unloading '", name, "' at exit failed: ", status.message());
+    }
+  }
+  std::string names;
+  for (const auto& name : unloaded) names += (names.empty() ? "" : ", ") + name;
+  qpool::log::Info("unloaded ", unloaded.size(), " pipeline(s) at exit",
+                   unloaded.empty() ? "" : ": ", names);
 }
 
 int Run(int argc, char** argv) {
@@ -107,12 +193,13 @@ int Run(int argc, char** argv) {
     metrics_server = std::move(started).value();
   }
 
+  std::atomic<bool> draining{false};
   qpool::api::GrpcServerOptions grpc_options;
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
   auto server = qpool::api::GrpcServer::Start(
-      grpc_options,
-      qpool::api::EngineRefs{&registry, devices->get(), &memory, &events, &request_metrics});
+      grpc_options, qpool::api::EngineRefs{&registry, devices->get(), &memory, &events,
+                                           &request_metrics, &draining});
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";
     return 1;
@@ -127,10 +214,10 @@ int Run(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  qpool::log::Info("signal ", signal_number, ": draining for up to ", options->drain_seconds,
-                   " s");
-  (*server)->Shutdown(options->drain_seconds);
+  qpool::log::Info(signal_number == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down");
+  Drain(**server, registry, draining, options->drain_seconds);
   idle.Stop();
+  UnloadAll(registry, **devices);
   (*devices)->Stop();
   if (metrics_server) metrics_server->Stop();
   qpool::log::Info("stopped");

@@ -5,8 +5,10 @@
 namespace qpool::api {
 
 EncodeReactor::EncodeReactor(const EngineRefs& engine, const v1::EncodeRequest& request,
-                             v1::EncodeResponse* response)
+                             v1::EncodeResponse* response,
+                             std::chrono::system_clock::time_point deadline)
     : call_(engine, RequestRpc::kEncode), response_(response) {
+  call_.set_deadline(deadline);
   Status queued = Queue(request);
   if (!queued.ok()) Reply(ToGrpc(queued));
 }
@@ -35,6 +37,11 @@ void EncodeReactor::Run(bool run) {
   if (!started.ok() && call_.RetryElsewhere(started, [this](bool run) { Run(run); })) return;
   if (!started.ok()) {
     Reply(ToGrpc(started));
+    return;
+  }
+  if (call_.DeadlinePassed()) {
+    Reply(ToGrpc(
+        call_.StoppedStatus(StrCat("while it waited ", call_.queue_seconds(), " s in the queue"))));
     return;
   }
   SdPipeline& pipeline = call_.pipeline();

@@ -1,6 +1,7 @@
 // EncodeReactor: one unary Encode call, from validation to its reply.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,9 @@ class EncodeReactor final : public grpc::ServerUnaryReactor {
  public:
   // `engine.registry` must be set; the other members may be null (RequestRecorder). `response`
   // is gRPC's and stays valid until OnDone.
+  // Past `deadline` (the call's), a request that has not started gets DEADLINE_EXCEEDED.
   EncodeReactor(const EngineRefs& engine, const v1::EncodeRequest& request,
-                v1::EncodeResponse* response);
+                v1::EncodeResponse* response, std::chrono::system_clock::time_point deadline);
 
   void OnDone() override;
 

@@ -1,6 +1,8 @@
 // EngineRefs: the engine objects the gRPC services use.
 #pragma once
 
+#include <atomic>
+
 #include "api/request_metrics.h"
 #include "memory/device_memory.h"
 #include "memory/memory_event_log.h"
@@ -16,6 +18,9 @@ struct EngineRefs {
   const DeviceMemory* memory = nullptr;
   MemoryEventLog* events = nullptr;
   RequestMetrics* requests = nullptr;  // null: requests are not measured
+  // Set when the server drains (Note [Drain] in main.cpp): new Generate and Encode calls get
+  // UNAVAILABLE and WatchMemory streams end. Null: never drains.
+  const std::atomic<bool>* draining = nullptr;
 };
 
 }  // namespace qpool::api

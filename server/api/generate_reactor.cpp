@@ -5,8 +5,10 @@
 #include "util/log.h"
 
 namespace qpool::api {
-GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateRequest& request)
+GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateRequest& request,
+                                 std::chrono::system_clock::time_point deadline)
     : call_(engine, RequestRpc::kGenerate) {
+  call_.set_deadline(deadline);
   Status queued = Queue(request);
   if (!queued.ok()) FinishAfterWrites(ToGrpc(queued));
 }
@@ -36,8 +38,9 @@ void GenerateReactor::Run(bool run) {
     FinishAfterWrites(ToGrpc(started));
     return;
   }
-  if (cancelled_) {
-    FinishAfterWrites(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
+  if (cancelled_ || call_.DeadlinePassed()) {
+    FinishAfterWrites(ToGrpc(
+        call_.StoppedStatus(StrCat("while it waited ", call_.queue_seconds(), " s in the queue"))));
     return;
   }
   SdPipeline& pipeline = call_.pipeline();
@@ -52,14 +55,25 @@ void GenerateReactor::Run(bool run) {
     p->set_elapsed_seconds(SecondsSince(start));
     Push(std::move(message));
   };
-  auto output = pipeline.Generate(params_, progress, [this] { return cancelled_.load(); });
+  int steps_done = 0;
+  auto output = pipeline.Generate(params_, progress, [this, &steps_done] {
+    if (!cancelled_.load() && !call_.DeadlinePassed()) {
+      ++steps_done;
+      return false;
+    }
+    return true;
+  });
+  if (output.status().code() == StatusCode::kCancelled) {
+    output = call_.StoppedStatus(StrCat("after ", steps_done, " of ", params_.steps, " steps"));
+  }
   const std::string device = pipeline.device().str();
   call_.End(output.status());
   if (!output.ok() && call_.RetryElsewhere(output.status(), [this](bool run) { Run(run); })) {
     return;  // runs again on another device
   }
   if (!output.ok()) {
-    if (output.status().code() != StatusCode::kCancelled) {
+    if (output.status().code() != StatusCode::kCancelled &&
+        output.status().code() != StatusCode::kDeadlineExceeded) {
       log::Warn("Generate failed: ", output.status().ToString());
     }
     FinishAfterWrites(ToGrpc(output.status()));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -25,7 +26,10 @@ namespace qpool::api {
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   // `engine.registry` must be set; the other members may be null (RequestRecorder).
-  GenerateReactor(const EngineRefs& engine, const v1::GenerateRequest& request);
+  // `deadline` is the call's (its context's deadline()): past it, the request stops at the next
+  // denoising step, or before it starts, with DEADLINE_EXCEEDED.
+  GenerateReactor(const EngineRefs& engine, const v1::GenerateRequest& request,
+                  std::chrono::system_clock::time_point deadline);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override { cancelled_ = true; }

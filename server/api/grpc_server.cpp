@@ -3,8 +3,6 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <chrono>
-
 #include "util/log.h"
 
 namespace qpool::api {
@@ -41,9 +39,9 @@ void GrpcServer::SetServing(bool serving) {
   }
 }
 
-void GrpcServer::Shutdown(int drain_seconds) {
+void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   SetServing(false);
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
+  server_->Shutdown(deadline);
 }
 
 }  // namespace qpool::api

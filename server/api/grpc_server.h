@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -27,8 +28,10 @@ class GrpcServer {
   const std::string& address() const { return address_; }
   // Marks every service SERVING (or NOT_SERVING) in grpc.health.v1.
   void SetServing(bool serving);
-  // Stops accepting calls; in-flight calls get until `drain_seconds` before being cancelled.
-  void Shutdown(int drain_seconds);
+  // Marks every service NOT_SERVING, closes the port and lets the calls in flight finish until
+  // `deadline`, then cancels the rest (a Generate stops at its next denoising step). Returns
+  // when every call has finished (Note [Drain] in main.cpp).
+  void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
   explicit GrpcServer(EngineRefs engine) : inference_(engine), models_(engine) {}

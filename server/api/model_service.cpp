@@ -109,7 +109,7 @@ grpc::ServerUnaryReactor* ModelService::GetMemoryReport(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::MemoryEvent>* ModelService::WatchMemory(
     grpc::CallbackServerContext* context, const v1::WatchMemoryRequest* request) {
-  return new WatchMemoryReactor(*engine_.events, request->after_sequence());
+  return new WatchMemoryReactor(*engine_.events, request->after_sequence(), engine_.draining);
 }
 
 }  // namespace qpool::api

@@ -7,11 +7,15 @@
 namespace qpool::api {
 
 PipelineCall::PipelineCall(const EngineRefs& engine, RequestRpc rpc)
-    : registry_(*engine.registry), recorder_(engine, rpc) {}
+    : registry_(*engine.registry), draining_(engine.draining), recorder_(engine, rpc) {}
 
 StatusOr<std::shared_ptr<const PipelineManifest>> PipelineCall::Manifest(const std::string& name) {
   auto manifest = registry_.Manifest(name);
-  recorder_.SetPipeline(name, manifest.status());
+  recorder_.SetPipeline(name, manifest.status());  // labels from the registry's answer only
+  if (draining_ != nullptr && draining_->load()) {
+    return Unavailable("the server is draining before it stops; send the request to another "
+                       "replica of the service");
+  }
   return manifest;
 }
 
@@ -39,6 +43,11 @@ Status PipelineCall::Start(bool run) {
   }
   ++attempts_;
   last_device_ = lease_->pipeline().device().str();
+  if (DeadlinePassed()) {  // before Admit: no eviction for a request that will not run
+    lease_.reset();
+    return StoppedStatus(StrCat("while it waited ", recorder_.seconds_since_arrival(),
+                                " s in the queue"));
+  }
   Status admitted = registry_.Admit(*lease_, options_);
   if (!admitted.ok()) {
     lease_.reset();
@@ -54,6 +63,14 @@ void PipelineCall::End(const Status& status) {
     registry_.ObserveWorkingMemory(name_, options_, recorder_.working_bytes());
   }
   lease_.reset();
+}
+
+Status PipelineCall::StoppedStatus(const std::string& where) const {
+  if (DeadlinePassed()) return DeadlineExceeded(StrCat("the request's deadline passed ", where));
+  if (draining_ != nullptr && draining_->load()) {
+    return Cancelled(StrCat("request cancelled: the server's drain time ran out ", where));
+  }
+  return Cancelled(StrCat("request cancelled by the client ", where));
 }
 
 bool PipelineCall::RetryElsewhere(const Status& failure, DeviceWorker::Task task) {

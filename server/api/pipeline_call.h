@@ -5,6 +5,7 @@
 
 #include <grpcpp/support/status_code_enum.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -27,7 +28,7 @@ class PipelineCall {
   PipelineCall(const EngineRefs& engine, RequestRpc rpc);
 
   // The manifest of the loaded pipeline `name`, to resolve the request against; an error labels
-  // the request as Acquire's would.
+  // the request as Acquire's would. Unavailable while the server drains.
   StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
   // Leases the replica the pool routes the request to (PipelineRegistry::Acquire's errors).
   Status Acquire(const std::string& name, RouteOptions options);
@@ -59,11 +60,20 @@ class PipelineCall {
   // Runs started: 2 after a retry.
   int attempts() const { return attempts_; }
 
+  // The call's gRPC deadline (none by default).
+  void set_deadline(std::chrono::system_clock::time_point deadline) { deadline_ = deadline; }
+  // Whether the deadline has passed.
+  bool DeadlinePassed() const { return std::chrono::system_clock::now() >= deadline_; }
+  // The status of a call that stopped because it was cancelled: DeadlineExceeded when its
+  // deadline passed (gRPC cancels such calls too), else Cancelled; `where` says when it stopped.
+  Status StoppedStatus(const std::string& where) const;
+
   // Records the call once, with the code it finished with.
   void Finish(grpc::StatusCode code) { recorder_.Finish(code); }
 
  private:
   PipelineRegistry& registry_;
+  const std::atomic<bool>* draining_;
   RequestRecorder recorder_;
   std::unique_ptr<PipelineLease> lease_;
   std::string name_;
@@ -71,6 +81,7 @@ class PipelineCall {
   std::string route_;
   std::string last_device_;  // of the last Start
   int attempts_ = 0;
+  std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
 };
 
 }  // namespace qpool::api

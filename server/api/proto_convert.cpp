@@ -18,6 +18,7 @@ grpc::Status ToGrpc(const Status& status) {
     case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
     case StatusCode::kInternal: code = grpc::StatusCode::INTERNAL; break;
     case StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
+    case StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
   }
   return grpc::Status(code, status.message());
 }

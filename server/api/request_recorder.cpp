@@ -29,6 +29,8 @@ void RequestRecorder::RunStarted(const c10::Device& device) {
   }
 }
 
+double RequestRecorder::seconds_since_arrival() const { return SecondsSince(arrived_); }
+
 void RequestRecorder::RunEnded(const Status& status) {
   if (!device_) return;
   const DeviceMemoryStats after =

@@ -46,6 +46,8 @@ class RequestRecorder {
   void RunStarted(const c10::Device& device);
   // Right after the pipeline run that returned `status` (Note [Request memory]).
   void RunEnded(const Status& status);
+  // Seconds since the request arrived.
+  double seconds_since_arrival() const;
   // Seconds from arrival to the first RunStarted (0 before it).
   double queue_seconds() const { return queue_seconds_; }
   // Working memory of the last run if it succeeded on a GPU, else 0 (Note [Request memory]).

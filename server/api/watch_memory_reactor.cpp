@@ -4,16 +4,18 @@
 
 namespace qpool::api {
 
-WatchMemoryReactor::WatchMemoryReactor(const MemoryEventLog& log, uint64_t after_sequence)
-    : log_(log), after_(after_sequence) {
+WatchMemoryReactor::WatchMemoryReactor(const MemoryEventLog& log, uint64_t after_sequence,
+                                       const std::atomic<bool>* draining)
+    : log_(log), after_(after_sequence), draining_(draining) {
   thread_ = std::thread([this] { Run(); });
 }
 
 void WatchMemoryReactor::Run() {
   // 0 = only events from now on.
   uint64_t after = after_ == 0 ? log_.last_sequence() : after_;
-  auto stop = [this] { return stopped_.load(); };
-  while (!stopped_) {
+  auto draining = [this] { return draining_ != nullptr && draining_->load(); };
+  auto stop = [this, &draining] { return stopped_.load() || draining(); };
+  while (!stop()) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     if (!log_.WaitFor(after, deadline, stop)) continue;
     const uint64_t first = log_.first_available();
@@ -30,7 +32,9 @@ void WatchMemoryReactor::Run() {
   }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !writing_; });
-  Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch ended"));
+  Finish(draining() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "the server is draining before it stops; watch another replica")
+                    : grpc::Status(grpc::StatusCode::CANCELLED, "watch ended"));
 }
 
 void WatchMemoryReactor::OnWriteDone(bool ok) {

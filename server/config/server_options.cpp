@@ -54,7 +54,10 @@ std::string ServerUsage() {
                            used first, or the load/request fails (default 0.9)
   --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
   --max-message-mb N       largest gRPC message in MiB (default 64)
-  --drain-seconds N        time in-flight requests get on SIGTERM (default 30)
+  --drain-seconds N        on SIGTERM/SIGINT: health NOT_SERVING, new requests UNAVAILABLE,
+                           in-flight ones get N s to finish and are cancelled after that;
+                           then pipelines are unloaded and the server exits 0 (default 25:
+                           inside Kubernetes' default 30 s grace period)
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
   --log-level LEVEL        debug | info | warn | error (default info)
   --help                   this text

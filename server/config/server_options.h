@@ -28,8 +28,9 @@ struct ServerOptions {
   int max_queue = 64;
   // Largest request/response in MiB: a few 1024x1024 PNGs fit in the default.
   int max_message_mb = 64;
-  // Seconds in-flight requests get to finish on SIGTERM/SIGINT.
-  int drain_seconds = 30;
+  // Seconds in-flight requests get to finish on SIGTERM/SIGINT (Note [Drain] in main.cpp). 25
+  // stays inside Kubernetes' default 30 s grace period, leaving time to unload and exit.
+  int drain_seconds = 25;
   // Intra-op threads for CPU work (0 = PyTorch's default, one per core). Several servers or
   // test processes sharing a few cores run far faster with 1 each than oversubscribed.
   int cpu_threads = 0;

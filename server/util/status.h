@@ -21,6 +21,7 @@ enum class StatusCode {
   kUnavailable,
   kInternal,
   kUnauthenticated,
+  kDeadlineExceeded,
 };
 
 // Name of a code, e.g. "INVALID_ARGUMENT".
@@ -50,6 +51,9 @@ inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceEx
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 
 // Either a value or a non-OK Status.

@@ -192,7 +192,8 @@ class QpoolServer:
                 lines.put(line)
             lines.put(None)
 
-        threading.Thread(target=pump, daemon=True).start()
+        self.pump = threading.Thread(target=pump, daemon=True)
+        self.pump.start()
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -219,6 +220,16 @@ class QpoolServer:
             if match:
                 self.address = match.group(1)
                 return self
+
+    def wait(self, timeout):
+        """Waits for the process to exit and its stdout to be read to the end; returns the exit
+        code, or None while it still runs after `timeout` s."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self.pump.join(timeout=10)
+        return code
 
     def stop(self):
         """SIGTERM, then the exit code (killing the process if it does not exit in time)."""
@@ -286,15 +297,17 @@ class Client:
 
 @pytest.fixture(scope="module")
 def make_server(server_bin, source_repository, pb, tmp_path_factory):
-    """Factory: make_server(pipelines=("tiny",), load="tiny", setup=None) -> Client.
+    """Factory: make_server(pipelines=("tiny",), load="tiny", setup=None, extra_args=()) ->
+    Client.
 
     `pipelines` are copied from the test repository (a tuple (name, as_name) copies under
-    another name); `setup(repository_path)` may add more (e.g. broken ones) before start.
-    Servers stop at module teardown with SIGTERM; each must exit with code 0.
+    another name); `setup(repository_path)` may add more (e.g. broken ones) before start;
+    `extra_args` are more server flags. Servers stop at module teardown with SIGTERM (a test may
+    stop its own first: client.server); each must exit with code 0.
     """
     started, clients = [], []
 
-    def factory(pipelines=("tiny",), load="all", setup=None):
+    def factory(pipelines=("tiny",), load="all", setup=None, extra_args=()):
         workdir = tmp_path_factory.mktemp("qpool_server")
         repository = workdir / "models"
         repository.mkdir()
@@ -303,7 +316,7 @@ def make_server(server_bin, source_repository, pb, tmp_path_factory):
             copy_pipeline(source_repository, repository, name, as_name)
         if setup is not None:
             setup(repository)
-        server = QpoolServer(server_bin, repository, workdir, load=load)
+        server = QpoolServer(server_bin, repository, workdir, load=load, extra_args=extra_args)
         started.append(server)
         server.start()
         clients.append(Client(server, pb))
@@ -335,6 +348,22 @@ def rpc_error(call, *args, **kwargs):
         if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
             list(result)
     return info.value
+
+
+def seconds_per_step(client, **fields):
+    """Denoising seconds per step of a request like `fields` (a warm 4-step run), to size the
+    requests a test needs still running when it acts."""
+    client.generate_one(steps=1, **fields)
+    result = client.generate_one(steps=4, **fields)
+    return result.timings.denoise_seconds / 4
+
+
+def wait_idle(client, name, timeout=10):
+    """Waits until pipeline `name` has no request in flight; returns its in-flight count."""
+    deadline = time.monotonic() + timeout
+    while client.pipelines()[name].in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return client.pipelines()[name].in_flight
 
 
 def scrape(client):

@@ -4,13 +4,12 @@ eviction under a budget and the retry after an out-of-memory error are GPU tests
 tests/integration/test_pool_gpu.py.)"""
 
 import threading
-import time
 
 import grpc
 import pytest
 import yaml
 
-from conftest import parse_samples, promtool_check, rpc_error, scrape
+from conftest import parse_samples, promtool_check, rpc_error, scrape, wait_idle
 
 CLIENTS = 64
 
@@ -52,13 +51,6 @@ def run_concurrently(count, call):
     for t in threads:
         t.join(timeout=600)
     return results, errors
-
-
-def wait_idle(client, name, timeout=10):
-    deadline = time.monotonic() + timeout
-    while client.pipelines()[name].in_flight and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return client.pipelines()[name].in_flight
 
 
 def test_many_concurrent_clients_get_their_own_results(client):

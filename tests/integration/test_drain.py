@@ -1,0 +1,163 @@
+"""Graceful drain on SIGTERM (Note [Drain] in server/main.cpp), as a client sees it: health goes
+NOT_SERVING and new requests get UNAVAILABLE while the port stays open, requests in flight
+finish (or are cancelled at --drain-seconds), every pipeline is unloaded and the process exits 0.
+Each test starts its own server and stops it itself."""
+
+import math
+import signal
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+
+from conftest import rpc_error, seconds_per_step
+
+# The long request: the largest size `tiny` allows and two images, so that a step takes long
+# enough to act between steps (about 130 ms on one CPU thread).
+LONG = dict(pipeline="tiny", prompt="drain", width=256, height=256, num_images=2, seed=3)
+SERVICES = ("", "qpool.v1.InferenceService", "qpool.v1.ModelService")
+
+
+def long_request(client, seconds):
+    """A GenerateRequest that denoises for about `seconds`, or skips when `tiny` is too fast for
+    that on this device."""
+    per_step = seconds_per_step(client, **LONG)
+    steps = math.ceil(seconds / per_step)
+    if steps > 50:  # tiny's limits.max_steps
+        pytest.skip(f"tiny takes {per_step * 1000:.1f} ms a step here: too fast to drain mid-run")
+    return client.pb2.GenerateRequest(steps=steps, **LONG)
+
+
+def start_running(client, request):
+    """Starts `request` and returns its stream once the first progress event arrived (the
+    request is running on the worker)."""
+    stream = client.inference.Generate(request, timeout=120)
+    first = next(stream)
+    assert first.WhichOneof("event") == "progress"
+    return stream
+
+
+def health_statuses(client):
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    from grpc_health.v1 import health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(client.channel)
+    return {service: stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            for service in SERVICES}
+
+
+def wait_not_serving(client, timeout=5):
+    """Health statuses once every service is NOT_SERVING (or the last seen at the timeout)."""
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = health_statuses(client)
+        done = set(statuses.values()) == {health_pb2.HealthCheckResponse.NOT_SERVING}
+        if done or time.monotonic() > deadline:
+            return statuses
+        time.sleep(0.02)
+
+
+def log_has(server, text):
+    return any(text in line for line in server.stdout_lines)
+
+
+def test_sigterm_finishes_in_flight_requests_then_unloads_and_exits_0(make_server):
+    client = make_server(pipelines=("tiny",), load="tiny")
+    server = client.server
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    assert set(health_statuses(client).values()) == {health_pb2.HealthCheckResponse.SERVING}
+    request = long_request(client, seconds=3)
+    stream = start_running(client, request)
+    # A second request waits in the queue behind the running one: it is in flight too.
+    queued = {}
+    queued_thread = threading.Thread(target=lambda: queued.update(result=client.generate_one(
+        pipeline="tiny", prompt="queued", steps=2, seed=4)))
+    queued_thread.start()
+    deadline = time.monotonic() + 10
+    while client.pipelines()["tiny"].in_flight < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.pipelines()["tiny"].in_flight == 2
+
+    server.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    # The port stays open: probes see NOT_SERVING, new calls a clear UNAVAILABLE.
+    statuses = wait_not_serving(client)
+    assert set(statuses.values()) == {health_pb2.HealthCheckResponse.NOT_SERVING}, statuses
+    refused = rpc_error(client.generate, pipeline="tiny", prompt="too late", steps=1)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused.details()
+    assert "draining" in refused.details(), refused.details()
+    encode = rpc_error(client.inference.Encode,
+                       client.pb2.EncodeRequest(pipeline="tiny", prompts=["too late"]), timeout=10)
+    assert encode.code() == grpc.StatusCode.UNAVAILABLE, encode.details()
+    # ListPipelines still answers while the requests run.
+    assert client.pipelines()["tiny"].in_flight >= 1
+    assert stream.is_active(), "the long request ended before the checks: make it longer"
+
+    # Both requests in flight complete with their images.
+    rest = list(stream)
+    assert rest[-1].WhichOneof("event") == "result", "the in-flight request did not complete"
+    assert [image.png[:4] for image in rest[-1].result.images] == [b"\x89PNG"] * 2
+    assert len([r for r in rest if r.WhichOneof("event") == "progress"]) == request.steps - 1
+    queued_thread.join(timeout=30)
+    assert queued["result"].images[0].png.startswith(b"\x89PNG")
+
+    code = server.wait(timeout=25 + 5)
+    took = time.monotonic() - signalled
+    assert code == 0, server.stderr_text()
+    assert took < 25, f"exited {took:.1f} s after SIGTERM, past --drain-seconds' default 25 s"
+    assert log_has(server, "drained: no request in flight"), server.stdout_lines[-20:]
+    assert log_has(server, "unloaded pipeline 'tiny' from"), server.stdout_lines[-20:]
+    assert log_has(server, "unloaded 1 pipeline(s) at exit: tiny"), server.stdout_lines[-20:]
+
+
+def test_requests_still_running_at_the_drain_deadline_are_cancelled(make_server):
+    client = make_server(pipelines=("tiny",), load="tiny", extra_args=("--drain-seconds", "1"))
+    server = client.server
+    # Runs well past the 1 s the drain gives it.
+    stream = start_running(client, long_request(client, seconds=4))
+
+    server.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    error = rpc_error(list, stream)
+    ended = time.monotonic() - signalled
+    assert error.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), \
+        f"{error.code()}: {error.details()}"
+    assert ended < 3, f"the request ended {ended:.1f} s after SIGTERM with --drain-seconds 1"
+
+    code = server.wait(timeout=10)
+    took = time.monotonic() - signalled
+    assert code == 0, server.stderr_text()
+    assert took < 4, f"exited {took:.1f} s after SIGTERM with --drain-seconds 1"
+    assert log_has(server, "drain time is up: cancelling 1 request(s)"), server.stdout_lines[-20:]
+    # The cancelled request let go of the pipeline: the unload found nothing in flight.
+    assert log_has(server, "unloaded 1 pipeline(s) at exit: tiny"), server.stdout_lines[-20:]
+
+
+def test_watch_memory_does_not_hold_the_drain(make_server):
+    client = make_server(pipelines=("tiny",), load="tiny")
+    server = client.server
+    watch = client.models.WatchMemory(client.pb2.WatchMemoryRequest(), timeout=60)
+    # The stream is open once ListPipelines on the same channel answers after it.
+    client.pipelines()
+    time.sleep(0.2)
+
+    server.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    error = rpc_error(list, watch)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, f"{error.code()}: {error.details()}"
+    code = server.wait(timeout=30)
+    took = time.monotonic() - signalled
+    assert code == 0, server.stderr_text()
+    assert took < 3, f"an open WatchMemory kept the server {took:.1f} s after SIGTERM"
+
+
+def test_help_documents_the_drain(server_bin):
+    usage = subprocess.run([str(server_bin), "--help"], capture_output=True, text=True, timeout=30)
+    assert usage.returncode == 0
+    assert "--drain-seconds" in usage.stdout and "default 25" in usage.stdout, usage.stdout
+    bad = subprocess.run([str(server_bin), "--drain-seconds", "-1"], capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode == 2 and "--drain-seconds" in bad.stderr, bad.stderr
