@@ -6,6 +6,9 @@ side by side in one run (one server process, the same workload each time).
       --pipeline sd15 --configs 1gpu,2gpu --concurrency 8 --requests 48 \
       --out bench/results/throughput_sd15.json
 
+With `--address HOST:PORT` it drives a server that is already running instead of starting one
+(its pipelines as they are, or loaded per `--configs`).
+
 Configurations (applied in the order given, each adding to the previous one's state):
   cpu    one replica on the CPU (a smoke run without a GPU)
   1gpu   one replica on cuda:0
@@ -122,8 +125,9 @@ def summarize(records, wall):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--repository", required=True)
+    ap.add_argument("--server", help="qpool-server binary to start")
+    ap.add_argument("--repository", help="model repository of the started server")
+    ap.add_argument("--address", help="drive this running server instead (HOST:PORT)")
     ap.add_argument("--pipeline", default="sd15")
     ap.add_argument("--configs", default="1gpu,2gpu")
     ap.add_argument("--concurrency", type=int, default=8)
@@ -135,6 +139,8 @@ def main():
     ap.add_argument("--cpu-threads", type=int, default=0)
     ap.add_argument("--out")
     args = ap.parse_args()
+    if not args.address and not (args.server and args.repository):
+        sys.exit("give --server and --repository, or --address of a running server")
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in CONFIG_DEVICES]
     if unknown:
@@ -143,9 +149,11 @@ def main():
     pb, grpc_pb = load_stubs()
     workload = Workload(args.pipeline, args.width, args.height, args.steps,
                         concurrency=args.concurrency, requests=args.requests, warmup=args.warmup)
-    devices = "cpu" if configs == ["cpu"] else "cuda"
-    proc, address, _ = start_server(args.server, args.repository, devices, args.cpu_threads,
-                                    extra_args=["--max-queue", "1024"])
+    proc, address = None, args.address
+    if not address:
+        devices = "cpu" if configs == ["cpu"] else "cuda"
+        proc, address, _ = start_server(args.server, args.repository, devices, args.cpu_threads,
+                                        extra_args=["--max-queue", "1024"])
     results = {"workload": dataclasses.asdict(workload), "configs": {},
                "host": platform.node(), "python": platform.python_version()}
     try:
@@ -174,7 +182,8 @@ def main():
         results["gpus"] = [d.device for d in models.GetMemoryReport(
             pb.GetMemoryReportRequest()).devices if d.device.startswith("cuda")]
     finally:
-        stop_server(proc)
+        if proc is not None:
+            stop_server(proc)
     write_results(args.out, results)
 
 
