@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -61,6 +62,19 @@ def start_server(binary, repository, device, cpu_threads, extra_args=()):
 def stop_server(proc):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
+
+
+def host_info():
+    """The client host, for result files: name, Python, CPU, cores and the GPUs nvidia-smi lists
+    (none without it)."""
+    info = {"host": platform.node(), "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True)
+        info["gpus"] = [dict(zip(("name", "driver", "memory"), line.split(", ")))
+                        for line in smi.stdout.splitlines() if line.strip()]
+    return info
 
 
 def write_results(path, results):
@@ -114,9 +128,7 @@ def main():
     pb, rpc = load_stubs()
     proc, address, _ = start_server(args.server, args.repository, args.device,
                                      args.cpu_threads)
-    results = {"host": platform.node(), "python": platform.python_version(),
-               "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-               "cpu_threads": args.cpu_threads,
+    results = {**host_info(), "cpu_threads": args.cpu_threads,
                "requests": args.requests, "pipelines": {}}
     try:
         channel = grpc.insecure_channel(address, options=[

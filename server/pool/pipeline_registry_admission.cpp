@@ -149,8 +149,9 @@ Status PipelineRegistry::MakeRoom(const c10::Device& device, uint64_t needed,
   }
   const uint64_t headroom =
       snapshot.budget_bytes > snapshot.used_bytes ? snapshot.budget_bytes - snapshot.used_bytes : 0;
-  if (needed <= headroom) return Status::Ok();
-  auto plan = PlanEviction(candidates, needed - headroom);
+  const uint64_t after = snapshot.used_bytes + needed;  // over budget already: the excess too
+  if (after <= snapshot.budget_bytes) return Status::Ok();
+  auto plan = PlanEviction(candidates, after - snapshot.budget_bytes);
   if (!plan.ok()) {
     return ResourceExhausted(StrCat(what, " needs ", needed, " bytes on ", device.str(),
                                     "; its budget has ", headroom, " free (budget ",

@@ -17,7 +17,7 @@ struct Candidate {
   const DeviceSnapshot* device;
   uint64_t headroom;     // budget - used (kUnlimited without a budget)
   uint64_t needed;       // onload + working
-  uint64_t evict_bytes;  // needed beyond the headroom
+  uint64_t evict_bytes;  // what must go so that used + needed fits the budget
   bool fits;
 };
 
@@ -86,10 +86,13 @@ StatusOr<RouteDecision> Route(const std::vector<DeviceSnapshot>& devices,
                           [&](const DeviceSnapshot& s) { return s.device == r.device; });
     if (d == devices.end()) continue;
     Candidate c{&r, &*d, Headroom(*d), r.onload_bytes + request.working_bytes, 0, false};
-    if (c.headroom == kUnlimited || c.needed <= c.headroom) {
+    if (c.headroom == kUnlimited) {
       c.fits = true;
     } else {
-      c.evict_bytes = c.needed - c.headroom;
+      // A device already over its budget (a request's memory beyond its estimate) must first
+      // give back the overshoot too.
+      const uint64_t after = d->used_bytes + c.needed;
+      c.evict_bytes = after > d->budget_bytes ? after - d->budget_bytes : 0;
       c.fits = c.evict_bytes <= d->evictable_bytes;
     }
     candidates.push_back(c);

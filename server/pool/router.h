@@ -51,7 +51,8 @@ struct RouteDecision {
 // Candidates are the available replicas on devices not excluded. A replica *fits* when what its
 // run needs on its device (onload_bytes + working_bytes) is at most the budget's headroom
 // (budget - used; unlimited with budget 0) plus what idle replicas of other pipelines there
-// could give back (evictable); evict_bytes is the part beyond the headroom. Among fitting
+// could give back (evictable); evict_bytes is what must go so that used + needed fits the
+// budget (more than needed - headroom when the device is already over its budget). Among fitting
 // replicas, in this order:
 //   1. "idle": resident with nothing in flight, so it starts at once; the least queued device,
 //      then the most headroom, then the lowest id;

@@ -125,6 +125,14 @@ TEST(RouterTest, EvictableBytesMakeAReplicaFitAndSayHowMuchToFree) {
               "onload", 2 * kGiB);
 }
 
+TEST(RouterTest, ADeviceOverItsBudgetMustAlsoGiveBackTheExcess) {
+  // Budget 10 GiB with 12 in use: a 1 GiB request needs 3 GiB evicted, not 1.
+  ExpectRoute(Route({Gpu(0, 10, 12, 0, 3)}, {Replica(0, 0, true)}, Working(1)), 0, "idle",
+              3 * kGiB);
+  EXPECT_EQ(Route({Gpu(0, 10, 12, 0, 2)}, {Replica(0, 0, true)}, Working(1)).status().code(),
+            StatusCode::kResourceExhausted);
+}
+
 TEST(RouterTest, AReplicaThatDoesNotFitIsPassedOver) {
   // Replica 0 is idle but its device is full; replica 1 is busy on a roomy device.
   ExpectRoute(Route({Gpu(0, 20, 20), Gpu(1, 80, 10)},
