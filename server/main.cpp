@@ -75,7 +75,7 @@ void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineReg
 // Requests queued or running on every loaded pipeline.
 int InFlight(qpool::PipelineRegistry& registry) {
   int n = 0;
-  for (const auto& p : registry.ListLoaded()) n += static_cast<int>(p.in_flight);
+  for (const auto& [name, queued] : registry.Counters().queued) n += queued;
   return n;
 }
 

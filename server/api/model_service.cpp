@@ -35,8 +35,8 @@ grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext
   }
   if (devices->empty()) {  // loaded already, where it was asked for
     response->set_already_loaded(true);
-    for (const auto& status : engine_.registry->ListLoaded()) {
-      if (status.name == name) ToProto(status, response->mutable_pipeline());
+    if (auto status = engine_.registry->LoadedStatus(name)) {
+      ToProto(*status, response->mutable_pipeline());
     }
     reactor->Finish(grpc::Status::OK);
     return reactor;

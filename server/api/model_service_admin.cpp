@@ -35,8 +35,8 @@ grpc::ServerUnaryReactor* ModelService::Change(grpc::CallbackServerContext* cont
         return Status::Ok();
       },
       [this, response, name] {
-        for (const auto& status : engine_.registry->ListLoaded()) {
-          if (status.name == name) ToProto(status, response->mutable_pipeline());
+        if (auto status = engine_.registry->LoadedStatus(name)) {
+          ToProto(*status, response->mutable_pipeline());
         }
       });
   return reactor;
@@ -85,8 +85,8 @@ grpc::ServerUnaryReactor* ModelService::SetOffloadPolicy(grpc::CallbackServerCon
         return engine_.registry->SetPolicy(name, device, policy);
       },
       [this, response, name] {
-        for (const auto& status : engine_.registry->ListLoaded()) {
-          if (status.name == name) ToProto(status, response->mutable_pipeline());
+        if (auto status = engine_.registry->LoadedStatus(name)) {
+          ToProto(*status, response->mutable_pipeline());
         }
       });
   return reactor;

@@ -433,6 +433,13 @@ std::vector<PipelineStatus> PipelineRegistry::List() {
   return out;
 }
 
+std::optional<PipelineStatus> PipelineRegistry::LoadedStatus(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end() || it->second.replicas.empty()) return std::nullopt;
+  return StatusOf(name, it->second);
+}
+
 std::vector<PipelineStatus> PipelineRegistry::ListLoaded() {
   std::vector<PipelineStatus> out;
   std::lock_guard<std::mutex> lock(mu_);

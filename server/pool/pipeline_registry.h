@@ -4,11 +4,12 @@
 
 #include <atomic>
 #include <map>
-#include <set>
-#include <tuple>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/model_repository.h"
@@ -220,6 +221,8 @@ class PipelineRegistry {
   std::vector<PipelineStatus> List();
   // Loaded pipelines only.
   std::vector<PipelineStatus> ListLoaded();
+  // The status of `name` if it is loaded.
+  std::optional<PipelineStatus> LoadedStatus(const std::string& name);
   // Routing, eviction and queue counters.
   PoolCounters Counters();
 

@@ -1,6 +1,7 @@
 // PipelineRegistry's routing and admission: leases on the replica the router picks, the memory
 // budget of each GPU and the eviction that makes room under it (Note [Memory budget]).
 #include <algorithm>
+#include <tuple>
 
 #include "pool/eviction.h"
 #include "pool/pipeline_registry.h"
@@ -19,6 +20,18 @@ uint64_t OnloadBytes(const SdPipeline& pipeline) {
     if (places[i].state != Residency::kDevice) out += components[i]->Bytes().total();
   }
   return out;
+}
+
+// Width, height and images of `options`, sizes left at 0 taking the manifest's defaults.
+std::tuple<int, int, int> SizeOf(const RouteOptions& options, const GenerationDefaults& d) {
+  return {options.width > 0 ? options.width : d.width,
+          options.height > 0 ? options.height : d.height, std::max(1, options.images)};
+}
+
+uint64_t Estimate(const WorkingMemoryModel& model, const RouteOptions& options,
+                  const GenerationDefaults& d) {
+  const auto [width, height, images] = SizeOf(options, d);
+  return model.Estimate(width, height, images);
 }
 
 uint64_t BytesOn(const SdPipeline& pipeline, const c10::Device& device) {
@@ -90,11 +103,8 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::st
     rs.pending_steps = static_cast<uint64_t>(std::max<int64_t>(0, r.load->pending_steps.load()));
     replicas.push_back(std::move(rs));
   }
-  const GenerationDefaults& d = entry->manifest->defaults;
   RouteRequest request;
-  request.working_bytes = entry->working->Estimate(options.width > 0 ? options.width : d.width,
-                                                   options.height > 0 ? options.height : d.height,
-                                                   std::max(1, options.images));
+  request.working_bytes = Estimate(*entry->working, options, entry->manifest->defaults);
   request.exclude = options.exclude;
   ASSIGN_OR_RETURN(RouteDecision decision, Route(devices, replicas, request));
   Replica& chosen = entry->replicas.at(static_cast<size_t>(decision.replica));
@@ -117,10 +127,7 @@ Status PipelineRegistry::Admit(PipelineLease& lease, const RouteOptions& options
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(pipeline.manifest().name);
     if (it != entries_.end() && it->second.working) {
-      const GenerationDefaults& d = pipeline.manifest().defaults;
-      needed += it->second.working->Estimate(options.width > 0 ? options.width : d.width,
-                                              options.height > 0 ? options.height : d.height,
-                                              std::max(1, options.images));
+      needed += Estimate(*it->second.working, options, pipeline.manifest().defaults);
     }
   }
   return MakeRoom(device, needed, pipeline.manifest().name,
@@ -185,9 +192,8 @@ void PipelineRegistry::ObserveWorkingMemory(const std::string& name, const Route
     model = it->second.working;
     d = it->second.manifest->defaults;
   }
-  model->Observe(options.width > 0 ? options.width : d.width,
-                 options.height > 0 ? options.height : d.height, std::max(1, options.images),
-                 bytes);
+  const auto [width, height, images] = SizeOf(options, d);
+  model->Observe(width, height, images, bytes);
 }
 
 PoolCounters PipelineRegistry::Counters() {

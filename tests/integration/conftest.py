@@ -350,6 +350,28 @@ def rpc_error(call, *args, **kwargs):
     return info.value
 
 
+def run_concurrently(count, call):
+    """Runs call(i) on `count` threads at once; returns (results, errors) by index."""
+    import grpc
+
+    results, errors = {}, {}
+    start = threading.Barrier(count)
+
+    def run(i):
+        start.wait()
+        try:
+            results[i] = call(i)
+        except grpc.RpcError as e:  # collected, asserted by the caller
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return results, errors
+
+
 def seconds_per_step(client, **fields):
     """Denoising seconds per step of a request like `fields` (a warm 4-step run), to size the
     requests a test needs still running when it acts."""

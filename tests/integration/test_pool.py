@@ -3,13 +3,12 @@ bound, where each request ran and why, and the scheduling metrics. (Replicas on 
 eviction under a budget and the retry after an out-of-memory error are GPU tests:
 tests/integration/test_pool_gpu.py.)"""
 
-import threading
-
 import grpc
 import pytest
 import yaml
 
-from conftest import parse_samples, promtool_check, rpc_error, scrape, wait_idle
+from conftest import (parse_samples, promtool_check, rpc_error, run_concurrently, scrape,
+                      wait_idle)
 
 CLIENTS = 64
 
@@ -31,26 +30,6 @@ def client(make_server):
     # tiny: room for every client; short: a copy of tiny that queues at most 2 requests.
     return make_server(pipelines=("tiny", ("tiny", "short")), load="tiny,short",
                        setup=setup_repository)
-
-
-def run_concurrently(count, call):
-    """Runs call(i) on `count` threads at once; returns (results, errors) by index."""
-    results, errors = {}, {}
-    start = threading.Barrier(count)
-
-    def run(i):
-        start.wait()
-        try:
-            results[i] = call(i)
-        except grpc.RpcError as e:  # collected, asserted by the caller
-            errors[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    return results, errors
 
 
 def test_many_concurrent_clients_get_their_own_results(client):

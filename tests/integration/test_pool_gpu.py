@@ -4,13 +4,11 @@ other. Skips without two GPUs."""
 
 import subprocess
 import sys
-import threading
 
-import grpc
 import pytest
 import yaml
 
-from conftest import Client, QpoolServer, parse_samples, scrape
+from conftest import Client, QpoolServer, parse_samples, run_concurrently, scrape
 from test_request_metrics import FILLER
 
 
@@ -52,21 +50,10 @@ def test_one_replica_per_gpu(client):
 
 
 def test_concurrent_requests_spread_over_both_gpus(client):
-    results, errors = [], []
-
-    def run(i):
-        try:
-            results.append(client.generate_one(pipeline="tiny", prompt=f"spread {i}", steps=20,
-                                               seed=i))
-        except grpc.RpcError as e:  # asserted below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, [f"{e.code()}: {e.details()}" for e in errors]
+    by_index, errors = run_concurrently(
+        16, lambda i: client.generate_one(pipeline="tiny", prompt=f"spread {i}", steps=20, seed=i))
+    assert not errors, [f"{e.code()}: {e.details()}" for e in errors.values()]
+    results = list(by_index.values())
     devices = [r.device for r in results]
     assert devices.count("cuda:0") >= 4 and devices.count("cuda:1") >= 4, devices
     # Alone, a request goes to the idle replica with the lowest id (cuda:0), and gives the bytes
