@@ -104,6 +104,7 @@ class Record:
     total_seconds: float = 0.0
     device: str = ""            # result.device: the replica that ran it
     route: str = ""             # result.route_reason (or .route): why that replica
+    batch_size: int = 0         # result.batch_size: requests denoised together (0: unknown)
     images: int = 0
     error: str = ""             # the details of a failed call
 
@@ -115,6 +116,11 @@ class Run:
     records: list               # measured requests: completion order (closed), send order (open)
     window_seconds: float       # first send to last completion of the measured requests
     warmup_records: list
+
+
+def batch_size_of(result):
+    """GenerateResult.batch_size, or 0 from a server without it."""
+    return result.batch_size if "batch_size" in result.DESCRIPTOR.fields_by_name else 0
 
 
 def route_of(result):
@@ -143,6 +149,7 @@ async def run_workload_async(channel, pb, rpc, workload):
                 record.queue_seconds = result.timings.queue_seconds
                 record.total_seconds = result.timings.total_seconds
                 record.device, record.route = result.device, route_of(result)
+                record.batch_size = batch_size_of(result)
                 record.images = len(result.images)
         except grpc.RpcError as e:  # counted by code: load tests provoke refusals by design
             record.code, record.error = e.code().name, e.details() or ""
@@ -204,7 +211,8 @@ def run_workload(address, workload, stubs=None):
 
 def summarize(run):
     """Throughput over the measured window (OK requests and their images), latency and queue
-    percentiles of the OK requests, and counts by status code, device and route."""
+    percentiles of the OK requests, and counts by status code, device, route and the batch size
+    each request ran in."""
     ok = [r for r in run.records if r.code == "OK"]
     window = run.window_seconds
     images = sum(r.images for r in ok)
@@ -215,6 +223,8 @@ def summarize(run):
         "codes": dict(collections.Counter(r.code for r in run.records)),
         "devices": dict(sorted(collections.Counter(r.device for r in ok).items())),
         "routes": dict(collections.Counter(r.route for r in ok if r.route)),
+        "batch_sizes": dict(sorted(collections.Counter(r.batch_size for r in ok
+                                                       if r.batch_size).items())),
         "warmup_codes": dict(collections.Counter(r.code for r in run.warmup_records)),
     }
     if ok:

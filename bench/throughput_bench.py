@@ -13,6 +13,9 @@ without a GPU) and configurations needing more devices are skipped with a messag
 Configurations, applied in the order given (see CONFIGS):
   1gpu   one replica on cuda:0
   2gpu   replicas on cuda:0 and cuda:1 (LoadPipeline with an explicit device adds a replica)
+CONFIG@PIPELINE runs CONFIG on another pipeline of the repository, e.g. a copy of the model whose
+manifest enables dynamic batching: `--configs 1gpu,1gpu@sd15-batch8` measures batching off and on
+side by side (docs/model-repository.md, `batching`).
 
 The load is bench/loadgen.py's: a closed loop of `--concurrency` clients after `--warmup`
 requests sent the same way (so every replica is warm). Every configuration's throughput is
@@ -33,10 +36,10 @@ class Config:
     """A pool configuration: the pipeline's replicas on the first `replicas` devices of the
     server's kind, on a server started with `server_args`.
 
-    Extension point: a comparison that needs a server option (dynamic batching on/off, once the
-    server has it) is a pair of Configs that differ in `server_args`; the bench restarts its
-    server only when the next configuration's `server_args` differ from the running one's (and
-    refuses such configurations with --address).
+    Extension point: a comparison that needs a server option is a pair of Configs that differ in
+    `server_args`; the bench restarts its server only when the next configuration's
+    `server_args` differ from the running one's (and refuses such configurations with
+    --address). Pipeline options (batching) come from the manifest: CONFIG@PIPELINE.
     """
     replicas: int
     server_args: tuple = ()
@@ -126,7 +129,7 @@ def main():
     if not args.address and not (args.server and args.repository):
         ap.error("give --server and --repository, or --address of a running server")
     configs = args.configs.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if c.split("@")[0] not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
     workload = loadgen.workload_from_args(ap, args)
@@ -138,7 +141,8 @@ def main():
     server = Server(args)
     try:
         for name in configs:
-            config = CONFIGS[name]
+            config = CONFIGS[name.split("@")[0]]
+            pipeline = name.split("@")[1] if "@" in name else args.pipeline
             address = server.ensure(config.server_args)
             if address is None:
                 why = f"needs server flags {' '.join(config.server_args)}; restart the server"
@@ -149,17 +153,21 @@ def main():
                     gpus = sum(d["device"].startswith("cuda") for d in results["server_devices"])
                     devices, why = plan_devices(config, args.device, gpus)
                     if devices:
-                        replicas = set_replicas(models, pb, args.pipeline, devices)
+                        replicas = set_replicas(models, pb, pipeline, devices)
             if why:
                 print(f"{name}: skipped ({why})", flush=True)
                 results["configs"][name] = {"skipped": why}
                 continue
-            summary = loadgen.summarize(loadgen.run_workload(address, workload, (pb, rpc)))
+            run = loadgen.run_workload(address, dataclasses.replace(workload, pipeline=pipeline),
+                                       (pb, rpc))
+            summary = loadgen.summarize(run)
+            summary["pipeline"] = pipeline
             summary["replicas"] = replicas
             summary["server_args"] = list(config.server_args)
             results["configs"][name] = summaries[name] = summary
             print(f"{name}: {summary['throughput_rps']:.3f} req/s on {','.join(replicas)}, "
-                  f"devices {summary['devices']}, codes {summary['codes']}", flush=True)
+                  f"devices {summary['devices']}, batch sizes {summary['batch_sizes']}, "
+                  f"codes {summary['codes']}", flush=True)
     finally:
         server.stop()
 

@@ -62,7 +62,9 @@ json PipelineJson(const v1::PipelineInfo& p) {
           {"schedulers", std::vector<std::string>(p.schedulers().begin(), p.schedulers().end())},
           {"components", components},
           {"replicas", replicas},
-          {"max_queue", p.max_queue()}};
+          {"max_queue", p.max_queue()},
+          {"max_batch", p.max_batch()},
+          {"max_batch_delay_ms", p.max_batch_delay_ms()}};
 }
 
 uint64_t PipelineBytes(const v1::PipelineInfo& p) {

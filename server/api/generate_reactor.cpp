@@ -13,6 +13,21 @@ GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateReq
   if (!queued.ok()) FinishAfterWrites(ToGrpc(queued));
 }
 
+// Forwards the batch runner's calls to the reactor; see Note [Generate reactor lifetime].
+class GenerateReactor::Member final : public BatchMember {
+ public:
+  explicit Member(GenerateReactor* reactor) : reactor_(reactor) {}
+  const GenerateParams& params() const override { return reactor_->params_; }
+  SdPipeline& pipeline() override { return reactor_->call_.pipeline(); }
+  bool Start(bool run, int batch_images) override { return reactor_->Start(run, batch_images); }
+  BatchItem Item(int batch_size, bool leader) override {
+    return reactor_->Item(batch_size, leader);
+  }
+
+ private:
+  GenerateReactor* const reactor_;
+};
+
 Status GenerateReactor::Queue(const v1::GenerateRequest& request) {
   ASSIGN_OR_RETURN(auto manifest, call_.Manifest(request.pipeline()));
   ASSIGN_OR_RETURN(params_, ResolveGenerateRequest(FromProto(request), *manifest));
@@ -22,7 +37,8 @@ Status GenerateReactor::Queue(const v1::GenerateRequest& request) {
   route.images = params_.num_images;
   route.steps = params_.steps;
   RETURN_IF_ERROR(call_.Acquire(request.pipeline(), std::move(route)));
-  return call_.Submit([this](bool run) { Run(run); });
+  member_ = std::make_shared<Member>(this);
+  return call_.Dispatch(member_);
 }
 
 void GenerateReactor::OnDone() {
@@ -31,44 +47,56 @@ void GenerateReactor::OnDone() {
   delete this;
 }
 
-void GenerateReactor::Run(bool run) {
-  Status started = call_.Start(run);
-  if (!started.ok() && call_.RetryElsewhere(started, [this](bool run) { Run(run); })) return;
+bool GenerateReactor::Start(bool run, int batch_images) {
+  Status started = call_.Start(run, batch_images);
+  if (!started.ok() && call_.RetryElsewhere(started, member_)) return false;
   if (!started.ok()) {
     FinishAfterWrites(ToGrpc(started));
-    return;
+    return false;
   }
   if (cancelled_ || call_.DeadlinePassed()) {
     FinishAfterWrites(ToGrpc(
         call_.StoppedStatus(StrCat("while it waited ", call_.queue_seconds(), " s in the queue"))));
-    return;
+    return false;
   }
-  SdPipeline& pipeline = call_.pipeline();
-  const double queue_seconds = call_.queue_seconds();
-  const auto start = std::chrono::steady_clock::now();
-  auto progress = [this, start](int step, int total) {
+  batch_images_ = batch_images;
+  steps_done_ = 0;
+  queue_seconds_ = call_.queue_seconds();
+  run_start_ = std::chrono::steady_clock::now();
+  device_ = call_.pipeline().device().str();
+  return true;
+}
+
+BatchItem GenerateReactor::Item(int batch_size, bool leader) {
+  if (leader) call_.RecordBatch(batch_size);
+  BatchItem item;
+  item.params = &params_;
+  item.progress = [this](int step, int total) {
     call_.StepDone();
     v1::GenerateResponse message;
     auto* p = message.mutable_progress();
     p->set_step(static_cast<uint32_t>(step));
     p->set_total(static_cast<uint32_t>(total));
-    p->set_elapsed_seconds(SecondsSince(start));
+    p->set_elapsed_seconds(SecondsSince(run_start_));
     Push(std::move(message));
   };
-  int steps_done = 0;
-  auto output = pipeline.Generate(params_, progress, [this, &steps_done] {
+  item.cancelled = [this] {
     if (!cancelled_.load() && !call_.DeadlinePassed()) {
-      ++steps_done;
+      ++steps_done_;
       return false;
     }
     return true;
-  });
+  };
+  item.done = [this](StatusOr<GenerateOutput> output) { Done(std::move(output)); };
+  return item;
+}
+
+void GenerateReactor::Done(StatusOr<GenerateOutput> output) {
   if (output.status().code() == StatusCode::kCancelled) {
-    output = call_.StoppedStatus(StrCat("after ", steps_done, " of ", params_.steps, " steps"));
+    output = call_.StoppedStatus(StrCat("after ", steps_done_, " of ", params_.steps, " steps"));
   }
-  const std::string device = pipeline.device().str();
-  call_.End(output.status());
-  if (!output.ok() && call_.RetryElsewhere(output.status(), [this](bool run) { Run(run); })) {
+  call_.End(output.status(), batch_images_);
+  if (!output.ok() && call_.RetryElsewhere(output.status(), member_)) {
     return;  // runs again on another device
   }
   if (!output.ok()) {
@@ -88,18 +116,19 @@ void GenerateReactor::Run(bool run) {
     out->set_height(static_cast<uint32_t>(image.height));
   }
   result->set_seed(params_.seed);
-  result->set_device(device);
+  result->set_device(device_);
   result->set_scheduler(params_.scheduler);
   result->set_steps(static_cast<uint32_t>(params_.steps));
   result->set_guidance_scale(static_cast<float>(params_.guidance_scale));
   result->set_route(call_.route());
   result->set_attempts(static_cast<uint32_t>(call_.attempts()));
+  result->set_batch_size(static_cast<uint32_t>(output->batch_size));
   auto* timings = result->mutable_timings();
-  timings->set_queue_seconds(queue_seconds);
+  timings->set_queue_seconds(queue_seconds_);
   timings->set_encode_seconds(output->timings.encode_seconds);
   timings->set_denoise_seconds(output->timings.denoise_seconds);
   timings->set_decode_seconds(output->timings.decode_seconds);
-  timings->set_total_seconds(queue_seconds + SecondsSince(start));
+  timings->set_total_seconds(queue_seconds_ + SecondsSince(run_start_));
   Push(std::move(message));
   FinishAfterWrites(grpc::Status::OK);
 }

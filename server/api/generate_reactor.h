@@ -6,6 +6,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "api/engine_refs.h"
 #include "api/pipeline_call.h"
@@ -16,8 +17,11 @@ namespace qpool::api {
 // Note [Generate reactor lifetime]
 // The reactor owns itself: it is deleted in OnDone, which gRPC calls only after Finish. Finish
 // is called exactly once, with final_status_, either on the gRPC thread (request refused) or,
-// after the worker task queued the last message, from OnWriteDone once every message has been
-// written. The worker task never touches the reactor after queueing its final message. The
+// after the worker queued the last message, from OnWriteDone once every message has been
+// written. The worker reaches the reactor only through its Member, which the replica's
+// BatchQueue holds (Note [Dynamic batching]); the worker task captures the queue, not the reactor,
+// and the batch never touches a member again once its Start returned false or its item's done ran
+// (which queues the final message or retries elsewhere). The
 // pipeline lease is released as soon as the pipeline work ends, so an unload right after the
 // result is not refused. OnDone records the request with final_status_, so every path counts.
 //
@@ -36,16 +40,29 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void OnDone() override;
 
  private:
-  // Acquires the pipeline, resolves the request and queues Run on the pipeline's worker.
+  class Member;
+
+  // Resolves the request, acquires a replica and dispatches the Member to its batch queue.
   Status Queue(const v1::GenerateRequest& request);
-  void Run(bool run);
+  // BatchMember::Start and Item, on the worker.
+  bool Start(bool run, int batch_images);
+  BatchItem Item(int batch_size, bool leader);
+  // The item's done: the result message, or a retry elsewhere, or the error.
+  void Done(StatusOr<GenerateOutput> output);
   void Push(v1::GenerateResponse message);
   // Releases the lease and finishes with `status` once every queued message is written.
   void FinishAfterWrites(grpc::Status status);
 
   PipelineCall call_;
   GenerateParams params_;
+  std::shared_ptr<Member> member_;
   std::atomic<bool> cancelled_{false};
+  // Of the current run, set by Start on the worker.
+  int batch_images_ = 0;
+  int steps_done_ = 0;
+  double queue_seconds_ = 0;
+  std::chrono::steady_clock::time_point run_start_;
+  std::string device_;
 
   std::mutex mu_;
   std::deque<v1::GenerateResponse> pending_;  // front is being written while writing_

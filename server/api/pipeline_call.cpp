@@ -5,6 +5,15 @@
 #include "util/log.h"
 
 namespace qpool::api {
+namespace {
+
+// `options` for a run of `batch_images` images in all (0: the request's own).
+RouteOptions WithImages(RouteOptions options, int batch_images) {
+  if (batch_images > 0) options.images = batch_images;
+  return options;
+}
+
+}  // namespace
 
 PipelineCall::PipelineCall(const EngineRefs& engine, RequestRpc rpc)
     : registry_(*engine.registry), draining_(engine.draining), recorder_(engine, rpc) {}
@@ -13,8 +22,9 @@ StatusOr<std::shared_ptr<const PipelineManifest>> PipelineCall::Manifest(const s
   auto manifest = registry_.Manifest(name);
   recorder_.SetPipeline(name, manifest.status());  // labels from the registry's answer only
   if (draining_ != nullptr && draining_->load()) {
-    return Unavailable("the server is draining before it stops; send the request to another "
-                       "replica of the service");
+    return Unavailable(
+        "the server is draining before it stops; send the request to another "
+        "replica of the service");
   }
   return manifest;
 }
@@ -36,7 +46,16 @@ Status PipelineCall::Submit(DeviceWorker::Task task) {
   return submitted;
 }
 
-Status PipelineCall::Start(bool run) {
+Status PipelineCall::Dispatch(const std::shared_ptr<BatchMember>& member) {
+  std::shared_ptr<BatchQueue> batches = lease_->batches();
+  batches->Add(member);
+  Status submitted = lease_->worker().Submit([batches](bool run) { batches->RunNext(run); });
+  if (submitted.ok() || !batches->Remove(member.get())) return Status::Ok();
+  lease_.reset();
+  return submitted;
+}
+
+Status PipelineCall::Start(bool run, int batch_images) {
   if (!run) {
     lease_.reset();
     return Unavailable("server is shutting down");
@@ -45,10 +64,10 @@ Status PipelineCall::Start(bool run) {
   last_device_ = lease_->pipeline().device().str();
   if (DeadlinePassed()) {  // before Admit: no eviction for a request that will not run
     lease_.reset();
-    return StoppedStatus(StrCat("while it waited ", recorder_.seconds_since_arrival(),
-                                " s in the queue"));
+    return StoppedStatus(
+        StrCat("while it waited ", recorder_.seconds_since_arrival(), " s in the queue"));
   }
-  Status admitted = registry_.Admit(*lease_, options_);
+  Status admitted = registry_.Admit(*lease_, WithImages(options_, batch_images));
   if (!admitted.ok()) {
     lease_.reset();
     return admitted;
@@ -57,10 +76,11 @@ Status PipelineCall::Start(bool run) {
   return Status::Ok();
 }
 
-void PipelineCall::End(const Status& status) {
+void PipelineCall::End(const Status& status, int batch_images) {
   recorder_.RunEnded(status);
   if (status.ok() && recorder_.working_bytes() > 0) {
-    registry_.ObserveWorkingMemory(name_, options_, recorder_.working_bytes());
+    registry_.ObserveWorkingMemory(name_, WithImages(options_, batch_images),
+                                   recorder_.working_bytes());
   }
   lease_.reset();
 }
@@ -74,6 +94,15 @@ Status PipelineCall::StoppedStatus(const std::string& where) const {
 }
 
 bool PipelineCall::RetryElsewhere(const Status& failure, DeviceWorker::Task task) {
+  return Reroute(failure, [this, &task] { return Submit(std::move(task)); });
+}
+
+bool PipelineCall::RetryElsewhere(const Status& failure,
+                                  const std::shared_ptr<BatchMember>& member) {
+  return Reroute(failure, [this, &member] { return Dispatch(member); });
+}
+
+bool PipelineCall::Reroute(const Status& failure, const std::function<Status()>& queue) {
   if (failure.code() != StatusCode::kResourceExhausted || attempts_ != 1 || lease_) return false;
   // Both a run that ran out of memory and a Start whose budget could not make room mean this
   // device is short now; another device's replica may not be.
@@ -83,7 +112,7 @@ bool PipelineCall::RetryElsewhere(const Status& failure, DeviceWorker::Task task
   if (!lease.ok()) return false;
   lease_ = std::move(lease).value();
   const std::string to = lease_->pipeline().device().str();
-  if (!Submit(std::move(task)).ok()) return false;
+  if (!queue().ok()) return false;
   log::Warn("request of '", name_, "' ran out of memory on ", last_device_, "; retrying on ", to);
   route_ = "retry-oom";
   return true;

@@ -6,21 +6,23 @@
 #include <grpcpp/support/status_code_enum.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "api/engine_refs.h"
 #include "api/request_recorder.h"
+#include "pool/batch_queue.h"
 #include "pool/device_worker.h"
 #include "pool/pipeline_registry.h"
 #include "util/status.h"
 
 namespace qpool::api {
 
-// A reactor owns one and calls, in order: Manifest, Acquire and Submit on the gRPC thread; Start,
-// StepDone and End in the task on the worker, then RetryElsewhere when the run ran out of
-// memory; Release when it finishes the call (a refused or cancelled call still holds the lease),
-// and Finish once the call has finished (its OnDone), whichever way it ended.
+// A reactor owns one and calls, in order: Manifest, Acquire and Submit (Encode) or Dispatch
+// (Generate) on the gRPC thread; Start, StepDone and End on the worker, then RetryElsewhere when
+// the run ran out of memory; Release when it finishes the call (a refused or cancelled call still
+// holds the lease), and Finish once the call has finished (its OnDone), whichever way it ended.
 // Thread safety: as RequestRecorder; the call's own hand-offs order the calls.
 class PipelineCall {
  public:
@@ -37,21 +39,31 @@ class PipelineCall {
   // Queues `task` on the replica's worker; ResourceExhausted (queue full) or Unavailable
   // (stopping) otherwise, and then the lease is released.
   Status Submit(DeviceWorker::Task task);
+  // Adds `member` to the batch queue of the replica and queues the queue's task on its worker
+  // (Note [Dynamic batching]). Errors as Submit, unless a batch took the member meanwhile: then
+  // OK, and that batch ends it.
+  Status Dispatch(const std::shared_ptr<BatchMember>& member);
   // Releases the lease if still held.
   void Release() { lease_.reset(); }
 
   // In the task: Unavailable when the worker dropped it at shutdown (`run` false; the lease is
-  // released); ResourceExhausted when the device's memory budget cannot make room for it (Note
-  // [Memory budget]); else OK, with the run's start recorded (queue time, memory at the start).
-  Status Start(bool run);
+  // released); ResourceExhausted when the device's memory budget cannot make room for the run,
+  // `batch_images` images in all (0: the request's own; Note [Memory budget]); else OK, with the
+  // run's start recorded (queue time, memory at the start).
+  Status Start(bool run, int batch_images = 0);
   // One denoising step done (routing counts the steps a replica still has to run).
   void StepDone() { lease_->StepDone(); }
-  // After the pipeline run that returned `status`: records its end, releases the lease.
-  void End(const Status& status);
+  // After the pipeline run that returned `status`: records its end, learns its working memory
+  // (of `batch_images` images in all, 0: the request's own) and releases the lease.
+  void End(const Status& status, int batch_images = 0);
+  // Counts the batch of `size` requests that this call led (Note [Dynamic batching]).
+  void RecordBatch(int size) { recorder_.RecordBatch(size); }
   // After End (or a Start) that failed with ResourceExhausted, the device being short of memory:
-  // leases a replica on another device and queues `task` there, once per call. False when it did not (not an OOM, already retried, no other
+  // leases a replica on another device and queues `task` (Encode) or dispatches `member`
+  // (Generate) there, once per call. False when it did not (not an OOM, already retried, no other
   // replica, its queue full): the caller then finishes with `failure`.
   bool RetryElsewhere(const Status& failure, DeviceWorker::Task task);
+  bool RetryElsewhere(const Status& failure, const std::shared_ptr<BatchMember>& member);
 
   // Seconds the request waited for the worker (after Start).
   double queue_seconds() const { return recorder_.queue_seconds(); }
@@ -72,6 +84,9 @@ class PipelineCall {
   void Finish(grpc::StatusCode code) { recorder_.Finish(code); }
 
  private:
+  // RetryElsewhere: leases another device's replica, then `queue` hands the request to it.
+  bool Reroute(const Status& failure, const std::function<Status()>& queue);
+
   PipelineRegistry& registry_;
   const std::atomic<bool>* draining_;
   RequestRecorder recorder_;

@@ -95,7 +95,11 @@ RequestMetrics::RequestMetrics(MetricsRegistry& metrics)
           "qpool_request_working_memory_bytes",
           "Peak allocated GPU memory of a request above what was allocated when it started "
           "(successful requests, CUDA only).",
-          {"pipeline", "rpc", "device"}, ByteBuckets())) {}
+          {"pipeline", "rpc", "device"}, ByteBuckets())),
+      batch_sizes_(metrics.AddHistogram(
+          "qpool_batch_size",
+          "Generate requests per batch run (1 when a request ran alone; batching.max_batch).",
+          {"pipeline", "device"}, {1, 2, 4, 8, 16, 32, 64})) {}
 
 std::string RequestMetrics::PipelineLabel(const std::string& requested, const Status& acquired) {
   const StatusCode code = acquired.code();
@@ -122,6 +126,11 @@ void RequestMetrics::RecordMemory(const std::string& pipeline, RequestRpc rpc,
   const std::vector<std::string> labels = {pipeline, RequestRpcName(rpc), device};
   peak_memory_.WithLabels(labels).Observe(static_cast<double>(peak_bytes));
   working_memory_.WithLabels(labels).Observe(static_cast<double>(working_bytes));
+}
+
+void RequestMetrics::RecordBatch(const std::string& pipeline, const std::string& device,
+                                 int size) {
+  batch_sizes_.WithLabels({pipeline, device}).Observe(static_cast<double>(size));
 }
 
 }  // namespace qpool::api

@@ -51,6 +51,9 @@ class RequestMetrics {
   // minus what was allocated when the request started).
   void RecordMemory(const std::string& pipeline, RequestRpc rpc, const std::string& device,
                     uint64_t peak_bytes, uint64_t working_bytes);
+  // Observes the size (requests) of a Generate batch that ran on `device` (Note [Dynamic
+  // batching]).
+  void RecordBatch(const std::string& pipeline, const std::string& device, int size);
 
  private:
   CounterFamily& requests_;
@@ -58,6 +61,7 @@ class RequestMetrics {
   HistogramFamily& queue_;
   HistogramFamily& peak_memory_;
   HistogramFamily& working_memory_;
+  HistogramFamily& batch_sizes_;
 };
 
 }  // namespace qpool::api

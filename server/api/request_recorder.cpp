@@ -31,6 +31,12 @@ void RequestRecorder::RunStarted(const c10::Device& device) {
 
 double RequestRecorder::seconds_since_arrival() const { return SecondsSince(arrived_); }
 
+void RequestRecorder::RecordBatch(int size) {
+  if (engine_.requests != nullptr && device_) {
+    engine_.requests->RecordBatch(pipeline_, device_->str(), size);
+  }
+}
+
 void RequestRecorder::RunEnded(const Status& status) {
   if (!device_) return;
   const DeviceMemoryStats after =

@@ -46,6 +46,8 @@ class RequestRecorder {
   void RunStarted(const c10::Device& device);
   // Right after the pipeline run that returned `status` (Note [Request memory]).
   void RunEnded(const Status& status);
+  // Observes the size of the batch this request led, on the device of its last RunStarted.
+  void RecordBatch(int size);
   // Seconds since the request arrived.
   double seconds_since_arrival() const;
   // Seconds from arrival to the first RunStarted (0 before it).

@@ -31,7 +31,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"kind",   "components", "tokenizer", "scheduler",
                                            "latent", "defaults",   "limits",    "placement",
-                                           "offload"};
+                                           "offload",  "batching"};
 const std::vector<std::string> kComponentKeys = {"file", "quantization"};
 const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length"};
@@ -45,6 +45,7 @@ const std::vector<std::string> kLimitsKeys = {"max_steps",  "max_width",   "max_
                                               "max_images", "max_prompts", "max_queue"};
 const std::vector<std::string> kPlacementKeys = {"device", "dtype", "replicas"};
 const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds"};
+const std::vector<std::string> kBatchingKeys = {"max_batch", "max_delay_ms"};
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;
@@ -156,6 +157,7 @@ class Parser {
                        const RequestLimits& limits, GenerationDefaults* d) const;
   Status ParsePlacement(const YAML::Node& root, Placement* p) const;
   Status ParseOffload(const YAML::Node& root, OffloadSpec* o) const;
+  Status ParseBatching(const YAML::Node& root, BatchingSpec* b) const;
 
   std::string dir_;
   std::string path_;
@@ -491,6 +493,20 @@ Status Parser::ParseOffload(const YAML::Node& root, OffloadSpec* o) const {
   return Status::Ok();
 }
 
+Status Parser::ParseBatching(const YAML::Node& root, BatchingSpec* b) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "batching", false, kBatchingKeys, &node));
+  RETURN_IF_ERROR(ReadNumber(node, "batching", "max_batch", &b->max_batch));
+  if (b->max_batch < 1 || b->max_batch > 64) {
+    return Got("batching.max_batch", "must be between 1 (off) and 64 images", b->max_batch);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "batching", "max_delay_ms", &b->max_delay_ms));
+  if (!(b->max_delay_ms >= 0) || b->max_delay_ms > 10000) {
+    return Got("batching.max_delay_ms", "must be in [0, 10000]", b->max_delay_ms);
+  }
+  return Status::Ok();
+}
+
 StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   std::vector<YAML::Node> docs;
   try {
@@ -526,6 +542,7 @@ StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   RETURN_IF_ERROR(ParseDefaults(root, m.latent, m.limits, &m.defaults));
   RETURN_IF_ERROR(ParsePlacement(root, &m.placement));
   RETURN_IF_ERROR(ParseOffload(root, &m.offload));
+  RETURN_IF_ERROR(ParseBatching(root, &m.batching));
   return m;
 }
 

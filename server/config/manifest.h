@@ -78,6 +78,13 @@ struct OffloadSpec {
   double idle_seconds = 300;    // idle: offload after this long without requests
 };
 
+// Dynamic batching (Note [Dynamic batching] in pool/batch_queue.h): concurrent Generate requests
+// of one replica with the same size, steps, scheduler and guidance on/off run as one batch.
+struct BatchingSpec {
+  int max_batch = 1;        // images per batch; 1 turns batching off
+  double max_delay_ms = 0;  // how long the oldest request may wait for others to join it
+};
+
 struct PipelineManifest {
   std::string name;                       // pipeline folder name
   std::string kind;                       // "sd"
@@ -91,6 +98,7 @@ struct PipelineManifest {
   RequestLimits limits;
   Placement placement;
   OffloadSpec offload;
+  BatchingSpec batching;
 
   // The component called `name`, or nullptr if the pipeline has none.
   const ComponentSpec* FindComponent(const std::string& name) const;

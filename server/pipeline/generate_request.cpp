@@ -101,4 +101,9 @@ Status ValidateEncodePrompts(size_t num_prompts, const PipelineManifest& manifes
   return Status::Ok();
 }
 
+bool BatchCompatible(const GenerateParams& a, const GenerateParams& b) {
+  return a.width == b.width && a.height == b.height && a.steps == b.steps &&
+         a.scheduler == b.scheduler && a.do_cfg() == b.do_cfg();
+}
+
 }  // namespace qpool

@@ -39,6 +39,11 @@ struct GenerateParams {
   bool do_cfg() const { return guidance_scale > 1.0; }
 };
 
+// Whether two requests can share a denoising loop (Note [Dynamic batching] in
+// pool/batch_queue.h): same size, steps and scheduler, and classifier-free guidance on for both
+// or off for both. Prompts, seeds, image counts and guidance scales may differ.
+bool BatchCompatible(const GenerateParams& a, const GenerateParams& b);
+
 // Fills defaults from the manifest, draws a random seed when none is given, and returns
 // InvalidArgument naming the field for anything out of range.
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,

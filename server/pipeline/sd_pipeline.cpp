@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
+#include <optional>
 
 #include "pipeline/scheduler/scheduler.h"
 #include "quant/module_quantizer.h"
@@ -49,14 +50,13 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
                                                        c10::ScalarType dtype,
                                                        const ResidencyContext& residency) {
   if (manifest.kind != "sd") {
-    return InvalidArgument(StrCat(manifest.path, ": kind '", manifest.kind,
-                                  "' is not served by the sd pipeline"));
+    return InvalidArgument(
+        StrCat(manifest.path, ": kind '", manifest.kind, "' is not served by the sd pipeline"));
   }
   ASSIGN_OR_RETURN(ClipTokenizer tokenizer,
                    ClipTokenizer::Load(manifest.tokenizer.vocab, manifest.tokenizer.merges,
                                        manifest.tokenizer.max_length));
-  std::unique_ptr<SdPipeline> pipeline(
-      new SdPipeline(manifest, std::move(tokenizer), dtype));
+  std::unique_ptr<SdPipeline> pipeline(new SdPipeline(manifest, std::move(tokenizer), dtype));
   ASSIGN_OR_RETURN(OffloadPolicy policy,
                    MakeOffloadPolicy(manifest.offload.policy, manifest.offload.idle_seconds));
   for (const char* name : kComponentNames) {
@@ -74,9 +74,8 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
       settings.skip = q.skip;
       auto report = quant::QuantizeModule(component->module(), settings);
       if (!report.ok()) {
-        return Status(report.status().code(),
-                      StrCat(manifest.path, ": components.", name, ".quantization: ",
-                             report.status().message()));
+        return Status(report.status().code(), StrCat(manifest.path, ": components.", name,
+                                                     ".quantization: ", report.status().message()));
       }
       component->Refresh();
       log::Info("pipeline '", manifest.name, "': quantized ", name, " to ", q.format,
@@ -114,112 +113,261 @@ torch::Tensor SdPipeline::TokenIds(const std::vector<std::string>& texts) const 
   return ids;
 }
 
-StatusOr<torch::Tensor> SdPipeline::EncodeTexts(const std::vector<std::string>& texts,
-                                                Component* next) {
+// The requests of one GenerateBatch call. Each request's rows (num_images of them) follow the
+// previous request's in the latents; with CFG the UNet sees [latents, latents] against the
+// context [uncond rows of every request, cond rows of every request].
+struct SdPipeline::BatchRun {
+  struct Request {
+    BatchItem item;
+    torch::Tensor uncond;   // [n, length, hidden] with CFG, else undefined
+    torch::Tensor cond;     // [n, length, hidden]
+    torch::Tensor latents;  // [n, channels, h, w] once the loop is done
+    GenerateOutput output;
+    bool running = true;
+  };
+
+  explicit BatchRun(std::vector<BatchItem> items) {
+    for (auto& item : items) {
+      requests.emplace_back();
+      requests.back().item = std::move(item);
+      requests.back().output.batch_size = static_cast<int>(items.size());
+    }
+  }
+
+  const GenerateParams& first() const { return *requests.front().item.params; }
+  int running() const {
+    int n = 0;
+    for (const auto& r : requests) n += r.running ? 1 : 0;
+    return n;
+  }
+  torch::Tensor Context(bool cfg) const {
+    std::vector<torch::Tensor> rows;
+    if (cfg) {
+      for (const auto& r : requests) {
+        if (r.running) rows.push_back(r.uncond);
+      }
+    }
+    for (const auto& r : requests) {
+      if (r.running) rows.push_back(r.cond);
+    }
+    return torch::cat(rows).contiguous();
+  }
+  // Classifier-free guidance with each request's own scale, on its own rows.
+  torch::Tensor Guide(const torch::Tensor& eps) const {
+    auto chunks = eps.chunk(2);
+    std::vector<torch::Tensor> parts;
+    int64_t row = 0;
+    for (const auto& r : requests) {
+      if (!r.running) continue;
+      const int64_t n = r.item.params->num_images;
+      torch::Tensor u = chunks[0].slice(0, row, row + n);
+      torch::Tensor c = chunks[1].slice(0, row, row + n);
+      parts.push_back(u + (c - u) * r.item.params->guidance_scale);
+      row += n;
+    }
+    return parts.size() == 1 ? parts[0] : torch::cat(parts);
+  }
+  // Ends the requests whose client cancelled; returns the latents of those left.
+  torch::Tensor DropCancelled(const torch::Tensor& latents) {
+    std::vector<int64_t> keep;
+    int64_t row = 0;
+    bool dropped = false;
+    for (auto& r : requests) {
+      if (!r.running) continue;
+      const int64_t n = r.item.params->num_images;
+      if (r.item.cancelled && r.item.cancelled()) {
+        End(r, Cancelled("request cancelled by the client"));
+        dropped = true;
+      } else {
+        for (int64_t i = 0; i < n; ++i) keep.push_back(row + i);
+      }
+      row += n;
+    }
+    if (!dropped || keep.empty()) return latents;
+    return latents.index_select(0, torch::tensor(keep, torch::kLong).to(latents.device()));
+  }
+  // Hands `r` its result. The last request to end gets it only from FinishLast, once the
+  // pipeline is back in its policy's residency (Note [Offload policies]).
+  void End(Request& r, StatusOr<GenerateOutput> result) {
+    r.running = false;
+    if (running() > 0) {
+      r.item.done(std::move(result));
+      return;
+    }
+    last = &r;
+    last_result = std::move(result);
+  }
+  void Fail(const Status& status) {
+    for (auto& r : requests) {
+      if (r.running) End(r, status);
+    }
+  }
+  void FinishLast() {
+    if (last != nullptr) last->item.done(std::move(*last_result));
+  }
+
+  std::vector<Request> requests;
+  Request* last = nullptr;
+  std::optional<StatusOr<GenerateOutput>> last_result;
+};
+
+StatusOr<std::vector<torch::Tensor>> SdPipeline::EncodeTexts(
+    const std::vector<std::vector<std::string>>& groups, Component* next) {
   Component& encoder = component("text_encoder");
   RETURN_IF_ERROR(residency_->Use(encoder));
   // Queued on the copy stream after the encoder's own copy, so it overlaps the encoding instead
   // of delaying it.
   if (next != nullptr) residency_->Prefetch(*next);
-  torch::Tensor ids = TokenIds(texts).to(device());
-  ASSIGN_OR_RETURN(torch::Tensor hidden, encoder.Forward({ids}));
-  residency_->Done(encoder);
-  if (hidden.dim() != 3 || hidden.size(0) != ids.size(0) || hidden.size(1) != ids.size(1)) {
-    return Internal(StrCat("text_encoder returned shape ", hidden.sizes(),
-                           ", expected [", ids.size(0), ", ", ids.size(1), ", hidden]"));
+  std::vector<torch::Tensor> out;
+  for (const auto& texts : groups) {
+    torch::Tensor ids = TokenIds(texts).to(device());
+    ASSIGN_OR_RETURN(torch::Tensor hidden, encoder.Forward({ids}));
+    if (hidden.dim() != 3 || hidden.size(0) != ids.size(0) || hidden.size(1) != ids.size(1)) {
+      return Internal(StrCat("text_encoder returned shape ", hidden.sizes(), ", expected [",
+                             ids.size(0), ", ", ids.size(1), ", hidden]"));
+    }
+    out.push_back(std::move(hidden));
   }
-  return hidden;
+  residency_->Done(encoder);
+  return out;
 }
 
 StatusOr<GenerateOutput> SdPipeline::Generate(const GenerateParams& params,
                                               const ProgressFn& progress,
                                               const CancelledFn& cancelled) {
-  c10::InferenceMode inference;
-  RequestResidencyScope residency(*residency_);
-  GenerateOutput output;
-  try {
-    auto start = Clock::now();
-    const bool cfg = params.do_cfg();
-    std::vector<std::string> texts = {params.prompt};
-    if (cfg) texts.insert(texts.begin(), params.negative_prompt);
-    ASSIGN_OR_RETURN(torch::Tensor hidden, EncodeTexts(texts, &component("unet")));
-    // Context rows: [uncond x n, cond x n] with CFG, [cond x n] without.
-    const int64_t n = params.num_images;
-    torch::Tensor context;
-    if (cfg) {
-      context = torch::cat({hidden.slice(0, 0, 1).expand({n, -1, -1}),
-                            hidden.slice(0, 1, 2).expand({n, -1, -1})});
-    } else {
-      context = hidden.expand({n, -1, -1});
-    }
-    context = context.contiguous();
-    output.timings.encode_seconds = SecondsSince(start);
-
-    start = Clock::now();
-    ASSIGN_OR_RETURN(torch::Tensor latents, Denoise(params, context, progress, cancelled));
-    output.timings.denoise_seconds = SecondsSince(start);
-
-    start = Clock::now();
-    ASSIGN_OR_RETURN(output.images, Decode(latents));
-    output.timings.decode_seconds = SecondsSince(start);
-  } catch (const std::exception& e) {
-    return TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);
-  }
-  return output;
+  StatusOr<GenerateOutput> result = Internal("the pipeline returned no result");
+  std::vector<BatchItem> items(1);
+  items[0].params = &params;
+  items[0].progress = progress;
+  items[0].cancelled = cancelled;
+  items[0].done = [&result](StatusOr<GenerateOutput> out) { result = std::move(out); };
+  GenerateBatch(std::move(items));
+  return result;
 }
 
-StatusOr<torch::Tensor> SdPipeline::Denoise(const GenerateParams& params,
-                                            const torch::Tensor& context,
-                                            const ProgressFn& progress,
-                                            const CancelledFn& cancelled) {
-  ASSIGN_OR_RETURN(auto scheduler, MakeScheduler(params.scheduler, manifest_.scheduler));
-  RETURN_IF_ERROR(scheduler->SetTimesteps(params.steps));
-  const auto& latent = manifest_.latent;
-  const int64_t n = params.num_images;
-  const int64_t h = params.height / latent.downscale;
-  const int64_t w = params.width / latent.downscale;
+void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
+  if (items.empty()) return;
+  BatchRun run(std::move(items));
+  {
+    c10::InferenceMode inference;
+    RequestResidencyScope residency(*residency_);
+    Status status;
+    try {
+      status = EncodeBatch(run);
+      if (status.ok()) status = DenoiseBatch(run);
+      if (status.ok()) status = DecodeBatch(run);
+    } catch (const std::exception& e) {
+      status = TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);
+    }
+    if (!status.ok()) run.Fail(status);
+  }
+  run.FinishLast();
+}
 
-  // Noise from a CPU generator per image: identical bytes for a seed on every run.
+Status SdPipeline::EncodeBatch(BatchRun& run) {
+  const auto start = Clock::now();
+  std::vector<std::vector<std::string>> groups;
+  for (const auto& r : run.requests) {
+    const GenerateParams& p = *r.item.params;
+    if (p.do_cfg()) {
+      groups.push_back({p.negative_prompt, p.prompt});
+    } else {
+      groups.push_back({p.prompt});
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<torch::Tensor> hidden, EncodeTexts(groups, &component("unet")));
+  for (size_t i = 0; i < run.requests.size(); ++i) {
+    auto& r = run.requests[i];
+    const int64_t n = r.item.params->num_images;
+    if (r.item.params->do_cfg()) {
+      r.uncond = hidden[i].slice(0, 0, 1).expand({n, -1, -1});
+      r.cond = hidden[i].slice(0, 1, 2).expand({n, -1, -1});
+    } else {
+      r.cond = hidden[i].expand({n, -1, -1});
+    }
+  }
+  const double seconds = SecondsSince(start);
+  for (auto& r : run.requests) r.output.timings.encode_seconds = seconds;
+  return Status::Ok();
+}
+
+Status SdPipeline::DenoiseBatch(BatchRun& run) {
+  const auto start = Clock::now();
+  const GenerateParams& first = run.first();
+  ASSIGN_OR_RETURN(auto scheduler, MakeScheduler(first.scheduler, manifest_.scheduler));
+  RETURN_IF_ERROR(scheduler->SetTimesteps(first.steps));
+  const auto& latent = manifest_.latent;
+  const int64_t h = first.height / latent.downscale;
+  const int64_t w = first.width / latent.downscale;
+
+  // Noise from a CPU generator per image: identical bytes for a seed on every run, batched or not.
   std::vector<torch::Tensor> noise;
-  for (int64_t i = 0; i < n; ++i) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(params.seed + static_cast<uint64_t>(i));
-    noise.push_back(torch::randn({1, latent.channels, h, w}, gen, torch::kFloat));
+  for (const auto& r : run.requests) {
+    const GenerateParams& p = *r.item.params;
+    for (int64_t i = 0; i < p.num_images; ++i) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(p.seed + static_cast<uint64_t>(i));
+      noise.push_back(torch::randn({1, latent.channels, h, w}, gen, torch::kFloat));
+    }
   }
   const c10::Device device = this->device();
-  torch::Tensor latents =
-      (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype_);
+  torch::Tensor latents = (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype_);
 
-  const bool cfg = params.do_cfg();
+  const bool cfg = first.do_cfg();
+  torch::Tensor context = run.Context(cfg);
   Component& unet = component("unet");
   RETURN_IF_ERROR(residency_->Use(unet));
   residency_->Prefetch(component("vae_decoder"));
   const auto& timesteps = scheduler->timesteps();
   const int total = static_cast<int>(timesteps.size());
   for (int i = 0; i < total; ++i) {
-    if (cancelled && cancelled()) return Cancelled("request cancelled by the client");
+    const int before = run.running();
+    latents = run.DropCancelled(latents);
+    if (run.running() == 0) return Status::Ok();
+    if (run.running() != before) context = run.Context(cfg);
     torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     model_in = scheduler->ScaleModelInput(model_in, i);
     torch::Tensor t =
         torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype_).device(device));
     ASSIGN_OR_RETURN(torch::Tensor eps, unet.Forward({model_in, t, context}));
     RETURN_IF_ERROR(CheckShape("unet", eps, model_in.sizes()));
-    if (cfg) {
-      auto chunks = eps.chunk(2);
-      eps = chunks[0] + (chunks[1] - chunks[0]) * params.guidance_scale;
-    }
+    if (cfg) eps = run.Guide(eps);
     latents = scheduler->Step(eps, i, latents);
-    if (progress) progress(i + 1, total);
+    for (auto& r : run.requests) {
+      if (r.running && r.item.progress) r.item.progress(i + 1, total);
+    }
   }
   residency_->Done(unet);
-  return latents;
+  const double seconds = SecondsSince(start);
+  int64_t row = 0;
+  for (auto& r : run.requests) {
+    if (!r.running) continue;
+    const int64_t n = r.item.params->num_images;
+    r.latents = latents.slice(0, row, row + n);
+    r.output.timings.denoise_seconds = seconds;
+    row += n;
+  }
+  return Status::Ok();
 }
 
-StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(const torch::Tensor& latents) {
-  const auto& latent = manifest_.latent;
+Status SdPipeline::DecodeBatch(BatchRun& run) {
   Component& decoder = component("vae_decoder");
   RETURN_IF_ERROR(residency_->Use(decoder));
-  ASSIGN_OR_RETURN(torch::Tensor image, decoder.Forward({latents / latent.scaling_factor}));
+  for (auto& r : run.requests) {
+    if (!r.running) continue;
+    const auto start = Clock::now();
+    ASSIGN_OR_RETURN(r.output.images, Decode(decoder, r.latents));
+    r.output.timings.decode_seconds = SecondsSince(start);
+    r.latents = torch::Tensor();
+    run.End(r, std::move(r.output));
+  }
   residency_->Done(decoder);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(Component& decoder,
+                                                         const torch::Tensor& latents) {
+  const auto& latent = manifest_.latent;
+  ASSIGN_OR_RETURN(torch::Tensor image, decoder.Forward({latents / latent.scaling_factor}));
   const int64_t n = latents.size(0);
   const int64_t height = latents.size(2) * latent.downscale;
   const int64_t width = latents.size(3) * latent.downscale;
@@ -245,8 +393,8 @@ StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompt
   try {
     EncodeOutput out;
     out.input_ids = TokenIds(prompts);
-    ASSIGN_OR_RETURN(torch::Tensor hidden, EncodeTexts(prompts, /*next=*/nullptr));
-    out.embeddings = hidden.to(torch::kCPU, torch::kFloat).contiguous();
+    ASSIGN_OR_RETURN(std::vector<torch::Tensor> hidden, EncodeTexts({prompts}, /*next=*/nullptr));
+    out.embeddings = hidden[0].to(torch::kCPU, torch::kFloat).contiguous();
     return out;
   } catch (const std::exception& e) {
     return TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);

@@ -33,6 +33,8 @@ struct StageTimings {
 struct GenerateOutput {
   std::vector<GeneratedImage> images;
   StageTimings timings;
+  int batch_size =
+      1;  // requests whose denoising loop ran together with this one's, itself included
 };
 
 struct EncodeOutput {
@@ -44,6 +46,17 @@ struct EncodeOutput {
 using ProgressFn = std::function<void(int step, int total)>;
 // Polled between steps; returning true stops the request with CANCELLED.
 using CancelledFn = std::function<bool()>;
+
+// One request of a batch (Note [Dynamic batching] in pool/batch_queue.h).
+struct BatchItem {
+  const GenerateParams* params = nullptr;  // must outlive the GenerateBatch call
+  ProgressFn progress;                     // may be empty
+  CancelledFn cancelled;                   // may be empty
+  // Called exactly once, on the calling thread, as soon as the request's part ends: its images,
+  // or why it stopped (Cancelled at a step, or the batch's failure). Nothing of the item is used
+  // after it.
+  std::function<void(StatusOr<GenerateOutput>)> done;
+};
 
 // Thread safety: Generate and Encode may not run concurrently on one pipeline; the device
 // worker that owns it runs one request at a time.
@@ -63,6 +76,11 @@ class SdPipeline {
   // gives identical images on the same device.
   StatusOr<GenerateOutput> Generate(const GenerateParams& params, const ProgressFn& progress,
                                     const CancelledFn& cancelled);
+  // Runs requests that are BatchCompatible with the first one as one batch: the denoising loop
+  // runs the UNet once per step for all of them, while each request's prompts are encoded, its
+  // noise drawn and its images decoded on their own. A request cancelled at a step leaves the
+  // batch there; a failure ends every request still running. A batch of one is Generate.
+  void GenerateBatch(std::vector<BatchItem> items);
 
   // Runs the text encoder alone. Under the model policy the encoder goes back to the host
   // afterwards like after every request (Note [Offload policies]).
@@ -80,11 +98,19 @@ class SdPipeline {
   SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::ScalarType dtype);
   Component& component(const std::string& name);
   torch::Tensor TokenIds(const std::vector<std::string>& texts) const;
-  // Runs the text encoder; `next` (may be null) is prefetched while it runs.
-  StatusOr<torch::Tensor> EncodeTexts(const std::vector<std::string>& texts, Component* next);
-  StatusOr<torch::Tensor> Denoise(const GenerateParams& params, const torch::Tensor& context,
-                                  const ProgressFn& progress, const CancelledFn& cancelled);
-  StatusOr<std::vector<GeneratedImage>> Decode(const torch::Tensor& latents);
+  struct BatchRun;
+  // Runs the text encoder on each group of texts in its own forward call; `next` (may be null)
+  // is prefetched while it runs.
+  StatusOr<std::vector<torch::Tensor>> EncodeTexts(
+      const std::vector<std::vector<std::string>>& groups, Component* next);
+  // Encodes every request's prompts into its context rows.
+  Status EncodeBatch(BatchRun& run);
+  // The denoising loop of the requests still running; cancelled ones are dropped at a step.
+  Status DenoiseBatch(BatchRun& run);
+  // Decodes each request's latents and hands it its images.
+  Status DecodeBatch(BatchRun& run);
+  // Decodes one request's latents.
+  StatusOr<std::vector<GeneratedImage>> Decode(Component& decoder, const torch::Tensor& latents);
 
   PipelineManifest manifest_;
   ClipTokenizer tokenizer_;

@@ -41,10 +41,12 @@ uint64_t FileBytes(const std::string& path) {
 }  // namespace
 
 PipelineLease::PipelineLease(std::shared_ptr<SdPipeline> pipeline,
-                             std::shared_ptr<ReplicaLoad> load, DeviceWorker* worker,
+                             std::shared_ptr<ReplicaLoad> load,
+                             std::shared_ptr<BatchQueue> batches, DeviceWorker* worker,
                              RouteDecision route, int steps)
     : pipeline_(std::move(pipeline)),
       load_(std::move(load)),
+      batches_(std::move(batches)),
       worker_(worker),
       route_(std::move(route)),
       steps_left_(steps) {}
@@ -126,6 +128,7 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
   status.defaults = p.manifest().defaults;
   status.policy = p.residency().policy();
   status.max_queue = p.manifest().limits.max_queue;
+  status.batching = p.manifest().batching;
   const auto places = p.residency().Snapshot();
   for (size_t i = 0; i < p.components().size(); ++i) {
     const auto& c = p.components()[i];
@@ -253,6 +256,7 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::
   entry.loading.erase(target.str());
   Replica replica;
   replica.pipeline = std::shared_ptr<SdPipeline>(std::move(pipeline).value());
+  replica.batches = std::make_shared<BatchQueue>(replica.pipeline->manifest().batching);
   replica.load->last_used_ns.store(SteadyNanos());
   if (entry.replicas.empty()) {
     entry.manifest = std::make_shared<const PipelineManifest>(replica.pipeline->manifest());

@@ -14,6 +14,7 @@
 
 #include "config/model_repository.h"
 #include "pipeline/sd_pipeline.h"
+#include "pool/batch_queue.h"
 #include "pool/device_pool.h"
 #include "pool/router.h"
 #include "pool/working_memory.h"
@@ -56,6 +57,7 @@ struct PipelineStatus {
   GenerationDefaults defaults;
   OffloadPolicy policy;
   int max_queue = 0;  // limits.max_queue of a loaded pipeline
+  BatchingSpec batching;  // of a loaded pipeline
 };
 
 struct LoadResult {
@@ -85,7 +87,8 @@ struct RouteOptions {
 class PipelineLease {
  public:
   PipelineLease(std::shared_ptr<SdPipeline> pipeline, std::shared_ptr<ReplicaLoad> load,
-                DeviceWorker* worker, RouteDecision route, int steps);
+                std::shared_ptr<BatchQueue> batches, DeviceWorker* worker, RouteDecision route,
+                int steps);
   // Drops its reference before it stops counting, so an unload that sees no request in flight
   // holds the last reference.
   ~PipelineLease();
@@ -95,6 +98,8 @@ class PipelineLease {
   SdPipeline& pipeline() { return *pipeline_; }
   // The worker of the replica's device; the request runs there.
   DeviceWorker& worker() { return *worker_; }
+  // The replica's Generate requests waiting for a batch (Note [Dynamic batching]).
+  const std::shared_ptr<BatchQueue>& batches() const { return batches_; }
   // Which replica was chosen and why.
   const RouteDecision& route() const { return route_; }
   // One denoising step is done (the router's least-loaded estimate counts what is left).
@@ -103,6 +108,7 @@ class PipelineLease {
  private:
   std::shared_ptr<SdPipeline> pipeline_;
   std::shared_ptr<ReplicaLoad> load_;
+  std::shared_ptr<BatchQueue> batches_;
   DeviceWorker* worker_;
   RouteDecision route_;
   int steps_left_;
@@ -230,6 +236,7 @@ class PipelineRegistry {
   struct Replica {
     std::shared_ptr<SdPipeline> pipeline;
     std::shared_ptr<ReplicaLoad> load = std::make_shared<ReplicaLoad>();
+    std::shared_ptr<BatchQueue> batches;
     bool changing = false;  // being moved, evicted or unloaded: nothing is routed to it
   };
   struct Entry {

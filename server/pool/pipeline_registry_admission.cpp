@@ -114,8 +114,9 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::st
   ++counters_.routed[{name, decision.device, decision.reason}];
   if (!options.exclude.empty()) ++counters_.retries[name];
   const c10::Device device = chosen.pipeline->device();
-  return std::make_unique<PipelineLease>(chosen.pipeline, chosen.load, &devices_.worker(device),
-                                         std::move(decision), options.steps);
+  return std::make_unique<PipelineLease>(chosen.pipeline, chosen.load, chosen.batches,
+                                         &devices_.worker(device), std::move(decision),
+                                         options.steps);
 }
 
 Status PipelineRegistry::Admit(PipelineLease& lease, const RouteOptions& options) {

@@ -54,6 +54,9 @@ placement:
   device: cuda:1
   dtype: bfloat16
   replicas: 2
+batching:
+  max_batch: 8
+  max_delay_ms: 12.5
 )";
 
 
@@ -108,6 +111,8 @@ TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   EXPECT_EQ(m.placement.device, "cuda:1");
   EXPECT_EQ(m.placement.dtype, "bfloat16");
   EXPECT_EQ(m.placement.replicas, 2);
+  EXPECT_EQ(m.batching.max_batch, 8);
+  EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 12.5);
   ASSERT_NE(m.FindComponent("unet"), nullptr);
   EXPECT_EQ(m.FindComponent("unet")->file, dir_ + "/unet.pt");
   EXPECT_EQ(m.FindComponent("refiner"), nullptr);
@@ -149,6 +154,8 @@ TEST_F(ManifestTest, MinimalManifestGetsEveryDefault) {
   EXPECT_EQ(m.placement.device, "auto");
   EXPECT_EQ(m.placement.dtype, "auto");
   EXPECT_EQ(m.placement.replicas, 1);
+  EXPECT_EQ(m.batching.max_batch, 1) << "batching is off unless the manifest asks for it";
+  EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 0);
 }
 
 TEST_F(ManifestTest, EmptyOptionalSectionsGetDefaults) {
