@@ -24,9 +24,11 @@
 #include "pool/idle_offloader.h"
 #include "residency/block_copy.h"
 #include "pool/device_pool.h"
+#include "pool/pipeline_loader.h"
 #include "pool/pipeline_registry.h"
 #include "pool/pool_metrics.h"
 #include "util/clock.h"
+#include "util/host_memory.h"
 #include "util/log.h"
 
 namespace {
@@ -44,10 +46,15 @@ void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineReg
       continue;
     }
     std::promise<void> done;
-    devices.RunInTurn(
-        *planned,
-        [&](const c10::Device& device) { return registry.Load(name, device).status(); },
-        [&](const qpool::Status&) { done.set_value(); });  // Load logs its own errors
+    qpool::LoadReplicas(registry, devices, name, *planned, nullptr,
+                        [&](const qpool::Status& status) {
+                          // Load logs its own errors, not the ones before it.
+                          if (status.code() == qpool::StatusCode::kResourceExhausted) {
+                            qpool::log::Error("cannot load '", name, "' at start-up: ",
+                                              status.message());
+                          }
+                          done.set_value();
+                        });
     done.get_future().wait();
   }
 }
@@ -174,6 +181,12 @@ int Run(int argc, char** argv) {
   qpool::ResidencyContext residency{&arenas, &copier, &memory, &events};
   qpool::AdmissionOptions admission;
   admission.memory_budget = options->memory_budget;
+  admission.host_budget_bytes =
+      options->host_memory_budget_bytes > 0
+          ? options->host_memory_budget_bytes
+          : static_cast<uint64_t>(options->host_memory_budget *
+                                  static_cast<double>(qpool::HostMemoryBytes()));
+  qpool::log::Info("host memory budget: ", admission.host_budget_bytes, " bytes");
   qpool::PipelineRegistry registry(*repository, **devices, residency, admission);
   qpool::IdleOffloader idle(registry, **devices);
   qpool::MetricsRegistry metrics;

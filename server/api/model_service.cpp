@@ -2,6 +2,7 @@
 
 #include "api/proto_convert.h"
 #include "api/watch_memory_reactor.h"
+#include "pool/pipeline_loader.h"
 
 namespace qpool::api {
 
@@ -41,16 +42,19 @@ grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
-  // One replica per device, each loaded on its own worker.
+  // One replica per device, each loaded on its own worker, after whatever host memory needs
+  // unloaded (Note [Host memory budget]).
   auto seconds = std::make_shared<double>(0);
-  RunInTurn(*devices, reactor,
-            [this, response, name, seconds](const c10::Device& device) -> Status {
-              ASSIGN_OR_RETURN(LoadResult result, engine_.registry->Load(name, device));
-              ToProto(result.pipeline, response->mutable_pipeline());
-              *seconds += result.load_seconds;
-              return Status::Ok();
-            },
-            [response, seconds] { response->set_load_seconds(*seconds); });
+  LoadReplicas(
+      *engine_.registry, *engine_.devices, name, *devices,
+      [response, seconds](const LoadResult& result) {
+        ToProto(result.pipeline, response->mutable_pipeline());
+        *seconds += result.load_seconds;
+      },
+      [reactor, response, seconds](const Status& status) {
+        if (status.ok()) response->set_load_seconds(*seconds);
+        reactor->Finish(ToGrpc(status));
+      });
   return reactor;
 }
 

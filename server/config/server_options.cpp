@@ -1,6 +1,9 @@
 #include "config/server_options.h"
 
+#include <cmath>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "util/log.h"
 
@@ -24,8 +27,8 @@ StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int mi
     if (used == value.size() && v >= min && v <= max) return static_cast<int>(v);
   } catch (const std::exception&) {
   }
-  return InvalidArgument(StrCat(flag, " must be an integer between ", min, " and ", max,
-                                " (got '", value, "')"));
+  return InvalidArgument(
+      StrCat(flag, " must be an integer between ", min, " and ", max, " (got '", value, "')"));
 }
 
 StatusOr<double> ParseFraction(const std::string& flag, const std::string& value) {
@@ -36,6 +39,38 @@ StatusOr<double> ParseFraction(const std::string& flag, const std::string& value
   } catch (const std::exception&) {
   }
   return InvalidArgument(StrCat(flag, " must be a fraction in (0, 1] (got '", value, "')"));
+}
+
+// "48GiB", "512MiB", "1.5GB", "1000000" (bytes) -> bytes; 0 for a plain number <= 1 (a fraction);
+// InvalidArgument otherwise.
+StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& value) {
+  static const std::vector<std::pair<std::string, double>> kUnits = {{"KiB", 1024.0},
+                                                                     {"MiB", 1024.0 * 1024},
+                                                                     {"GiB", 1024.0 * 1024 * 1024},
+                                                                     {"KB", 1e3},
+                                                                     {"MB", 1e6},
+                                                                     {"GB", 1e9},
+                                                                     {"B", 1.0},
+                                                                     {"", 1.0}};
+  for (const auto& [unit, scale] : kUnits) {
+    if (value.size() <= unit.size() ||
+        value.compare(value.size() - unit.size(), unit.size(), unit) != 0) {
+      continue;
+    }
+    const std::string number = value.substr(0, value.size() - unit.size());
+    try {
+      size_t used = 0;
+      const double v = std::stod(number, &used);
+      if (used != number.size() || !(v > 0) || v * scale >= 1.8e19) break;
+      if (unit.empty() && v <= 1) return uint64_t{0};  // a fraction
+      if (scale == 1.0 && v != std::floor(v)) break;   // bytes are whole
+      return static_cast<uint64_t>(v * scale);
+    } catch (const std::exception&) {
+      break;
+    }
+  }
+  return InvalidArgument(
+      StrCat(flag, " must be a fraction in (0, 1] or a size such as 48GiB (got '", value, "')"));
 }
 
 }  // namespace
@@ -52,6 +87,10 @@ std::string ServerUsage() {
   --memory-budget F        fraction of each GPU's memory qpool may fill with pipelines and
                            requests; beyond it idle pipelines are offloaded, least recently
                            used first, or the load/request fails (default 0.9)
+  --host-memory-budget F|SIZE  host memory qpool may fill with pipelines (their pinned host
+                           copies): a fraction of the machine's memory (of its cgroup's limit
+                           when lower) or a size such as 48GiB; a load beyond it first unloads
+                           idle pipelines, least recently used first, or fails (default 0.9)
   --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
   --max-message-mb N       largest gRPC message in MiB (default 64)
   --drain-seconds N        on SIGTERM/SIGINT: health NOT_SERVING, new requests UNAVAILABLE,
@@ -71,7 +110,8 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
     std::string value;
     const auto eq = flag.find('=');
     if (flag == "--help" || flag == "-h") return Status(StatusCode::kCancelled, ServerUsage());
-    if (flag.rfind("--", 0) != 0) return InvalidArgument(StrCat("unexpected argument '", flag, "'"));
+    if (flag.rfind("--", 0) != 0)
+      return InvalidArgument(StrCat("unexpected argument '", flag, "'"));
     if (eq != std::string::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
@@ -91,6 +131,11 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
       o.device = value;
     } else if (flag == "--memory-budget") {
       ASSIGN_OR_RETURN(o.memory_budget, ParseFraction(flag, value));
+    } else if (flag == "--host-memory-budget") {
+      ASSIGN_OR_RETURN(o.host_memory_budget_bytes, ParseSize(flag, value));
+      if (o.host_memory_budget_bytes == 0) {
+        ASSIGN_OR_RETURN(o.host_memory_budget, ParseFraction(flag, value));
+      }
     } else if (flag == "--max-queue") {
       ASSIGN_OR_RETURN(o.max_queue, ParseInt(flag, value, 1, 100000));
     } else if (flag == "--max-message-mb") {

@@ -1,6 +1,7 @@
 // Command-line options of qpool-server.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,11 @@ struct ServerOptions {
   // Fraction of each GPU's total memory that pipelines plus the running request may use; the
   // rest is left to the CUDA context, the caching allocator's slack and other processes.
   double memory_budget = 0.9;
+  // Host memory qpool may fill with pipelines' host copies (Note [Host memory budget] in
+  // pool/pipeline_registry.h): bytes when host_memory_budget_bytes > 0, else this fraction of
+  // the machine's (or its cgroup's) memory.
+  double host_memory_budget = 0.9;
+  uint64_t host_memory_budget_bytes = 0;
   // Requests waiting per device before RESOURCE_EXHAUSTED.
   int max_queue = 64;
   // Largest request/response in MiB: a few 1024x1024 PNGs fit in the default.

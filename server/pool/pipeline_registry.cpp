@@ -32,13 +32,17 @@ std::string DtypeName(c10::ScalarType t) {
   }
 }
 
-uint64_t FileBytes(const std::string& path) {
-  std::error_code error;
-  const auto size = std::filesystem::file_size(path, error);
-  return error ? 0 : static_cast<uint64_t>(size);
-}
-
 }  // namespace
+
+uint64_t PipelineRegistry::ComponentFileBytes(const PipelineManifest& manifest) {
+  uint64_t bytes = 0;
+  for (const auto& c : manifest.components) {
+    std::error_code error;
+    const auto size = std::filesystem::file_size(c.file, error);
+    bytes += error ? 0 : static_cast<uint64_t>(size);
+  }
+  return bytes;
+}
 
 PipelineLease::PipelineLease(std::shared_ptr<SdPipeline> pipeline,
                              std::shared_ptr<ReplicaLoad> load,
@@ -228,8 +232,7 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::
   if (target.is_cuda()) {
     // The component files are what the load puts on the device (at most: load-time
     // quantization shrinks them); room for them is made before anything is allocated.
-    uint64_t file_bytes = 0;
-    for (const auto& c : manifest->components) file_bytes += FileBytes(c.file);
+    const uint64_t file_bytes = ComponentFileBytes(*manifest);
     Status room = MakeRoom(target, file_bytes, name,
                            StrCat("loading '", name, "' (", file_bytes, " bytes of components)"));
     if (!room.ok()) return fail(room);
@@ -292,11 +295,16 @@ StatusOr<std::vector<c10::Device>> PipelineRegistry::BeginUnload(const std::stri
   RETURN_IF_ERROR(ValidatePipelineName(name));
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-  if (entry->unloading) {
+  return MarkUnloading(name, *entry);
+}
+
+StatusOr<std::vector<c10::Device>> PipelineRegistry::MarkUnloading(const std::string& name,
+                                                                   Entry& entry) {
+  if (entry.unloading) {
     return Unavailable(StrCat("pipeline '", name, "' is being unloaded"));
   }
   int in_flight = 0;
-  for (const auto& r : entry->replicas) {
+  for (const auto& r : entry.replicas) {
     if (r.changing) return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
     in_flight += r.load->in_flight.load();
   }
@@ -305,11 +313,11 @@ StatusOr<std::vector<c10::Device>> PipelineRegistry::BeginUnload(const std::stri
                                      " request(s) in flight; retry when it is idle"));
   }
   std::vector<c10::Device> out;
-  for (auto& r : entry->replicas) {
+  for (auto& r : entry.replicas) {
     r.changing = true;
     out.push_back(r.pipeline->device());
   }
-  entry->unloading = true;
+  entry.unloading = true;
   return out;
 }
 

@@ -127,6 +127,9 @@ struct AdmissionOptions {
   // Working memory per output pixel assumed until a pipeline's first request on a GPU has been
   // measured: ~1 GiB for one 512x512 image, what an fp16 SD 1.5 VAE decode needs.
   uint64_t default_working_bytes_per_pixel = 4096;
+  // Host memory pipelines may hold, all devices together (Note [Host memory budget]); 0: no
+  // limit.
+  uint64_t host_budget_bytes = 0;
 };
 
 // Counters the pool's metrics export (PoolMetrics).
@@ -139,7 +142,13 @@ struct PoolCounters {
   std::map<std::string, uint64_t> retries;
   // pipeline -> requests queued or running, all replicas
   std::map<std::string, int> queued;
+  // pipeline -> times it was unloaded to make room in host memory for another's load
+  std::map<std::string, uint64_t> host_evictions;
 };
+
+// Idle pipelines a load must unload first, each marked as unloading (as BeginUnload does) with
+// the devices of its replicas; EndUnload each once done.
+using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Device>>>;
 
 // Note [Leak check]
 // Unload drops every tensor of the replica and then compares, per device, the drop of the
@@ -148,6 +157,17 @@ struct PoolCounters {
 // that device meanwhile; a drop smaller than expected is a leak: an error log, a `leak` event and
 // qpool_vram_leaked_bytes_total. The CPU is checked the same way against the host bytes of
 // pipeline tensors (Note [Host memory accounting]).
+//
+// Note [Host memory budget]
+// Every replica keeps pinned host copies of its components, and a CPU replica computes from host
+// memory, so each load takes about its component files' bytes of host memory, for as long as it
+// stays loaded (offloading a replica does not give them back). --host-memory-budget bounds what
+// qpool attributes to host memory, all devices together. A load that would go over it first
+// unloads idle pipelines (every replica of each, nothing in flight), least recently used first,
+// each on its own devices' workers before the load starts (PlanHostRoom, LoadReplicas); if even
+// all idle pipelines are not enough, the load fails with RESOURCE_EXHAUSTED naming the bytes
+// needed and free. The estimate is made before loading, from the component files, and counted
+// once per replica to load.
 //
 // Note [Memory budget]
 // Each GPU has a budget, --memory-budget of its total memory. What counts against it is what qpool
@@ -170,6 +190,10 @@ class PipelineRegistry {
   // "" or "auto": the manifest's placement and replica count, less the devices that have one
   // already (empty when loaded); else that device (empty when a replica is there).
   StatusOr<std::vector<c10::Device>> PlanLoad(const std::string& name, const std::string& device);
+  // The idle pipelines to unload before loading `replicas` replicas of `name` (Note [Host memory
+  // budget]), least recently used first, already marked as unloading; empty when it fits or
+  // without a budget. ResourceExhausted when even every idle pipeline is not enough.
+  StatusOr<HostEvictionPlan> PlanHostRoom(const std::string& name, size_t replicas);
   // Loads one replica of `name` on `device`, making room under the budget first. Call it on
   // `device`'s worker. already_loaded when a replica is there; FailedPrecondition while another
   // load of it on that device runs; ResourceExhausted when it cannot fit.
@@ -248,6 +272,11 @@ class PipelineRegistry {
     std::shared_ptr<WorkingMemoryModel> working;       // learned per pipeline
   };
   PipelineStatus StatusOf(const std::string& name, const Entry& entry) const;
+  // What a replica of `manifest` takes in host memory, about: its component files' bytes.
+  static uint64_t ComponentFileBytes(const PipelineManifest& manifest);
+  // Marks every replica of an idle `entry` as unloading and returns their devices:
+  // BeginUnload's work, its errors; mu_ held.
+  StatusOr<std::vector<c10::Device>> MarkUnloading(const std::string& name, Entry& entry);
   // The loaded entry or the error Acquire/Unload give; mu_ held.
   StatusOr<Entry*> LoadedEntry(const std::string& name);
   // The replica of `entry` on `device`, or nullptr; mu_ held.

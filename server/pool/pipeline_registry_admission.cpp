@@ -48,8 +48,8 @@ DeviceSnapshot PipelineRegistry::SnapshotOf(const c10::Device& device, const std
   s.queued = devices_.worker(device).pending();
   if (!device.is_cuda() || residency_.memory == nullptr) return s;  // no budget on the CPU
   const DeviceMemoryStats stats = residency_.memory->Read(device);
-  s.budget_bytes = static_cast<uint64_t>(admission_.memory_budget *
-                                         static_cast<double>(stats.total_bytes));
+  s.budget_bytes =
+      static_cast<uint64_t>(admission_.memory_budget * static_cast<double>(stats.total_bytes));
   s.free_bytes = stats.free_bytes;
   for (const auto& [name, entry] : entries_) {
     for (const auto& r : entry.replicas) {
@@ -119,6 +119,52 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::st
                                          options.steps);
 }
 
+StatusOr<HostEvictionPlan> PipelineRegistry::PlanHostRoom(const std::string& name,
+                                                          size_t replicas) {
+  const uint64_t budget = admission_.host_budget_bytes;
+  if (budget == 0 || replicas == 0) return HostEvictionPlan{};
+  auto manifest = repository_.LoadManifest(name);
+  if (!manifest.ok()) return HostEvictionPlan{};  // the load itself reports it
+  const uint64_t needed = ComponentFileBytes(*manifest) * replicas;
+  const c10::Device host(c10::kCPU);
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t used = 0, idle_bytes = 0;
+  std::vector<EvictionCandidate> candidates;
+  for (const auto& [other, entry] : entries_) {
+    EvictionCandidate c{other, 0, 0, 0, other != name && !entry.unloading};
+    for (const auto& r : entry.replicas) {
+      c.bytes += BytesOn(*r.pipeline, host);
+      c.last_used_ns = std::max<uint64_t>(c.last_used_ns, r.load->last_used_ns.load());
+      c.idle = c.idle && !r.changing && r.load->in_flight.load() == 0;
+    }
+    used += c.bytes;
+    if (c.idle) idle_bytes += c.bytes;
+    if (c.bytes > 0) candidates.push_back(std::move(c));
+  }
+  if (used + needed <= budget) return HostEvictionPlan{};
+  auto victims = PlanEviction(std::move(candidates), used + needed - budget);
+  if (!victims.ok()) {
+    return ResourceExhausted(StrCat("loading '", name, "' needs ", needed,
+                                    " bytes of host memory (", replicas,
+                                    " replica(s) of its component files); the host budget has ",
+                                    budget > used ? budget - used : 0, " free (budget ", budget,
+                                    ", ", used, " in use) and idle pipelines hold ", idle_bytes,
+                                    " of it; raise --host-memory-budget or "
+                                    "unload pipelines"));
+  }
+  HostEvictionPlan plan;
+  for (const EvictionCandidate& victim : *victims) {
+    // Cannot fail: mu_ has been held since the candidates were found idle.
+    auto devices = MarkUnloading(victim.pipeline, entries_.at(victim.pipeline));
+    if (!devices.ok()) return devices.status();
+    plan.emplace_back(victim.pipeline, std::move(devices).value());
+    ++counters_.host_evictions[victim.pipeline];
+    log::Info("unloading idle pipeline '", victim.pipeline, "' (", victim.bytes,
+              " bytes of host memory) to make room for loading '", name, "'");
+  }
+  return plan;
+}
+
 Status PipelineRegistry::Admit(PipelineLease& lease, const RouteOptions& options) {
   const SdPipeline& pipeline = lease.pipeline();
   const c10::Device device = pipeline.device();
@@ -161,11 +207,10 @@ Status PipelineRegistry::MakeRoom(const c10::Device& device, uint64_t needed,
   if (after <= snapshot.budget_bytes) return Status::Ok();
   auto plan = PlanEviction(candidates, after - snapshot.budget_bytes);
   if (!plan.ok()) {
-    return ResourceExhausted(StrCat(what, " needs ", needed, " bytes on ", device.str(),
-                                    "; its budget has ", headroom, " free (budget ",
-                                    snapshot.budget_bytes, ", ", snapshot.used_bytes,
-                                    " in use) and idle pipelines hold ", snapshot.evictable_bytes,
-                                    " of it"));
+    return ResourceExhausted(
+        StrCat(what, " needs ", needed, " bytes on ", device.str(), "; its budget has ", headroom,
+               " free (budget ", snapshot.budget_bytes, ", ", snapshot.used_bytes,
+               " in use) and idle pipelines hold ", snapshot.evictable_bytes, " of it"));
   }
   for (const EvictionCandidate& victim : *plan) {
     auto offloaded = ChangeResidency(victim.pipeline, device, Change::kOffload, device);
@@ -174,8 +219,8 @@ Status PipelineRegistry::MakeRoom(const c10::Device& device, uint64_t needed,
                                       "; offloading idle pipeline '", victim.pipeline,
                                       "' to make room failed: ", offloaded.status().message()));
     }
-    log::Info("evicted pipeline '", victim.pipeline, "' from ", device.str(), " (",
-              victim.bytes, " bytes to host memory) for ", what);
+    log::Info("evicted pipeline '", victim.pipeline, "' from ", device.str(), " (", victim.bytes,
+              " bytes to host memory) for ", what);
     std::lock_guard<std::mutex> lock(mu_);
     ++counters_.evictions[{victim.pipeline, device.str()}];
   }

@@ -37,6 +37,12 @@ void PoolMetrics::Collect(SampleSink& sink) const {
                     "Idle replicas offloaded to host memory to make room under a GPU's budget.",
                     {{"pipeline", key.first}, {"device", key.second}}, static_cast<double>(n));
   }
+  for (const auto& [pipeline, n] : c.host_evictions) {
+    sink.AddCounter("qpool_host_evictions_total",
+                    "Idle pipelines unloaded to make room in host memory for another's load "
+                    "(--host-memory-budget).",
+                    {{"pipeline", pipeline}}, static_cast<double>(n));
+  }
   for (const auto& [pipeline, n] : c.retries) {
     sink.AddCounter("qpool_request_retries_total",
                     "Requests retried on another device after running out of memory.",

@@ -1,0 +1,47 @@
+#include "pool/pipeline_loader.h"
+
+#include <memory>
+#include <utility>
+
+namespace qpool {
+
+void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
+                  std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
+                  std::function<void(const Status&)> done) {
+  auto plan = registry.PlanHostRoom(name, devices.size());
+  if (!plan.ok()) {
+    done(plan.status());
+    return;
+  }
+  // Every unload of the victims' replicas, then every load, each on its device's worker.
+  std::vector<c10::Device> order;
+  std::vector<DevicePool::Step> steps;
+  std::vector<std::string> victims;
+  for (const auto& [victim, victim_devices] : *plan) {
+    victims.push_back(victim);
+    for (const auto& device : victim_devices) {
+      order.push_back(device);
+      steps.push_back([&registry, victim = victim](const c10::Device& d) {
+        return registry.Unload(victim, d).status();
+      });
+    }
+  }
+  for (const auto& device : devices) {
+    order.push_back(device);
+    steps.push_back([&registry, name, loaded](const c10::Device& d) -> Status {
+      ASSIGN_OR_RETURN(LoadResult result, registry.Load(name, d));
+      if (loaded) loaded(result);
+      return Status::Ok();
+    });
+  }
+  auto next = std::make_shared<size_t>(0);
+  pool.RunInTurn(
+      std::move(order),
+      [steps = std::move(steps), next](const c10::Device& d) { return steps.at((*next)++)(d); },
+      [&registry, victims = std::move(victims), done = std::move(done)](const Status& status) {
+        for (const auto& victim : victims) registry.EndUnload(victim);
+        done(status);
+      });
+}
+
+}  // namespace qpool
