@@ -1,5 +1,7 @@
 // qpool-server: serves the pipelines of a model repository over gRPC.
+#include <ATen/Parallel.h>
 #include <signal.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -7,9 +9,6 @@
 #include <future>
 #include <iostream>
 #include <thread>
-
-#include <ATen/Parallel.h>
-#include <torch/version.h>
 
 #include "api/grpc_server.h"
 #include "api/request_metrics.h"
@@ -21,12 +20,12 @@
 #include "memory/memory_metrics.h"
 #include "metrics/metrics_http_server.h"
 #include "metrics/metrics_registry.h"
-#include "pool/idle_offloader.h"
-#include "residency/block_copy.h"
 #include "pool/device_pool.h"
+#include "pool/idle_offloader.h"
 #include "pool/pipeline_loader.h"
 #include "pool/pipeline_registry.h"
 #include "pool/pool_metrics.h"
+#include "residency/block_copy.h"
 #include "util/clock.h"
 #include "util/host_memory.h"
 #include "util/log.h"
@@ -46,15 +45,14 @@ void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineReg
       continue;
     }
     std::promise<void> done;
-    qpool::LoadReplicas(registry, devices, name, *planned, nullptr,
-                        [&](const qpool::Status& status) {
-                          // Load logs its own errors, not the ones before it.
-                          if (status.code() == qpool::StatusCode::kResourceExhausted) {
-                            qpool::log::Error("cannot load '", name, "' at start-up: ",
-                                              status.message());
-                          }
-                          done.set_value();
-                        });
+    qpool::LoadReplicas(
+        registry, devices, name, *planned, nullptr, [&](const qpool::Status& status) {
+          // Load logs its own errors, not the ones before it.
+          if (status.code() == qpool::StatusCode::kResourceExhausted) {
+            qpool::log::Error("cannot load '", name, "' at start-up: ", status.message());
+          }
+          done.set_value();
+        });
     done.get_future().wait();
   }
 }
@@ -189,6 +187,7 @@ int Run(int argc, char** argv) {
   qpool::log::Info("host memory budget: ", admission.host_budget_bytes, " bytes");
   qpool::PipelineRegistry registry(*repository, **devices, residency, admission);
   qpool::IdleOffloader idle(registry, **devices);
+  qpool::OnDemandLoader on_demand(registry, **devices);
   qpool::MetricsRegistry metrics;
   metrics.AddGauge("qpool_build_info", "qpool build; the value is 1.", {"version", "torch"})
       .WithLabels({QPOOL_VERSION, TORCH_VERSION})
@@ -211,8 +210,9 @@ int Run(int argc, char** argv) {
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
   auto server = qpool::api::GrpcServer::Start(
-      grpc_options, qpool::api::EngineRefs{&registry, devices->get(), &memory, &events,
-                                           &request_metrics, &draining});
+      grpc_options,
+      qpool::api::EngineRefs{&registry, devices->get(), &memory, &events, &request_metrics,
+                             &draining, options->load_on_demand ? &on_demand : nullptr});
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";
     return 1;

@@ -9,8 +9,9 @@ EncodeReactor::EncodeReactor(const EngineRefs& engine, const v1::EncodeRequest& 
                              std::chrono::system_clock::time_point deadline)
     : call_(engine, RequestRpc::kEncode), response_(response) {
   call_.set_deadline(deadline);
-  Status queued = Queue(request);
-  if (!queued.ok()) Reply(ToGrpc(queued));
+  call_.QueueWhenLoaded(
+      request.pipeline(), [this, request] { return Queue(request); },
+      [this](const Status& status) { Reply(ToGrpc(status)); });
 }
 
 Status EncodeReactor::Queue(const v1::EncodeRequest& request) {

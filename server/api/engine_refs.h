@@ -7,6 +7,7 @@
 #include "memory/device_memory.h"
 #include "memory/memory_event_log.h"
 #include "pool/device_pool.h"
+#include "pool/pipeline_loader.h"
 #include "pool/pipeline_registry.h"
 
 namespace qpool::api {
@@ -21,6 +22,9 @@ struct EngineRefs {
   // Set when the server drains (Note [Drain] in main.cpp): new Generate and Encode calls get
   // UNAVAILABLE and WatchMemory streams end. Null: never drains.
   const std::atomic<bool>* draining = nullptr;
+  // Loads pipelines that requests ask for (--load-on-demand). Null: such requests fail with
+  // FAILED_PRECONDITION.
+  OnDemandLoader* loader = nullptr;
 };
 
 }  // namespace qpool::api

@@ -9,8 +9,9 @@ GenerateReactor::GenerateReactor(const EngineRefs& engine, const v1::GenerateReq
                                  std::chrono::system_clock::time_point deadline)
     : call_(engine, RequestRpc::kGenerate) {
   call_.set_deadline(deadline);
-  Status queued = Queue(request);
-  if (!queued.ok()) FinishAfterWrites(ToGrpc(queued));
+  call_.QueueWhenLoaded(
+      request.pipeline(), [this, request] { return Queue(request); },
+      [this](const Status& status) { FinishAfterWrites(ToGrpc(status)); });
 }
 
 // Forwards the batch runner's calls to the reactor; see Note [Generate reactor lifetime].

@@ -16,17 +16,36 @@ RouteOptions WithImages(RouteOptions options, int batch_images) {
 }  // namespace
 
 PipelineCall::PipelineCall(const EngineRefs& engine, RequestRpc rpc)
-    : registry_(*engine.registry), draining_(engine.draining), recorder_(engine, rpc) {}
+    : registry_(*engine.registry),
+      draining_(engine.draining),
+      loader_(engine.loader),
+      recorder_(engine, rpc) {}
 
 StatusOr<std::shared_ptr<const PipelineManifest>> PipelineCall::Manifest(const std::string& name) {
   auto manifest = registry_.Manifest(name);
   recorder_.SetPipeline(name, manifest.status());  // labels from the registry's answer only
+  not_loaded_ = manifest.status().code() == StatusCode::kFailedPrecondition;
   if (draining_ != nullptr && draining_->load()) {
     return Unavailable(
         "the server is draining before it stops; send the request to another "
         "replica of the service");
   }
   return manifest;
+}
+
+void PipelineCall::QueueWhenLoaded(const std::string& name, std::function<Status()> queue,
+                                   std::function<void(const Status&)> fail) {
+  Status queued = queue();
+  if (queued.ok()) return;
+  if (loader_ == nullptr || !not_loaded_ || (draining_ != nullptr && draining_->load())) {
+    fail(queued);
+    return;
+  }
+  loader_->EnsureLoaded(name,
+                        [queue = std::move(queue), fail = std::move(fail)](const Status& loaded) {
+                          Status again = loaded.ok() ? queue() : loaded;
+                          if (!again.ok()) fail(again);
+                        });
 }
 
 Status PipelineCall::Acquire(const std::string& name, RouteOptions options) {

@@ -32,6 +32,11 @@ class PipelineCall {
   // The manifest of the loaded pipeline `name`, to resolve the request against; an error labels
   // the request as Acquire's would. Unavailable while the server drains.
   StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
+  // Runs `queue`, the reactor's own resolution, Acquire and hand-off to the worker. When it fails
+  // because Manifest found the pipeline not loaded and the server loads on demand, runs it again
+  // once the pipeline is loaded (OnDemandLoader). `fail` gets the error that ends the call.
+  void QueueWhenLoaded(const std::string& name, std::function<Status()> queue,
+                       std::function<void(const Status&)> fail);
   // Leases the replica the pool routes the request to (PipelineRegistry::Acquire's errors).
   Status Acquire(const std::string& name, RouteOptions options);
   // The leased pipeline: valid from a successful Acquire until Release or End.
@@ -89,6 +94,8 @@ class PipelineCall {
 
   PipelineRegistry& registry_;
   const std::atomic<bool>* draining_;
+  OnDemandLoader* loader_;
+  bool not_loaded_ = false;  // the last Manifest found the pipeline not loaded
   RequestRecorder recorder_;
   std::unique_ptr<PipelineLease> lease_;
   std::string name_;

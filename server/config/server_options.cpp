@@ -91,6 +91,9 @@ std::string ServerUsage() {
                            copies): a fraction of the machine's memory (of its cgroup's limit
                            when lower) or a size such as 48GiB; a load beyond it first unloads
                            idle pipelines, least recently used first, or fails (default 0.9)
+  --load-on-demand on|off  a request for a pipeline that is not loaded loads it first (its
+                           manifest's placement, evicting idle pipelines under the budgets)
+                           instead of failing with FAILED_PRECONDITION (default off)
   --max-queue N            requests waiting per device before RESOURCE_EXHAUSTED (default 64)
   --max-message-mb N       largest gRPC message in MiB (default 64)
   --drain-seconds N        on SIGTERM/SIGINT: health NOT_SERVING, new requests UNAVAILABLE,
@@ -136,6 +139,11 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
       if (o.host_memory_budget_bytes == 0) {
         ASSIGN_OR_RETURN(o.host_memory_budget, ParseFraction(flag, value));
       }
+    } else if (flag == "--load-on-demand") {
+      if (value != "on" && value != "off") {
+        return InvalidArgument(StrCat("--load-on-demand must be on or off (got '", value, "')"));
+      }
+      o.load_on_demand = value == "on";
     } else if (flag == "--max-queue") {
       ASSIGN_OR_RETURN(o.max_queue, ParseInt(flag, value, 1, 100000));
     } else if (flag == "--max-message-mb") {

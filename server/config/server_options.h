@@ -30,6 +30,9 @@ struct ServerOptions {
   // the machine's (or its cgroup's) memory.
   double host_memory_budget = 0.9;
   uint64_t host_memory_budget_bytes = 0;
+  // A request for a pipeline of the repository that is not loaded loads it (its manifest's
+  // placement), making room under the budgets, instead of FAILED_PRECONDITION.
+  bool load_on_demand = false;
   // Requests waiting per device before RESOURCE_EXHAUSTED.
   int max_queue = 64;
   // Largest request/response in MiB: a few 1024x1024 PNGs fit in the default.

@@ -3,6 +3,8 @@
 #include <memory>
 #include <utility>
 
+#include "util/log.h"
+
 namespace qpool {
 
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
@@ -42,6 +44,39 @@ void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::strin
         for (const auto& victim : victims) registry.EndUnload(victim);
         done(status);
       });
+}
+
+OnDemandLoader::OnDemandLoader(PipelineRegistry& registry, DevicePool& pool)
+    : registry_(registry), pool_(pool) {}
+
+void OnDemandLoader::EnsureLoaded(const std::string& name,
+                                  std::function<void(const Status&)> then) {
+  StatusOr<std::vector<c10::Device>> devices = std::vector<c10::Device>{};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto waiting = waiting_.find(name);
+    if (waiting != waiting_.end()) {
+      waiting->second.push_back(std::move(then));
+      return;
+    }
+    devices = registry_.PlanLoad(name, "");
+    if (devices.ok() && !devices->empty()) waiting_[name].push_back(std::move(then));
+  }
+  if (!devices.ok() || devices->empty()) {  // an error, or loaded already
+    then(devices.status());
+    return;
+  }
+  log::Info("loading pipeline '", name, "' for a request (--load-on-demand)");
+  LoadReplicas(registry_, pool_, name, std::move(devices).value(), nullptr,
+               [this, name](const Status& status) {
+                 std::vector<std::function<void(const Status&)>> waiters;
+                 {
+                   std::lock_guard<std::mutex> lock(mu_);
+                   waiters = std::move(waiting_[name]);
+                   waiting_.erase(name);
+                 }
+                 for (auto& waiter : waiters) waiter(status);
+               });
 }
 
 }  // namespace qpool

@@ -5,6 +5,8 @@
 #include <c10/core/Device.h>
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,5 +23,26 @@ namespace qpool {
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
                   std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
                   std::function<void(const Status&)> done);
+
+// Loads the pipelines requests ask for (--load-on-demand). The first request for a pipeline that
+// is not loaded starts its load (PlanLoad with its manifest's placement, then LoadReplicas);
+// requests arriving meanwhile wait for the same load.
+// Thread safety: EnsureLoaded may be called from any thread.
+class OnDemandLoader {
+ public:
+  // `registry` and `pool` must outlive the loader and every load it started.
+  OnDemandLoader(PipelineRegistry& registry, DevicePool& pool);
+
+  // Calls `then` once `name` is loaded: at once when it is, else when its load ends, with the
+  // load's error if it failed (on a device worker, or on the caller's thread).
+  void EnsureLoaded(const std::string& name, std::function<void(const Status&)> then);
+
+ private:
+  PipelineRegistry& registry_;
+  DevicePool& pool_;
+  std::mutex mu_;
+  // Pipelines being loaded -> the callbacks waiting for them.
+  std::map<std::string, std::vector<std::function<void(const Status&)>>> waiting_;
+};
 
 }  // namespace qpool

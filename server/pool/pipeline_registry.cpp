@@ -286,7 +286,9 @@ StatusOr<PipelineRegistry::Entry*> PipelineRegistry::LoadedEntry(const std::stri
       return FailedPrecondition(StrCat("pipeline '", name, "' is being loaded; retry shortly"));
     }
     return FailedPrecondition(
-        StrCat("pipeline '", name, "' is not loaded; load it first (ModelService.LoadPipeline)"));
+        StrCat("pipeline '", name,
+               "' is not loaded; load it first (ModelService.LoadPipeline), or run the server "
+               "with --load-on-demand on"));
   }
   return &it->second;
 }

@@ -55,7 +55,9 @@ def scraped(make_server):
     while True:
         text = scrape(client)
         samples = parse_samples(text)
-        counted = sum(series(samples, "qpool_requests_total").values())
+        # Count and duration are two updates: wait for both.
+        counted = min(sum(series(samples, "qpool_requests_total").values()),
+                      sum(series(samples, "qpool_request_duration_seconds_count").values()))
         if counted >= sum(EXPECTED_REQUESTS.values()) or time.monotonic() > deadline:
             return text, samples, result
         time.sleep(0.05)
