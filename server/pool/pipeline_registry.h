@@ -166,8 +166,9 @@ using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Dev
 // unloads idle pipelines (every replica of each, nothing in flight), least recently used first,
 // each on its own devices' workers before the load starts (PlanHostRoom, LoadReplicas); if even
 // all idle pipelines are not enough, the load fails with RESOURCE_EXHAUSTED naming the bytes
-// needed and free. The estimate is made before loading, from the component files, and counted
-// once per replica to load.
+// needed and free. The estimate is made before loading, from the component files, once per
+// replica to load: exact for float32 files on the CPU, an upper bound when the replica's dtype
+// is narrower (fp16 on a GPU) or quantization at load time shrinks them.
 //
 // Note [Memory budget]
 // Each GPU has a budget, --memory-budget of its total memory. What counts against it is what qpool

@@ -11,7 +11,9 @@ import pytest
 
 from conftest import parse_samples, rpc_error, scrape, wait_idle
 
-# One tiny pipeline holds ~7.7 MB of host memory (its component files): room for one, not two.
+# On the CPU (the default test device) one tiny pipeline holds ~7.7 MB of host memory, its
+# float32 component files' bytes: room for one, not two. (A GPU replica's host copies are fp16,
+# half of that, so these numbers are for the CPU.)
 BUDGET = "12MB"
 
 

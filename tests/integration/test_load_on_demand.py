@@ -6,7 +6,8 @@ import pytest
 
 from conftest import break_manifest, rpc_error, run_concurrently, wait_idle
 
-# Room for one tiny pipeline (~7.7 MB of host copies), not two.
+# Room for one tiny pipeline (~7.7 MB of float32 host memory on the CPU, the default test
+# device), not two.
 BUDGET = "12MB"
 
 
