@@ -193,7 +193,13 @@ int RunGenerate(const ParsedArgs& args, const Connection& connection) {
     const v1::Timings& t = result->timings();
     std::cout << "seed " << result->seed() << "  steps " << result->steps() << "  scheduler "
               << result->scheduler() << "  guidance " << FormatFixed(result->guidance_scale(), 2)
-              << "  device " << result->device() << "\n"
+              << "  device " << result->device() << " (" << result->route() << ")"
+              << (result->batch_size() > 1
+                      ? "  batch of " + std::to_string(result->batch_size())
+                      : std::string())
+              << (result->attempts() > 1 ? "  attempts " + std::to_string(result->attempts())
+                                         : std::string())
+              << "\n"
               << "time " << FormatFixed(t.total_seconds(), 3) << " s (queue "
               << FormatFixed(t.queue_seconds(), 3) << ", encode " << FormatFixed(t.encode_seconds(), 3)
               << ", denoise " << FormatFixed(t.denoise_seconds(), 3) << ", decode "
@@ -206,6 +212,9 @@ int RunGenerate(const ParsedArgs& args, const Connection& connection) {
                     {"scheduler", result->scheduler()},
                     {"guidance_scale", result->guidance_scale()},
                     {"device", result->device()},
+                    {"route", result->route()},
+                    {"attempts", result->attempts()},
+                    {"batch_size", result->batch_size()},
                     {"progress_events", progress_events},
                     {"timings", TimingsJson(result->timings())},
                     {"images", files}};

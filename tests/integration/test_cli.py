@@ -109,7 +109,7 @@ def test_generate_writes_pngs(qpool, tmp_path):
         assert (png.width, png.height) == (64, 32)
         assert str(f) in r.stdout
     assert "seed 7" in r.stdout
-    assert "device" in r.stdout
+    assert "device" in r.stdout and "(idle)" in r.stdout
 
 
 def test_generate_default_out_and_pattern(qpool, tmp_path):
@@ -140,6 +140,7 @@ def test_generate_json(qpool, tmp_path):
     assert doc["seed"] == 21 and doc["steps"] == 3 and doc["scheduler"] == "euler"
     assert doc["progress_events"] == 3
     assert doc["device"]
+    assert doc["route"] == "idle" and doc["attempts"] == 1 and doc["batch_size"] == 1
     assert doc["timings"]["total_seconds"] > 0
     (image,) = doc["images"]
     assert image["path"] == str(tmp_path / "j-21-0.png")
