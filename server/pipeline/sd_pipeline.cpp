@@ -350,6 +350,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
 }
 
 Status SdPipeline::DecodeBatch(BatchRun& run) {
+  if (run.running() == 0) return Status::Ok();  // all cancelled: the decoder stays where it is
   Component& decoder = component("vae_decoder");
   RETURN_IF_ERROR(residency_->Use(decoder));
   for (auto& r : run.requests) {
