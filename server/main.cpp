@@ -188,6 +188,9 @@ int Run(int argc, char** argv) {
   qpool::PipelineRegistry registry(*repository, **devices, residency, admission);
   qpool::IdleOffloader idle(registry, **devices);
   qpool::OnDemandLoader on_demand(registry, **devices);
+  registry.SetScaleOut([&on_demand](const std::string& name, const c10::Device& device) {
+    on_demand.AddReplica(name, device);
+  });
   qpool::MetricsRegistry metrics;
   metrics.AddGauge("qpool_build_info", "qpool build; the value is 1.", {"version", "torch"})
       .WithLabels({QPOOL_VERSION, TORCH_VERSION})

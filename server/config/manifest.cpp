@@ -43,7 +43,7 @@ const std::vector<std::string> kDefaultsKeys = {"steps", "guidance_scale", "widt
                                                 "scheduler"};
 const std::vector<std::string> kLimitsKeys = {"max_steps",  "max_width",   "max_height",
                                               "max_images", "max_prompts", "max_queue"};
-const std::vector<std::string> kPlacementKeys = {"device", "dtype", "replicas"};
+const std::vector<std::string> kPlacementKeys = {"device", "dtype", "replicas", "max_replicas"};
 const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds"};
 const std::vector<std::string> kBatchingKeys = {"max_batch", "max_delay_ms"};
 
@@ -465,12 +465,19 @@ Status Parser::ParsePlacement(const YAML::Node& root, Placement* p) const {
     return Got("placement.device", "must be auto, cpu, cuda, cuda:N or a list cuda:N,cuda:M",
                "'" + p->device + "'");
   }
-  const YAML::Node replicas = node["replicas"];
-  if (replicas.IsDefined() && replicas.IsScalar() && replicas.Scalar() == "all") {
-    p->replicas = 0;
-  } else {
-    RETURN_IF_ERROR(ReadNumber(node, "placement", "replicas", &p->replicas));
-    if (p->replicas < 1) return Got("placement.replicas", "must be >= 1 or all", p->replicas);
+  for (const char* key : {"replicas", "max_replicas"}) {
+    int* count = std::string(key) == "replicas" ? &p->replicas : &p->max_replicas;
+    const YAML::Node value = node[key];
+    if (value.IsDefined() && value.IsScalar() && value.Scalar() == "all") {
+      *count = 0;
+    } else if (value.IsDefined()) {
+      RETURN_IF_ERROR(ReadNumber(node, "placement", key, count));
+      if (*count < 1) return Got(Dotted("placement", key), "must be >= 1 or all", *count);
+    }
+  }
+  if (p->max_replicas < 0) p->max_replicas = p->replicas;  // no scale-out
+  if (p->max_replicas != 0 && (p->replicas == 0 || p->max_replicas < p->replicas)) {
+    return Got("placement.max_replicas", "must be >= placement.replicas", p->max_replicas);
   }
   RETURN_IF_ERROR(ReadString(node, "placement", "dtype", false, &p->dtype));
   return CheckOneOf("placement.dtype", p->dtype, {"auto", "float32", "float16", "bfloat16"});

@@ -68,6 +68,9 @@ struct Placement {
   // Replicas loaded by a load without an explicit device, one per device; 0 = "all": one on
   // each device `device` allows. A load naming a device adds a replica there.
   int replicas = 1;
+  // Scale-out: when every replica is busy, the router may load more, up to this many, on other
+  // devices `device` allows (0 = all of them). Unset: `replicas` (no scale-out).
+  int max_replicas = -1;
   std::string dtype = "auto";   // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
 };
 

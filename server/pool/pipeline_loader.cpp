@@ -9,8 +9,8 @@ namespace qpool {
 
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
                   std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
-                  std::function<void(const Status&)> done) {
-  auto plan = registry.PlanHostRoom(name, devices.size());
+                  std::function<void(const Status&)> done, bool unload_for_host) {
+  auto plan = registry.PlanHostRoom(name, devices.size(), unload_for_host);
   if (!plan.ok()) {
     done(plan.status());
     return;
@@ -48,6 +48,20 @@ void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::strin
 
 OnDemandLoader::OnDemandLoader(PipelineRegistry& registry, DevicePool& pool)
     : registry_(registry), pool_(pool) {}
+
+void OnDemandLoader::AddReplica(const std::string& name, const c10::Device& device) {
+  log::Info("every replica of '", name, "' is busy: loading another on ", device.str(),
+            " (placement.max_replicas)");
+  LoadReplicas(
+      registry_, pool_, name, {device}, nullptr,
+      [this, name, device](const Status& status) {
+        if (!status.ok()) {
+          log::Warn("scale-out of '", name, "' on ", device.str(), " failed: ", status.message());
+        }
+        registry_.EndScaleOut(name);
+      },
+      /*unload_for_host=*/false);
+}
 
 void OnDemandLoader::EnsureLoaded(const std::string& name,
                                   std::function<void(const Status&)> then) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -144,6 +145,8 @@ struct PoolCounters {
   std::map<std::string, int> queued;
   // pipeline -> times it was unloaded to make room in host memory for another's load
   std::map<std::string, uint64_t> host_evictions;
+  // (pipeline, device) -> replicas added there because every replica was busy
+  std::map<std::pair<std::string, std::string>, uint64_t> scale_outs;
 };
 
 // Idle pipelines a load must unload first, each marked as unloading (as BeginUnload does) with
@@ -194,7 +197,9 @@ class PipelineRegistry {
   // The idle pipelines to unload before loading `replicas` replicas of `name` (Note [Host memory
   // budget]), least recently used first, already marked as unloading; empty when it fits or
   // without a budget. ResourceExhausted when even every idle pipeline is not enough.
-  StatusOr<HostEvictionPlan> PlanHostRoom(const std::string& name, size_t replicas);
+  // With `evict` false nothing is unloaded: ResourceExhausted unless it fits as it is.
+  StatusOr<HostEvictionPlan> PlanHostRoom(const std::string& name, size_t replicas,
+                                          bool evict = true);
   // Loads one replica of `name` on `device`, making room under the budget first. Call it on
   // `device`'s worker. already_loaded when a replica is there; FailedPrecondition while another
   // load of it on that device runs; ResourceExhausted when it cannot fit.
@@ -232,6 +237,12 @@ class PipelineRegistry {
   // replica is being moved.
   StatusOr<std::unique_ptr<PipelineLease>> Acquire(const std::string& name,
                                                    const RouteOptions& options);
+  // How a scale-out (Note [Routing]) gets its replica loaded: `load(name, device)` is called,
+  // without the registry's mutex, when Acquire found every replica busy and the manifest's
+  // placement.max_replicas allows another one where it fits; EndScaleOut(name) once that load
+  // ended, whichever way. One scale-out per pipeline at a time. Unset: no scale-out.
+  void SetScaleOut(std::function<void(const std::string&, const c10::Device&)> load);
+  void EndScaleOut(const std::string& name);
   // The manifest of a loaded pipeline (its replicas share it), for resolving a request before
   // Acquire. Errors as Acquire.
   StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
@@ -271,6 +282,8 @@ class PipelineRegistry {
     bool unloading = false;             // BeginUnload..EndUnload
     std::shared_ptr<const PipelineManifest> manifest;  // of the loaded replicas
     std::shared_ptr<WorkingMemoryModel> working;       // learned per pipeline
+    bool scaling_out = false;  // a scale-out load was asked for and has not ended
+    uint64_t replica_bytes = 0;  // ComponentFileBytes of the manifest (scale-out's estimate)
   };
   PipelineStatus StatusOf(const std::string& name, const Entry& entry) const;
   // What a replica of `manifest` takes in host memory, about: its component files' bytes.
@@ -278,6 +291,10 @@ class PipelineRegistry {
   // Marks every replica of an idle `entry` as unloading and returns their devices:
   // BeginUnload's work, its errors; mu_ held.
   StatusOr<std::vector<c10::Device>> MarkUnloading(const std::string& name, Entry& entry);
+  // Acquire under mu_; sets `scale_out` to a device to add a replica on, or leaves it.
+  StatusOr<std::unique_ptr<PipelineLease>> AcquireLocked(const std::string& name,
+                                                         const RouteOptions& options,
+                                                         std::optional<c10::Device>* scale_out);
   // The loaded entry or the error Acquire/Unload give; mu_ held.
   StatusOr<Entry*> LoadedEntry(const std::string& name);
   // The replica of `entry` on `device`, or nullptr; mu_ held.
@@ -300,6 +317,7 @@ class PipelineRegistry {
   std::mutex mu_;
   std::map<std::string, Entry> entries_;
   PoolCounters counters_;  // `queued` is filled in by Counters()
+  std::function<void(const std::string&, const c10::Device&)> scale_out_;  // SetScaleOut
 };
 
 const char* PipelineStateName(PipelineState state);

@@ -74,7 +74,32 @@ StatusOr<std::shared_ptr<const PipelineManifest>> PipelineRegistry::Manifest(
 StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::string& name,
                                                                    const RouteOptions& options) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
+  std::optional<c10::Device> scale_out;
+  std::function<void(const std::string&, const c10::Device&)> load;
+  StatusOr<std::unique_ptr<PipelineLease>> lease = Internal("not routed");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lease = AcquireLocked(name, options, &scale_out);
+    load = scale_out_;
+  }
+  if (scale_out && load) load(name, *scale_out);
+  return lease;
+}
+
+void PipelineRegistry::SetScaleOut(
+    std::function<void(const std::string&, const c10::Device&)> load) {
   std::lock_guard<std::mutex> lock(mu_);
+  scale_out_ = std::move(load);
+}
+
+void PipelineRegistry::EndScaleOut(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it != entries_.end()) it->second.scaling_out = false;
+}
+
+StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::AcquireLocked(
+    const std::string& name, const RouteOptions& options, std::optional<c10::Device>* scale_out) {
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
   if (entry->unloading) {
     return Unavailable(StrCat("pipeline '", name, "' is being unloaded"));
@@ -106,7 +131,25 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::st
   RouteRequest request;
   request.working_bytes = Estimate(*entry->working, options, entry->manifest->defaults);
   request.exclude = options.exclude;
+  const Placement& placement = entry->manifest->placement;
+  const size_t max_replicas = static_cast<size_t>(placement.max_replicas);
+  if (scale_out_ && !entry->scaling_out && entry->loading.empty() &&
+      (max_replicas == 0 || entry->replicas.size() < max_replicas)) {
+    auto allowed = devices_.Candidates(placement.device);
+    for (const auto& d : allowed.ok() ? *allowed : std::vector<c10::Device>{}) {
+      if (FindReplica(*entry, d) != nullptr) continue;
+      request.spare_devices.push_back(d.str());
+      devices.push_back(SnapshotOf(d, name));
+    }
+    if (entry->replica_bytes == 0) entry->replica_bytes = ComponentFileBytes(*entry->manifest);
+    request.replica_bytes = entry->replica_bytes;
+  }
   ASSIGN_OR_RETURN(RouteDecision decision, Route(devices, replicas, request));
+  if (!decision.scale_out.empty()) {
+    entry->scaling_out = true;
+    ++counters_.scale_outs[{name, decision.scale_out}];
+    *scale_out = c10::Device(decision.scale_out);
+  }
   Replica& chosen = entry->replicas.at(static_cast<size_t>(decision.replica));
   chosen.load->in_flight.fetch_add(1);
   chosen.load->pending_steps.fetch_add(options.steps);
@@ -120,7 +163,7 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::st
 }
 
 StatusOr<HostEvictionPlan> PipelineRegistry::PlanHostRoom(const std::string& name,
-                                                          size_t replicas) {
+                                                          size_t replicas, bool evict) {
   const uint64_t budget = admission_.host_budget_bytes;
   if (budget == 0 || replicas == 0) return HostEvictionPlan{};
   auto manifest = repository_.LoadManifest(name);
@@ -143,6 +186,7 @@ StatusOr<HostEvictionPlan> PipelineRegistry::PlanHostRoom(const std::string& nam
   }
   if (used + needed <= budget) return HostEvictionPlan{};
   auto victims = PlanEviction(std::move(candidates), used + needed - budget);
+  if (!evict) victims = ResourceExhausted("not evicting");
   if (!victims.ok()) {
     return ResourceExhausted(StrCat("loading '", name, "' needs ", needed,
                                     " bytes of host memory (", replicas,

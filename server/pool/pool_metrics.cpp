@@ -37,6 +37,12 @@ void PoolMetrics::Collect(SampleSink& sink) const {
                     "Idle replicas offloaded to host memory to make room under a GPU's budget.",
                     {{"pipeline", key.first}, {"device", key.second}}, static_cast<double>(n));
   }
+  for (const auto& [key, n] : c.scale_outs) {
+    sink.AddCounter("qpool_replica_scale_outs_total",
+                    "Replicas loaded because every replica of the pipeline was busy "
+                    "(placement.max_replicas).",
+                    {{"pipeline", key.first}, {"device", key.second}}, static_cast<double>(n));
+  }
   for (const auto& [pipeline, n] : c.host_evictions) {
     sink.AddCounter("qpool_host_evictions_total",
                     "Idle pipelines unloaded to make room in host memory for another's load "

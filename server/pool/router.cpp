@@ -72,6 +72,32 @@ std::string FormatBytes(uint64_t bytes) {
   return text;
 }
 
+namespace {
+
+// The spare device for a scale-out (Note [Routing]), or "".
+std::string SpareDevice(const std::vector<DeviceSnapshot>& devices, const RouteRequest& request) {
+  const DeviceSnapshot* best = nullptr;
+  for (const auto& name : request.spare_devices) {
+    if (Contains(request.exclude, name)) continue;
+    auto d = std::find_if(devices.begin(), devices.end(),
+                          [&](const DeviceSnapshot& s) { return s.device == name; });
+    if (d == devices.end()) continue;
+    const uint64_t headroom = Headroom(*d);
+    if (headroom != kUnlimited &&
+        d->used_bytes + request.replica_bytes + request.working_bytes >
+            d->budget_bytes + d->evictable_bytes) {
+      continue;
+    }
+    if (best == nullptr || d->queued < best->queued ||
+        (d->queued == best->queued && headroom > Headroom(*best))) {
+      best = &*d;
+    }
+  }
+  return best == nullptr ? "" : best->device;
+}
+
+}  // namespace
+
 StatusOr<RouteDecision> Route(const std::vector<DeviceSnapshot>& devices,
                               const std::vector<ReplicaSnapshot>& replicas,
                               const RouteRequest& request) {
@@ -141,6 +167,7 @@ StatusOr<RouteDecision> Route(const std::vector<DeviceSnapshot>& devices,
   decision.device = best->replica->device;
   decision.reason = reason;
   decision.evict_bytes = best->evict_bytes;
+  if (reason == "least-loaded") decision.scale_out = SpareDevice(devices, request);
   return decision;
 }
 

@@ -37,6 +37,11 @@ struct ReplicaSnapshot {
 struct RouteRequest {
   uint64_t working_bytes = 0;        // estimated activation memory of its run
   std::vector<std::string> exclude;  // devices not to use: a retry after running out there
+  // Scale-out: devices where the pipeline may add a replica (its placement allows them, it has
+  // none there and none is loading; empty when it has placement.max_replicas already), each in
+  // `devices` too, and what a replica takes there.
+  std::vector<std::string> spare_devices;
+  uint64_t replica_bytes = 0;
 };
 
 struct RouteDecision {
@@ -45,6 +50,9 @@ struct RouteDecision {
   // "idle" | "onload" | "least-loaded": stable, short, used in replies and as a metric label.
   std::string reason;
   uint64_t evict_bytes = 0;  // what the device must free (offload idle replicas) before the run
+  // A spare device to load another replica on, in the background, because every replica was
+  // busy; "" for none. The request itself runs on `device`.
+  std::string scale_out;
 };
 
 // Note [Routing]
@@ -60,6 +68,9 @@ struct RouteDecision {
 //      than waiting for another request's denoising loop; the most headroom first;
 //   3. "least-loaded": every replica is busy; the fewest requests in flight, then the fewest
 //      pending steps, then resident before not, then the most headroom, then the lowest id.
+// Scale-out: when the decision is "least-loaded", `scale_out` names the spare device where a new
+// replica (replica_bytes) plus this request's working memory fits the same way, the least queued,
+// then the most headroom; the caller loads it in the background and later requests find it idle.
 // Budgets are the check, not the driver's free memory: the caching allocator keeps freed blocks
 // reserved, so "free" understates what qpool itself can reuse.
 // Errors: no replicas -> FailedPrecondition; every replica unavailable -> Unavailable; every

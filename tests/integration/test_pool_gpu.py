@@ -4,6 +4,7 @@ other. Skips without two GPUs."""
 
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -88,3 +89,48 @@ def test_out_of_memory_on_one_gpu_is_retried_on_the_other(client):
     # Both replicas keep serving.
     info = client.pipelines()["tiny"]
     assert [r.in_flight for r in info.replicas] == [0, 0]
+
+
+def test_busy_replicas_scale_out_to_the_other_gpu(server_bin, source_repository, pb,
+                                                  tmp_path_factory):
+    # One replica on cuda:0 to start with, up to two (placement.max_replicas): while a burst of
+    # requests keeps it busy, the router loads a second one on cuda:1 in the background, and the
+    # next burst is served by both.
+    from conftest import copy_pipeline
+
+    workdir = tmp_path_factory.mktemp("qpool_scale_out")
+    repository = workdir / "models"
+    repository.mkdir()
+    copy_pipeline(source_repository, repository, "tiny")
+    path = repository / "tiny" / "pipeline.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest.setdefault("placement", {}).update(device="cuda:0,cuda:1", replicas=1,
+                                                max_replicas=2)
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    server = QpoolServer(server_bin, repository, workdir, load="tiny", device="cuda")
+    server.start()
+    client = Client(server, pb)
+    try:
+        assert [r.device for r in client.pipelines()["tiny"].replicas] == ["cuda:0"]
+        first, errors = run_concurrently(
+            8, lambda i: client.generate_one(pipeline="tiny", prompt=f"burst {i}", steps=30,
+                                             seed=i))
+        assert not errors, [e.details() for e in errors.values()]
+        # The burst was already routed to cuda:0; the new replica arrives meanwhile.
+        deadline = time.monotonic() + 60
+        while len(client.pipelines()["tiny"].replicas) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [r.device for r in client.pipelines()["tiny"].replicas] == ["cuda:0", "cuda:1"]
+        second, errors = run_concurrently(
+            8, lambda i: client.generate_one(pipeline="tiny", prompt=f"again {i}", steps=30,
+                                             seed=i))
+        assert not errors, [e.details() for e in errors.values()]
+        devices = [r.device for r in second.values()]
+        assert devices.count("cuda:0") >= 2 and devices.count("cuda:1") >= 2, devices
+        samples = parse_samples(scrape(client))
+        scale_outs = {dict(labels)["device"]: value for (name, labels), value in samples.items()
+                      if name == "qpool_replica_scale_outs_total"}
+        assert scale_outs == {"cuda:1": 1}, "one scale-out, never beyond max_replicas"
+    finally:
+        client.close()
+        assert server.stop() == 0, server.stderr_text()

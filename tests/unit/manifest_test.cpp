@@ -154,6 +154,7 @@ TEST_F(ManifestTest, MinimalManifestGetsEveryDefault) {
   EXPECT_EQ(m.placement.device, "auto");
   EXPECT_EQ(m.placement.dtype, "auto");
   EXPECT_EQ(m.placement.replicas, 1);
+  EXPECT_EQ(m.placement.max_replicas, 1) << "no scale-out unless asked for";
   EXPECT_EQ(m.batching.max_batch, 1) << "batching is off unless the manifest asks for it";
   EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 0);
 }
@@ -245,6 +246,13 @@ TEST_F(ManifestTest, ValidVariantsAreAccepted) {
     auto r = Parse(Build(Parts().Extra("placement:\n  replicas: all\n")));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->placement.replicas, 0) << "all = one per allowed device";
+    EXPECT_EQ(r->placement.max_replicas, 0) << "no more than one per device";
+  }
+  {
+    auto r = Parse(Build(Parts().Extra("placement:\n  max_replicas: all\n")));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->placement.replicas, 1);
+    EXPECT_EQ(r->placement.max_replicas, 0) << "scale out to every allowed device";
   }
   for (const std::string dtype : {"auto", "float32", "float16", "bfloat16"}) {
     auto r = Parse(Build(Parts().Extra("placement:\n  dtype: " + dtype + "\n")));

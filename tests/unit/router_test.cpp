@@ -160,6 +160,48 @@ TEST(RouterTest, NoBudgetIsUnlimited) {
   ExpectRoute(Route({cpu}, {r}, Working(1000)), 0, "least-loaded");
 }
 
+RouteRequest ScaleOut(uint64_t working_gib, uint64_t replica_gib,
+                      std::vector<std::string> spare) {
+  RouteRequest r = Working(working_gib);
+  r.replica_bytes = replica_gib * kGiB;
+  r.spare_devices = std::move(spare);
+  return r;
+}
+
+TEST(RouterTest, EveryReplicaBusyProposesASpareDeviceToScaleOutTo) {
+  // The request waits on cuda:0's busy replica; a new replica would fit on cuda:1 and cuda:2,
+  // and cuda:2 is the less queued.
+  auto got = Route({Gpu(0, 80, 10), Gpu(1, 80, 10, 2), Gpu(2, 80, 60, 0)},
+                   {Replica(0, 0, true, 2, 40)}, ScaleOut(1, 4, {"cuda:1", "cuda:2"}));
+  ExpectRoute(got, 0, "least-loaded");
+  EXPECT_EQ(got->scale_out, "cuda:2");
+  // Equally queued: the most headroom.
+  got = Route({Gpu(0, 80, 10), Gpu(1, 80, 10), Gpu(2, 80, 60)}, {Replica(0, 0, true, 2, 40)},
+              ScaleOut(1, 4, {"cuda:1", "cuda:2"}));
+  EXPECT_EQ(got->scale_out, "cuda:1");
+}
+
+TEST(RouterTest, NoScaleOutWhileAReplicaIsIdleOrWhenNothingFits) {
+  auto idle = Route({Gpu(0, 80, 10), Gpu(1, 80, 10)}, {Replica(0, 0, true)},
+                    ScaleOut(1, 4, {"cuda:1"}));
+  ExpectRoute(idle, 0, "idle");
+  EXPECT_EQ(idle->scale_out, "");
+  // cuda:1 has 3 GiB of headroom and 1 GiB evictable: a 4 GiB replica plus 1 GiB does not fit.
+  auto full = Route({Gpu(0, 80, 10), Gpu(1, 80, 77, 0, 1)}, {Replica(0, 0, true, 1, 10)},
+                    ScaleOut(1, 4, {"cuda:1"}));
+  ExpectRoute(full, 0, "least-loaded");
+  EXPECT_EQ(full->scale_out, "");
+  // With 2 GiB evictable it fits.
+  auto evicting = Route({Gpu(0, 80, 10), Gpu(1, 80, 77, 0, 2)}, {Replica(0, 0, true, 1, 10)},
+                        ScaleOut(1, 4, {"cuda:1"}));
+  EXPECT_EQ(evicting->scale_out, "cuda:1");
+  // An excluded device (a retry after running out there) is no spare.
+  RouteRequest excluded = ScaleOut(1, 4, {"cuda:1"});
+  excluded.exclude = {"cuda:1"};
+  auto retry = Route({Gpu(0, 80, 10), Gpu(1, 80, 10)}, {Replica(0, 0, true, 1, 10)}, excluded);
+  EXPECT_EQ(retry->scale_out, "");
+}
+
 TEST(RouterTest, SameSnapshotSameAnswer) {
   const std::vector<DeviceSnapshot> devices = {Gpu(0, 80, 10, 2), Gpu(1, 80, 10, 2)};
   const std::vector<ReplicaSnapshot> replicas = {Replica(0, 0, true, 1, 4),
