@@ -9,8 +9,8 @@ namespace qpool {
 
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
                   std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
-                  std::function<void(const Status&)> done, bool unload_for_host) {
-  auto plan = registry.PlanHostRoom(name, devices.size(), unload_for_host);
+                  std::function<void(const Status&)> done) {
+  auto plan = registry.PlanHostRoom(name, devices.size());
   if (!plan.ok()) {
     done(plan.status());
     return;
@@ -52,15 +52,26 @@ OnDemandLoader::OnDemandLoader(PipelineRegistry& registry, DevicePool& pool)
 void OnDemandLoader::AddReplica(const std::string& name, const c10::Device& device) {
   log::Info("every replica of '", name, "' is busy: loading another on ", device.str(),
             " (placement.max_replicas)");
-  LoadReplicas(
-      registry_, pool_, name, {device}, nullptr,
-      [this, name, device](const Status& status) {
-        if (!status.ok()) {
-          log::Warn("scale-out of '", name, "' on ", device.str(), " failed: ", status.message());
-        }
-        registry_.EndScaleOut(name);
+  auto done = [this, name, device](const Status& status) {
+    if (!status.ok()) {
+      log::Warn("scale-out of '", name, "' on ", device.str(), " failed: ", status.message());
+    }
+    registry_.EndScaleOut(name);
+  };
+  // Never at other pipelines' expense in host memory: it must fit as it is.
+  auto room = registry_.PlanHostRoom(name, 1, /*evict=*/false);
+  if (!room.ok()) {
+    done(room.status());
+    return;
+  }
+  pool_.RunInTurn(
+      {device},
+      [this, name](const c10::Device& d) -> Status {
+        // An unload may have come first: a scale-out does not load the pipeline back.
+        RETURN_IF_ERROR(registry_.Manifest(name).status());
+        return registry_.Load(name, d).status();
       },
-      /*unload_for_host=*/false);
+      done);
 }
 
 void OnDemandLoader::EnsureLoaded(const std::string& name,

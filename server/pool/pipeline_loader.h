@@ -20,11 +20,9 @@ namespace qpool {
 // unloading the idle pipelines PipelineRegistry::PlanHostRoom picks. `loaded` runs after each
 // replica's load (on that worker), `done` once, with the first error or OK (on a worker, or on
 // the caller's thread when nothing could be queued). `registry` and `pool` must outlive it.
-// With `unload_for_host` false no other pipeline is unloaded: the load fails instead when host
-// memory is short.
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
                   std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
-                  std::function<void(const Status&)> done, bool unload_for_host = true);
+                  std::function<void(const Status&)> done);
 
 // Loads the pipelines requests ask for (--load-on-demand), and the replicas scale-outs ask for. The first request for a pipeline that
 // is not loaded starts its load (PlanLoad with its manifest's placement, then LoadReplicas);
@@ -39,7 +37,8 @@ class OnDemandLoader {
   // load's error if it failed (on a device worker, or on the caller's thread).
   void EnsureLoaded(const std::string& name, std::function<void(const Status&)> then);
   // A scale-out (PipelineRegistry::SetScaleOut): loads another replica of `name` on `device` in
-  // the background, unloading nothing for host memory; ends with EndScaleOut.
+  // the background, unloading nothing for host memory and nothing if the pipeline was unloaded
+  // meanwhile; ends with EndScaleOut.
   void AddReplica(const std::string& name, const c10::Device& device);
 
  private:
