@@ -24,21 +24,26 @@ def gpu_count():
 pytestmark = pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs")
 
 
-@pytest.fixture(scope="module")
-def client(server_bin, source_repository, pb, tmp_path_factory):
+def start_server(server_bin, source_repository, pb, workdir, **placement):
+    """A server on both GPUs whose `tiny` pipeline has `placement`; returns (server, client)."""
     from conftest import copy_pipeline
 
-    workdir = tmp_path_factory.mktemp("qpool_pool_gpu")
     repository = workdir / "models"
     repository.mkdir()
     copy_pipeline(source_repository, repository, "tiny")
     path = repository / "tiny" / "pipeline.yaml"
     manifest = yaml.safe_load(path.read_text())
-    manifest.setdefault("placement", {}).update(device="cuda:0,cuda:1", replicas="all")
+    manifest.setdefault("placement", {}).update(device="cuda:0,cuda:1", **placement)
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
     server = QpoolServer(server_bin, repository, workdir, load="tiny", device="cuda")
     server.start()
-    client = Client(server, pb)
+    return server, Client(server, pb)
+
+
+@pytest.fixture(scope="module")
+def client(server_bin, source_repository, pb, tmp_path_factory):
+    server, client = start_server(server_bin, source_repository, pb,
+                                  tmp_path_factory.mktemp("qpool_pool_gpu"), replicas="all")
     yield client
     client.close()
     assert server.stop() == 0, server.stderr_text()
@@ -96,20 +101,9 @@ def test_busy_replicas_scale_out_to_the_other_gpu(server_bin, source_repository,
     # One replica on cuda:0 to start with, up to two (placement.max_replicas): while a burst of
     # requests keeps it busy, the router loads a second one on cuda:1 in the background, and the
     # next burst is served by both.
-    from conftest import copy_pipeline
-
-    workdir = tmp_path_factory.mktemp("qpool_scale_out")
-    repository = workdir / "models"
-    repository.mkdir()
-    copy_pipeline(source_repository, repository, "tiny")
-    path = repository / "tiny" / "pipeline.yaml"
-    manifest = yaml.safe_load(path.read_text())
-    manifest.setdefault("placement", {}).update(device="cuda:0,cuda:1", replicas=1,
-                                                max_replicas=2)
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    server = QpoolServer(server_bin, repository, workdir, load="tiny", device="cuda")
-    server.start()
-    client = Client(server, pb)
+    server, client = start_server(server_bin, source_repository, pb,
+                                  tmp_path_factory.mktemp("qpool_scale_out"), replicas=1,
+                                  max_replicas=2)
     try:
         assert [r.device for r in client.pipelines()["tiny"].replicas] == ["cuda:0"]
         first, errors = run_concurrently(
