@@ -28,7 +28,8 @@ namespace qpool {
 // Only the UNet's denoising loop is batched. Each request's prompts are encoded, its noise drawn
 // from its own seed and its images decoded on their own, and its guidance scale applies to its
 // own rows; so a batch changes a request's image only by the rounding of the UNet's kernels, which
-// BLAS and convolution libraries pick per batch size (docs/dev.md has the measured differences).
+// BLAS and convolution libraries pick per batch size (bench/results/README.md has the measured
+// differences).
 // A request cancelled or past its deadline leaves the batch at the next step while the others go
 // on. A failure, such as running out of memory, ends every request of the batch; each may then be
 // retried on another device (PipelineCall::RetryElsewhere). Admission counts the batch's images.
