@@ -76,6 +76,10 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
   if (s.state == PipelineState::kLoaded) {
     out->mutable_offload_policy()->set_policy(OffloadModeName(s.policy.mode));
     out->mutable_offload_policy()->set_idle_seconds(s.policy.idle_seconds);
+    if (s.policy.mode == OffloadMode::kSequential) {
+      out->mutable_offload_policy()->set_group_mib(s.policy.group_mib);
+      out->mutable_offload_policy()->set_prefetch(static_cast<uint32_t>(s.policy.prefetch));
+    }
   }
   out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));
   out->set_default_width(static_cast<uint32_t>(s.defaults.width));

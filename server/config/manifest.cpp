@@ -44,7 +44,7 @@ const std::vector<std::string> kDefaultsKeys = {"steps", "guidance_scale", "widt
 const std::vector<std::string> kLimitsKeys = {"max_steps",  "max_width",   "max_height",
                                               "max_images", "max_prompts", "max_queue"};
 const std::vector<std::string> kPlacementKeys = {"device", "dtype", "replicas", "max_replicas"};
-const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds"};
+const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds", "group_mib", "prefetch"};
 const std::vector<std::string> kBatchingKeys = {"max_batch", "max_delay_ms"};
 
 std::string Join(const std::vector<std::string>& items) {
@@ -487,15 +487,23 @@ Status Parser::ParseOffload(const YAML::Node& root, OffloadSpec* o) const {
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "offload", false, kOffloadKeys, &node));
   RETURN_IF_ERROR(ReadString(node, "offload", "policy", false, &o->policy));
-  if (o->policy == "sequential" || o->policy == "group") {
+  if (o->policy == "group") {
     return Got("offload.policy",
-               "is not supported yet (layer-wise streaming); use none, model or idle",
+               "is not a policy: use sequential, whose group_mib sets how much is streamed together",
                "'" + o->policy + "'");
   }
-  RETURN_IF_ERROR(CheckOneOf("offload.policy", o->policy, {"none", "model", "idle"}));
+  RETURN_IF_ERROR(CheckOneOf("offload.policy", o->policy, {"none", "model", "idle", "sequential"}));
   RETURN_IF_ERROR(ReadNumber(node, "offload", "idle_seconds", &o->idle_seconds));
   if (!(o->idle_seconds > 0) || o->idle_seconds > 7 * 24 * 3600) {
     return Got("offload.idle_seconds", "must be in (0, 604800]", o->idle_seconds);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "group_mib", &o->group_mib));
+  if (!(o->group_mib >= 0) || o->group_mib > 65536) {
+    return Got("offload.group_mib", "must be in [0, 65536]", o->group_mib);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "prefetch", &o->prefetch));
+  if (o->prefetch < 0 || o->prefetch > 16) {
+    return Got("offload.prefetch", "must be in [0, 16]", o->prefetch);
   }
   return Status::Ok();
 }

@@ -77,8 +77,11 @@ struct Placement {
 // How the pipeline's components use device memory between and during requests
 // (residency/offload_policy.h has the semantics).
 struct OffloadSpec {
-  std::string policy = "none";  // none | model | idle
+  std::string policy = "none";  // none | model | idle | sequential
   double idle_seconds = 300;    // idle: offload after this long without requests
+  double group_mib = 64;        // sequential: largest group of tensors streamed together (0: per
+                                // module that holds tensors)
+  int prefetch = 2;             // sequential: groups copied ahead of the running one
 };
 
 // Dynamic batching (Note [Dynamic batching] in pool/batch_queue.h): concurrent Generate requests

@@ -1,5 +1,5 @@
-// MemoryEvent: what one load, unload, offload, onload, move, empty-cache, OOM or leak check did to
-// a device's memory.
+// MemoryEvent: what one load, unload, offload, onload, move, streamed run, empty-cache, OOM or
+// leak check did to a device's memory.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,19 @@
 
 namespace qpool {
 
-enum class MemoryEventKind { kLoad, kUnload, kOffload, kOnload, kMove, kEmptyCache, kOom, kLeak };
+// kStream: one component's streamed run under the sequential policy (Note [Streaming]): its
+// message says how many bytes were copied and the most held on the device at once.
+enum class MemoryEventKind {
+  kLoad,
+  kUnload,
+  kOffload,
+  kOnload,
+  kMove,
+  kEmptyCache,
+  kOom,
+  kLeak,
+  kStream
+};
 enum class MemoryEventOutcome { kOk, kError, kLeak };
 
 struct MemoryEvent {

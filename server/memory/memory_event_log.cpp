@@ -24,6 +24,8 @@ const char* MemoryEventKindName(MemoryEventKind kind) {
       return "oom";
     case MemoryEventKind::kLeak:
       return "leak";
+    case MemoryEventKind::kStream:
+      return "stream";
   }
   return "unknown";
 }

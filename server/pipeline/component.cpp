@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "quant/module_quantizer.h"
+#include "residency/stream_ops.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -207,6 +208,7 @@ ComponentBytes Component::Bytes() const {
 
 StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
   try {
+    StreamHooksScope streaming(stream_hooks_);
     c10::IValue out = module_.forward(std::move(inputs));
     if (!out.isTensor()) {
       return Internal(StrCat("component '", name_, "' returned ", out.tagKind(),

@@ -14,6 +14,8 @@
 
 namespace qpool {
 
+class StreamHooks;  // residency/stream_ops.h
+
 // What a tensor is for; accounting reports bytes per role.
 enum class TensorRole { kWeight, kQuantState, kOther };
 
@@ -63,6 +65,8 @@ class Component {
   // Slot i's qualified name ("mid.attn.to_q.absmax") and role.
   const std::string& slot_name(size_t i) const { return slots_[i].name; }
   TensorRole slot_role(size_t i) const { return slots_[i].role; }
+  // The module object that holds slot i (a submodule of module(), or its root).
+  const c10::ivalue::Object* slot_owner(size_t i) const { return slots_[i].owner.get(); }
 
   // Every slot's tensor, in slot order.
   std::vector<torch::Tensor> Tensors() const;
@@ -73,6 +77,10 @@ class Component {
   // Puts one tensor into slot i, leaving device and dtype as they are (for packing a component
   // slot by slot, so that each original tensor is freed as soon as it is copied).
   void RebindOne(size_t i, const torch::Tensor& tensor);
+
+  // Hooks that the stream ops of an instrumented forward call (Note [Streaming] in
+  // residency/stream_plan.h) while Forward runs; null: none. The owning worker's only.
+  void set_stream_hooks(StreamHooks* hooks) { stream_hooks_ = hooks; }
 
   // Runs `forward`. Catches its errors (c10's and the TorchScript interpreter's): an
   // allocation failure is ResourceExhausted; anything else is Internal with the component's
@@ -101,6 +109,7 @@ class Component {
   mutable std::mutex mu_;
   c10::Device device_{c10::kCPU};
   c10::ScalarType dtype_ = c10::kFloat;
+  StreamHooks* stream_hooks_ = nullptr;
 };
 
 // The role of an attribute by its name: absmax/code/nested_*/offset are quant state, parameters

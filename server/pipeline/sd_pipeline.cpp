@@ -58,7 +58,8 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
                                        manifest.tokenizer.max_length));
   std::unique_ptr<SdPipeline> pipeline(new SdPipeline(manifest, std::move(tokenizer), dtype));
   ASSIGN_OR_RETURN(OffloadPolicy policy,
-                   MakeOffloadPolicy(manifest.offload.policy, manifest.offload.idle_seconds));
+                   MakeOffloadPolicy(manifest.offload.policy, manifest.offload.idle_seconds,
+                                     manifest.offload.group_mib, manifest.offload.prefetch));
   for (const char* name : kComponentNames) {
     const ComponentSpec* spec = manifest.FindComponent(name);
     if (spec == nullptr) {

@@ -11,16 +11,9 @@
 namespace qpool {
 namespace {
 
-// Bytes of a replica not on its device: what an onload must copy before it can run.
-uint64_t OnloadBytes(const SdPipeline& pipeline) {
-  uint64_t out = 0;
-  const auto places = pipeline.residency().Snapshot();
-  const auto& components = pipeline.components();
-  for (size_t i = 0; i < places.size(); ++i) {
-    if (places[i].state != Residency::kDevice) out += components[i]->Bytes().total();
-  }
-  return out;
-}
+// Bytes of a replica not on its device: what an onload (or, under the sequential policy, the
+// groups streamed at once) must add before it can run.
+uint64_t OnloadBytes(const SdPipeline& pipeline) { return pipeline.residency().BytesToRun(); }
 
 // Width, height and images of `options`, sizes left at 0 taking the manifest's defaults.
 std::tuple<int, int, int> SizeOf(const RouteOptions& options, const GenerationDefaults& d) {

@@ -3,15 +3,33 @@
 namespace qpool {
 
 ArenaLayout ArenaLayout::Plan(const std::vector<torch::Tensor>& like) {
+  std::vector<size_t> order(like.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  return Plan(like, order);
+}
+
+ArenaLayout ArenaLayout::Plan(const std::vector<torch::Tensor>& like,
+                              const std::vector<size_t>& order) {
+  TORCH_CHECK(order.size() == like.size(), "ArenaLayout::Plan: order of ", order.size(),
+              " for ", like.size(), " tensors");
   ArenaLayout layout;
+  layout.entries_.resize(like.size());
   int64_t offset = 0;
-  for (const auto& t : like) {
+  for (size_t i : order) {
+    const auto& t = like.at(i);
     const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
-    layout.entries_.push_back({offset, nbytes, t.sizes().vec(), t.scalar_type()});
+    layout.entries_[i] = {offset, nbytes, t.sizes().vec(), t.scalar_type()};
     offset += (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   }
   layout.total_bytes_ = offset;
   return layout;
+}
+
+torch::Tensor ArenaLayout::ViewIn(const torch::Tensor& part, size_t i, int64_t base) const {
+  const Entry& e = entries_.at(i);
+  TORCH_CHECK(e.offset >= base && e.offset + e.nbytes <= base + part.numel(),
+              "ArenaLayout::ViewIn: tensor ", i, " is outside the part");
+  return part.narrow(0, e.offset - base, e.nbytes).view(e.dtype).view(e.sizes);
 }
 
 std::vector<torch::Tensor> ArenaLayout::Views(const torch::Tensor& block) const {

@@ -19,12 +19,21 @@ class ArenaLayout {
 
   // Lays out tensors of these shapes and dtypes, in order.
   static ArenaLayout Plan(const std::vector<torch::Tensor>& like);
+  // Lays out the same tensors with offsets assigned in `order` (a permutation of their indices),
+  // so that tensors streamed together are contiguous (Note [Streaming]). Views() stays in the
+  // tensors' own order.
+  static ArenaLayout Plan(const std::vector<torch::Tensor>& like, const std::vector<size_t>& order);
 
   // Bytes of the whole block.
   int64_t total_bytes() const { return total_bytes_; }
   size_t size() const { return entries_.size(); }
   // Contiguous views of `block` (uint8, total_bytes()), one per planned tensor.
   std::vector<torch::Tensor> Views(const torch::Tensor& block) const;
+  // Byte offset and size of tensor i in the block.
+  int64_t offset(size_t i) const { return entries_[i].offset; }
+  int64_t nbytes(size_t i) const { return entries_[i].nbytes; }
+  // The view of tensor i in `part`, a block holding the layout's bytes [base, base + numel).
+  torch::Tensor ViewIn(const torch::Tensor& part, size_t i, int64_t base) const;
 
  private:
   struct Entry {

@@ -34,7 +34,8 @@ uint64_t ComponentResidency::host_bytes() const {
   return host_bytes_;
 }
 
-Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned) {
+Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
+                                 std::optional<uint64_t> stream_group_bytes) {
   RETURN_IF_ERROR(CheckTransition(component_.name(), state(), device(), Residency::kHost,
                                   c10::Device(c10::kCPU)));
   if (state() != Residency::kUnloaded) return Status::Ok();
@@ -48,7 +49,14 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned) {
     like.push_back(
         torch::empty(t.sizes(), t.options().dtype(c ? dtype : t.scalar_type()).device(c10::kMeta)));
   }
-  ArenaLayout layout = ArenaLayout::Plan(like);
+  std::optional<StreamPlan> plan;
+  if (stream_group_bytes) {
+    std::vector<int64_t> slot_bytes;
+    for (const auto& t : like) slot_bytes.push_back(t.numel() * int64_t{t.element_size()});
+    ASSIGN_OR_RETURN(plan, StreamPlan::Make(component_, slot_bytes, *stream_group_bytes));
+  }
+  ArenaLayout layout = plan ? ArenaLayout::Plan(like, plan->slot_order()) : ArenaLayout::Plan(like);
+  if (plan) plan->SetRanges(layout);
   like.clear();
   ASSIGN_OR_RETURN(ArenaBlock block,
                    arenas_.Allocate(c10::Device(c10::kCPU),
@@ -67,6 +75,7 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned) {
   }
   component_.Rebind(views, c10::Device(c10::kCPU), dtype);
   layout_ = std::move(layout);
+  plan_ = std::move(plan);
   dtype_ = dtype;
   host_ = std::move(block);
   host_pinned_ = pinned;
@@ -86,6 +95,10 @@ StatusOr<ComponentResidency::Staged> ComponentResidency::Stage(Residency to,
   const Residency from = state();
   const c10::Device from_device = device();
   RETURN_IF_ERROR(CheckTransition(component_.name(), from, from_device, to, target));
+  if (from == Residency::kStreaming) {
+    return FailedPrecondition(StrCat("component '", component_.name(),
+                                     "' is streaming for a running request"));
+  }
   if (from == Residency::kUnloaded || to == Residency::kUnloaded) {
     return FailedPrecondition(StrCat("component '", component_.name(), "' is not loaded"));
   }
@@ -188,7 +201,49 @@ std::vector<ComponentResidency::BlockRef> ComponentResidency::Blocks() const {
   return out;
 }
 
+Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetch, bool warm) {
+  RETURN_IF_ERROR(
+      CheckTransition(component_.name(), state(), this->device(), Residency::kStreaming, device));
+  if (!plan_ || !host_) {
+    return FailedPrecondition(StrCat("component '", component_.name(),
+                                     "' was not loaded for streaming (offload policy sequential)"));
+  }
+  if (state() == Residency::kStreaming) return Status::Ok();
+  streamer_ = std::make_unique<ComponentStreamer>(component_, *plan_, *layout_, host_->bytes, device,
+                                                  prefetch, arenas_, copier_, stream_order_);
+  if (warm) {
+    try {
+      streamer_->Warm();
+    } catch (const c10::Error& e) {
+      streamer_.reset();
+      return ResourceExhausted(e.what_without_backtrace());
+    }
+  }
+  component_.set_stream_hooks(streamer_.get());
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = Residency::kStreaming;
+  device_ = device;
+  return Status::Ok();
+}
+
+StreamStats ComponentResidency::EndStreaming() {
+  if (!streamer_) return StreamStats{};
+  streamer_->Finish();
+  const StreamStats stats = streamer_->stats();
+  component_.set_stream_hooks(nullptr);
+  streamer_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = Residency::kHost;
+  device_ = c10::Device(c10::kCPU);
+  return stats;
+}
+
+uint64_t ComponentResidency::streaming_bytes() const {
+  return streamer_ ? streamer_->resident_bytes() : 0;
+}
+
 void ComponentResidency::Unload() {
+  EndStreaming();
   pending_.Synchronize();
   pending_ = PendingCopy();
   std::vector<torch::Tensor> empty(component_.num_tensors());

@@ -10,7 +10,9 @@
 #include "pipeline/component.h"
 #include "residency/arena_layout.h"
 #include "residency/block_copy.h"
+#include "residency/component_streamer.h"
 #include "residency/residency_state.h"
+#include "residency/stream_plan.h"
 #include "util/log.h"
 #include "util/status.h"
 
@@ -56,7 +58,10 @@ class ComponentResidency {
 
   // unloaded -> host: packs the component's tensors into a host block, floating weights and
   // buffers converted to `dtype` (quant state keeps its dtype), freeing each original as it goes.
-  Status Place(c10::ScalarType dtype, bool pinned);
+  // With `stream_group_bytes`, also plans and instruments the component for streaming
+  // (Note [Streaming]); InvalidArgument when it cannot be streamed.
+  Status Place(c10::ScalarType dtype, bool pinned,
+               std::optional<uint64_t> stream_group_bytes = std::nullopt);
 
   // A move staged but not committed (Note [Staged moves]); dropping it undoes it.
   struct Staged {
@@ -89,6 +94,19 @@ class ComponentResidency {
   // Drops every tensor: the component holds nothing afterwards.
   void Unload();
 
+  // --- Streaming (Note [Streaming]) ---
+  // Whether Place planned the component for streaming.
+  bool streamable() const { return plan_.has_value(); }
+  const StreamPlan* stream_plan() const { return plan_ ? &*plan_ : nullptr; }
+  // host -> streaming(device): its forwards bring their groups to `device`, `prefetch` groups
+  // ahead. FailedPrecondition unless streamable and on the host. `warm`: start copying the first
+  // groups now.
+  Status BeginStreaming(const c10::Device& device, int prefetch, bool warm);
+  // streaming -> host: every tensor back on the host copy, every device copy given back.
+  StreamStats EndStreaming();
+  // Bytes of device copies held by the streamer now (0 when not streaming).
+  uint64_t streaming_bytes() const;
+
   // The blocks held now, weakly: after Unload each must be gone (Note [Leak check]).
   struct BlockRef {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
@@ -108,6 +126,9 @@ class ComponentResidency {
   std::optional<ArenaBlock> device_block_;
   bool host_pinned_ = false;
   PendingCopy pending_;
+  std::optional<StreamPlan> plan_;
+  StreamOrder stream_order_;
+  std::unique_ptr<ComponentStreamer> streamer_;
   mutable std::mutex mu_;  // guards state_, device_, host_bytes_ for readers on other threads
   Residency state_ = Residency::kUnloaded;
   c10::Device device_{c10::kCPU};

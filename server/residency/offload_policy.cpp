@@ -4,7 +4,8 @@
 
 namespace qpool {
 
-StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_seconds) {
+StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_seconds,
+                                          double group_mib, int prefetch) {
   OffloadPolicy policy;
   if (name == "none") {
     policy.mode = OffloadMode::kNone;
@@ -17,12 +18,25 @@ StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_s
                                     idle_seconds, ")"));
     }
     policy.idle_seconds = idle_seconds;
-  } else if (name == "sequential" || name == "group") {
-    return InvalidArgument(StrCat("offload policy '", name,
-                                  "' (layer-wise streaming) is not supported yet; use none, model "
-                                  "or idle"));
+  } else if (name == "sequential") {
+    policy.mode = OffloadMode::kSequential;
+    if (!(group_mib >= 0) || group_mib > kMaxGroupMib) {
+      return InvalidArgument(
+          StrCat("group_mib must be in [0, ", kMaxGroupMib, "] (got ", group_mib, ")"));
+    }
+    if (prefetch < 0 || prefetch > kMaxPrefetch) {
+      return InvalidArgument(
+          StrCat("prefetch must be in [0, ", kMaxPrefetch, "] (got ", prefetch, ")"));
+    }
+    policy.group_mib = group_mib;
+    policy.prefetch = prefetch;
+  } else if (name == "group") {
+    return InvalidArgument(
+        "offload policy 'group': use 'sequential', whose group_mib sets the size of the groups "
+        "streamed together");
   } else {
-    return InvalidArgument(StrCat("unknown offload policy '", name, "'; valid: none, model, idle"));
+    return InvalidArgument(
+        StrCat("unknown offload policy '", name, "'; valid: none, model, idle, sequential"));
   }
   return policy;
 }
@@ -35,6 +49,8 @@ const char* OffloadModeName(OffloadMode mode) {
       return "model";
     case OffloadMode::kIdle:
       return "idle";
+    case OffloadMode::kSequential:
+      return "sequential";
   }
   return "unknown";
 }

@@ -15,17 +15,37 @@ namespace qpool {
 //         failed or cancelled request). The request executor drives this, not forward hooks, so
 //         the last component is never left behind.
 // kIdle:  like kNone while requests come; offloaded to the host after idle_seconds without one.
-// Layer-wise streaming (sequential/group offload) is not built yet; manifests asking for it are
-// refused at load.
-enum class OffloadMode { kNone, kModel, kIdle };
+// kSequential: no component is ever whole on the device: while one runs, its tensors come from
+//         pinned host memory in groups of at most group_mib, `prefetch` groups ahead, and each
+//         group goes as soon as its module's forward has queued its work (Note [Streaming] in
+//         residency/stream_plan.h). For pipelines larger than the GPU; every request streams the
+//         weights again, so it is bound by the host link. Planned at load: a pipeline loaded
+//         under another policy cannot switch to it.
+enum class OffloadMode { kNone, kModel, kIdle, kSequential };
 
 struct OffloadPolicy {
   OffloadMode mode = OffloadMode::kNone;
   double idle_seconds = 300;  // kIdle only
+  // kSequential only. 64 MiB makes a few dozen groups of an SD 1.5 UNet (a ResNet block or a
+  // transformer block each): few enough that per-copy and per-op costs stay small, small enough
+  // that the groups in flight take a few hundred MiB instead of the whole model.
+  double group_mib = 64;
+  int prefetch = 2;  // groups copied ahead of the running one
 };
 
-// "none", "model" or "idle"; InvalidArgument for other names or idle_seconds outside (0, 1 week].
-StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_seconds);
+// Whether the pipeline rests on the host between requests under `mode`.
+inline bool RestsOnHost(OffloadMode mode) {
+  return mode == OffloadMode::kModel || mode == OffloadMode::kSequential;
+}
+
+// Limits of the sequential policy's settings.
+inline constexpr double kMaxGroupMib = 65536;
+inline constexpr int kMaxPrefetch = 16;
+
+// "none", "model", "idle" or "sequential"; InvalidArgument for other names, idle_seconds outside
+// (0, 1 week], group_mib outside [0, kMaxGroupMib] or prefetch outside [0, kMaxPrefetch].
+StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_seconds,
+                                          double group_mib = 64, int prefetch = 2);
 const char* OffloadModeName(OffloadMode mode);
 
 }  // namespace qpool

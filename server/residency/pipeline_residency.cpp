@@ -1,5 +1,7 @@
 #include "residency/pipeline_residency.h"
 
+#include <algorithm>
+
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -45,6 +47,9 @@ static int64_t BytesOn(const ComponentResidency& c, const c10::Device& device) {
   if (c.state() == Residency::kDevice && c.device() == device) {
     return static_cast<int64_t>(c.component().Bytes().total());
   }
+  if (c.state() == Residency::kStreaming && c.device() == device) {
+    return static_cast<int64_t>(c.streaming_bytes());
+  }
   return 0;
 }
 
@@ -78,15 +83,21 @@ void PipelineResidency::Record(MemoryEventKind kind, const std::string& componen
 }
 
 Status PipelineResidency::Place(const c10::Device& device, c10::ScalarType dtype) {
-  const OffloadMode mode = policy().mode;
+  const OffloadPolicy p = policy();
+  const OffloadMode mode = p.mode;
   // Note [The host copy is the master]: pinned only when it will be used again.
   const bool pinned = device.is_cuda() && mode != OffloadMode::kNone;
-  for (auto& c : components_) RETURN_IF_ERROR(c->Place(dtype, pinned));
+  std::optional<uint64_t> group_bytes;
+  if (mode == OffloadMode::kSequential) {
+    group_bytes = static_cast<uint64_t>(p.group_mib * 1024 * 1024);
+  }
+  for (auto& c : components_) RETURN_IF_ERROR(c->Place(dtype, pinned, group_bytes));
   {
     std::lock_guard<std::mutex> lock(mu_);
     device_ = device;
+    streamable_ = group_bytes.has_value();
   }
-  if (mode == OffloadMode::kModel) return Status::Ok();  // resting residency: the host
+  if (RestsOnHost(mode)) return Status::Ok();  // resting residency: the host
   ASSIGN_OR_RETURN(ResidencyReport report,
                    MoveAll(Residency::kDevice, device, MemoryEventKind::kOnload));
   (void)report;
@@ -181,6 +192,20 @@ StatusOr<ResidencyReport> PipelineResidency::MoveAll(Residency to, const c10::De
 Status PipelineResidency::SetPolicy(OffloadPolicy policy) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (policy.mode == OffloadMode::kSequential) {
+      if (!streamable_) {
+        return FailedPrecondition(StrCat(
+            "pipeline '", pipeline_,
+            "' was not loaded for streaming; set offload.policy: sequential in its manifest and "
+            "load it again"));
+      }
+      // The groups were planned at load; keep that plan's settings.
+      policy.group_mib = policy_.group_mib;
+      policy.prefetch = policy_.prefetch;
+    } else if (streamable_) {
+      policy.group_mib = policy_.group_mib;
+      policy.prefetch = policy_.prefetch;
+    }
     policy_ = policy;
     last_used_ = Clock::now();
   }
@@ -193,9 +218,60 @@ void PipelineResidency::BeginRequest() {
   in_request_ = true;
 }
 
+Status PipelineResidency::BeginStreaming(ComponentResidency& c, bool warm) {
+  const c10::Device target = device();
+  const DeviceMemoryStats before = Counters(target);
+  const auto start = Clock::now();
+  Status status = c.BeginStreaming(target, policy().prefetch, warm);
+  if (!status.ok()) {
+    Record(MemoryEventKind::kStream, c.component().name(), target, before, 0, SecondsSince(start),
+           status, "host", target.str());
+    return status;
+  }
+  stream_started_[&c] = {before, start};
+  return Status::Ok();
+}
+
+void PipelineResidency::EndStreaming(ComponentResidency& c) {
+  if (c.state() != Residency::kStreaming) return;
+  const c10::Device target = c.device();
+  const StreamStats stats = c.EndStreaming();
+  auto started = stream_started_.find(&c);
+  DeviceMemoryStats before = Counters(target);
+  double seconds = 0;
+  if (started != stream_started_.end()) {
+    before = started->second.first;
+    seconds = SecondsSince(started->second.second);
+    stream_started_.erase(started);
+  }
+  if (context_.events == nullptr) return;
+  const DeviceMemoryStats after = Counters(target);
+  MemoryEvent e;
+  e.kind = MemoryEventKind::kStream;
+  e.pipeline = pipeline_;
+  e.component = c.component().name();
+  e.device = target.str();
+  e.from_device = "host";
+  e.to_device = target.str();
+  e.allocated_before = before.allocated_bytes;
+  e.allocated_after = after.allocated_bytes;
+  e.reserved_before = before.reserved_bytes;
+  e.reserved_after = after.reserved_bytes;
+  e.duration_seconds = seconds;
+  e.message = StrCat("streamed ", stats.bytes_copied, " bytes in ", stats.copies, " copies for ",
+                     stats.enters, " group runs; at most ", stats.peak_bytes,
+                     " bytes on the device at once");
+  context_.events->Append(std::move(e));
+}
+
 Status PipelineResidency::Use(Component& component) {
   ComponentResidency& c = of(component);
   const c10::Device target = device();
+  if (policy().mode == OffloadMode::kSequential && c.state() != Residency::kDevice) {
+    if (c.state() == Residency::kStreaming && c.device() == target) return Status::Ok();
+    EndStreaming(c);
+    return BeginStreaming(c, /*warm=*/false);
+  }
   if (c.state() != Residency::kDevice || c.device() != target) {
     ASSIGN_OR_RETURN(ComponentMove moved, MoveOne(c, Residency::kDevice, target, /*wait=*/false,
                                                   MemoryEventKind::kOnload));
@@ -206,8 +282,18 @@ Status PipelineResidency::Use(Component& component) {
 }
 
 void PipelineResidency::Prefetch(Component& component) {
-  if (policy().mode != OffloadMode::kModel) return;
+  const OffloadMode mode = policy().mode;
   ComponentResidency& c = of(component);
+  if (mode == OffloadMode::kSequential) {
+    if (c.state() != Residency::kHost) return;
+    Status status = BeginStreaming(c, /*warm=*/true);
+    if (!status.ok()) {
+      log::Warn("pipeline '", pipeline_, "': prefetch of ", component.name(),
+                " failed (Use will retry): ", status.message());
+    }
+    return;
+  }
+  if (mode != OffloadMode::kModel) return;
   const c10::Device target = device();
   if (c.state() == Residency::kDevice && c.device() == target) return;
   auto moved = MoveOne(c, Residency::kDevice, target, /*wait=*/false, MemoryEventKind::kOnload);
@@ -218,8 +304,9 @@ void PipelineResidency::Prefetch(Component& component) {
 }
 
 void PipelineResidency::Done(Component& component) {
-  if (policy().mode != OffloadMode::kModel) return;
+  if (!RestsOnHost(policy().mode)) return;
   ComponentResidency& c = of(component);
+  if (c.state() == Residency::kStreaming) return EndStreaming(c);
   if (c.state() != Residency::kDevice) return;
   auto moved = MoveOne(c, Residency::kHost, c.device(), /*wait=*/true, MemoryEventKind::kOffload);
   if (!moved.ok()) {
@@ -239,8 +326,9 @@ void PipelineResidency::Settle() {
   const c10::Device target = device();
   for (auto& c : components_) {
     if (c->state() == Residency::kUnloaded) continue;
+    EndStreaming(*c);  // a request that ended early (error, cancellation) or a policy change
     StatusOr<ComponentMove> moved = ComponentMove{};
-    if (policy.mode == OffloadMode::kModel && c->state() == Residency::kDevice) {
+    if (RestsOnHost(policy.mode) && c->state() == Residency::kDevice) {
       moved = MoveOne(*c, Residency::kHost, c->device(), /*wait=*/true, MemoryEventKind::kOffload);
     } else if (policy.mode == OffloadMode::kNone &&
                (c->state() != Residency::kDevice || c->device() != target)) {
@@ -266,7 +354,7 @@ StatusOr<ResidencyReport> PipelineResidency::Onload(const c10::Device& device) {
 }
 
 StatusOr<ResidencyReport> PipelineResidency::MoveTo(const c10::Device& device) {
-  if (policy().mode == OffloadMode::kModel) {
+  if (RestsOnHost(policy().mode)) {
     // Between requests everything is on the host: only the device the next request uses changes.
     std::lock_guard<std::mutex> lock(mu_);
     device_ = device;
@@ -283,6 +371,32 @@ StatusOr<ResidencyReport> PipelineResidency::MoveTo(const c10::Device& device) {
 
 void PipelineResidency::Unload() {
   for (auto& c : components_) c->Unload();
+}
+
+uint64_t PipelineResidency::BytesToRun() const {
+  const OffloadPolicy p = policy();
+  const c10::Device target = device();
+  uint64_t out = 0;
+  for (const auto& c : components_) {
+    if (c->state() == Residency::kDevice && c->device() == target) continue;
+    const uint64_t whole = c->component().Bytes().total();
+    const StreamPlan* plan = c->stream_plan();
+    if (p.mode != OffloadMode::kSequential || plan == nullptr) {
+      out += whole;
+      continue;
+    }
+    // One streamed component at a time (plus the next one's first prefetched groups, which the
+    // finished one's release makes room for): the largest window counts.
+    std::vector<uint64_t> sizes;
+    for (const auto& g : plan->groups()) sizes.push_back(static_cast<uint64_t>(g.end - g.begin));
+    std::sort(sizes.rbegin(), sizes.rend());
+    uint64_t window = 0;
+    for (size_t i = 0; i < sizes.size() && i < static_cast<size_t>(p.prefetch) + 2; ++i) {
+      window += sizes[i];
+    }
+    out = std::max(out, std::min(window, whole));
+  }
+  return out;
 }
 
 std::vector<ComponentPlace> PipelineResidency::Snapshot() const {
@@ -307,6 +421,9 @@ std::map<std::string, uint64_t> PipelineResidency::BytesByDevice() const {
     if (c->host_bytes() > 0) out["cpu"] += c->host_bytes();
     if (c->state() == Residency::kDevice && !c->device().is_cpu()) {
       out[c->device().str()] += c->component().Bytes().total();
+    }
+    if (c->state() == Residency::kStreaming && !c->device().is_cpu()) {
+      out[c->device().str()] += c->streaming_bytes();
     }
   }
   return out;

@@ -84,6 +84,11 @@ class PipelineResidency {
   // Drops every tensor.
   void Unload();
 
+  // Device bytes a request needs for the pipeline's components beyond what is resident now:
+  // the components not on the device, or under the sequential policy the groups a streamed
+  // component holds at most (prefetch + 2 of its largest groups).
+  uint64_t BytesToRun() const;
+
   std::vector<ComponentPlace> Snapshot() const;
   // Every block the components hold (weakly), for the unload leak check.
   std::vector<ComponentResidency::BlockRef> Blocks() const;
@@ -100,6 +105,10 @@ class PipelineResidency {
   StatusOr<ResidencyReport> MoveAll(Residency to, const c10::Device& device, MemoryEventKind kind);
   StatusOr<ComponentMove> MoveOne(ComponentResidency& c, Residency to, const c10::Device& device,
                                   bool wait, MemoryEventKind kind);
+  // host -> streaming for a component of a sequential pipeline (`warm`: start its first copies).
+  Status BeginStreaming(ComponentResidency& c, bool warm);
+  // streaming -> host, with its stream event.
+  void EndStreaming(ComponentResidency& c);
   void Record(MemoryEventKind kind, const std::string& component, const c10::Device& device,
               const DeviceMemoryStats& before, int64_t delta, double seconds, const Status& status,
               const std::string& from, const std::string& to);
@@ -112,6 +121,9 @@ class PipelineResidency {
   c10::Device device_{c10::kCPU};
   OffloadPolicy policy_;
   bool in_request_ = false;
+  bool streamable_ = false;  // planned for streaming at load (policy sequential)
+  std::map<const ComponentResidency*, std::pair<DeviceMemoryStats, std::chrono::steady_clock::time_point>>
+      stream_started_;  // counters and time when each streaming component began
   std::chrono::steady_clock::time_point last_used_ = std::chrono::steady_clock::now();
 };
 

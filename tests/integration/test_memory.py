@@ -111,10 +111,15 @@ def test_admin_errors(client):
     error = rpc_error(client.models.MovePipeline,
                       pb2.MovePipelineRequest(name="tiny", device="cuda:7"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    for policy, words in (("sequential", "not supported"), ("fast", "unknown offload policy")):
+    for policy, words in (("group", "use 'sequential'"), ("fast", "unknown offload policy")):
         error = rpc_error(client.models.SetOffloadPolicy, pb2.SetOffloadPolicyRequest(
             name="tiny", policy=pb2.OffloadPolicy(policy=policy)))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and words in error.details()
+    # Streaming is planned at load: a pipeline loaded under another policy cannot switch to it.
+    error = rpc_error(client.models.SetOffloadPolicy, pb2.SetOffloadPolicyRequest(
+        name="tiny", policy=pb2.OffloadPolicy(policy="sequential")))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "offload.policy: sequential" in error.details()
     error = rpc_error(client.models.SetOffloadPolicy, pb2.SetOffloadPolicyRequest(
         name="tiny", policy=pb2.OffloadPolicy(policy="idle", idle_seconds=-1)))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
