@@ -229,7 +229,11 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::
     return fail(InvalidArgument(StrCat(manifest->path, ": field 'placement.dtype': ",
                                        dtype.status().message())));
   }
-  if (target.is_cuda()) {
+  // Under model and sequential offload a load leaves everything in host memory: requests make
+  // their own room (Admit), so a pipeline larger than the budget can still be served.
+  const bool rests_on_host =
+      manifest->offload.policy == "model" || manifest->offload.policy == "sequential";
+  if (target.is_cuda() && !rests_on_host) {
     // The component files are what the load puts on the device (at most: load-time
     // quantization shrinks them); room for them is made before anything is allocated.
     const uint64_t file_bytes = ComponentFileBytes(*manifest);

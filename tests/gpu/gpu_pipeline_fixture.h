@@ -31,9 +31,11 @@ class GpuPipelineTest {
     return true;
   }
 
-  // Loads `name` on `device`; `policy` overrides the manifest's offload policy when not empty.
+  // Loads `name` on `device`; `policy` overrides the manifest's offload policy when not empty,
+  // `offload` the whole offload section when given.
   std::unique_ptr<SdPipeline> Load(const std::string& name, const c10::Device& device,
-                                   const std::string& policy = "") {
+                                   const std::string& policy = "",
+                                   const OffloadSpec* offload = nullptr) {
     auto repository = ModelRepository::Open(repo_);
     EXPECT_TRUE(repository.ok());
     auto manifest = repository->LoadManifest(name);
@@ -42,6 +44,7 @@ class GpuPipelineTest {
       return nullptr;
     }
     if (!policy.empty()) manifest->offload.policy = policy;
+    if (offload != nullptr) manifest->offload = *offload;
     auto pipeline = SdPipeline::Load(*manifest, device, c10::kHalf, context());
     if (!pipeline.ok()) {
       ADD_FAILURE() << pipeline.status().ToString();
