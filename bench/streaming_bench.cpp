@@ -145,15 +145,13 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
     row << "{\"pipeline\": " << Json(name) << ", \"policy\": " << Json(policy)
         << ", \"group_mib\": " << group_mib << ", \"prefetch\": " << o.prefetch
         << ", \"steps\": " << o.steps << ", \"size\": " << o.size
-        << ", \"requests\": " << s.seconds.size()
-        << ", \"p50_seconds\": " << Median(s.seconds)
+        << ", \"requests\": " << s.seconds.size() << ", \"p50_seconds\": " << Median(s.seconds)
         << ", \"min_seconds\": " << *std::min_element(s.seconds.begin(), s.seconds.end())
         << ", \"denoise_p50_seconds\": " << Median(s.denoise)
         << ", \"vs_none\": " << (none_p50 > 0 ? Median(s.seconds) / none_p50 : 0)
         << ", \"peak_above_rest_mib\": " << Median(s.peak_mib)
         << ", \"pipeline_mib\": " << pipeline_bytes / double(1 << 20)
-        << ", \"unet_mib\": " << unet_bytes / double(1 << 20)
-        << ", \"load_allocated_mib\": "
+        << ", \"unet_mib\": " << unet_bytes / double(1 << 20) << ", \"load_allocated_mib\": "
         << (memory.Read(device).allocated_bytes - base) / double(1 << 20)
         << ", \"unet_stream\": " << Json(s.stream_message) << "}";
     rows.push_back(row.str());
@@ -166,19 +164,29 @@ int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--repository") o.repository = value;
-    else if (flag == "--pipelines") o.pipelines = Split(value);
-    else if (flag == "--device") o.device = value;
+    if (flag == "--repository")
+      o.repository = value;
+    else if (flag == "--pipelines")
+      o.pipelines = Split(value);
+    else if (flag == "--device")
+      o.device = value;
     else if (flag == "--group-mib") {
       o.group_mib.clear();
       for (const auto& g : Split(value)) o.group_mib.push_back(std::stod(g));
-    } else if (flag == "--prefetch") o.prefetch = std::stoi(value);
-    else if (flag == "--steps") o.steps = std::stoi(value);
-    else if (flag == "--size") o.size = std::stoi(value);
-    else if (flag == "--rounds") o.rounds = std::stoi(value);
-    else if (flag == "--requests") o.requests = std::stoi(value);
-    else if (flag == "--policies") o.policies = Split(value);
-    else if (flag == "--out") o.out = value;
+    } else if (flag == "--prefetch")
+      o.prefetch = std::stoi(value);
+    else if (flag == "--steps")
+      o.steps = std::stoi(value);
+    else if (flag == "--size")
+      o.size = std::stoi(value);
+    else if (flag == "--rounds")
+      o.rounds = std::stoi(value);
+    else if (flag == "--requests")
+      o.requests = std::stoi(value);
+    else if (flag == "--policies")
+      o.policies = Split(value);
+    else if (flag == "--out")
+      o.out = value;
     else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;
@@ -219,8 +227,8 @@ int Main(int argc, char** argv) {
       std::snprintf(prop.name, sizeof(prop.name), "%s", "cpu");
     }
     std::ofstream out(o.out);
-    out << "{\"benchmark\": \"streaming_bench\", \"device\": \"" << prop.name
-        << "\", \"torch\": \"" << TORCH_VERSION << "\", \"results\": [\n";
+    out << "{\"benchmark\": \"streaming_bench\", \"device\": \"" << prop.name << "\", \"torch\": \""
+        << TORCH_VERSION << "\", \"results\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) out << (i ? ",\n" : "") << rows[i];
     out << "\n]}\n";
   }

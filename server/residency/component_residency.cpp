@@ -96,8 +96,8 @@ StatusOr<ComponentResidency::Staged> ComponentResidency::Stage(Residency to,
   const c10::Device from_device = device();
   RETURN_IF_ERROR(CheckTransition(component_.name(), from, from_device, to, target));
   if (from == Residency::kStreaming) {
-    return FailedPrecondition(StrCat("component '", component_.name(),
-                                     "' is streaming for a running request"));
+    return FailedPrecondition(
+        StrCat("component '", component_.name(), "' is streaming for a running request"));
   }
   if (from == Residency::kUnloaded || to == Residency::kUnloaded) {
     return FailedPrecondition(StrCat("component '", component_.name(), "' is not loaded"));
@@ -209,8 +209,9 @@ Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetc
                                      "' was not loaded for streaming (offload policy sequential)"));
   }
   if (state() == Residency::kStreaming) return Status::Ok();
-  streamer_ = std::make_unique<ComponentStreamer>(component_, *plan_, *layout_, host_->bytes, device,
-                                                  prefetch, arenas_, copier_, stream_order_);
+  streamer_ =
+      std::make_unique<ComponentStreamer>(component_, *plan_, *layout_, host_->bytes, device,
+                                          prefetch, arenas_, copier_, stream_order_, stream_bytes_);
   if (warm) {
     try {
       streamer_->Warm();
@@ -236,10 +237,6 @@ StreamStats ComponentResidency::EndStreaming() {
   state_ = Residency::kHost;
   device_ = c10::Device(c10::kCPU);
   return stats;
-}
-
-uint64_t ComponentResidency::streaming_bytes() const {
-  return streamer_ ? streamer_->resident_bytes() : 0;
 }
 
 void ComponentResidency::Unload() {

@@ -3,6 +3,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -41,8 +42,9 @@ struct ComponentMove {
 // target and frees the old place. A pipeline stages all its components before committing any,
 // so a failure (out of memory on the third component) changes nothing anywhere.
 //
-// Thread safety: state(), device(), host_bytes() may be read from any thread; every other method
-// belongs to the one thread that runs the pipeline's work at a time (its device worker).
+// Thread safety: state(), device(), host_bytes(), streaming_bytes() may be read from any thread;
+// every other method belongs to the one thread that runs the pipeline's work at a time (its device
+// worker).
 class ComponentResidency {
  public:
   ComponentResidency(Component& component, ArenaAllocator& arenas, BlockCopier& copier);
@@ -104,8 +106,8 @@ class ComponentResidency {
   Status BeginStreaming(const c10::Device& device, int prefetch, bool warm);
   // streaming -> host: every tensor back on the host copy, every device copy given back.
   StreamStats EndStreaming();
-  // Bytes of device copies held by the streamer now (0 when not streaming).
-  uint64_t streaming_bytes() const;
+  // Bytes of device copies held by the streamer now (0 when not streaming); any thread.
+  uint64_t streaming_bytes() const { return stream_bytes_.load(); }
 
   // The blocks held now, weakly: after Unload each must be gone (Note [Leak check]).
   struct BlockRef {
@@ -129,6 +131,7 @@ class ComponentResidency {
   std::optional<StreamPlan> plan_;
   StreamOrder stream_order_;
   std::unique_ptr<ComponentStreamer> streamer_;
+  std::atomic<uint64_t> stream_bytes_{0};  // device copies the streamer holds, for any thread
   mutable std::mutex mu_;  // guards state_, device_, host_bytes_ for readers on other threads
   Residency state_ = Residency::kUnloaded;
   c10::Device device_{c10::kCPU};

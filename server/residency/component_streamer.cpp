@@ -10,7 +10,7 @@ ComponentStreamer::ComponentStreamer(Component& component, const StreamPlan& pla
                                      const ArenaLayout& layout, const torch::Tensor& host,
                                      const c10::Device& device, int prefetch,
                                      ArenaAllocator& arenas, BlockCopier& copier,
-                                     StreamOrder& order)
+                                     StreamOrder& order, std::atomic<uint64_t>& resident)
     : component_(component),
       plan_(plan),
       layout_(layout),
@@ -20,6 +20,7 @@ ComponentStreamer::ComponentStreamer(Component& component, const StreamPlan& pla
       arenas_(arenas),
       copier_(copier),
       order_(order),
+      resident_(resident),
       host_views_(layout.Views(host)),
       groups_(plan.groups().size()) {
   const int n = static_cast<int>(groups_.size());
@@ -46,6 +47,7 @@ void ComponentStreamer::Fetch(int g) {
   state.block = std::move(block).value();
   state.copy = std::move(copy).value();
   resident_bytes_ += static_cast<uint64_t>(size);
+  resident_.store(resident_bytes_);
   stats_.peak_bytes = std::max(stats_.peak_bytes, resident_bytes_);
   stats_.bytes_copied += static_cast<uint64_t>(size);
   ++stats_.copies;
@@ -100,6 +102,7 @@ void ComponentStreamer::Release(int g) {
   state.copy.Wait();  // a prefetch never used: its copy precedes the memory's next use
   state.copy = PendingCopy();
   resident_bytes_ -= static_cast<uint64_t>(state.block->bytes.numel());
+  resident_.store(resident_bytes_);
   state.block.reset();
   state.depth = 0;
 }

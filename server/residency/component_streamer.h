@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -47,10 +48,12 @@ struct StreamOrder {
 class ComponentStreamer : public StreamHooks {
  public:
   // `host` is the component's host block laid out by `layout`; `plan`'s ranges index it.
-  // `order` outlives the streamer and is updated as groups are entered.
+  // `order` outlives the streamer and is updated as groups are entered; `resident` (read by
+  // other threads) follows the bytes of device copies held.
   ComponentStreamer(Component& component, const StreamPlan& plan, const ArenaLayout& layout,
                     const torch::Tensor& host, const c10::Device& device, int prefetch,
-                    ArenaAllocator& arenas, BlockCopier& copier, StreamOrder& order);
+                    ArenaAllocator& arenas, BlockCopier& copier, StreamOrder& order,
+                    std::atomic<uint64_t>& resident);
   ~ComponentStreamer() override;
   ComponentStreamer(const ComponentStreamer&) = delete;
   ComponentStreamer& operator=(const ComponentStreamer&) = delete;
@@ -63,8 +66,6 @@ class ComponentStreamer : public StreamHooks {
   void Finish();
 
   const StreamStats& stats() const { return stats_; }
-  // Bytes of device copies held now.
-  uint64_t resident_bytes() const { return resident_bytes_; }
   const c10::Device& device() const { return device_; }
 
  private:
@@ -87,6 +88,7 @@ class ComponentStreamer : public StreamHooks {
   ArenaAllocator& arenas_;
   BlockCopier& copier_;
   StreamOrder& order_;
+  std::atomic<uint64_t>& resident_;
   std::vector<torch::Tensor> host_views_;  // slot order
   std::vector<GroupState> groups_;
   int last_entered_ = -1;

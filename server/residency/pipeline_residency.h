@@ -122,7 +122,8 @@ class PipelineResidency {
   OffloadPolicy policy_;
   bool in_request_ = false;
   bool streamable_ = false;  // planned for streaming at load (policy sequential)
-  std::map<const ComponentResidency*, std::pair<DeviceMemoryStats, std::chrono::steady_clock::time_point>>
+  std::map<const ComponentResidency*,
+           std::pair<DeviceMemoryStats, std::chrono::steady_clock::time_point>>
       stream_started_;  // counters and time when each streaming component began
   std::chrono::steady_clock::time_point last_used_ = std::chrono::steady_clock::now();
 };

@@ -85,10 +85,10 @@ Status CheckStreamable(const Component& component, const torch::jit::Module& roo
       std::string why;
       const Node* node = FindUnstreamable(graph->block(), graph->inputs()[0], &why);
       if (node == nullptr) continue;
-      return InvalidArgument(StrCat(
-          "component '", component.name(), "' cannot be streamed: method '",
-          named.name.empty() ? "" : named.name + ".", method.name(), "' ", why, " (",
-          NodeText(node), "); use the model or none offload policy for it"));
+      return InvalidArgument(
+          StrCat("component '", component.name(), "' cannot be streamed: method '",
+                 named.name.empty() ? "" : named.name + ".", method.name(), "' ", why, " (",
+                 NodeText(node), "); use the model or none offload policy for it"));
     }
   }
   return Status::Ok();
@@ -160,8 +160,7 @@ struct Splitter {
 
 }  // namespace
 
-StatusOr<StreamPlan> StreamPlan::Make(Component& component,
-                                      const std::vector<int64_t>& slot_bytes,
+StatusOr<StreamPlan> StreamPlan::Make(Component& component, const std::vector<int64_t>& slot_bytes,
                                       uint64_t group_bytes) {
   if (slot_bytes.size() != component.num_tensors()) {
     return Internal(StrCat("StreamPlan: ", slot_bytes.size(), " sizes for ",
@@ -195,8 +194,9 @@ StatusOr<StreamPlan> StreamPlan::Make(Component& component,
       if (instrumented.insert(m.type().get()).second) Instrument(m);
     }
   } catch (const c10::Error& e) {
-    return Internal(StrCat("component '", component.name(),
-                           "': instrumenting it for streaming failed: ", e.what_without_backtrace()));
+    return Internal(
+        StrCat("component '", component.name(),
+               "': instrumenting it for streaming failed: ", e.what_without_backtrace()));
   }
   return plan;
 }

@@ -99,8 +99,8 @@ class StreamingGpuTest : public ::testing::Test, protected testing::GpuPipelineT
     ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
     rested("Encode");
     int steps = 0;
-    auto cancelled = pipeline->Generate(Params(), [&](int, int) { ++steps; },
-                                        [&] { return steps >= 1; });
+    auto cancelled = pipeline->Generate(
+        Params(), [&](int, int) { ++steps; }, [&] { return steps >= 1; });
     EXPECT_EQ(cancelled.status().code(), StatusCode::kCancelled);
     rested("a cancelled Generate");
     pipeline.reset();

@@ -129,8 +129,7 @@ TEST(StreamPlan, SplitsAlongTheModuleTree) {
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0].kind, MemoryEventKind::kStream);
     // 5 groups (root's own scale, stem, body.l0, body.l1, head), each entered once.
-    EXPECT_NE(events[0].message.find("for 5 group runs"), std::string::npos)
-        << events[0].message;
+    EXPECT_NE(events[0].message.find("for 5 group runs"), std::string::npos) << events[0].message;
   }
   ArenaAllocator arenas;
   Fixture f(arenas, Sequential(1, 1));  // everything fits one group: the root's subtree
@@ -175,8 +174,7 @@ TEST(Streaming, GivesTheSameOutputAndEndsOnTheHost) {
   // Prefetch 1 holds at most the running layer and the next one (576 bytes each as laid out:
   // 256-byte aligned weight and absmax, then code) besides the root's own 32-byte `scale`, which
   // stays bound while the root's forward runs around them.
-  EXPECT_NE(events[0].message.find("at most 1184 bytes"), std::string::npos)
-      << events[0].message;
+  EXPECT_NE(events[0].message.find("at most 1184 bytes"), std::string::npos) << events[0].message;
 }
 
 TEST(Streaming, AFailedGroupCopyFailsTheForwardAndLeavesEverythingOnTheHost) {
