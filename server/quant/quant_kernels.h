@@ -46,15 +46,16 @@ inline constexpr int64_t kMmaMaxRows = 16;
 // without row padding, packed rows a multiple of 16 bytes, m <= kMmaMaxRows).
 bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type);
 
-// Float32 workspace (elements) LaunchMmaLinear needs for its split-K partial sums; 0 when the
-// kernel writes `out` directly. `sm_count`: multiprocessors of the device.
-int64_t MmaLinearWorkspace(const PackedWeightView& w, int64_t m, int sm_count);
+// What LaunchMmaLinear needs to know of the device it runs on.
+struct MmaDevice {
+  int sm_count = 1;       // multiprocessors
+  bool clusters = false;  // thread-block clusters (compute capability >= 9.0)
+};
 
-// Same contract as LaunchFusedLinear on tensor cores (Note [Tensor-core small-M linear]):
-// each packed weight byte is read once and applied to all m rows. `workspace` holds
-// MmaLinearWorkspace() floats (may be null when that is 0). Requires MmaLinearSupported().
+// Same contract as LaunchFusedLinear on tensor cores (Note [Tensor-core small-M linear]): each
+// packed weight byte is read once and applied to all m rows, in one launch without workspace.
+// Requires MmaLinearSupported().
 void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
-                     void* out, ElemType type, float* workspace, int sm_count,
-                     cudaStream_t stream);
+                     void* out, ElemType type, const MmaDevice& device, cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda

@@ -116,21 +116,24 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   const at::Tensor x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   const std::vector<int64_t> out_shape = QuantLinearOutputShape(x, layout.out_features);
-  // Note [Small-M path choice]: see kFusedMaxRows and cuda::kMmaMaxRows.
+  // Note [Small-M path choice]: fp16/bf16 x with M <= cuda::kMmaMaxRows goes to the tensor-core
+  // kernel, except int8 at M = 1, where the CUDA-core kernel (one warp per feature, no mma
+  // padding of the single row) measured 4-34% faster on every benchmark layer
+  // (bench/results/quant_linear_small_m_h100.md); other small M that the tensor-core kernel cannot
+  // take go to the CUDA-core kernel up to kFusedMaxRows, and larger M to dequantize + cuBLAS.
   PackedWeight packed = MakePacked(s, layout);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cuda::ElemType et = ElemTypeOf(dtype);
   const bool mma_ok = cuda::MmaLinearSupported(packed.view, x2.data_ptr(), m, et);
-  // int8 at M = 1: the CUDA-core kernel measured faster (bench/results/quant_linear.md).
   const bool auto_mma = mma_ok && !(layout.format == QuantFormat::kInt8 && m == 1);
   if ((mma_ok && path == CudaPath::kMma) || (auto_mma && path == CudaPath::kAuto)) {
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t ws = cuda::MmaLinearWorkspace(packed.view, m, sms);
-    at::Tensor workspace = ws > 0 ? at::empty({ws}, x.options().dtype(at::kFloat)) : at::Tensor();
+    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+    cuda::MmaDevice device;
+    device.sm_count = props->multiProcessorCount;
+    device.clusters = props->major >= 9;
     at::Tensor out = at::empty({m, layout.out_features}, x.options());
     cuda::LaunchMmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
-                          out.data_ptr(), et, ws > 0 ? workspace.data_ptr<float>() : nullptr, sms,
-                          stream);
+                          out.data_ptr(), et, device, stream);
     return out.reshape(out_shape);
   }
   if (path == CudaPath::kMma) path = CudaPath::kAuto;

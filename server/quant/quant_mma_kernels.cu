@@ -2,8 +2,10 @@
 // GEMM that reads each packed weight byte once and applies it to every row of x.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
+#include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "quant/quant_kernel_common.cuh"
 #include "quant/quant_kernels.h"
@@ -12,25 +14,73 @@ namespace qpool::quant::cuda {
 namespace {
 
 // Note [Tensor-core small-M linear]
-// For fp16/bf16 x with M <= 16, one mma.sync m16n8k16 per 16 values of k computes a 16 x 8 tile
-// of out (rows of x x output features); x is A, the decoded weight B. Lane (g, t) = (lane / 4,
-// lane % 4) of a warp owns output feature n0 + g (B column g) and loads 16 contiguous packed
-// bytes of that row at byte t * 16 of each 64-byte step (kValues = 32 nf4 or 16 int8 values),
-// so a quad reads 64 contiguous bytes. The sum over k does not care about the order of k, so
-// instead of the mma's own k numbering we let mma step s of a chunk take the lane's values
-// 4s .. 4s + 3 (as its k pairs 2t and 2t + 8) and load A with the same permutation: lane (g, t)
-// reads x[g][k0 .. k0 + kValues) and x[g + 8][...] as 16-byte vectors. NF4 nibbles are decoded
-// through a 16-entry table of T in shared memory (same index = same word, so no bank conflicts)
-// and scaled per 16-value group in T (__hmul2); int8 values are exact in T and the row scale is
-// applied at the end in float. Accumulation is float32. Each block is kMmaWarps warps on
-// consecutive groups of 8 features; gridDim.y splits k (Note [Split-k]) so that small-N layers
-// still fill the GPU.
-// Note [Split-k]: with splits > 1 every split writes float partial sums to a workspace
-// [splits, M, N] and MmaReduceKernel adds them, the bias and the int8 scale.
+// For fp16/bf16 x with M <= 16 the layer is bound by reading the packed weight, so the kernel is
+// built to stream it with few instructions per weight byte and no second pass over anything.
+// One mma.sync m16n8k16 per 16 values of k computes a 16 x 8 tile of out (rows of x x output
+// features); x is A, the decoded weight B.
+//
+// Work split. A block of kMmaWarps warps owns 8 * kTiles consecutive output features (kTiles n8
+// tiles per warp, Note [Tiles per warp]); its warps split the block's range of k between them
+// (warp w takes 64-byte steps w, w + kMmaWarps, ...) and add their float32 sums through shared
+// memory at the end. Lane (g, t) = (lane / 4, lane % 4) of a warp owns features n0 + 8 j + g (B
+// column g of tile j) and loads 16 contiguous packed bytes of each at byte t * 16 of a step, so a
+// quad reads 64 contiguous bytes of a row and every weight byte is loaded once, with a 16-byte
+// load that skips L1 (it is never read again). The x fragment of a step is loaded once (16-byte
+// loads through L1) and serves the warp's kTiles mma's instead of one.
+//
+// k permutation. The sum over k does not care about the order of k, so mma step s of a chunk
+// takes the lane's values 4s .. 4s + 3 (as the mma's k pairs 2t and 2t + 8) and A is loaded with
+// the same permutation: lane (g, t) reads x[g][k0 .. k0 + kValues) and x[g + 8][...] as 16-byte
+// vectors. For M <= 8 the rows g + 8 are zero registers and never loaded.
+//
+// NF4 decode (Note [NF4 byte table]): one shared-memory load per packed byte gives both of its
+// values as a pair of T, which one __hmul2 scales by the byte's block absmax (rounded to T).
+// int8 values are exact in T: fp16 through the 0x6400 exponent trick (a byte permute and one
+// subtraction per pair), bf16 through float32; the row scale is applied at the end in float32.
+// Accumulation is float32.
+//
+// Note [Split-k over a cluster]: when the layer has too few feature blocks to fill the GPU,
+// gridDim.y splits k and the splits of one feature block form a thread-block cluster (Hopper,
+// at most kMmaMaxSplits blocks): each block leaves its sums in shared memory, and after a cluster
+// barrier every block adds one slice of the outputs from all the blocks' shared memory and
+// writes it. One launch, no float workspace, no second kernel. GPUs without clusters (sm_80) run
+// one split.
+//
+// Note [NF4 byte table]
+// The table maps a packed byte e to the pair (code[e >> 4], code[e & 15]) as bits of T (element
+// 2j is the high nibble). Random bytes of a warp would hit the same bank often, so the table is
+// stored once per lane: entry e of lane l is the word at byte e * 256 + l * 4, so every lane reads
+// its own bank. The entry stride of 256 bytes (half of it unused) makes the address of byte j of
+// a word one byte permute (byte j into bits 8..15, the lane offset into bits 0..7). 64 KB of
+// dynamic shared memory per block, filled once per block while the first weights are loading.
+// (A 16-entry table read once per nibble is conflict-free too but costs two loads per byte.)
+//
+// Note [Tiles per warp]
+// More tiles per warp read each x fragment for more features but leave fewer, longer warps and
+// fewer blocks. Measured on an H100 (bench/results/quant_linear_small_m_h100.md): 2 tiles are
+// faster for nf4 at M <= 8 and for int8 at every M (int8 decodes cheaply, so parallelism wins);
+// 4 tiles are faster for nf4 at M > 8, where x (two rows per lane) is the larger stream.
+//
+// Where the time goes: at these sizes a call moves 0.05-20 MB, so most layers finish within a
+// few memory latencies; the kernel reaches 1-1.3 TB/s of packed weight on the largest layers.
+// Weights come one step ahead (Note [Prefetched steps]); the x loads of a step still wait on L2.
+// Two things measured no better: prefetching x into L1 one step ahead, and a ring of cp.async
+// shared-memory stages that keeps 2-5 steps of weights in flight per warp (slower on most
+// layers, faster only for int8 on the Flux MLP layers).
 constexpr int kMmaWarps = 8;
-constexpr int kMmaUnroll = 2;       // 64-byte steps per quad in flight
-constexpr int kMmaStepBytes = 64;   // packed bytes per quad per step
-constexpr int kMmaBlocksPerSm = 4;  // target resident blocks per SM when choosing splits
+constexpr int kMmaTilesFew = 2;             // n8 tiles per warp: int8, and nf4 with M <= 8
+constexpr int kMmaTilesMany = 4;            // n8 tiles per warp: nf4 with M > 8
+constexpr int kMmaStepBytes = 64;           // packed bytes per quad per step
+constexpr int kMmaMaxSplits = 8;            // portable cluster size
+constexpr int kMmaBlocksPerSm = 2;          // target resident blocks per SM when choosing splits
+constexpr int kMmaMinBlocksPerSm = 2;       // register budget: 128 per thread
+constexpr int kMmaMinStepsPerSplit = 4;     // fewer leave most warps of a block idle
+constexpr int kLutStride = 256;
+constexpr int kLutBytes = 256 * kLutStride;
+constexpr int kMmaMaxTiles = 4;
+constexpr int kMmaMaxOutputs = kMmaMaxTiles * 4 * kWarp;  // c registers of one warp
+constexpr int kNestedBlock = 256;          // absmax values per nested absmax
+constexpr int kMmaRedBytes = (kMmaWarps + 1) * kMmaMaxOutputs * 4;
 
 template <typename T>
 struct Pair;
@@ -49,22 +99,32 @@ __device__ __forceinline__ uint16_t Bits(T v) {
 }
 
 template <typename T>
-__device__ __forceinline__ uint32_t PackPair(uint32_t lo_bits, uint32_t hi_bits) {
-  return (lo_bits & 0xffffu) | (hi_bits << 16);
-}
-
-template <typename T>
 __device__ __forceinline__ uint32_t MulPair(uint32_t a, uint32_t b) {
   using P = typename Pair<T>::Type;
   P r = __hmul2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
+__device__ __forceinline__ uint32_t Permute(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// 16 bytes of a weight row, streamed (not kept in L1).
+__device__ __forceinline__ uint4 LoadStream(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 template <typename T>
 __device__ __forceinline__ void Mma(float* c, const uint32_t* a, const uint32_t* b);
 template <>
 __device__ __forceinline__ void Mma<__half>(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -73,191 +133,365 @@ __device__ __forceinline__ void Mma<__half>(float* c, const uint32_t* a, const u
 template <>
 __device__ __forceinline__ void Mma<__nv_bfloat16>(float* c, const uint32_t* a,
                                                    const uint32_t* b) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Writes value c of (row m, feature n): to out with scale and bias, or to the split's partials.
+// Values 4s .. 4s + 3 of a 16-byte int8 chunk (word s) as two pairs of T.
 template <typename T>
-__device__ __forceinline__ void MmaStore(const PackedWeightView& w, int m, int64_t n, float c,
-                                         int64_t M, const T* bias, T* out, float* partial) {
-  if (m >= M || n >= w.rows) return;
-  if (partial != nullptr) {
-    partial[(blockIdx.y * M + m) * w.rows + n] = c;
-    return;
+__device__ __forceinline__ void Int8Pairs(uint32_t word, uint32_t* b);
+template <>
+__device__ __forceinline__ void Int8Pairs<__half>(uint32_t word, uint32_t* b) {
+  // 0x6400 | (q + 128) is the half 1024 + q + 128, exact; subtracting 1152 leaves q.
+  const uint32_t u = word ^ 0x80808080u;
+  const __half2 bias = __half2half2(__ushort_as_half(0x6480));  // 1152
+  const uint32_t lo_bits = Permute(u, 0x64646464u, 0x5140);  // bytes 0, 1
+  const uint32_t hi_bits = Permute(u, 0x64646464u, 0x5342);  // bytes 2, 3
+  const __half2 lo = __hsub2(*reinterpret_cast<const __half2*>(&lo_bits), bias);
+  const __half2 hi = __hsub2(*reinterpret_cast<const __half2*>(&hi_bits), bias);
+  b[0] = *reinterpret_cast<const uint32_t*>(&lo);
+  b[1] = *reinterpret_cast<const uint32_t*>(&hi);
+}
+template <>
+__device__ __forceinline__ void Int8Pairs<__nv_bfloat16>(uint32_t word, uint32_t* b) {
+  // 0x4b000000 | (q + 128) is the float 2^23 + q + 128, exact; bf16 holds every int8 exactly.
+  const uint32_t u = word ^ 0x80808080u;
+  float f[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[j] = __uint_as_float(Permute(u, 0x4b000000u, 0x7440 | j)) - 8388736.f;
   }
-  const float scale = w.nf4 ? 1.f : w.absmax[n] / 127.f;
-  const float b = bias != nullptr ? ToFloat(bias[n]) : 0.f;
-  out[m * w.rows + n] = FromFloat<T>(fmaf(c, scale, b));
+  __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(f[2], f[3]);
+  b[0] = *reinterpret_cast<uint32_t*>(&lo);
+  b[1] = *reinterpret_cast<uint32_t*>(&hi);
 }
 
-template <typename T, bool kNf4, bool kRows16>
-__global__ void __launch_bounds__(kMmaWarps* kWarp)
-    MmaLinearKernel(PackedWeightView w, const T* x, int64_t M, const T* bias, T* out,
-                    float* partial, int64_t split_bytes) {
-  __shared__ uint32_t s_code[16];  // nf4 code values as bits of T
-  __shared__ float s_nested[256];
-  if (kNf4) {
-    for (int i = threadIdx.x; i < 16; i += blockDim.x) s_code[i] = Bits(FromFloat<T>(w.code[i]));
-    if (w.double_quant) {
-      for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested[i] = w.nested_code[i];
+// Pair of T of nf4 byte j (0..3) of `word` from the lane's column of the byte table `lut`.
+__device__ __forceinline__ uint32_t Nf4Pair(const uint8_t* lut, uint32_t lane_off, uint32_t word,
+                                            int j) {
+  return *reinterpret_cast<const uint32_t*>(lut + Permute(word, lane_off, 0x5504 | (j << 4)));
+}
+
+// Note [Prefetched steps]
+// A warp's steps are serial, so each step's weight chunks and nf4 block scales are loaded one
+// step ahead into a second Stage in registers, and the first step's before the byte table is
+// filled: the memory latency overlaps the previous step's decode and mma's instead of adding to
+// it. The scale loads are unconditional (index 0 for chunks outside the layer, whose x is zero)
+// so that they do not wait on one another. 128 registers per thread keep two blocks per SM.
+template <int kTiles, bool kNf4, bool kDq>
+struct Stage {
+  uint4 w[kTiles];
+  uint32_t sq[kTiles][kNf4 ? 2 : 1];  // nf4: absmax bits, or the double-quant code index
+  float sn[kTiles][kDq ? 2 : 1];      // nf4 double quant: the nested absmax
+};
+
+// Fixed per-lane inputs of the step loop.
+template <typename T, int kTiles>
+struct LaneRows {
+  const uint8_t* wrow[kTiles];
+  bool row_ok[kTiles];
+  const T* x0;
+  const T* x1;
+  bool x0_ok, x1_ok;
+  int64_t n0;  // first feature of the lane's tile 0 (n0 + g)
+  int t;
+};
+
+template <typename T, int kTiles, bool kNf4, bool kDq>
+__device__ __forceinline__ void LoadStage(const PackedWeightView& w, const LaneRows<T, kTiles>& lr,
+                                          int step, Stage<kTiles, kNf4, kDq>& st) {
+  const int b0 = step * kMmaStepBytes + lr.t * kChunkBytes;
+  const bool in_k = b0 < w.row_bytes;
+  const int k0 = kNf4 ? 2 * b0 : b0;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    st.w[j] = in_k && lr.row_ok[j] ? LoadStream(lr.wrow[j] + b0) : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (kNf4) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const bool ok = in_k && lr.row_ok[j];
+      const int64_t v0 = (lr.n0 + 8 * j) * w.padded_in + k0;
+      const int64_t b[2] = {ok ? v0 >> w.block_shift : 0, ok ? (v0 + 16) >> w.block_shift : 0};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h == 1 && w.block_shift >= 5) {  // blocks of >= 32 values: one scale per chunk
+          st.sq[j][1] = st.sq[j][0];
+          if constexpr (kDq) st.sn[j][1] = st.sn[j][0];
+        } else if constexpr (kDq) {
+          st.sq[j][h] = __ldg(w.absmax_q + b[h]);
+          st.sn[j][h] = __ldg(w.nested_absmax + b[h] / kNestedBlock);
+        } else {
+          st.sq[j][h] = __float_as_uint(__ldg(w.absmax + b[h]));
+        }
+      }
     }
   }
-  __syncthreads();
-  constexpr int kValues = kNf4 ? 2 * kChunkBytes : kChunkBytes;  // per lane per step
-  constexpr int kXWords = kValues / 2;                             // 32-bit words of x per row
+}
+
+// x values k0 .. k0 + 2 * kWords of row `src` (zero when !ok) as pairs.
+template <int kWords, typename T>
+__device__ __forceinline__ void LoadX(const T* src, bool ok, uint32_t* out) {
+#pragma unroll
+  for (int i = 0; i < kWords / 4; ++i) {
+    const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(src) + i) : make_uint4(0, 0, 0, 0);
+    out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+  }
+}
+
+template <typename T, int kTiles, bool kNf4, bool kDq, bool kRows16>
+__global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
+    MmaLinearKernel(PackedWeightView w, const T* x, int M, const T* bias, T* out,
+                    int steps_per_split) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float s_nested[256];
   const int lane = threadIdx.x % kWarp;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n0 = (blockIdx.x * int64_t{kMmaWarps} + threadIdx.x / kWarp) * 8;
-  if (n0 >= w.rows) return;
-  const int64_t n = n0 + g;
-  const bool row_ok = n < w.rows;
+  const int warp = threadIdx.x / kWarp;
+  constexpr int kValues = kNf4 ? 2 * kChunkBytes : kChunkBytes;  // per lane per step
+  constexpr int kMmaSteps = kValues / 4;                           // mma's per chunk
+  constexpr int kFeatures = 8 * kTiles;                           // output features per block
+  constexpr int kOutputs = kTiles * 4 * kWarp;                     // c registers of one warp
+  const int g = lane / 4;
+  const int64_t n0 = blockIdx.x * int64_t{kFeatures};
+  LaneRows<T, kTiles> lr;
+  lr.t = lane % 4;
+  lr.n0 = n0 + g;
   const int64_t K = w.in_features;
-  const uint8_t* wrow = w.weight + (row_ok ? n : 0) * w.row_bytes;
-  const bool x0_ok = g < M, x1_ok = kRows16 && g + 8 < M;
-  const T* x0 = x + (x0_ok ? g : 0) * K;
-  const T* x1 = x + (x1_ok ? g + 8 : 0) * K;
-  const int64_t begin = blockIdx.y * split_bytes;
-  const int64_t end = MinI64(begin + split_bytes, w.row_bytes);
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t step = begin; step < end; step += kMmaStepBytes * kMmaUnroll) {
-    uint4 wv[kMmaUnroll];
-    uint32_t xa[kMmaUnroll][kXWords], xb[kMmaUnroll][kXWords];
-    uint32_t scale[kMmaUnroll][2];
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      const int64_t b0 = step + u * kMmaStepBytes + t * kChunkBytes;
-      const bool in_k = b0 < end;
-      const int64_t k0 = kNf4 ? 2 * b0 : b0;
-      wv[u] = in_k && row_ok ? __ldg(reinterpret_cast<const uint4*>(wrow + b0))
-                             : make_uint4(0, 0, 0, 0);
+  for (int j = 0; j < kTiles; ++j) {
+    const int64_t n = lr.n0 + 8 * j;
+    lr.row_ok[j] = n < w.rows;
+    lr.wrow[j] = w.weight + (lr.row_ok[j] ? n : 0) * w.row_bytes;
+  }
+  lr.x0_ok = g < M;
+  lr.x1_ok = kRows16 && g + 8 < M;
+  lr.x0 = x + (lr.x0_ok ? g : 0) * K;
+  lr.x1 = x + (lr.x1_ok ? g + 8 : 0) * K;
+  const int steps = static_cast<int>((w.row_bytes + kMmaStepBytes - 1) / kMmaStepBytes);
+  const int step_begin = blockIdx.y * steps_per_split;
+  const int step_end = min(step_begin + steps_per_split, steps);
+  int step = step_begin + warp;
+  Stage<kTiles, kNf4, kDq> cur, next;
+  if (step < step_end) LoadStage<T>(w, lr, step, cur);
+
+  float offset = 0.f;
+  static_assert(kMmaWarps * kWarp == 256, "the table fill assumes 256 threads");
+  if constexpr (kNf4) {
+    // Fill the byte table: thread i writes 4 lanes' copies of entries e = i / 8 + 32 r with
+    // 16-byte stores; the code values are loaded first, all at once.
+    const int e0 = threadIdx.x / 8;
+    const float lo = __ldg(w.code + (e0 & 15));
+    float hi[8];
 #pragma unroll
-      for (int i = 0; i < kXWords / 4; ++i) {
-        const uint4 z = make_uint4(0, 0, 0, 0);
-        const uint4 a = in_k && x0_ok ? __ldg(reinterpret_cast<const uint4*>(x0 + k0) + i) : z;
-        const uint4 b = in_k && x1_ok ? __ldg(reinterpret_cast<const uint4*>(x1 + k0) + i) : z;
-        xa[u][4 * i] = a.x, xa[u][4 * i + 1] = a.y, xa[u][4 * i + 2] = a.z, xa[u][4 * i + 3] = a.w;
-        xb[u][4 * i] = b.x, xb[u][4 * i + 1] = b.y, xb[u][4 * i + 2] = b.z, xb[u][4 * i + 3] = b.w;
-      }
-      if constexpr (kNf4) {
-        float s0 = 0.f, s1 = 0.f;
-        if (in_k && row_ok) {
-          const int64_t v0 = n * w.padded_in + k0;
-          s0 = BlockScale(w, s_nested, v0 >> w.block_shift);
-          s1 = BlockScale(w, s_nested, (v0 + 16) >> w.block_shift);
-        }
-        const uint32_t h0 = Bits(FromFloat<T>(s0)), h1 = Bits(FromFloat<T>(s1));
-        scale[u][0] = h0 | (h0 << 16);
-        scale[u][1] = h1 | (h1 << 16);
-      }
+    for (int r = 0; r < 8; ++r) hi[r] = __ldg(w.code + (e0 >> 4) + 2 * r);
+    if constexpr (kDq) {
+      s_nested[threadIdx.x] = __ldg(w.nested_code + threadIdx.x);
+      offset = __ldg(w.offset);
     }
+    const uint32_t lo_bits = uint32_t{Bits(FromFloat<T>(lo))} << 16;
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+    for (int r = 0; r < 8; ++r) {
+      const uint32_t v = Bits(FromFloat<T>(hi[r])) | lo_bits;
+      *reinterpret_cast<uint4*>(smem + (e0 + 32 * r) * kLutStride + (threadIdx.x % 8) * 16) =
+          make_uint4(v, v, v, v);
+    }
+    __syncthreads();
+  }
+  const uint32_t lane_off = lane * 4;
+
+  float c[kTiles][4];
 #pragma unroll
-      for (int s = 0; s < kValues / 4; ++s) {
-        uint32_t b[2];
+  for (int j = 0; j < kTiles; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+
+  for (; step < step_end; step += kMmaWarps) {
+    if (step + kMmaWarps < step_end) LoadStage<T>(w, lr, step + kMmaWarps, next);
+    const int k0 = (kNf4 ? 2 : 1) * (step * kMmaStepBytes + lr.t * kChunkBytes);
+    const bool in_k = k0 < K;
+    uint32_t xa[kValues / 2], xb[kValues / 2];
+    LoadX<kValues / 2>(lr.x0 + k0, in_k && lr.x0_ok, xa);
+    if constexpr (kRows16) {
+      LoadX<kValues / 2>(lr.x1 + k0, in_k && lr.x1_ok, xb);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kValues / 2; ++i) xb[i] = 0;
+    }
+    uint32_t scale[kTiles][2];
+    if constexpr (kNf4) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int pair = 2 * s + h;  // values 2 * pair, 2 * pair + 1 of the lane's chunk
-          if constexpr (kNf4) {
-            const uint32_t byte = (words[pair / 4] >> (8 * (pair % 4))) & 0xffu;
-            b[h] = MulPair<T>(PackPair<T>(s_code[byte >> 4], s_code[byte & 15]),
-                              scale[u][pair < 8 ? 0 : 1]);
+          float sv;
+          if constexpr (kDq) {
+            sv = __fadd_rn(__fmul_rn(s_nested[cur.sq[j][h]], cur.sn[j][h]), offset);
           } else {
-            const uint32_t word = words[pair / 2];
-            const int sh = 16 * (pair % 2);
-            const auto q0 = static_cast<int8_t>((word >> sh) & 0xffu);
-            const auto q1 = static_cast<int8_t>((word >> (sh + 8)) & 0xffu);
-            b[h] = PackPair<T>(Bits(FromFloat<T>(static_cast<float>(q0))),
-                               Bits(FromFloat<T>(static_cast<float>(q1))));
+            sv = __uint_as_float(cur.sq[j][h]);
           }
+          const uint32_t bits = Bits(FromFloat<T>(sv));
+          scale[j][h] = bits | (bits << 16);
         }
-        const uint32_t a[4] = {xa[u][2 * s], xb[u][2 * s], xa[u][2 * s + 1], xb[u][2 * s + 1]};
-        Mma<T>(c, a, b);
       }
     }
+#pragma unroll
+    for (int s = 0; s < kMmaSteps; ++s) {
+      const uint32_t a[4] = {xa[2 * s], xb[2 * s], xa[2 * s + 1], xb[2 * s + 1]};
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const uint32_t words[4] = {cur.w[j].x, cur.w[j].y, cur.w[j].z, cur.w[j].w};
+        uint32_t b[2];
+        if constexpr (kNf4) {
+          // Bytes 2s and 2s + 1 of the chunk; bytes 0..7 are the first 16-value group.
+          const uint32_t word = words[s / 2];
+          const uint32_t sc = scale[j][s < 4 ? 0 : 1];
+          b[0] = MulPair<T>(Nf4Pair(smem, lane_off, word, 2 * (s % 2)), sc);
+          b[1] = MulPair<T>(Nf4Pair(smem, lane_off, word, 2 * (s % 2) + 1), sc);
+        } else {
+          Int8Pairs<T>(words[s], b);
+        }
+        Mma<T>(c[j], a, b);
+      }
+    }
+    cur = next;
   }
-  const int64_t nc = n0 + 2 * t;
-  MmaStore(w, g, nc, c[0], M, bias, out, partial);
-  MmaStore(w, g, nc + 1, c[1], M, bias, out, partial);
-  if (kRows16) {
-    MmaStore(w, g + 8, nc, c[2], M, bias, out, partial);
-    MmaStore(w, g + 8, nc + 1, c[3], M, bias, out, partial);
-  }
-}
 
-template <typename T>
-__global__ void MmaReduceKernel(PackedWeightView w, const float* partial, int splits, int64_t M,
-                                const T* bias, T* out) {
-  const int64_t total = M * w.rows;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  // Sum the warps' partial tiles: red[warp][output], output = (j * 4 + r) * 32 + lane.
+  float* red = reinterpret_cast<float*>(smem);
+  if constexpr (kNf4) __syncthreads();  // the table is no longer read
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) red[warp * kOutputs + (j * 4 + r) * kWarp + lane] = c[j][r];
+  }
+  __syncthreads();
+  float* sums = red + kMmaWarps * kOutputs;
+  for (int o = threadIdx.x; o < kOutputs; o += blockDim.x) {
     float sum = 0.f;
-    for (int s = 0; s < splits; ++s) sum += partial[s * total + i];
-    const int64_t n = i % w.rows;
-    const float scale = w.nf4 ? 1.f : w.absmax[n] / 127.f;
-    const float b = bias != nullptr ? ToFloat(bias[n]) : 0.f;
-    out[i] = FromFloat<T>(fmaf(sum, scale, b));
+#pragma unroll
+    for (int i = 0; i < kMmaWarps; ++i) sum += red[i * kOutputs + o];
+    sums[o] = sum;
   }
+  int rank = 0, splits = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (gridDim.y > 1) {
+    rank = static_cast<int>(cluster.block_rank());
+    splits = static_cast<int>(cluster.num_blocks());
+    cluster.sync();
+  } else {
+    __syncthreads();
+  }
+#else
+  __syncthreads();
+#endif
+  const int per_rank = (kOutputs + splits - 1) / splits;
+  const int o_end = min(kOutputs, (rank + 1) * per_rank);
+  for (int o = rank * per_rank + threadIdx.x; o < o_end; o += blockDim.x) {
+    const int r = (o / kWarp) % 4, j = o / (4 * kWarp), ol = o % kWarp;
+    const int m = ol / 4 + 8 * (r / 2);
+    const int64_t n = n0 + 8 * j + 2 * (ol % 4) + r % 2;
+    float sum = sums[o];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int p = 0; p < splits; ++p) {
+      if (p != rank) sum += cluster.map_shared_rank(sums, p)[o];
+    }
+#endif
+    if (m < M && n < w.rows) {
+      const float scale = kNf4 ? 1.f : w.absmax[n] / 127.f;
+      const float b = bias != nullptr ? ToFloat(bias[n]) : 0.f;
+      out[m * w.rows + n] = FromFloat<T>(fmaf(sum, scale, b));
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (splits > 1) cluster.sync();  // peers may still read this block's sums
+#endif
 }
 
-// Bytes of a packed row per split of the tensor-core kernel (a multiple of one unrolled step).
-int64_t MmaSplitBytes(const PackedWeightView& w, int sm_count) {
-  constexpr int64_t kIter = kMmaStepBytes * kMmaUnroll;
-  const int64_t blocks_x = (w.rows + 8 * kMmaWarps - 1) / (8 * kMmaWarps);
-  const int64_t want = (int64_t{sm_count} * kMmaBlocksPerSm + blocks_x - 1) / blocks_x;
-  const int64_t iters = (w.row_bytes + kIter - 1) / kIter;
-  // At least 2 unrolled steps per split (4 gave too few blocks on 1280 x 2048 layers).
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, iters / 2));
-  return (iters + splits - 1) / splits * kIter;
+int64_t MmaSteps(const PackedWeightView& w) {
+  return (w.row_bytes + kMmaStepBytes - 1) / kMmaStepBytes;
 }
 
-int64_t MmaSplits(const PackedWeightView& w, int sm_count) {
-  const int64_t bytes = MmaSplitBytes(w, sm_count);
-  return (w.row_bytes + bytes - 1) / bytes;
+// Splits of k (cluster size): enough blocks for kMmaBlocksPerSm per SM, each split keeping at
+// least kMmaMinStepsPerSplit steps.
+int MmaSplits(const PackedWeightView& w, int features, const MmaDevice& dev) {
+  if (!dev.clusters) return 1;
+  const int64_t blocks_x = (w.rows + features - 1) / features;
+  const int64_t want = (int64_t{dev.sm_count} * kMmaBlocksPerSm + blocks_x - 1) / blocks_x;
+  const int64_t most = std::max<int64_t>(1, MmaSteps(w) / kMmaMinStepsPerSplit);
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, kMmaMaxSplits)));
+}
+
+// Raises the kernel's dynamic shared-memory limit once per device and says whether the code the
+// device runs has the cluster reduction: compiled for compute_90 or later (code JIT-compiled on a
+// Hopper GPU from compute_80 PTX has not, and must run one split).
+template <typename T, int kTiles, bool kNf4, bool kDq, bool kRows16>
+bool PrepareKernel(int smem_bytes) {
+  static std::atomic<uint64_t> done{0};
+  static std::atomic<uint64_t> clusters{0};
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((done.load(std::memory_order_acquire) & bit) == 0) {
+    void (*kernel)(PackedWeightView, const T*, int, const T*, T*, int) =
+        MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>;
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    cudaFuncAttributes attributes;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    if (attributes.ptxVersion >= 90) clusters.fetch_or(bit, std::memory_order_release);
+    done.fetch_or(bit, std::memory_order_release);
+  }
+  return (clusters.load(std::memory_order_acquire) & bit) != 0;
+}
+
+template <typename T, bool kNf4, bool kDq, bool kRows16>
+void LaunchKernel(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
+                  const MmaDevice& dev, cudaStream_t stream) {
+  constexpr int kTiles = kNf4 && kRows16 ? kMmaTilesMany : kMmaTilesFew;
+  constexpr int kFeatures = 8 * kTiles;
+  const int smem = kNf4 ? std::max(kLutBytes, kMmaRedBytes) : kMmaRedBytes;
+  MmaDevice run_dev = dev;
+  run_dev.clusters = dev.clusters && PrepareKernel<T, kTiles, kNf4, kDq, kRows16>(smem);
+  const int splits = MmaSplits(w, kFeatures, run_dev);
+  const int64_t steps = MmaSteps(w);
+  const int steps_per_split = static_cast<int>((steps + splits - 1) / splits);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((w.rows + kFeatures - 1) / kFeatures),
+                        static_cast<unsigned>(splits));
+  config.blockDim = dim3(kMmaWarps * kWarp);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = splits > 1 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, w,
+                                    x, m, bias, out, steps_per_split));
 }
 
 template <typename T>
 void MmaAs(const PackedWeightView& w, const T* x, int64_t m, const T* bias, T* out,
-           float* workspace, int sm_count, cudaStream_t stream) {
+           const MmaDevice& dev, cudaStream_t stream) {
   if (m == 0 || w.rows == 0) return;
-  const int64_t split_bytes = MmaSplitBytes(w, sm_count);
-  const int64_t splits = MmaSplits(w, sm_count);
-  float* partial = splits > 1 ? workspace : nullptr;
-  const dim3 grid(static_cast<unsigned>((w.rows + 8 * kMmaWarps - 1) / (8 * kMmaWarps)),
-                  static_cast<unsigned>(splits));
-  const dim3 block(kMmaWarps * kWarp);
+  const int mi = static_cast<int>(m);
   const bool rows16 = m > 8;
+  if (w.nf4 && w.double_quant) {
+    if (rows16) return LaunchKernel<T, true, true, true>(w, x, mi, bias, out, dev, stream);
+    return LaunchKernel<T, true, true, false>(w, x, mi, bias, out, dev, stream);
+  }
   if (w.nf4) {
-    if (rows16) {
-      MmaLinearKernel<T, true, true>
-          <<<grid, block, 0, stream>>>(w, x, m, bias, out, partial, split_bytes);
-    } else {
-      MmaLinearKernel<T, true, false>
-          <<<grid, block, 0, stream>>>(w, x, m, bias, out, partial, split_bytes);
-    }
-  } else {
-    if (rows16) {
-      MmaLinearKernel<T, false, true>
-          <<<grid, block, 0, stream>>>(w, x, m, bias, out, partial, split_bytes);
-    } else {
-      MmaLinearKernel<T, false, false>
-          <<<grid, block, 0, stream>>>(w, x, m, bias, out, partial, split_bytes);
-    }
+    if (rows16) return LaunchKernel<T, true, false, true>(w, x, mi, bias, out, dev, stream);
+    return LaunchKernel<T, true, false, false>(w, x, mi, bias, out, dev, stream);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (partial != nullptr) {
-    const int64_t total = m * w.rows;
-    const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 4096);
-    MmaReduceKernel<T><<<blocks, threads, 0, stream>>>(w, partial, static_cast<int>(splits), m,
-                                                       bias, out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  if (rows16) return LaunchKernel<T, false, false, true>(w, x, mi, bias, out, dev, stream);
+  return LaunchKernel<T, false, false, false>(w, x, mi, bias, out, dev, stream);
 }
 
 }  // namespace
@@ -269,22 +503,16 @@ bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, Ele
   return (w.in_features * 2) % 16 == 0;
 }
 
-int64_t MmaLinearWorkspace(const PackedWeightView& w, int64_t m, int sm_count) {
-  const int64_t splits = MmaSplits(w, sm_count);
-  return splits > 1 ? splits * m * w.rows : 0;
-}
-
 void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
-                     void* out, ElemType type, float* workspace, int sm_count,
-                     cudaStream_t stream) {
+                     void* out, ElemType type, const MmaDevice& dev, cudaStream_t stream) {
   switch (type) {
     case ElemType::kHalf:
       return MmaAs(w, static_cast<const __half*>(x), m, static_cast<const __half*>(bias),
-                   static_cast<__half*>(out), workspace, sm_count, stream);
+                   static_cast<__half*>(out), dev, stream);
     case ElemType::kBFloat16:
       return MmaAs(w, static_cast<const __nv_bfloat16*>(x), m,
                    static_cast<const __nv_bfloat16*>(bias), static_cast<__nv_bfloat16*>(out),
-                   workspace, sm_count, stream);
+                   dev, stream);
     case ElemType::kFloat:
       break;
   }

@@ -132,7 +132,7 @@ TEST(QuantCuda, FastDequantizeIsBitIdenticalOnLargeShapes) {
 
 // The tensor-core kernel for every M in 1..16 (both row buckets), output features that are no
 // multiple of 8 or of a block, and layers long enough to be split along k
-// (Note [Split-k]), against the CPU reference; auto must agree.
+// (Note [Split-k over a cluster]), against the CPU reference; auto must agree.
 TEST(QuantCuda, MmaPathMatchesCpuForEveryMAndSplit) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(25);

@@ -1,0 +1,301 @@
+# Correctness and timing of the small-M quant_linear kernels of this checkout ("new") and of a base
+# revision ("old", see build.sh) against a float32 reference and fp16/bf16 F.linear, on the
+# benchmark layers of bench/quant_linear_bench.cpp. Writes log.txt and results.json to $OUT (or
+# /tmp/out). Usage: python3 harness.py [check|all]. Results: bench/results/quant_linear_small_m_*.
+import ctypes, json, math, os, statistics, sys, time
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.environ.get("OUT", "/tmp/out")
+os.makedirs(OUT, exist_ok=True)
+LOG = open(os.path.join(OUT, "log.txt"), "a")
+MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.write(s + "\n")
+    LOG.flush()
+
+
+NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+       0.7229568362236023, 1.0]
+
+
+class View(ctypes.Structure):
+    _fields_ = [("weight", ctypes.c_void_p), ("nf4", ctypes.c_bool), ("double_quant", ctypes.c_bool),
+                ("rows", ctypes.c_int64), ("in_features", ctypes.c_int64), ("padded_in", ctypes.c_int64),
+                ("row_bytes", ctypes.c_int64), ("blocksize", ctypes.c_int64), ("block_shift", ctypes.c_int),
+                ("absmax", ctypes.c_void_p), ("absmax_q", ctypes.c_void_p), ("code", ctypes.c_void_p),
+                ("nested_absmax", ctypes.c_void_p), ("nested_code", ctypes.c_void_p), ("offset", ctypes.c_void_p)]
+
+
+def load(name):
+    lib = ctypes.CDLL(os.path.join(HERE, name))
+    P = ctypes.c_void_p
+    lib.qk_fused.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, P]
+    lib.qk_dequant.argtypes = [P, P, ctypes.c_int, P]
+    lib.qk_supported.argtypes = [P, P, ctypes.c_long, ctypes.c_int]
+    return lib
+
+
+NEW = load("libqk_new.so")
+OLD = load("libqk_old.so")
+P = ctypes.c_void_p
+NEW.qk_mma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, P]
+CANDS = {"new": NEW}
+# An optional second build of the same interface (e.g. an experimental kernel) is timed as "cb".
+if os.path.exists(os.path.join(HERE, "libqk_cb.so")):
+    CANDS["cb"] = load("libqk_cb.so")
+    CANDS["cb"].qk_mma.argtypes = NEW.qk_mma.argtypes
+OLD.qk_mma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, P, ctypes.c_int, P]
+OLD.qk_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int]
+OLD.qk_workspace.restype = ctypes.c_long
+DEV = torch.device("cuda")
+PROPS = torch.cuda.get_device_properties(0)
+SMS = PROPS.multi_processor_count
+TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+class Weight:
+    """A random packed weight (int8 / nf4 / nf4+dq) on the GPU with its float32 dequantized form."""
+
+    def __init__(self, n, k, fmt, bs=64, dq=False, g=None, ref=True):
+        self.n, self.k, self.fmt, self.bs, self.dq = n, k, fmt, bs, dq
+        v = View()
+        v.rows, v.in_features = n, k
+        self.keep = []
+        if fmt == "int8":
+            q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEV, generator=g)
+            am = torch.rand(n, device=DEV, generator=g) * 0.2 + 0.01
+            self.keep += [q, am]
+            v.weight, v.nf4, v.padded_in, v.row_bytes = q.data_ptr(), False, k, k
+            v.absmax = am.data_ptr()
+            self.ref = q.float() * (am / 127.0)[:, None] if ref else None
+        else:
+            kp = (k + bs - 1) // bs * bs
+            wb = torch.randint(0, 256, (n, kp // 2), dtype=torch.uint8, device=DEV, generator=g)
+            nb = n * kp // bs
+            code = torch.tensor(NF4, device=DEV)
+            v.weight, v.nf4, v.padded_in, v.row_bytes, v.blocksize = wb.data_ptr(), True, kp, kp // 2, bs
+            v.block_shift = int(math.log2(bs))
+            v.code = code.data_ptr()
+            self.keep += [wb, code]
+            if dq:
+                aq = torch.randint(0, 256, (nb,), dtype=torch.uint8, device=DEV, generator=g)
+                nested_code = (torch.arange(256, device=DEV, dtype=torch.float32) - 128) / 127
+                nested_absmax = torch.rand((nb + 255) // 256, device=DEV, generator=g) * 0.05 + 0.01
+                offset = torch.tensor([0.06], device=DEV)
+                am = (nested_code[aq.long()] * nested_absmax[torch.arange(nb, device=DEV) // 256]) + offset
+                self.keep += [aq, nested_code, nested_absmax, offset]
+                v.double_quant = True
+                v.absmax_q, v.nested_absmax = aq.data_ptr(), nested_absmax.data_ptr()
+                v.nested_code, v.offset = nested_code.data_ptr(), offset.data_ptr()
+            else:
+                am = torch.rand(nb, device=DEV, generator=g) * 0.1 + 0.01
+                self.keep.append(am)
+                v.absmax = am.data_ptr()
+            self.ref = None
+            if ref:
+                idx = torch.stack([wb >> 4, wb & 15], dim=-1).reshape(n, kp).long()
+                vals = code[idx]
+                flat = vals.reshape(-1) * am.repeat_interleave(bs)
+                self.ref = flat.reshape(n, kp)[:, :k].contiguous()
+        self.view = v
+        self.vp = ctypes.byref(v)
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.keep)
+
+
+def stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def run_new(w, x, bias, out, lib=None):
+    rc = (lib or NEW).qk_mma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
+                    out.data_ptr(), TYPE[x.dtype], SMS, 1, stream())
+    assert rc == 0
+
+
+class Old:
+    def __init__(self, w, m):
+        self.ws = torch.empty(max(1, OLD.qk_workspace(w.vp, m, SMS)), device=DEV)
+
+    def __call__(self, w, x, bias, out):
+        rc = OLD.qk_mma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
+                        out.data_ptr(), TYPE[x.dtype], ctypes.c_void_p(self.ws.data_ptr()), SMS, stream())
+        assert rc == 0
+
+
+def run_fused(lib, w, x, bias, out):
+    assert lib.qk_fused(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
+                        out.data_ptr(), TYPE[x.dtype], stream()) == 0
+
+
+def run_dequant_linear(lib, w, x, bias, wbuf):
+    assert lib.qk_dequant(w.vp, wbuf.data_ptr(), TYPE[x.dtype], stream()) == 0
+    return F.linear(x, wbuf, bias)
+
+
+def check(lib=None, name="new"):
+    g = torch.Generator(device=DEV)
+    g.manual_seed(1234)
+    shapes = [(70, 1536), (9, 8192), (600, 320), (33, 1040), (320, 768), (5, 64), (1000, 1280),
+              (300, 3072), (4096, 96), (17, 80), (257, 2048), (1280, 10240 // 4)]
+    fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 16, True),
+            ("nf4", 16, False), ("nf4", 32, False), ("nf4", 128, True), ("nf4", 256, False)]
+    worst = {}
+    fails = 0
+    total = 0
+    skipped = 0
+    for (n, k) in shapes:
+        for fmt, bs, dq in fmts:
+            if fmt == "nf4" and k % bs:
+                continue
+            if fmt == "int8" and k % 16:
+                continue
+            w = Weight(n, k, fmt, bs, dq, g)
+            ms = list(range(1, 17)) if (n, k) in [(70, 1536), (9, 8192), (600, 320)] else [1, 3, 8, 9, 16]
+            for m in ms:
+                for dt in (torch.float16, torch.bfloat16):
+                    x = torch.randn(m, k, device=DEV, generator=g).to(dt)
+                    bias = torch.randn(n, device=DEV, generator=g).to(dt) if m % 2 else None
+                    if NEW.qk_supported(w.vp, x.data_ptr(), m, TYPE[dt]) != 1:
+                        skipped += 1
+                        continue
+                    ref = x.float() @ w.ref.t()
+                    if bias is not None:
+                        ref = ref + bias.float()
+                    out = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
+                    run_new(w, x, bias, out, lib)
+                    torch.cuda.synchronize()
+                    scale = ref.abs().max().item() + 1e-6
+                    finite = bool(torch.isfinite(out).all())
+                    err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
+                    tol = 4e-3 if dt == torch.float16 else 2e-2
+                    # the old kernel's error on the same case, for comparison
+                    o2 = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
+                    Old(w, m)(w, x, bias, o2)
+                    torch.cuda.synchronize()
+                    err_old = (o2.float() - ref).abs().max().item() / scale
+                    key = f"{fmt}{'dq' if dq else ''}_bs{bs}_{str(dt)[6:]}"
+                    worst[key] = max(worst.get(key, (0, 0))[0], err), max(worst.get(key, (0, 0))[1], err_old)
+                    total += 1
+                    if not (err <= tol):
+                        fails += 1
+                        if fails < 30:
+                            log(f"FAIL {name} {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} err={err:.3g} old={err_old:.3g} finite={finite}")
+    for kk, (e, eo) in sorted(worst.items()):
+        log(f"worst rel err {kk}: new {e:.2e} old {eo:.2e}")
+    log(f"CHECK {name}: {total - fails}/{total} cases pass ({skipped} unsupported layouts skipped)")
+    return fails == 0
+
+
+SHAPES = [("sd15_attn_320x320", 320, 320), ("sd15_geglu_320x2560", 320, 2560),
+          ("sd15_ff_1280x5120", 1280, 5120), ("sd15_xattn_kv_768x320", 768, 320),
+          ("sdxl_attn_640x640", 640, 640), ("sdxl_ff_1280x10240", 1280, 10240),
+          ("sdxl_xattn_kv_2048x1280", 2048, 1280), ("flux_attn_3072x3072", 3072, 3072),
+          ("flux_mlp_up_3072x12288", 3072, 12288), ("flux_mlp_down_12288x3072", 12288, 3072)]
+
+
+def time_fn(fns, calls=20, samples=15):
+    """Median us per call; fns is a list cycled through (several weight copies for cold runs)."""
+    for i in range(3):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    res = []
+    idx = 0
+    for _ in range(samples):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_500_000)
+        s.record()
+        for _ in range(calls):
+            fns[idx % len(fns)]()
+            idx += 1
+        e.record()
+        e.synchronize()
+        res.append(s.elapsed_time(e) * 1000 / calls)
+    return statistics.median(res)
+
+
+def bench(shapes=SHAPES, ms=(1, 4, 16, 77), cold=True):
+    g = torch.Generator(device=DEV)
+    g.manual_seed(7)
+    rows = []
+    for name, k, n in shapes:
+        fp16_bytes = n * k * 2
+        wf = torch.randn(n, k, device=DEV, generator=g).half() * 0.05
+        variants = {}
+        for fmt, dq in (("int8", False), ("nf4", False), ("nf4", True)):
+            copies = max(1, min(1500, math.ceil(150e6 / (n * k * (1 if fmt == "int8" else 0.5)))))
+            ws = [Weight(n, k, fmt, 64, dq, g, ref=False) for _ in range(copies if cold else 1)]
+            variants[fmt + ("dq" if dq else "")] = ws
+        fcopies = max(1, min(1500, math.ceil(150e6 / fp16_bytes)))
+        wfs = [wf.clone() for _ in range(fcopies if cold else 1)]
+        for m in ms:
+            for dt in (torch.float16,) if m != 1 else (torch.float16, torch.bfloat16):
+                x = torch.randn(m, k, device=DEV, generator=g).to(dt)
+                wfd = [t.to(dt) for t in wfs] if dt != torch.float16 else wfs
+                out = torch.empty(m, n, device=DEV, dtype=dt)
+                rec = {"shape": name, "K": k, "N": n, "M": m, "dtype": str(dt)[6:]}
+                for temp in (("warm", "cold") if cold else ("warm",)):
+                    pick = (lambda lst: lst) if temp == "cold" else (lambda lst: lst[:1])
+                    rec[f"fp16_{temp}"] = time_fn([lambda t=t: F.linear(x, t) for t in pick(wfd)])
+                    for key, ws in variants.items():
+                        wl = pick(ws)
+                        wbuf = torch.empty(n, k, device=DEV, dtype=dt)
+                        if m <= 16:
+                            for cn, cl in CANDS.items():
+                                rec[f"{key}_{cn}_{temp}"] = time_fn([lambda w=w, cl=cl: run_new(w, x, None, out, cl) for w in wl])
+                            olds = [Old(w, m) for w in wl[:1]]
+                            if key == "int8" and m == 1:
+                                rec[f"{key}_old_{temp}"] = time_fn([lambda w=w: run_fused(OLD, w, x, None, out) for w in wl])
+                            else:
+                                rec[f"{key}_old_{temp}"] = time_fn([lambda w=w: olds[0](w, x, None, out) for w in wl])
+                            if m <= 4 and temp == "warm":
+                                rec[f"{key}_fused_{temp}"] = time_fn([lambda w=w: run_fused(NEW, w, x, None, out) for w in wl])
+                        else:
+                            rec[f"{key}_dequant_{temp}"] = time_fn([lambda w=w: run_dequant_linear(NEW, w, x, None, wbuf) for w in wl])
+                    rec["nf4_bytes"] = variants["nf4"][0].nbytes
+                rows.append(rec)
+                log(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in rec.items()}))
+        del variants, wfs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summary(rows, c):
+    log(f"\n[{c}] shape | M | dt | fp16 us | nf4 new/old us | ratio new (old) | nf4dq ratio | int8 ratio | cold: fp16, nf4 ratio")
+    for r in rows:
+        if r["M"] > 16:
+            log(f"{r['shape']} | {r['M']} | {r['dtype']} | {r['fp16_warm']:.1f} | dequant nf4 {r['nf4_dequant_warm']/r['fp16_warm']:.2f} int8 {r['int8_dequant_warm']/r['fp16_warm']:.2f}")
+            continue
+        f = r["fp16_warm"]
+        log(f"{r['shape']} | {r['M']} | {r['dtype']} | {f:.1f} | {r[f'nf4_{c}_warm']:.1f}/{r['nf4_old_warm']:.1f} | "
+            f"{r[f'nf4_{c}_warm']/f:.2f} ({r['nf4_old_warm']/f:.2f}) | {r[f'nf4dq_{c}_warm']/f:.2f} ({r['nf4dq_old_warm']/f:.2f}) | "
+            f"{r[f'int8_{c}_warm']/f:.2f} ({r['int8_old_warm']/f:.2f}) | cold {r.get('fp16_cold', 0):.1f} {r.get(f'nf4_{c}_cold', 0)/max(r.get('fp16_cold', 1),1e-9):.2f}")
+
+
+if __name__ == "__main__":
+    log(f"device {PROPS.name} sms {SMS} torch {torch.__version__} cuda {torch.version.cuda}")
+    oks = {name: check(lib, name) for name, lib in CANDS.items()}
+    if MODE in ("all", "bench"):
+        t0 = time.time()
+        # two rounds; each entry keeps the lower of its two medians (guards against a disturbed round)
+        rows = bench()
+        rows2 = bench()
+        for r, r2 in zip(rows, rows2):
+            for kk, vv in r2.items():
+                if isinstance(vv, float):
+                    r[kk + "_r2"] = vv
+                    r[kk] = min(r[kk], vv)
+        json.dump({"device": PROPS.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                   "rows": rows}, open(os.path.join(OUT, "results.json"), "w"), indent=1)
+        for name in CANDS:
+            summary(rows, name)
+        log(f"bench took {time.time() - t0:.0f}s")
+    for name, ok in oks.items():
+        log(f"{name}: ALL CHECKS PASS" if ok else f"{name}: SOME CHECKS FAILED")
