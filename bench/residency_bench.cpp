@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "config/model_repository.h"
 #include "memory/device_memory.h"
 #include "pipeline/sd_pipeline.h"
@@ -30,6 +31,9 @@
 
 namespace qpool {
 namespace {
+
+using bench::Median;
+using bench::Split;
 
 using Clock = std::chrono::steady_clock;
 
@@ -42,22 +46,8 @@ struct Options {
   std::string out;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 void Sync() {
   if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize");
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
 }
 
 // One pipeline's measurements, as a JSON object.
@@ -201,13 +191,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   if (!options.out.empty()) {
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, c10::Device(options.device).index());
-    std::ofstream out(options.out);
-    out << "{\"device\": \"" << prop.name << "\", \"torch\": \"" << TORCH_VERSION
-        << "\", \"results\": [";
-    for (size_t i = 0; i < rows.size(); ++i) out << (i ? ", " : "") << rows[i];
-    out << "]}\n";
+    bench::WriteResults(options.out, "residency_bench", c10::Device(options.device), rows);
   }
   return 0;
 }

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "config/model_repository.h"
 #include "memory/device_memory.h"
 #include "pipeline/sd_pipeline.h"
@@ -33,6 +34,9 @@
 
 namespace qpool {
 namespace {
+
+using bench::Median;
+using bench::Split;
 
 using Clock = std::chrono::steady_clock;
 
@@ -49,20 +53,6 @@ struct Options {
   std::vector<std::string> policies = {"none", "model", "sequential"};
   std::string out;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 struct Samples {
   std::vector<double> seconds, denoise, peak_mib;
@@ -148,7 +138,8 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
         << ", \"requests\": " << s.seconds.size() << ", \"p50_seconds\": " << Median(s.seconds)
         << ", \"min_seconds\": " << *std::min_element(s.seconds.begin(), s.seconds.end())
         << ", \"denoise_p50_seconds\": " << Median(s.denoise)
-        << ", \"vs_none\": " << (none_p50 > 0 ? Median(s.seconds) / none_p50 : 0)
+        << ", \"vs_none\": "
+        << (none_p50 > 0 ? std::to_string(Median(s.seconds) / none_p50) : std::string("null"))
         << ", \"peak_above_rest_mib\": " << Median(s.peak_mib)
         << ", \"pipeline_mib\": " << pipeline_bytes / double(1 << 20)
         << ", \"unet_mib\": " << unet_bytes / double(1 << 20) << ", \"load_allocated_mib\": "
@@ -220,18 +211,7 @@ int Main(int argc, char** argv) {
     std::cerr << "streaming_bench: " << e.what() << "\n";
     return 1;
   }
-  if (!o.out.empty()) {
-    cudaDeviceProp prop{};
-    const c10::Device device(o.device);
-    if (!device.is_cuda() || cudaGetDeviceProperties(&prop, device.index()) != cudaSuccess) {
-      std::snprintf(prop.name, sizeof(prop.name), "%s", "cpu");
-    }
-    std::ofstream out(o.out);
-    out << "{\"benchmark\": \"streaming_bench\", \"device\": \"" << prop.name << "\", \"torch\": \""
-        << TORCH_VERSION << "\", \"results\": [\n";
-    for (size_t i = 0; i < rows.size(); ++i) out << (i ? ",\n" : "") << rows[i];
-    out << "\n]}\n";
-  }
+  if (!o.out.empty()) bench::WriteResults(o.out, "streaming_bench", c10::Device(o.device), rows);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include "memory/memory_event_log.h"
 #include "residency/pipeline_residency.h"
+#include "testing/failing_allocator.h"
 #include "testing/test_paths.h"
 
 namespace qpool {
@@ -36,21 +37,7 @@ std::unique_ptr<Component> MakeComponent(const std::string& name) {
   return std::move(c).value();
 }
 
-// Fails the n-th (1-based) allocation on a non-CPU device.
-class FailingAllocator : public ArenaAllocator {
- public:
-  explicit FailingAllocator(int fail_at) : fail_at_(fail_at) {}
-  StatusOr<ArenaBlock> Allocate(const c10::Device& device, uint64_t size, bool pinned) override {
-    if (!device.is_cpu() && ++device_allocations_ == fail_at_) {
-      return ResourceExhausted(StrCat("injected: out of memory on ", device.str()));
-    }
-    return ArenaAllocator::Allocate(device, size, pinned);
-  }
-
- private:
-  const int fail_at_;
-  int device_allocations_ = 0;
-};
+using testing::FailingAllocator;
 
 struct Fixture {
   explicit Fixture(ArenaAllocator& arenas, OffloadMode mode = OffloadMode::kNone, int n = 2)

@@ -7,6 +7,7 @@
 
 #include "memory/memory_event_log.h"
 #include "residency/pipeline_residency.h"
+#include "testing/failing_allocator.h"
 #include "testing/test_paths.h"
 
 namespace qpool {
@@ -56,22 +57,7 @@ std::unique_ptr<Component> MakeComponent(const std::string& name, bool cross_rea
   return std::move(c).value();
 }
 
-// Fails the n-th (1-based) allocation that is not the host copy.
-class FailingAllocator : public ArenaAllocator {
- public:
-  explicit FailingAllocator(int fail_at) : fail_at_(fail_at) {}
-  StatusOr<ArenaBlock> Allocate(const c10::Device& device, uint64_t size, bool pinned) override {
-    if (placed && ++allocations_ == fail_at_) {
-      return ResourceExhausted(StrCat("injected: out of memory on ", device.str()));
-    }
-    return ArenaAllocator::Allocate(device, size, pinned);
-  }
-  bool placed = false;
-
- private:
-  const int fail_at_;
-  int allocations_ = 0;
-};
+using testing::FailingAllocator;
 
 OffloadPolicy Sequential(double group_mib, int prefetch) {
   auto policy = MakeOffloadPolicy("sequential", 300, group_mib, prefetch);
@@ -178,10 +164,11 @@ TEST(Streaming, GivesTheSameOutputAndEndsOnTheHost) {
 }
 
 TEST(Streaming, AFailedGroupCopyFailsTheForwardAndLeavesEverythingOnTheHost) {
-  FailingAllocator arenas(/*fail_at=*/3);
+  FailingAllocator arenas(/*fail_at=*/3, /*count_cpu=*/true);  // the third group's copy
+  arenas.armed = false;                                          // not the host copy
   Fixture f(arenas, Sequential(0, 0));
   ASSERT_TRUE(f.residency->Place(c10::Device(c10::kCPU), c10::kFloat).ok());
-  arenas.placed = true;
+  arenas.armed = true;
   const uint64_t host_bytes = arenas.cpu_bytes();
   {
     RequestResidencyScope scope(*f.residency);
