@@ -2,7 +2,7 @@
 // and `model`, side by side in one process on one GPU.
 //
 //   streaming_bench --repository /models --pipelines sd15,sd15-nf4 [--device cuda:0]
-//                   [--group-mib 64,16] [--prefetch 2] [--steps 30] [--size 512]
+//                   [--group-mib 64,16] [--prefetch 2] [--resident-mib 0] [--steps 30] [--size 512]
 //                   [--rounds 3] [--requests 3] [--out streaming.json]
 //
 // Each pipeline is loaded once per group size with `offload: sequential` (so that it can switch
@@ -46,6 +46,7 @@ struct Options {
   std::string device = "cuda:0";
   std::vector<double> group_mib = {64};
   int prefetch = 2;
+  double resident_mib = 0;
   int steps = 30;
   int size = 512;
   int rounds = 3;
@@ -77,6 +78,7 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
   manifest->offload.policy = "sequential";
   manifest->offload.group_mib = group_mib;
   manifest->offload.prefetch = o.prefetch;
+  manifest->offload.resident_mib = o.resident_mib;
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
   const uint64_t base = memory.Read(device).allocated_bytes;
   auto loaded = SdPipeline::Load(*manifest, device, c10::kHalf,
@@ -100,7 +102,8 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
   std::map<std::string, Samples> samples;
   for (int round = 0; round < o.rounds; ++round) {
     for (const auto& policy_name : policies) {
-      auto policy = MakeOffloadPolicy(policy_name, 300, group_mib, o.prefetch);
+      auto policy =
+          MakeOffloadPolicy(policy_name, 300, {group_mib, o.prefetch, o.resident_mib});
       if (!policy.ok()) throw std::runtime_error(policy.status().ToString());
       Status set = pipeline.residency().SetPolicy(*policy);
       if (!set.ok()) throw std::runtime_error(set.ToString());
@@ -134,6 +137,7 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
     std::ostringstream row;
     row << "{\"pipeline\": " << Json(name) << ", \"policy\": " << Json(policy)
         << ", \"group_mib\": " << group_mib << ", \"prefetch\": " << o.prefetch
+        << ", \"resident_mib\": " << o.resident_mib
         << ", \"steps\": " << o.steps << ", \"size\": " << o.size
         << ", \"requests\": " << s.seconds.size() << ", \"p50_seconds\": " << Median(s.seconds)
         << ", \"min_seconds\": " << *std::min_element(s.seconds.begin(), s.seconds.end())
@@ -166,6 +170,8 @@ int Main(int argc, char** argv) {
       for (const auto& g : Split(value)) o.group_mib.push_back(std::stod(g));
     } else if (flag == "--prefetch")
       o.prefetch = std::stoi(value);
+    else if (flag == "--resident-mib")
+      o.resident_mib = std::stod(value);
     else if (flag == "--steps")
       o.steps = std::stoi(value);
     else if (flag == "--size")
@@ -185,7 +191,8 @@ int Main(int argc, char** argv) {
   }
   if (o.repository.empty() || o.pipelines.empty() || o.group_mib.empty()) {
     std::cerr << "usage: streaming_bench --repository DIR --pipelines a,b [--device cuda:0] "
-                 "[--group-mib 64,16] [--prefetch 2] [--steps 30] [--size 512] [--rounds 3] "
+                 "[--group-mib 64,16] [--prefetch 2] [--resident-mib 0] [--steps 30] [--size 512] "
+                 "[--rounds 3] "
                  "[--requests 3] [--policies none,model,sequential] [--out FILE]\n";
     return 2;
   }

@@ -77,8 +77,9 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
     out->mutable_offload_policy()->set_policy(OffloadModeName(s.policy.mode));
     out->mutable_offload_policy()->set_idle_seconds(s.policy.idle_seconds);
     if (s.policy.mode == OffloadMode::kSequential) {
-      out->mutable_offload_policy()->set_group_mib(s.policy.group_mib);
-      out->mutable_offload_policy()->set_prefetch(static_cast<uint32_t>(s.policy.prefetch));
+      out->mutable_offload_policy()->set_group_mib(s.policy.stream.group_mib);
+      out->mutable_offload_policy()->set_prefetch(static_cast<uint32_t>(s.policy.stream.prefetch));
+      out->mutable_offload_policy()->set_resident_mib(s.policy.stream.resident_mib);
     }
   }
   out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));

@@ -44,7 +44,8 @@ const std::vector<std::string> kDefaultsKeys = {"steps", "guidance_scale", "widt
 const std::vector<std::string> kLimitsKeys = {"max_steps",  "max_width",   "max_height",
                                               "max_images", "max_prompts", "max_queue"};
 const std::vector<std::string> kPlacementKeys = {"device", "dtype", "replicas", "max_replicas"};
-const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds", "group_mib", "prefetch"};
+const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds", "group_mib", "prefetch",
+                                               "resident_mib"};
 const std::vector<std::string> kBatchingKeys = {"max_batch", "max_delay_ms"};
 
 std::string Join(const std::vector<std::string>& items) {
@@ -504,6 +505,10 @@ Status Parser::ParseOffload(const YAML::Node& root, OffloadSpec* o) const {
   RETURN_IF_ERROR(ReadNumber(node, "offload", "prefetch", &o->prefetch));
   if (o->prefetch < 0 || o->prefetch > 16) {
     return Got("offload.prefetch", "must be in [0, 16]", o->prefetch);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "resident_mib", &o->resident_mib));
+  if (!(o->resident_mib >= 0) || o->resident_mib > 1048576) {
+    return Got("offload.resident_mib", "must be in [0, 1048576]", o->resident_mib);
   }
   return Status::Ok();
 }

@@ -82,6 +82,7 @@ struct OffloadSpec {
   double group_mib = 64;        // sequential: largest group of tensors streamed together (0: per
                                 // module that holds tensors)
   int prefetch = 2;             // sequential: groups copied ahead of the running one
+  double resident_mib = 0;      // sequential: groups kept on the device for a component's run
 };
 
 // Dynamic batching (Note [Dynamic batching] in pool/batch_queue.h): concurrent Generate requests

@@ -59,7 +59,8 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& m
   std::unique_ptr<SdPipeline> pipeline(new SdPipeline(manifest, std::move(tokenizer), dtype));
   ASSIGN_OR_RETURN(OffloadPolicy policy,
                    MakeOffloadPolicy(manifest.offload.policy, manifest.offload.idle_seconds,
-                                     manifest.offload.group_mib, manifest.offload.prefetch));
+                                     {manifest.offload.group_mib, manifest.offload.prefetch,
+                                      manifest.offload.resident_mib}));
   for (const char* name : kComponentNames) {
     const ComponentSpec* spec = manifest.FindComponent(name);
     if (spec == nullptr) {

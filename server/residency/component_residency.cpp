@@ -201,7 +201,8 @@ std::vector<ComponentResidency::BlockRef> ComponentResidency::Blocks() const {
   return out;
 }
 
-Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetch, bool warm) {
+Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetch,
+                                          uint64_t resident_bytes, bool warm) {
   RETURN_IF_ERROR(
       CheckTransition(component_.name(), state(), this->device(), Residency::kStreaming, device));
   if (!plan_ || !host_) {
@@ -211,7 +212,8 @@ Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetc
   if (state() == Residency::kStreaming) return Status::Ok();
   streamer_ =
       std::make_unique<ComponentStreamer>(component_, *plan_, *layout_, host_->bytes, device,
-                                          prefetch, arenas_, copier_, stream_order_, stream_bytes_);
+                                          prefetch, resident_bytes, arenas_, copier_, stream_order_,
+                                          stream_bytes_);
   if (warm) {
     try {
       streamer_->Warm();

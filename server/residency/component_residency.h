@@ -101,9 +101,11 @@ class ComponentResidency {
   bool streamable() const { return plan_.has_value(); }
   const StreamPlan* stream_plan() const { return plan_ ? &*plan_ : nullptr; }
   // host -> streaming(device): its forwards bring their groups to `device`, `prefetch` groups
-  // ahead. FailedPrecondition unless streamable and on the host. `warm`: start copying the first
-  // groups now.
-  Status BeginStreaming(const c10::Device& device, int prefetch, bool warm);
+  // ahead, and keep the first groups that fit in `resident_bytes` until EndStreaming.
+  // FailedPrecondition unless streamable and on the host. `warm`: start copying the first groups
+  // now.
+  Status BeginStreaming(const c10::Device& device, int prefetch, uint64_t resident_bytes,
+                        bool warm);
   // streaming -> host: every tensor back on the host copy, every device copy given back.
   StreamStats EndStreaming();
   // Bytes of device copies held by the streamer now (0 when not streaming); any thread.

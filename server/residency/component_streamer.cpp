@@ -8,7 +8,7 @@ namespace qpool {
 
 ComponentStreamer::ComponentStreamer(Component& component, const StreamPlan& plan,
                                      const ArenaLayout& layout, const torch::Tensor& host,
-                                     const c10::Device& device, int prefetch,
+                                     const c10::Device& device, int prefetch, uint64_t keep_bytes,
                                      ArenaAllocator& arenas, BlockCopier& copier,
                                      StreamOrder& order, std::atomic<uint64_t>& resident)
     : component_(component),
@@ -28,6 +28,16 @@ ComponentStreamer::ComponentStreamer(Component& component, const StreamPlan& pla
     order_.next.resize(n);
     for (int g = 0; g < n; ++g) order_.next[g] = (g + 1) % std::max(n, 1);
     order_.first = 0;
+  }
+  // Keep the groups that run first: the prefix of the learned order that fits.
+  uint64_t kept = 0;
+  int g = order_.first;
+  for (int i = 0; i < n; ++i, g = order_.next[g]) {
+    const StreamGroup& group = plan_.groups()[g];
+    const uint64_t size = static_cast<uint64_t>(group.end - group.begin);
+    if (groups_[g].keep || kept + size > keep_bytes) break;
+    groups_[g].keep = true;
+    kept += size;
   }
 }
 
@@ -75,36 +85,46 @@ void ComponentStreamer::Enter(const c10::ivalue::Object& module) {
   }
   entered_any_ = true;
   last_entered_ = g;
-  Fetch(g);
-  state.copy.Wait();  // Note [Stream ordering]
-  state.copy = PendingCopy();
-  const StreamGroup& group = plan_.groups()[g];
-  for (size_t s : group.slots) {
-    component_.RebindOne(s, layout_.ViewIn(state.block->bytes, s, group.begin));
+  if (!state.bound) {
+    Fetch(g);
+    state.copy.Wait();  // Note [Stream ordering]
+    state.copy = PendingCopy();
+    const StreamGroup& group = plan_.groups()[g];
+    for (size_t s : group.slots) {
+      component_.RebindOne(s, layout_.ViewIn(state.block->bytes, s, group.begin));
+    }
+    state.bound = true;
   }
-  int next = order_.next[g];
-  for (int i = 0; i < prefetch_ && next != g; ++i) {
+  // The next `prefetch` groups on the device (kept groups already there do not count).
+  const int n = static_cast<int>(groups_.size());
+  int ahead = 0;
+  for (int next = order_.next[g], steps = 0; ahead < prefetch_ && next != g && steps < n;
+       next = order_.next[next], ++steps) {
+    if (groups_[next].keep && groups_[next].block) continue;
     Fetch(next);
-    next = order_.next[next];
+    ++ahead;
   }
 }
 
 void ComponentStreamer::Exit(const c10::ivalue::Object& module) {
   const int g = plan_.GroupOf(module);
   if (g < 0 || groups_[g].depth == 0) return;
-  if (--groups_[g].depth == 0) Release(g);
+  if (--groups_[g].depth == 0 && !groups_[g].keep) Release(g);
 }
 
 void ComponentStreamer::Release(int g) {
   GroupState& state = groups_[g];
   if (!state.block) return;
-  for (size_t s : plan_.groups()[g].slots) component_.RebindOne(s, host_views_[s]);
+  if (state.bound) {
+    for (size_t s : plan_.groups()[g].slots) component_.RebindOne(s, host_views_[s]);
+  }
   state.copy.Wait();  // a prefetch never used: its copy precedes the memory's next use
   state.copy = PendingCopy();
   resident_bytes_ -= static_cast<uint64_t>(state.block->bytes.numel());
   resident_.store(resident_bytes_);
   state.block.reset();
   state.depth = 0;
+  state.bound = false;
 }
 
 void ComponentStreamer::Finish() {

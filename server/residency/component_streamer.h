@@ -41,19 +41,20 @@ struct StreamOrder {
 // later allocations of the compute stream, whose work is queued after the kernels that read the
 // group, and a copy into it waits for those kernels too. The host thread may therefore run ahead
 // of the GPU by any number of groups while the allocator never holds more than the groups in use
-// plus `prefetch` ahead. A prefetched copy that is never used is waited for on the compute stream
-// before its memory goes back.
+// plus `prefetch` ahead (plus the kept groups). A prefetched copy that is never used is waited
+// for on the compute stream before its memory goes back.
 //
 // Thread safety: the device worker's only (its forwards call Enter and Exit on that thread).
 class ComponentStreamer : public StreamHooks {
  public:
   // `host` is the component's host block laid out by `layout`; `plan`'s ranges index it.
-  // `order` outlives the streamer and is updated as groups are entered; `resident` (read by
-  // other threads) follows the bytes of device copies held.
+  // The first groups of the learned order that fit in `keep_bytes` stay on the device once
+  // brought in, until Finish. `order` outlives the streamer and is updated as groups are
+  // entered; `resident` (read by other threads) follows the bytes of device copies held.
   ComponentStreamer(Component& component, const StreamPlan& plan, const ArenaLayout& layout,
                     const torch::Tensor& host, const c10::Device& device, int prefetch,
-                    ArenaAllocator& arenas, BlockCopier& copier, StreamOrder& order,
-                    std::atomic<uint64_t>& resident);
+                    uint64_t keep_bytes, ArenaAllocator& arenas, BlockCopier& copier,
+                    StreamOrder& order, std::atomic<uint64_t>& resident);
   ~ComponentStreamer() override;
   ComponentStreamer(const ComponentStreamer&) = delete;
   ComponentStreamer& operator=(const ComponentStreamer&) = delete;
@@ -72,7 +73,9 @@ class ComponentStreamer : public StreamHooks {
   struct GroupState {
     std::optional<ArenaBlock> block;
     PendingCopy copy;
-    int depth = 0;  // forwards of its entry module running (nested calls)
+    int depth = 0;       // forwards of its entry module running (nested calls)
+    bool bound = false;  // the slots view `block`
+    bool keep = false;   // stays until Finish (within keep_bytes)
   };
   // Allocates and starts copying group g unless it has a device copy. Throws c10::Error (its
   // message says "out of memory" when the device is full) on failure.

@@ -5,7 +5,7 @@
 namespace qpool {
 
 StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_seconds,
-                                          double group_mib, int prefetch) {
+                                          const StreamSettings& stream) {
   OffloadPolicy policy;
   if (name == "none") {
     policy.mode = OffloadMode::kNone;
@@ -20,16 +20,19 @@ StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_s
     policy.idle_seconds = idle_seconds;
   } else if (name == "sequential") {
     policy.mode = OffloadMode::kSequential;
-    if (!(group_mib >= 0) || group_mib > kMaxGroupMib) {
+    if (!(stream.group_mib >= 0) || stream.group_mib > kMaxGroupMib) {
       return InvalidArgument(
-          StrCat("group_mib must be in [0, ", kMaxGroupMib, "] (got ", group_mib, ")"));
+          StrCat("group_mib must be in [0, ", kMaxGroupMib, "] (got ", stream.group_mib, ")"));
     }
-    if (prefetch < 0 || prefetch > kMaxPrefetch) {
+    if (stream.prefetch < 0 || stream.prefetch > kMaxPrefetch) {
       return InvalidArgument(
-          StrCat("prefetch must be in [0, ", kMaxPrefetch, "] (got ", prefetch, ")"));
+          StrCat("prefetch must be in [0, ", kMaxPrefetch, "] (got ", stream.prefetch, ")"));
     }
-    policy.group_mib = group_mib;
-    policy.prefetch = prefetch;
+    if (!(stream.resident_mib >= 0) || stream.resident_mib > kMaxResidentMib) {
+      return InvalidArgument(StrCat("resident_mib must be in [0, ", kMaxResidentMib, "] (got ",
+                                    stream.resident_mib, ")"));
+    }
+    policy.stream = stream;
   } else if (name == "group") {
     return InvalidArgument(
         "offload policy 'group': use 'sequential', whose group_mib sets the size of the groups "

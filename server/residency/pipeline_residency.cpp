@@ -89,7 +89,7 @@ Status PipelineResidency::Place(const c10::Device& device, c10::ScalarType dtype
   const bool pinned = device.is_cuda() && mode != OffloadMode::kNone;
   std::optional<uint64_t> group_bytes;
   if (mode == OffloadMode::kSequential) {
-    group_bytes = static_cast<uint64_t>(p.group_mib * 1024 * 1024);
+    group_bytes = static_cast<uint64_t>(p.stream.group_mib * 1024 * 1024);
   }
   for (auto& c : components_) RETURN_IF_ERROR(c->Place(dtype, pinned, group_bytes));
   {
@@ -199,13 +199,9 @@ Status PipelineResidency::SetPolicy(OffloadPolicy policy) {
             "' was not loaded for streaming; set offload.policy: sequential in its manifest and "
             "load it again"));
       }
-      // The groups were planned at load; keep that plan's settings.
-      policy.group_mib = policy_.group_mib;
-      policy.prefetch = policy_.prefetch;
-    } else if (streamable_) {
-      policy.group_mib = policy_.group_mib;
-      policy.prefetch = policy_.prefetch;
     }
+    // The groups were planned at load; keep that plan's settings.
+    if (streamable_) policy.stream = policy_.stream;
     policy_ = policy;
     last_used_ = Clock::now();
   }
@@ -222,7 +218,9 @@ Status PipelineResidency::BeginStreaming(ComponentResidency& c, bool warm) {
   const c10::Device target = device();
   const DeviceMemoryStats before = Counters(target);
   const auto start = Clock::now();
-  Status status = c.BeginStreaming(target, policy().prefetch, warm);
+  const StreamSettings stream = policy().stream;
+  Status status = c.BeginStreaming(target, stream.prefetch,
+                                   static_cast<uint64_t>(stream.resident_mib * 1024 * 1024), warm);
   if (!status.ok()) {
     Record(MemoryEventKind::kStream, c.component().name(), target, before, 0, SecondsSince(start),
            status, "host", target.str());
@@ -386,14 +384,15 @@ uint64_t PipelineResidency::BytesToRun() const {
       continue;
     }
     // One streamed component at a time (plus the next one's first prefetched groups, which the
-    // finished one's release makes room for): the largest window counts.
+    // finished one's release makes room for): the largest window and resident set count.
     std::vector<uint64_t> sizes;
     for (const auto& g : plan->groups()) sizes.push_back(static_cast<uint64_t>(g.end - g.begin));
     std::sort(sizes.rbegin(), sizes.rend());
     uint64_t window = 0;
-    for (size_t i = 0; i < sizes.size() && i < static_cast<size_t>(p.prefetch) + 2; ++i) {
+    for (size_t i = 0; i < sizes.size() && i < static_cast<size_t>(p.stream.prefetch) + 2; ++i) {
       window += sizes[i];
     }
+    window += static_cast<uint64_t>(p.stream.resident_mib * 1024 * 1024);
     out = std::max(out, std::min(window, whole));
   }
   return out;

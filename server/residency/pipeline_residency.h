@@ -86,7 +86,7 @@ class PipelineResidency {
 
   // Device bytes a request needs for the pipeline's components beyond what is resident now:
   // the components not on the device, or under the sequential policy the groups a streamed
-  // component holds at most (prefetch + 2 of its largest groups).
+  // component holds at most (prefetch + 2 of its largest groups, plus resident_mib).
   uint64_t BytesToRun() const;
 
   std::vector<ComponentPlace> Snapshot() const;

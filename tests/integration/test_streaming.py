@@ -11,7 +11,7 @@ import pytest
 from conftest import rpc_error
 
 
-def streamed(name, group_mib=0, prefetch=1):
+def streamed(name, group_mib=0, prefetch=1, resident_mib=0):
     """setup(): makes the copied pipeline `name` stream (finest groups by default)."""
 
     def setup(repository):
@@ -19,7 +19,7 @@ def streamed(name, group_mib=0, prefetch=1):
         text = manifest.read_text()
         assert "offload:" not in text, text
         manifest.write_text(text + f"offload:\n  policy: sequential\n  group_mib: {group_mib}\n"
-                            f"  prefetch: {prefetch}\n")
+                            f"  prefetch: {prefetch}\n  resident_mib: {resident_mib}\n")
 
     return setup
 
@@ -37,7 +37,7 @@ def client(make_server):
     return make_server(
         pipelines=("tiny", ("tiny", "tiny-seq"), "tiny-nf4", ("tiny-nf4", "tiny-nf4-seq"),
                    ("tiny", "tiny-seq-coarse")),
-        setup=setups(streamed("tiny-seq"), streamed("tiny-nf4-seq", prefetch=2),
+        setup=setups(streamed("tiny-seq"), streamed("tiny-nf4-seq", prefetch=2, resident_mib=1),
                      streamed("tiny-seq-coarse", group_mib=64)))
 
 
@@ -79,11 +79,16 @@ def test_streamed_pipelines_give_the_same_images(client, resident, streaming):
     unet_bytes = sum(c.weight_bytes + c.quant_state_bytes + c.other_bytes
                      for c in info.components if c.name == "unet")
     peak = int(re.search(r"at most (\d+) bytes", unet.message).group(1))
+    copies = int(re.search(r"in (\d+) copies", unet.message).group(1))
     if streaming == "tiny-seq-coarse":
         # (the block's trailing alignment padding is not copied)
         assert runs == 3 and unet_bytes - 256 < peak <= unet_bytes
+    elif streaming == "tiny-nf4-seq":
+        # resident_mib 1: the first MiB of groups is copied once, not at every step.
+        assert copies < runs and peak < unet_bytes, (copies, runs, peak, unet_bytes)
     else:
         assert peak < unet_bytes / 2, (peak, unet_bytes)
+        assert copies >= runs, (copies, runs)
 
 
 def test_encode_alone_streams_the_text_encoder_only(client):
@@ -127,6 +132,7 @@ def test_list_shows_the_policy_and_policy_changes(client):
     info = client.pipelines()["tiny-nf4-seq"]
     assert info.offload_policy.policy == "sequential"
     assert info.offload_policy.group_mib == 0 and info.offload_policy.prefetch == 2
+    assert info.offload_policy.resident_mib == 1
     # Loaded for streaming: it can go resident and come back to streaming.
     changed = client.models.SetOffloadPolicy(pb2.SetOffloadPolicyRequest(
         name="tiny-nf4-seq", policy=pb2.OffloadPolicy(policy="none")), timeout=60)

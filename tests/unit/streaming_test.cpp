@@ -59,8 +59,8 @@ std::unique_ptr<Component> MakeComponent(const std::string& name, bool cross_rea
 
 using testing::FailingAllocator;
 
-OffloadPolicy Sequential(double group_mib, int prefetch) {
-  auto policy = MakeOffloadPolicy("sequential", 300, group_mib, prefetch);
+OffloadPolicy Sequential(double group_mib, int prefetch, double resident_mib = 0) {
+  auto policy = MakeOffloadPolicy("sequential", 300, {group_mib, prefetch, resident_mib});
   EXPECT_TRUE(policy.ok()) << policy.status().ToString();
   return *policy;
 }
@@ -163,6 +163,35 @@ TEST(Streaming, GivesTheSameOutputAndEndsOnTheHost) {
   EXPECT_NE(events[0].message.find("at most 1184 bytes"), std::string::npos) << events[0].message;
 }
 
+// Groups within resident_mib are copied once per run of the component, not once per forward.
+TEST(Streaming, ResidentGroupsStayForTheWholeRun) {
+  const torch::Tensor expected = Reference();
+  // 0.0012 MiB = 1258 bytes: the root's scale (32), stem and body.l0 (576 each) fit; l1 and
+  // head stream at every forward.
+  for (const auto& [resident_mib, copies] :
+       std::vector<std::pair<double, int>>{{0, 15}, {0.0012, 9}, {1, 5}}) {
+    SCOPED_TRACE(resident_mib);
+    ArenaAllocator arenas;
+    Fixture f(arenas, Sequential(0, 0, resident_mib));
+    ASSERT_TRUE(f.residency->Place(c10::Device(c10::kCPU), c10::kFloat).ok());
+    const uint64_t host_bytes = arenas.cpu_bytes();
+    {
+      RequestResidencyScope scope(*f.residency);
+      ASSERT_TRUE(f.residency->Use(*f.component).ok());
+      for (int pass = 0; pass < 3; ++pass) {
+        auto out = f.component->Forward({Input()});
+        ASSERT_TRUE(out.ok()) << out.status().ToString();
+        EXPECT_TRUE(torch::equal(*out, expected));
+      }
+    }
+    EXPECT_TRUE(AllOnHostCopy(*f.component, arenas));
+    EXPECT_EQ(arenas.cpu_bytes(), host_bytes);
+    const std::string message = f.events.Recent(1)[0].message;
+    EXPECT_NE(message.find(StrCat(" in ", copies, " copies for 15 group runs")), std::string::npos)
+        << message;
+  }
+}
+
 TEST(Streaming, AFailedGroupCopyFailsTheForwardAndLeavesEverythingOnTheHost) {
   FailingAllocator arenas(/*fail_at=*/3, /*count_cpu=*/true);  // the third group's copy
   arenas.armed = false;                                          // not the host copy
@@ -218,17 +247,19 @@ TEST(Streaming, PolicyChangesNeedALoadPlannedForIt) {
   EXPECT_EQ(g.residency->Snapshot()[0].state, Residency::kDevice);
   ASSERT_TRUE(g.residency->SetPolicy(Sequential(64, 2)).ok());
   EXPECT_EQ(g.residency->Snapshot()[0].state, Residency::kHost);
-  EXPECT_EQ(g.residency->policy().group_mib, 0);
-  EXPECT_EQ(g.residency->policy().prefetch, 1);
+  EXPECT_EQ(g.residency->policy().stream.group_mib, 0);
+  EXPECT_EQ(g.residency->policy().stream.prefetch, 1);
   auto out = g.component->Forward({Input()});  // outside a request: the host copy, no streaming
   ASSERT_TRUE(out.ok());
   EXPECT_TRUE(torch::equal(*out, Reference()));
 }
 
 TEST(Streaming, BadSettingsAreRefused) {
-  EXPECT_EQ(MakeOffloadPolicy("sequential", 300, -1, 2).status().code(),
+  EXPECT_EQ(MakeOffloadPolicy("sequential", 300, {-1, 2, 0}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeOffloadPolicy("sequential", 300, 64, 17).status().code(),
+  EXPECT_EQ(MakeOffloadPolicy("sequential", 300, {64, 17, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeOffloadPolicy("sequential", 300, {64, 2, -1}).status().code(),
             StatusCode::kInvalidArgument);
   auto group = MakeOffloadPolicy("group", 300);
   EXPECT_EQ(group.status().code(), StatusCode::kInvalidArgument);
