@@ -1,7 +1,9 @@
-# Correctness and timing of the small-M quant_linear kernels of this checkout ("new") and of a base
-# revision ("old", see build.sh) against a float32 reference and fp16/bf16 F.linear, on the
-# benchmark layers of bench/quant_linear_bench.cpp. Writes log.txt and results.json to $OUT (or
-# /tmp/out). Usage: python3 harness.py [check|all]. Results: bench/results/quant_linear_small_m_*.
+# Correctness and timing of the tensor-core quant_linear kernels of this checkout ("new", plus any
+# other libqk_NAME.so beside it) and of a base revision ("old", see build.sh) against a float32
+# reference and fp16/bf16 F.linear, on the benchmark layers of bench/quant_linear_bench.cpp. For
+# M > 16 the base path is dequantize + F.linear ("dequant"). Writes log.txt and results.json to
+# $OUT (or /tmp/out). Usage: python3 harness.py [check|bench|all] [M,M,...] (default 1,4,16,77).
+# Results: bench/results/quant_linear_small_m_*, quant_linear_medium_m_*.
 import ctypes, json, math, os, statistics, sys, time
 import torch
 import torch.nn.functional as F
@@ -43,18 +45,17 @@ def load(name):
     return lib
 
 
+P = ctypes.c_void_p
 NEW = load("libqk_new.so")
 OLD = load("libqk_old.so")
-P = ctypes.c_void_p
-NEW.qk_mma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, P]
+# Other builds of the same interface (e.g. experiments) are checked and timed under their names.
 CANDS = {"new": NEW}
-# An optional second build of the same interface (e.g. an experimental kernel) is timed as "cb".
-if os.path.exists(os.path.join(HERE, "libqk_cb.so")):
-    CANDS["cb"] = load("libqk_cb.so")
-    CANDS["cb"].qk_mma.argtypes = NEW.qk_mma.argtypes
-OLD.qk_mma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, P, ctypes.c_int, P]
-OLD.qk_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int]
-OLD.qk_workspace.restype = ctypes.c_long
+for f in sorted(os.listdir(HERE)):
+    if f.startswith("libqk_") and f.endswith(".so") and f[6:-3] not in ("new", "old"):
+        CANDS[f[6:-3]] = load(f)
+for lib in list(CANDS.values()) + [OLD]:
+    lib.qk_mma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, P]
+MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 else (1, 4, 16, 77)
 DEV = torch.device("cuda")
 PROPS = torch.cuda.get_device_properties(0)
 SMS = PROPS.multi_processor_count
@@ -121,13 +122,13 @@ def run_new(w, x, bias, out, lib=None):
 
 
 class Old:
+    """The base revision's tensor-core kernel (M <= 16)."""
+
     def __init__(self, w, m):
-        self.ws = torch.empty(max(1, OLD.qk_workspace(w.vp, m, SMS)), device=DEV)
+        pass
 
     def __call__(self, w, x, bias, out):
-        rc = OLD.qk_mma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
-                        out.data_ptr(), TYPE[x.dtype], ctypes.c_void_p(self.ws.data_ptr()), SMS, stream())
-        assert rc == 0
+        run_new(w, x, bias, out, OLD)
 
 
 def run_fused(lib, w, x, bias, out):
@@ -158,7 +159,9 @@ def check(lib=None, name="new"):
             if fmt == "int8" and k % 16:
                 continue
             w = Weight(n, k, fmt, bs, dq, g)
-            ms = list(range(1, 17)) if (n, k) in [(70, 1536), (9, 8192), (600, 320)] else [1, 3, 8, 9, 16]
+            full = (n, k) in [(70, 1536), (9, 8192), (600, 320)]
+            ms = list(range(1, 17)) if full else [1, 3, 8, 9, 16]
+            ms += [17, 31, 32, 33, 48, 64, 77, 80, 81, 96, 128, 154, 160, 161, 300] if full else [17, 32, 77, 154]
             for m in ms:
                 for dt in (torch.float16, torch.bfloat16):
                     x = torch.randn(m, k, device=DEV, generator=g).to(dt)
@@ -177,11 +180,13 @@ def check(lib=None, name="new"):
                     err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
                     tol = 4e-3 if dt == torch.float16 else 2e-2
                     # the old kernel's error on the same case, for comparison
-                    o2 = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
-                    Old(w, m)(w, x, bias, o2)
-                    torch.cuda.synchronize()
-                    err_old = (o2.float() - ref).abs().max().item() / scale
-                    key = f"{fmt}{'dq' if dq else ''}_bs{bs}_{str(dt)[6:]}"
+                    err_old = 0.0
+                    if m <= 16:
+                        o2 = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
+                        Old(w, m)(w, x, bias, o2)
+                        torch.cuda.synchronize()
+                        err_old = (o2.float() - ref).abs().max().item() / scale
+                    key = f"{fmt}{'dq' if dq else ''}_bs{bs}_{str(dt)[6:]}_{'m<=16' if m <= 16 else 'm>16'}"
                     worst[key] = max(worst.get(key, (0, 0))[0], err), max(worst.get(key, (0, 0))[1], err_old)
                     total += 1
                     if not (err <= tol):
@@ -221,7 +226,7 @@ def time_fn(fns, calls=20, samples=15):
     return statistics.median(res)
 
 
-def bench(shapes=SHAPES, ms=(1, 4, 16, 77), cold=True):
+def bench(shapes=SHAPES, ms=MS, cold=True):
     g = torch.Generator(device=DEV)
     g.manual_seed(7)
     rows = []
@@ -258,6 +263,8 @@ def bench(shapes=SHAPES, ms=(1, 4, 16, 77), cold=True):
                             if m <= 4 and temp == "warm":
                                 rec[f"{key}_fused_{temp}"] = time_fn([lambda w=w: run_fused(NEW, w, x, None, out) for w in wl])
                         else:
+                            for cn, cl in CANDS.items():
+                                rec[f"{key}_{cn}_{temp}"] = time_fn([lambda w=w, cl=cl: run_new(w, x, None, out, cl) for w in wl])
                             rec[f"{key}_dequant_{temp}"] = time_fn([lambda w=w: run_dequant_linear(NEW, w, x, None, wbuf) for w in wl])
                     rec["nf4_bytes"] = variants["nf4"][0].nbytes
                 rows.append(rec)
@@ -271,7 +278,11 @@ def summary(rows, c):
     log(f"\n[{c}] shape | M | dt | fp16 us | nf4 new/old us | ratio new (old) | nf4dq ratio | int8 ratio | cold: fp16, nf4 ratio")
     for r in rows:
         if r["M"] > 16:
-            log(f"{r['shape']} | {r['M']} | {r['dtype']} | {r['fp16_warm']:.1f} | dequant nf4 {r['nf4_dequant_warm']/r['fp16_warm']:.2f} int8 {r['int8_dequant_warm']/r['fp16_warm']:.2f}")
+            f = r["fp16_warm"]
+            log(f"{r['shape']} | {r['M']} | {r['dtype']} | {f:.1f} | " + " | ".join(
+                f"{v} {r[f'{v}_{c}_warm']/f:.2f} ({r[f'{v}_dequant_warm']/f:.2f})" for v in ("nf4", "nf4dq", "int8"))
+                + f" | cold {r.get('fp16_cold', 0):.1f} nf4 {r.get(f'nf4_{c}_cold', 0)/max(r.get('fp16_cold', 1), 1e-9):.2f}"
+                f" ({r.get('nf4_dequant_cold', 0)/max(r.get('fp16_cold', 1), 1e-9):.2f})")
             continue
         f = r["fp16_warm"]
         log(f"{r['shape']} | {r['M']} | {r['dtype']} | {f:.1f} | {r[f'nf4_{c}_warm']:.1f}/{r['nf4_old_warm']:.1f} | "
@@ -281,7 +292,7 @@ def summary(rows, c):
 
 if __name__ == "__main__":
     log(f"device {PROPS.name} sms {SMS} torch {torch.__version__} cuda {torch.version.cuda}")
-    oks = {name: check(lib, name) for name, lib in CANDS.items()}
+    oks = {name: check(lib, name) for name, lib in CANDS.items()} if MODE in ("all", "check") else {}
     if MODE in ("all", "bench"):
         t0 = time.time()
         # two rounds; each entry keeps the lower of its two medians (guards against a disturbed round)
@@ -292,7 +303,7 @@ if __name__ == "__main__":
                 if isinstance(vv, float):
                     r[kk + "_r2"] = vv
                     r[kk] = min(r[kk], vv)
-        json.dump({"device": PROPS.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+        json.dump({"device": PROPS.name, "torch": torch.__version__, "cuda": torch.version.cuda, "M": MS,
                    "rows": rows}, open(os.path.join(OUT, "results.json"), "w"), indent=1)
         for name in CANDS:
             summary(rows, name)

@@ -1,5 +1,5 @@
 // extern "C" entry points over the torch-free kernel interface (server/quant/quant_kernels.h) for
-// harness.py (ctypes). QK_OLD: the interface before MmaDevice (a float32 split-k workspace).
+// harness.py (ctypes).
 #include <cstdio>
 #include <c10/util/Exception.h>
 #include "quant/quant_kernels.h"
@@ -15,15 +15,8 @@ int qk_dequant(const PackedWeightView* w, void* out, int type, void* stream) {
 int qk_supported(const PackedWeightView* w, const void* x, long m, int type) {
   return MmaLinearSupported(*w, x, m, static_cast<ElemType>(type)) ? 1 : 0;
 }
-#ifdef QK_OLD
-long qk_workspace(const PackedWeightView* w, long m, int sms) { return MmaLinearWorkspace(*w, m, sms); }
-int qk_mma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, float* ws, int sms, void* stream) {
-  GUARD(LaunchMmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), ws, sms, (cudaStream_t)stream))
-}
-#else
 int qk_mma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int sms, int clusters, void* stream) {
   MmaDevice d; d.sm_count = sms; d.clusters = clusters != 0;
   GUARD(LaunchMmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), d, (cudaStream_t)stream))
 }
-#endif
 }

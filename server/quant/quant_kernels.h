@@ -39,11 +39,12 @@ void LaunchDequantize(const PackedWeightView& w, void* out, ElemType type, cudaS
 void LaunchFusedLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                        void* out, ElemType type, cudaStream_t stream);
 
-// Largest M the tensor-core small-M kernel takes (one m16 tile of x).
+// Largest M the tensor-core small-M kernel takes (one m16 tile of x); larger M go to the
+// medium-M kernel (Note [Tensor-core medium-M linear]).
 inline constexpr int64_t kMmaMaxRows = 16;
 
 // Whether LaunchMmaLinear can run this weight with x (fp16/bf16, 16-byte aligned rows, nf4
-// without row padding, packed rows a multiple of 16 bytes, m <= kMmaMaxRows).
+// without row padding, packed rows a multiple of 16 bytes, m >= 1).
 bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type);
 
 // What LaunchMmaLinear needs to know of the device it runs on.
@@ -52,10 +53,15 @@ struct MmaDevice {
   bool clusters = false;  // thread-block clusters (compute capability >= 9.0)
 };
 
-// Same contract as LaunchFusedLinear on tensor cores (Note [Tensor-core small-M linear]): each
-// packed weight byte is read once and applied to all m rows, in one launch without workspace.
-// Requires MmaLinearSupported().
+// Same contract as LaunchFusedLinear on tensor cores, in one launch without workspace: for
+// m <= kMmaMaxRows each packed weight byte is read once and applied to all m rows (Note
+// [Tensor-core small-M linear]); larger m run LaunchMmaMediumLinear. Requires MmaLinearSupported().
 void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                      void* out, ElemType type, const MmaDevice& device, cudaStream_t stream);
+
+// LaunchMmaLinear for m > kMmaMaxRows (Note [Tensor-core medium-M linear]): each packed weight
+// byte is read and decoded once per group of up to 80 rows of x. Requires MmaLinearSupported().
+void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
+                           void* out, ElemType type, const MmaDevice& device, cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda

@@ -100,6 +100,19 @@ static CudaPath PathFromEnvironment() {
   return path;
 }
 
+// Note [Medium-M path choice]: measured on an H100 against dequantize + cuBLAS for M in
+// {17, 32, 77, 128, 154} on the ten benchmark layers, int8, nf4 and nf4 + double quant
+// (bench/results/quant_linear_medium_m_h100.md). The tensor-core kernel (Note [Tensor-core
+// medium-M linear]) wins only on large weights: for K * N >= 2^24 at M <= 32 (one group of 32
+// rows; 0.39-0.71 of the dequantize path on the Flux MLP layers) and, for K >= 8192, at
+// 65 <= M <= 80 (one group of 80 rows; 0.63-0.73). Smaller layers (below 2^24, e.g. SDXL
+// 1280 x 10240 at 0.94-1.00, Flux 3072 x 3072 at 0.90-1.02) and the other M stay on dequantize +
+// cuBLAS; M in 33..64 with K >= 8192 was not measured and stays there too.
+bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
+  if (m <= cuda::kMmaMaxRows || in_features * out_features < (int64_t{1} << 24)) return false;
+  return m <= 32 || (in_features >= 8192 && m >= 65 && m <= 80);
+}
+
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
                            const std::optional<at::Tensor>& bias, CudaPath path) {
   if (path == CudaPath::kAuto) path = PathFromEnvironment();
@@ -119,13 +132,16 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   // Note [Small-M path choice]: fp16/bf16 x with M <= cuda::kMmaMaxRows goes to the tensor-core
   // kernel, except int8 at M = 1, where the CUDA-core kernel (one warp per feature, no mma
   // padding of the single row) measured 4-34% faster on every benchmark layer
-  // (bench/results/quant_linear_small_m_h100.md); other small M that the tensor-core kernel cannot
-  // take go to the CUDA-core kernel up to kFusedMaxRows, and larger M to dequantize + cuBLAS.
+  // (bench/results/quant_linear_small_m_h100.md); larger M go to the tensor-core kernel only
+  // where MediumMmaWins(); other small M that the tensor-core kernel cannot take go to the
+  // CUDA-core kernel up to kFusedMaxRows, and the rest to dequantize + cuBLAS.
   PackedWeight packed = MakePacked(s, layout);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cuda::ElemType et = ElemTypeOf(dtype);
   const bool mma_ok = cuda::MmaLinearSupported(packed.view, x2.data_ptr(), m, et);
-  const bool auto_mma = mma_ok && !(layout.format == QuantFormat::kInt8 && m == 1);
+  const bool auto_mma =
+      mma_ok && !(layout.format == QuantFormat::kInt8 && m == 1) &&
+      (m <= cuda::kMmaMaxRows || MediumMmaWins(m, layout.in_features, layout.out_features));
   if ((mma_ok && path == CudaPath::kMma) || (auto_mma && path == CudaPath::kAuto)) {
     const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
     cuda::MmaDevice device;

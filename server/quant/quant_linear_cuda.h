@@ -13,10 +13,11 @@ namespace qpool::quant {
 // Which CUDA algorithm computes the product.
 enum class CudaPath {
   kAuto,           // kMma for fp16/bf16 x with M <= kMmaMaxRows when the layout allows it
-                   // (int8 at M = 1: kFused), else fused for M <= kFusedMaxRows, otherwise
-                   // dequantize + matmul
+                   // (int8 at M = 1: kFused) and for larger M on large layers (Note [Small-M
+                   // path choice]), else fused for M <= kFusedMaxRows, otherwise dequantize +
+                   // matmul
   kFused,          // fused dequantize-and-multiply kernel on CUDA cores (any M; small M)
-  kMma,            // fused tensor-core kernel (fp16/bf16, M <= 16; falls back to kAuto when
+  kMma,            // fused tensor-core kernel (fp16/bf16, any M; falls back to kAuto when
                    // the layout does not allow it: see cuda::MmaLinearSupported)
   kDequantMatmul,  // dequantize into a temporary [N, K] weight, then at::linear (cuBLAS)
 };
@@ -27,6 +28,10 @@ enum class CudaPath {
 // with M (no tensor cores): at M = 16 it is 2-11x slower than the tensor-core kernel and
 // 1.3-4x slower than dequantize + cuBLAS on the large layers (bench/results/quant_linear.md).
 inline constexpr int64_t kFusedMaxRows = 4;
+
+// Whether the automatic choice runs the tensor-core kernel for M > kMmaMaxRows (Note [Small-M
+// path choice]) on a layer of `in_features` x `out_features`.
+bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features);
 
 // qpool::quant_linear on CUDA with an explicit algorithm; same checks as the op.
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& state,

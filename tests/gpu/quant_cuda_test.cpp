@@ -130,10 +130,11 @@ TEST(QuantCuda, FastDequantizeIsBitIdenticalOnLargeShapes) {
   }
 }
 
-// The tensor-core kernel for every M in 1..16 (both row buckets), output features that are no
-// multiple of 8 or of a block, and layers long enough to be split along k
-// (Note [Split-k over a cluster]), against the CPU reference; auto must agree.
-TEST(QuantCuda, MmaPathMatchesCpuForEveryMAndSplit) {
+// The tensor-core kernels for every M in 1..16 (both row buckets) and medium M around the row
+// groups of 32 and 80 (Note [Tensor-core medium-M linear]: one and several groups, partial
+// groups), output features that are no multiple of 8 or of a block, and layers long enough to be
+// split along k (Note [Split-k over a cluster]), against the CPU reference; auto must agree.
+TEST(QuantCuda, MmaPathMatchesCpuForSmallAndMediumMAndSplit) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(25);
   struct Shape {
@@ -145,7 +146,10 @@ TEST(QuantCuda, MmaPathMatchesCpuForEveryMAndSplit) {
     for (const FormatCase& f : kFormats) {
       QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
       QuantState g = ToDevice(s, at::kCUDA);
-      for (int64_t m = 1; m <= 16; ++m) {
+      std::vector<int64_t> ms;
+      for (int64_t m = 1; m <= 16; ++m) ms.push_back(m);
+      for (int64_t m : {17, 32, 33, 64, 77, 80, 81, 154, 160, 161}) ms.push_back(m);
+      for (int64_t m : ms) {
         for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
@@ -161,6 +165,19 @@ TEST(QuantCuda, MmaPathMatchesCpuForEveryMAndSplit) {
       }
     }
   }
+}
+
+// The automatic choice for M > 16 (Note [Medium-M path choice]) on the benchmark layers.
+TEST(QuantCuda, MediumMPathRuleFollowsTheMeasurements) {
+  EXPECT_TRUE(MediumMmaWins(17, 3072, 12288));
+  EXPECT_TRUE(MediumMmaWins(32, 12288, 3072));
+  EXPECT_TRUE(MediumMmaWins(77, 12288, 3072));
+  EXPECT_FALSE(MediumMmaWins(77, 3072, 12288));
+  EXPECT_FALSE(MediumMmaWins(48, 12288, 3072));
+  EXPECT_FALSE(MediumMmaWins(154, 12288, 3072));
+  EXPECT_FALSE(MediumMmaWins(32, 1280, 10240));
+  EXPECT_FALSE(MediumMmaWins(32, 3072, 3072));
+  EXPECT_FALSE(MediumMmaWins(16, 12288, 3072));
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {
