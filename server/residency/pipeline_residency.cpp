@@ -61,7 +61,8 @@ DeviceMemoryStats PipelineResidency::Counters(const c10::Device& device) const {
 void PipelineResidency::Record(MemoryEventKind kind, const std::string& component,
                                const c10::Device& device, const DeviceMemoryStats& before,
                                int64_t delta, double seconds, const Status& status,
-                               const std::string& from, const std::string& to) {
+                               const std::string& from, const std::string& to,
+                               const std::string& message) {
   if (context_.events == nullptr) return;
   const DeviceMemoryStats after = Counters(device);
   MemoryEvent e;
@@ -78,7 +79,7 @@ void PipelineResidency::Record(MemoryEventKind kind, const std::string& componen
   e.attributed_delta = status.ok() ? delta : 0;
   e.duration_seconds = seconds;
   e.outcome = status.ok() ? MemoryEventOutcome::kOk : MemoryEventOutcome::kError;
-  e.message = status.ok() ? "" : status.message();
+  e.message = status.ok() ? message : status.message();
   context_.events->Append(std::move(e));
 }
 
@@ -242,24 +243,11 @@ void PipelineResidency::EndStreaming(ComponentResidency& c) {
     seconds = SecondsSince(started->second.second);
     stream_started_.erase(started);
   }
-  if (context_.events == nullptr) return;
-  const DeviceMemoryStats after = Counters(target);
-  MemoryEvent e;
-  e.kind = MemoryEventKind::kStream;
-  e.pipeline = pipeline_;
-  e.component = c.component().name();
-  e.device = target.str();
-  e.from_device = "host";
-  e.to_device = target.str();
-  e.allocated_before = before.allocated_bytes;
-  e.allocated_after = after.allocated_bytes;
-  e.reserved_before = before.reserved_bytes;
-  e.reserved_after = after.reserved_bytes;
-  e.duration_seconds = seconds;
-  e.message = StrCat("streamed ", stats.bytes_copied, " bytes in ", stats.copies, " copies for ",
-                     stats.enters, " group runs; at most ", stats.peak_bytes,
-                     " bytes on the device at once");
-  context_.events->Append(std::move(e));
+  Record(MemoryEventKind::kStream, c.component().name(), target, before, 0, seconds, Status::Ok(),
+         "host", target.str(),
+         StrCat("streamed ", stats.bytes_copied, " bytes in ", stats.copies, " copies for ",
+                stats.enters, " group runs; at most ", stats.peak_bytes,
+                " bytes on the device at once"));
 }
 
 Status PipelineResidency::Use(Component& component) {

@@ -111,20 +111,21 @@ class PipelineResidency {
   void EndStreaming(ComponentResidency& c);
   void Record(MemoryEventKind kind, const std::string& component, const c10::Device& device,
               const DeviceMemoryStats& before, int64_t delta, double seconds, const Status& status,
-              const std::string& from, const std::string& to);
+              const std::string& from, const std::string& to, const std::string& message = "");
   DeviceMemoryStats Counters(const c10::Device& device) const;
 
   const std::string pipeline_;
   const ResidencyContext context_;
   std::vector<std::unique_ptr<ComponentResidency>> components_;
+  // Counters and time when each streaming component began (the worker's only).
+  std::map<const ComponentResidency*,
+           std::pair<DeviceMemoryStats, std::chrono::steady_clock::time_point>>
+      stream_started_;
   mutable std::mutex mu_;  // guards the fields below
   c10::Device device_{c10::kCPU};
   OffloadPolicy policy_;
   bool in_request_ = false;
-  bool streamable_ = false;  // planned for streaming at load (policy sequential)
-  std::map<const ComponentResidency*,
-           std::pair<DeviceMemoryStats, std::chrono::steady_clock::time_point>>
-      stream_started_;  // counters and time when each streaming component began
+  bool streamable_ = false;  // planned for streaming at load (policy sequential)  // counters and time when each streaming component began
   std::chrono::steady_clock::time_point last_used_ = std::chrono::steady_clock::now();
 };
 
