@@ -219,7 +219,7 @@ Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetc
       streamer_->Warm();
     } catch (const c10::Error& e) {
       streamer_.reset();
-      return ResourceExhausted(e.what_without_backtrace());
+      return TorchErrorStatus(StrCat("component '", component_.name(), "'"), e);
     }
   }
   component_.set_stream_hooks(streamer_.get());
