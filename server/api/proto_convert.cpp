@@ -120,6 +120,7 @@ void ToProto(const MemoryEvent& e, uint64_t first_available, v1::MemoryEvent* ou
   out->set_outcome(MemoryEventOutcomeName(e.outcome));
   out->set_message(e.message);
   out->set_first_available_sequence(first_available);
+  out->set_copied_bytes(e.copied_bytes);
 }
 
 void ToProto(const ResidencyReport& report, v1::ResidencyChange* out) {

@@ -36,6 +36,7 @@ struct MemoryEvent {
   uint64_t reserved_before = 0;
   uint64_t reserved_after = 0;
   int64_t attributed_delta = 0;  // change of the pipeline's attributed bytes on `device`
+  uint64_t copied_bytes = 0;     // stream: bytes copied from the host copy during the run
   double duration_seconds = 0;
   MemoryEventOutcome outcome = MemoryEventOutcome::kOk;
   std::string message;

@@ -9,7 +9,7 @@ MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memor
                              std::vector<c10::Device> devices)
     : metrics_(metrics), memory_(memory), registry_(registry), devices_(std::move(devices)) {
   auto& counts = metrics.AddCounter("qpool_memory_events_total",
-                                    "Memory events (load, unload, offload, onload, move, "
+                                    "Memory events (load, unload, offload, onload, move, stream, "
                                     "empty_cache, oom, leak) by outcome.",
                                     {"kind", "outcome"});
   auto& durations = metrics.AddHistogram(
@@ -18,12 +18,21 @@ MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memor
   auto& leaked =
       metrics.AddCounter("qpool_vram_leaked_bytes_total",
                          "Bytes unload checks found not given back, by device.", {"device"});
-  events.AddListener([&counts, &durations, &leaked](const MemoryEvent& e) {
+  auto& streamed = metrics.AddCounter(
+      "qpool_streamed_bytes_total",
+      "Bytes copied from pinned host memory to a device while components ran under the "
+      "sequential offload policy.",
+      {"pipeline", "component", "device"});
+  events.AddListener([&counts, &durations, &leaked, &streamed](const MemoryEvent& e) {
     counts.WithLabels({MemoryEventKindName(e.kind), MemoryEventOutcomeName(e.outcome)}).Inc();
     durations.WithLabels({MemoryEventKindName(e.kind)}).Observe(e.duration_seconds);
     if (e.kind == MemoryEventKind::kLeak) {
       // The leak event's message starts with the byte count (PipelineRegistry::RecordEvent).
       leaked.WithLabels({e.device}).Inc(std::strtod(e.message.c_str(), nullptr));
+    }
+    if (e.kind == MemoryEventKind::kStream && e.copied_bytes > 0) {
+      streamed.WithLabels({e.pipeline, e.component, e.device})
+          .Inc(static_cast<double>(e.copied_bytes));
     }
   });
   collector_ = metrics.AddCollector([this](SampleSink& sink) { Collect(sink); });

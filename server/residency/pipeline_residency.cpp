@@ -62,7 +62,7 @@ void PipelineResidency::Record(MemoryEventKind kind, const std::string& componen
                                const c10::Device& device, const DeviceMemoryStats& before,
                                int64_t delta, double seconds, const Status& status,
                                const std::string& from, const std::string& to,
-                               const std::string& message) {
+                               const std::string& message, uint64_t copied_bytes) {
   if (context_.events == nullptr) return;
   const DeviceMemoryStats after = Counters(device);
   MemoryEvent e;
@@ -80,6 +80,7 @@ void PipelineResidency::Record(MemoryEventKind kind, const std::string& componen
   e.duration_seconds = seconds;
   e.outcome = status.ok() ? MemoryEventOutcome::kOk : MemoryEventOutcome::kError;
   e.message = status.ok() ? message : status.message();
+  e.copied_bytes = copied_bytes;
   context_.events->Append(std::move(e));
 }
 
@@ -247,7 +248,8 @@ void PipelineResidency::EndStreaming(ComponentResidency& c) {
          "host", target.str(),
          StrCat("streamed ", stats.bytes_copied, " bytes in ", stats.copies, " copies for ",
                 stats.enters, " group runs; at most ", stats.peak_bytes,
-                " bytes on the device at once"));
+                " bytes on the device at once"),
+         stats.bytes_copied);
 }
 
 Status PipelineResidency::Use(Component& component) {

@@ -111,7 +111,8 @@ class PipelineResidency {
   void EndStreaming(ComponentResidency& c);
   void Record(MemoryEventKind kind, const std::string& component, const c10::Device& device,
               const DeviceMemoryStats& before, int64_t delta, double seconds, const Status& status,
-              const std::string& from, const std::string& to, const std::string& message = "");
+              const std::string& from, const std::string& to, const std::string& message = "",
+              uint64_t copied_bytes = 0);
   DeviceMemoryStats Counters(const c10::Device& device) const;
 
   const std::string pipeline_;

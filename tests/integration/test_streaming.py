@@ -8,7 +8,7 @@ import re
 import grpc
 import pytest
 
-from conftest import rpc_error
+from conftest import parse_samples, promtool_check, rpc_error, scrape
 
 
 def streamed(name, group_mib=0, prefetch=1, resident_mib=0):
@@ -33,7 +33,7 @@ def setups(*fns):
 
 
 @pytest.fixture(scope="module")
-def client(make_server):
+def client(make_server):  # the fixture's servers export /metrics
     return make_server(
         pipelines=("tiny", ("tiny", "tiny-seq"), "tiny-nf4", ("tiny-nf4", "tiny-nf4-seq"),
                    ("tiny", "tiny-seq-coarse")),
@@ -67,6 +67,7 @@ def test_streamed_pipelines_give_the_same_images(client, resident, streaming):
     assert set(streams) == {"text_encoder", "unet", "vae_decoder"}, [e.kind for e in events]
     for e in streams.values():
         assert e.outcome == "ok" and e.device == "cpu" and e.from_device == "host"
+        assert e.copied_bytes == int(re.match(r"streamed (\d+) bytes", e.message).group(1))
         copied, copies, runs, peak = map(int, re.match(
             r"streamed (\d+) bytes in (\d+) copies for (\d+) group runs; at most (\d+) bytes",
             e.message).groups())
@@ -145,3 +146,18 @@ def test_list_shows_the_policy_and_policy_changes(client):
     error = rpc_error(client.models.SetOffloadPolicy, pb2.SetOffloadPolicyRequest(
         name="tiny", policy=pb2.OffloadPolicy(policy="sequential")))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_streamed_bytes_are_exported(client):
+    before = parse_samples(scrape(client))
+    start = last_sequence(client)
+    client.generate_one(pipeline="tiny-seq", prompt="x", seed=2, steps=2)
+    copied = {e.component: e.copied_bytes for e in events_since(client, start)
+              if e.kind == "stream" and e.pipeline == "tiny-seq"}
+    text = scrape(client)
+    promtool_check(text)
+    after = parse_samples(text)
+    for component, n in copied.items():
+        key = ("qpool_streamed_bytes_total",
+               frozenset({("pipeline", "tiny-seq"), ("component", component), ("device", "cpu")}))
+        assert after[key] - before.get(key, 0) == n > 0, component
