@@ -1,5 +1,6 @@
 // list, load, unload, memory, health: the ModelService and health commands.
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -64,7 +65,25 @@ json PipelineJson(const v1::PipelineInfo& p) {
           {"replicas", replicas},
           {"max_queue", p.max_queue()},
           {"max_batch", p.max_batch()},
-          {"max_batch_delay_ms", p.max_batch_delay_ms()}};
+          {"max_batch_delay_ms", p.max_batch_delay_ms()},
+          {"offload",
+           {{"policy", p.offload_policy().policy()},
+            {"idle_seconds", p.offload_policy().idle_seconds()},
+            {"group_mib", p.offload_policy().group_mib()},
+            {"prefetch", p.offload_policy().prefetch()},
+            {"resident_mib", p.offload_policy().resident_mib()}}}};
+}
+
+// "none", "idle 300s", "sequential 64MiB+2" (group size and prefetch) as `qpool list` shows it.
+std::string OffloadText(const v1::OffloadPolicy& o) {
+  std::ostringstream out;
+  out << o.policy();
+  if (o.policy() == "idle") out << " " << o.idle_seconds() << "s";
+  if (o.policy() == "sequential") {
+    out << " " << o.group_mib() << "MiB+" << o.prefetch();
+    if (o.resident_mib() > 0) out << " keep " << o.resident_mib() << "MiB";
+  }
+  return out.str();
 }
 
 uint64_t PipelineBytes(const v1::PipelineInfo& p) {
@@ -95,11 +114,13 @@ int RunList(const ParsedArgs& args, const Connection& connection) {
     std::cout << json{{"pipelines", pipelines}}.dump(2) << "\n";
     return kExitOk;
   }
-  Table table({"NAME", "KIND", "STATE", "DEVICE", "IN_FLIGHT", "SIZE", "DEFAULTS", "SCHEDULERS"});
+  Table table({"NAME", "KIND", "STATE", "DEVICE", "IN_FLIGHT", "SIZE", "OFFLOAD", "DEFAULTS",
+               "SCHEDULERS"});
   for (const auto& p : response.pipelines()) {
     const bool loaded = p.state() == v1::PIPELINE_STATE_LOADED;
     table.AddRow({p.name(), p.kind(), StateName(p.state()), Devices(p), std::to_string(p.in_flight()),
                   loaded ? FormatBytes(PipelineBytes(p)) : "",
+                  loaded ? OffloadText(p.offload_policy()) : "",
                   p.default_steps() ? std::to_string(p.default_steps()) + " steps " +
                                           std::to_string(p.default_width()) + "x" +
                                           std::to_string(p.default_height())

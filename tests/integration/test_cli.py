@@ -181,10 +181,12 @@ def test_list(qpool):
     assert r.returncode == EXIT_OK, r.stderr
     pipelines = {p["name"]: p for p in json.loads(r.stdout)["pipelines"]}
     assert pipelines["tiny"]["state"] == "loaded"
+    assert pipelines["tiny"]["offload"]["policy"] == "none"
     assert pipelines["spare"]["state"] in ("available", "loaded")
     r = qpool("list")
     assert r.returncode == EXIT_OK
     assert r.stdout.splitlines()[0].split()[:3] == ["NAME", "KIND", "STATE"]
+    assert "OFFLOAD" in r.stdout.splitlines()[0]
     assert any(line.split()[:3] == ["tiny", "sd", "loaded"] for line in r.stdout.splitlines())
 
 

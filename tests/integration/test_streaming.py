@@ -128,6 +128,17 @@ def test_a_cancelled_request_ends_on_the_host(client):
     assert {c.residency for c in info.components} == {"host"}
 
 
+def test_the_cli_shows_the_streaming_settings(client, cli_bin):
+    import subprocess
+
+    r = subprocess.run([str(cli_bin), "--server", client.server.address, "list"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[1:] if line.strip()}
+    assert "sequential 0MiB+2 keep 1MiB" in rows["tiny-nf4-seq"], r.stdout
+    assert "sequential 64MiB+1" in rows["tiny-seq-coarse"], r.stdout
+
+
 def test_list_shows_the_policy_and_policy_changes(client):
     pb2 = client.pb2
     info = client.pipelines()["tiny-nf4-seq"]
