@@ -3,6 +3,10 @@
 // Included by .cu files only; everything here is inline or internal to each translation unit.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
+
 #include "quant/quant_kernel_common.cuh"
 
 namespace qpool::quant::cuda {
@@ -200,6 +204,48 @@ __device__ __forceinline__ float FillNf4Table(const PackedWeightView& w, uint8_t
         make_uint4(v, v, v, v);
   }
   return offset;
+}
+
+// The stage's nf4 block scales as pairs of T (both halves the same), per tile and half chunk.
+template <typename T, int kTiles, bool kDq>
+__device__ __forceinline__ void PackScales(const Stage<kTiles, true, kDq>& cur,
+                                           const float* s_nested, float offset,
+                                           uint32_t (&scale)[kTiles][2]) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sv;
+      if constexpr (kDq) {
+        sv = __fadd_rn(__fmul_rn(s_nested[cur.sq[j][h]], cur.sn[j][h]), offset);
+      } else {
+        sv = __uint_as_float(cur.sq[j][h]);
+      }
+      const uint32_t bits = Bits(FromFloat<T>(sv));
+      scale[j][h] = bits | (bits << 16);
+    }
+  }
+}
+
+// Raises `kernel`'s dynamic shared-memory limit to `smem_bytes` once per device (`done`: a bit a
+// device) and says whether the code the device runs has the cluster reduction (`clusters`):
+// compiled for compute_90 or later (code JIT-compiled on a Hopper GPU from compute_80 PTX has
+// not, and must run one split). Host code.
+template <typename Kernel>
+bool PrepareOnce(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& done,
+                 std::atomic<uint64_t>& clusters) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((done.load(std::memory_order_acquire) & bit) == 0) {
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    cudaFuncAttributes attributes;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    if (attributes.ptxVersion >= 90) clusters.fetch_or(bit, std::memory_order_release);
+    done.fetch_or(bit, std::memory_order_release);
+  }
+  return (clusters.load(std::memory_order_acquire) & bit) != 0;
 }
 
 }  // namespace

@@ -139,22 +139,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
       for (int i = 0; i < kValues / 2; ++i) xb[i] = 0;
     }
     uint32_t scale[kTiles][2];
-    if constexpr (kNf4) {
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float sv;
-          if constexpr (kDq) {
-            sv = __fadd_rn(__fmul_rn(s_nested[cur.sq[j][h]], cur.sn[j][h]), offset);
-          } else {
-            sv = __uint_as_float(cur.sq[j][h]);
-          }
-          const uint32_t bits = Bits(FromFloat<T>(sv));
-          scale[j][h] = bits | (bits << 16);
-        }
-      }
-    }
+    if constexpr (kNf4) PackScales<T>(cur, s_nested, offset, scale);
 #pragma unroll
     for (int s = 0; s < kMmaSteps; ++s) {
       const uint32_t a[4] = {xa[2 * s], xb[2 * s], xa[2 * s + 1], xb[2 * s + 1]};
@@ -244,27 +229,12 @@ int MmaSplits(const PackedWeightView& w, int features, const MmaDevice& dev) {
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, kMmaMaxSplits)));
 }
 
-// Raises the kernel's dynamic shared-memory limit once per device and says whether the code the
-// device runs has the cluster reduction: compiled for compute_90 or later (code JIT-compiled on a
-// Hopper GPU from compute_80 PTX has not, and must run one split).
+// PrepareOnce (quant_mma_common.cuh) with this kernel's own flags.
 template <typename T, int kTiles, bool kNf4, bool kDq, bool kRows16>
 bool PrepareKernel(int smem_bytes) {
   static std::atomic<uint64_t> done{0};
   static std::atomic<uint64_t> clusters{0};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((done.load(std::memory_order_acquire) & bit) == 0) {
-    void (*kernel)(PackedWeightView, const T*, int, const T*, T*, int) =
-        MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>;
-    C10_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-    cudaFuncAttributes attributes;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (attributes.ptxVersion >= 90) clusters.fetch_or(bit, std::memory_order_release);
-    done.fetch_or(bit, std::memory_order_release);
-  }
-  return (clusters.load(std::memory_order_acquire) & bit) != 0;
+  return PrepareOnce(MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, smem_bytes, done, clusters);
 }
 
 template <typename T, bool kNf4, bool kDq, bool kRows16>

@@ -139,22 +139,7 @@ __global__ void __launch_bounds__(kMedWarps* kWarp, 1)
     const uint8_t* xs = stages + (it % kMedStages) * kStageBytes;
 
     uint32_t scale[kTiles][2];
-    if constexpr (kNf4) {
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float sv;
-          if constexpr (kDq) {
-            sv = __fadd_rn(__fmul_rn(s_nested[cur.sq[j][h]], cur.sn[j][h]), offset);
-          } else {
-            sv = __uint_as_float(cur.sq[j][h]);
-          }
-          const uint32_t bits = Bits(FromFloat<T>(sv));
-          scale[j][h] = bits | (bits << 16);
-        }
-      }
-    }
+    if constexpr (kNf4) PackScales<T>(cur, s_nested, offset, scale);
 #pragma unroll
     for (int q = 0; q < kMmaSteps / 2; ++q) {  // mma steps 2q, 2q + 1: x unit t * kUnits + q
       uint32_t b[2][kTiles][2];
@@ -276,26 +261,12 @@ int MedSplits(const PackedWeightView& w, int64_t blocks, const MmaDevice& dev) {
   return best;
 }
 
-// Raises the dynamic shared-memory limit once per device; says whether the device code has the
-// cluster reduction (compiled for compute_90 or later).
+// PrepareOnce (quant_mma_common.cuh) with this kernel's own flags.
 template <typename T, int kMt, int kTiles, bool kNf4, bool kDq>
 bool PrepareMedKernel(int smem_bytes) {
   static std::atomic<uint64_t> done{0};
   static std::atomic<uint64_t> clusters{0};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((done.load(std::memory_order_acquire) & bit) == 0) {
-    void (*kernel)(PackedWeightView, const T*, int, const T*, T*, int, int) =
-        MedLinearKernel<T, kMt, kTiles, kNf4, kDq>;
-    C10_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-    cudaFuncAttributes attributes;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (attributes.ptxVersion >= 90) clusters.fetch_or(bit, std::memory_order_release);
-    done.fetch_or(bit, std::memory_order_release);
-  }
-  return (clusters.load(std::memory_order_acquire) & bit) != 0;
+  return PrepareOnce(MedLinearKernel<T, kMt, kTiles, kNf4, kDq>, smem_bytes, done, clusters);
 }
 
 template <typename T, int kMt, bool kNf4, bool kDq>
