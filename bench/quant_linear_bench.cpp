@@ -1,5 +1,5 @@
 // qpool::quant_linear on CUDA against torch::linear in fp16/bf16, on the linear shapes of
-// SD 1.5, SDXL and Flux, for M (tokens x batch) in {1, 16, 77, 1024, 4096}.
+// SD 1.5, SDXL and Flux, for M (tokens x batch) in {1, 4, 16, 32, 77, 154, 1024, 4096}.
 //
 //   quant_linear_bench --benchmark_out=quant_linear.json --benchmark_out_format=json
 //
@@ -52,7 +52,7 @@ const LinearShape kShapes[] = {
     {"flux_mlp_up_3072x12288", 3072, 12288}, {"flux_mlp_down_12288x3072", 12288, 3072},
 };
 
-const int64_t kMs[] = {1, 4, 16, 77, 1024, 4096};
+const int64_t kMs[] = {1, 4, 16, 32, 77, 154, 1024, 4096};
 
 struct Variant {
   const char* name;
