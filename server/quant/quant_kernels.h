@@ -64,4 +64,22 @@ void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const 
 void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                            void* out, ElemType type, const MmaDevice& device, cudaStream_t stream);
 
+// Whether LaunchWgmmaLinear can run this weight with x and out on the current device: a Hopper
+// GPU (the kernels are built for sm_90a only), fp16/bf16, K a multiple of 64, N a multiple of 8,
+// 16-byte aligned x and out, nf4 blocks of at least 64 values without row padding.
+bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* out, int64_t m,
+                          ElemType type);
+
+// Block tile of LaunchWgmmaLinear: `tiles` m64 feature tiles per warpgroup (64 * 2 * tiles
+// features per block) and `rows` rows of x. Built: {1, 256}, {1, 128}, {2, 128}.
+struct WgmmaTile {
+  int tiles = 1;
+  int rows = 256;
+};
+
+// Same contract as LaunchFusedLinear for large M on Hopper tensor cores, dequantizing inside the
+// tile loop (Note [Warpgroup-MMA large-M linear]). Requires WgmmaLinearSupported().
+void LaunchWgmmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
+                       void* out, ElemType type, const WgmmaTile& tile, cudaStream_t stream);
+
 }  // namespace qpool::quant::cuda

@@ -85,9 +85,9 @@ at::Tensor DequantizeCuda(const QuantState& s, int64_t in_features, at::ScalarTy
   return out;
 }
 
-// Note [Kernel path override]: QPOOL_QUANT_CUDA_PATH=auto|fused|mma|dequant replaces kAuto for
-// the whole process: an operator's escape hatch when a kernel misbehaves on a new GPU, and a way
-// to compare paths end to end. Read once; unknown values are ignored (auto).
+// Note [Kernel path override]: QPOOL_QUANT_CUDA_PATH=auto|fused|mma|dequant|wgmma replaces kAuto
+// for the whole process: an operator's escape hatch when a kernel misbehaves on a new GPU, and a
+// way to compare paths end to end. Read once; unknown values are ignored (auto).
 static CudaPath PathFromEnvironment() {
   static const CudaPath path = [] {
     const char* env = std::getenv("QPOOL_QUANT_CUDA_PATH");
@@ -95,6 +95,7 @@ static CudaPath PathFromEnvironment() {
     if (v == "fused") return CudaPath::kFused;
     if (v == "mma") return CudaPath::kMma;
     if (v == "dequant") return CudaPath::kDequantMatmul;
+    if (v == "wgmma") return CudaPath::kWgmma;
     return CudaPath::kAuto;
   }();
   return path;
@@ -111,6 +112,36 @@ static CudaPath PathFromEnvironment() {
 bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
   if (m <= cuda::kMmaMaxRows || in_features * out_features < (int64_t{1} << 24)) return false;
   return m <= 32 || (in_features >= 8192 && m >= 65 && m <= 80);
+}
+
+// Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
+// 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
+// (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
+// large-M linear]) runs at 0.5-0.7 of the fp16 GEMM's rate on the large layers at M = 4096 and
+// less below, so it wins only where dequantizing costs most next to the product: many output
+// features and few rows of x. Flux 3072 x 12288 at M = 77-256 takes 0.47-0.81 of the dequantize
+// path's time and SDXL 1280 x 10240 0.68-0.98, except nf4 + double quant at M = 154 on SDXL
+// (1.06-1.09: its scale decode costs more in the 256-row tile), which stays. Layers with
+// N <= 5120, and every layer at M >= 512, stay on dequantize + cuBLAS. Rows of x per block: 128
+// up to M = 128, else 256.
+std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
+                                         bool double_quant) {
+  if (out_features < 8192 || in_features < 1024 || m < 65 || m > 256) return std::nullopt;
+  if (double_quant && m > 128 && out_features < 12288) return std::nullopt;
+  cuda::WgmmaTile tile;
+  tile.tiles = 1;
+  tile.rows = m <= 128 ? 128 : 256;
+  return tile;
+}
+
+bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
+  c10::cuda::CUDAGuard guard(x.device());
+  const QuantLayout layout = CheckQuantLinearArgs(x, s, std::nullopt);
+  if (layout.format == QuantFormat::kNone || !x.is_contiguous()) return false;
+  PackedWeight packed = MakePacked(s, layout);
+  const at::Tensor out = at::empty({1, 8}, x.options());  // any 16-byte aligned output
+  return cuda::WgmmaLinearSupported(packed.view, x.data_ptr(), out.data_ptr(),
+                                    x.numel() / layout.in_features, ElemTypeOf(x.scalar_type()));
 }
 
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
@@ -153,6 +184,20 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
     return out.reshape(out_shape);
   }
   if (path == CudaPath::kMma) path = CudaPath::kAuto;
+  if (path == CudaPath::kAuto || path == CudaPath::kWgmma) {
+    std::optional<cuda::WgmmaTile> tile =
+        WgmmaWins(m, layout.in_features, layout.out_features, layout.double_quant);
+    if (path == CudaPath::kWgmma) tile = cuda::WgmmaTile{1, m <= 128 ? 128 : 256};
+    if (tile) {
+      at::Tensor out = at::empty({m, layout.out_features}, x.options());
+      if (cuda::WgmmaLinearSupported(packed.view, x2.data_ptr(), out.data_ptr(), m, et)) {
+        cuda::LaunchWgmmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
+                                out.data_ptr(), et, *tile, stream);
+        return out.reshape(out_shape);
+      }
+    }
+    path = CudaPath::kAuto;
+  }
   const bool fused = path == CudaPath::kFused || (path == CudaPath::kAuto && m <= kFusedMaxRows);
   // Note [Dequantize workspace]: the dequantized weight is a plain at::empty from the caching
   // allocator, which hands the same block back on the next call on this stream: a reusable

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "quant/quant_format.h"
+#include "quant/quant_kernels.h"
 
 namespace qpool::quant {
 
@@ -20,6 +21,8 @@ enum class CudaPath {
   kMma,            // fused tensor-core kernel (fp16/bf16, any M; falls back to kAuto when
                    // the layout does not allow it: see cuda::MmaLinearSupported)
   kDequantMatmul,  // dequantize into a temporary [N, K] weight, then at::linear (cuBLAS)
+  kWgmma,          // Hopper warpgroup-MMA kernel that dequantizes in its tile loop (fp16/bf16;
+                   // falls back to kAuto where cuda::WgmmaLinearSupported says no)
 };
 
 // Largest M (rows of x) the automatic choice sends to the CUDA-core fused kernel when the
@@ -32,6 +35,15 @@ inline constexpr int64_t kFusedMaxRows = 4;
 // Whether the automatic choice runs the tensor-core kernel for M > kMmaMaxRows (Note [Small-M
 // path choice]) on a layer of `in_features` x `out_features`.
 bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features);
+
+// The block tile the automatic choice runs the warpgroup-MMA kernel with (Note [Large-M path
+// choice]), or nothing where dequantize + cuBLAS measured faster.
+std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
+                                         bool double_quant);
+
+// Whether CudaPath::kWgmma runs the warpgroup-MMA kernel for x (CUDA, contiguous) and this state
+// on the current device, rather than falling back.
+bool WgmmaRuns(const at::Tensor& x, const QuantState& state);
 
 // qpool::quant_linear on CUDA with an explicit algorithm; same checks as the op.
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& state,

@@ -145,6 +145,25 @@ struct LaneRows {
   int t;
 };
 
+// Asynchronous copies global -> shared (`cp.async`): a 16-byte unit, or 4 bytes; a source size of
+// 0 (`valid` false) zero-fills the destination without reading.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  CpAsync16(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
+}
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 template <typename T, int kTiles, bool kNf4, bool kDq>
 __device__ __forceinline__ void LoadStage(const PackedWeightView& w, const LaneRows<T, kTiles>& lr,
                                           int step, Stage<kTiles, kNf4, kDq>& st) {

@@ -47,17 +47,6 @@ constexpr int kMedTilesSmallM = 2;     // m16 tiles of x per block, row groups o
 constexpr int kMedTilesLargeM = 5;     // m16 tiles of x per block, row groups of 80
 constexpr int kMedTilesN = 4;          // n8 tiles of features per warp
 
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 // Physical 16-byte unit of unit `u` of stage row `r` (Note [Tensor-core medium-M linear]).
 template <bool kNf4>
 __device__ __forceinline__ int XUnit(int r, int u) {

@@ -1,5 +1,6 @@
-// qpool::quant_linear on CUDA: both algorithms against the CPU reference for int8 / nf4 /
+// qpool::quant_linear on CUDA: every algorithm against the CPU reference for int8 / nf4 /
 // nf4 + double quant in fp16, bf16 and fp32, odd shapes, unaligned inputs, and device errors.
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -178,6 +179,60 @@ TEST(QuantCuda, MediumMPathRuleFollowsTheMeasurements) {
   EXPECT_FALSE(MediumMmaWins(32, 1280, 10240));
   EXPECT_FALSE(MediumMmaWins(32, 3072, 3072));
   EXPECT_FALSE(MediumMmaWins(16, 12288, 3072));
+}
+
+// The warpgroup-MMA kernel (Note [Warpgroup-MMA large-M linear]) against the CPU reference: every
+// format it takes, fp16 and bf16, both row tiles, M from one row to several blocks with partial
+// ones, output features that fill no block. It must run on a Hopper GPU (no silent fallback) and
+// be refused elsewhere and for layouts it does not take (blocks of 16, float32 x).
+TEST(QuantCuda, WgmmaPathMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(26);
+  const bool hopper = at::cuda::getCurrentDeviceProperties()->major == 9;
+  struct Shape {
+    int64_t n, k;
+  };
+  for (Shape sh : {Shape{320, 768}, Shape{8, 1280}, Shape{264, 2048}}) {
+    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    at::Tensor bias = at::randn({sh.n});
+    for (const FormatCase& f : kFormats) {
+      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      QuantState g = ToDevice(s, at::kCUDA);
+      const bool takes = f.blocksize >= 64;
+      EXPECT_EQ(WgmmaRuns(at::zeros({4, sh.k}, at::kHalf).cuda(), g), hopper && takes) << f.name;
+      EXPECT_FALSE(WgmmaRuns(at::zeros({4, sh.k}).cuda(), g)) << f.name << " float32";
+      for (int64_t m : {1, 77, 128, 129, 256, 300, 1000}) {
+        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+          const at::Tensor x = at::randn({m, sh.k}).to(dt);
+          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
+          const std::string what = std::string(f.name) + " " + std::to_string(sh.n) + "x" +
+                                   std::to_string(sh.k) + " M=" + std::to_string(m) + " " +
+                                   c10::toString(dt);
+          ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kWgmma), ref, dt,
+                      what + " wgmma");
+          ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, CudaPath::kWgmma),
+                      QuantLinear(x.to(at::kFloat), s), dt, what + " wgmma no bias");
+        }
+      }
+    }
+  }
+}
+
+// The automatic choice of the warpgroup-MMA kernel (Note [Large-M path choice]).
+TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
+  for (bool dq : {false, true}) {
+    EXPECT_EQ(WgmmaWins(77, 3072, 12288, dq)->rows, 128);
+    EXPECT_EQ(WgmmaWins(154, 3072, 12288, dq)->rows, 256);
+    EXPECT_TRUE(WgmmaWins(77, 1280, 10240, dq).has_value());
+    EXPECT_FALSE(WgmmaWins(64, 3072, 12288, dq).has_value());
+    EXPECT_FALSE(WgmmaWins(512, 3072, 12288, dq).has_value());
+    EXPECT_FALSE(WgmmaWins(4096, 3072, 12288, dq).has_value());
+    EXPECT_FALSE(WgmmaWins(154, 12288, 3072, dq).has_value());
+    EXPECT_FALSE(WgmmaWins(154, 1280, 5120, dq).has_value());
+    EXPECT_FALSE(WgmmaWins(154, 320, 10240, dq).has_value());
+  }
+  EXPECT_TRUE(WgmmaWins(154, 1280, 10240, false).has_value());
+  EXPECT_FALSE(WgmmaWins(154, 1280, 10240, true).has_value());
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {

@@ -1,0 +1,157 @@
+# Correctness and timing of the sm_90a large-M quant_linear kernel (libqk_large.so, see build.sh)
+# against a float32 reference, fp16/bf16 F.linear and dequantize + F.linear (the path it replaces),
+# on the benchmark layers of bench/quant_linear_bench.cpp. Writes log.txt and results.json to $OUT
+# (or /tmp/out). Usage: python3 harness.py [check|bench|all] [M,M,...] (default 77,154,256,512,1024,4096);
+# python3 harness.py report results.json prints the markdown tables of bench/results.
+import ctypes, json, os, sys, time
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "quant_small_m"))
+from qk_common import DEV, SHAPES, Weight, time_fn  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.environ.get("OUT", "/tmp/out")
+os.makedirs(OUT, exist_ok=True)
+LOG = open(os.path.join(OUT, "log.txt"), "a")
+MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
+MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 and MODE != "report" else (77, 154, 256, 512, 1024, 4096)
+BNS = ((1, 256), (1, 128), (2, 128))  # (m64 tiles per warpgroup, rows of x per block)
+TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+P = ctypes.c_void_p
+if MODE != "report":
+    LIB = ctypes.CDLL(os.path.join(HERE, "libqk_large.so"))
+    LIB.qk_dequant.argtypes = [P, P, ctypes.c_int, P]
+    LIB.qk_wgmma_supported.argtypes = [P, P, P, ctypes.c_long, ctypes.c_int]
+    LIB.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, P]
+    PROPS = torch.cuda.get_device_properties(0)
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.write(s + "\n")
+    LOG.flush()
+
+
+def stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def run_wgmma(w, x, bias, out, bn):
+    assert LIB.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
+                        out.data_ptr(), TYPE[x.dtype], bn[0], bn[1], stream()) == 0
+
+
+def run_dequant_linear(w, x, bias, wbuf):
+    assert LIB.qk_dequant(w.vp, wbuf.data_ptr(), TYPE[x.dtype], stream()) == 0
+    return F.linear(x, wbuf, bias)
+
+
+def check():
+    g = torch.Generator(device=DEV)
+    g.manual_seed(4321)
+    shapes = [(320, 320), (200, 768), (8, 64), (1280, 640), (136, 2048), (3072, 128), (264, 1280)]
+    fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 128, True),
+            ("nf4", 256, False), ("nf4", 1024, True)]
+    ms = [1, 7, 64, 100, 128, 129, 255, 256, 300, 513, 1024]
+    total = fails = 0
+    worst = {}
+    for (n, k) in shapes:
+        for fmt, bs, dq in fmts:
+            if fmt == "nf4" and k % bs:
+                continue
+            w = Weight(n, k, fmt, bs, dq, g)
+            for m in ms:
+                for dt in (torch.float16, torch.bfloat16):
+                    x = torch.randn(m, k, device=DEV, generator=g).to(dt)
+                    bias = torch.randn(n, device=DEV, generator=g).to(dt) if m % 2 else None
+                    out = torch.empty(m, n, device=DEV, dtype=dt)
+                    sup = LIB.qk_wgmma_supported(w.vp, x.data_ptr(), out.data_ptr(), m, TYPE[dt])
+                    if sup != 1:
+                        log(f"UNSUPPORTED {fmt} bs{bs} {n}x{k} -> {sup}")
+                        return False
+                    ref = x.float() @ w.ref.t()
+                    if bias is not None:
+                        ref = ref + bias.float()
+                    scale = ref.abs().max().item() + 1e-6
+                    tol = 4e-3 if dt == torch.float16 else 2e-2
+                    for bn in BNS:
+                        out.fill_(float("nan"))
+                        run_wgmma(w, x, bias, out, bn)
+                        torch.cuda.synchronize()
+                        finite = bool(torch.isfinite(out).all())
+                        err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
+                        key = f"{fmt}{'dq' if dq else ''}_{str(dt)[6:]}_wg{bn[0]}x{bn[1]}"
+                        worst[key] = max(worst.get(key, 0), err)
+                        total += 1
+                        if not err <= tol:
+                            fails += 1
+                            if fails < 40:
+                                log(f"FAIL {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} wg{bn} err={err:.3g} finite={finite}")
+    for kk, e in sorted(worst.items()):
+        log(f"worst rel err {kk}: {e:.2e}")
+    log(f"CHECK: {total - fails}/{total} cases pass")
+    return fails == 0
+
+
+def bench(ms=MS):
+    g = torch.Generator(device=DEV)
+    g.manual_seed(7)
+    rows = []
+    for name, k, n in SHAPES:
+        wf = torch.randn(n, k, device=DEV, generator=g).half() * 0.05
+        variants = {key: Weight(n, k, fmt, 64, dq, g, ref=False)
+                    for key, fmt, dq in (("int8", "int8", False), ("nf4", "nf4", False), ("nf4dq", "nf4", True))}
+        wbuf = torch.empty(n, k, device=DEV, dtype=torch.float16)
+        for m in ms:
+            x = torch.randn(m, k, device=DEV, generator=g).half()
+            out = torch.empty(m, n, device=DEV, dtype=torch.float16)
+            rec = {"shape": name, "K": k, "N": n, "M": m}
+            rec["fp16"] = time_fn([lambda: F.linear(x, wf)])
+            for key, w in variants.items():
+                rec[f"{key}_dequant"] = time_fn([lambda w=w: run_dequant_linear(w, x, None, wbuf)])
+                for bn in BNS:
+                    rec[f"{key}_wg{bn[0]}x{bn[1]}"] = time_fn([lambda w=w, bn=bn: run_wgmma(w, x, None, out, bn)])
+            f = rec["fp16"]
+            rows.append(rec)
+            log(f"{name:28s} M={m:5d} fp16 {f:7.1f}us tflops {2*m*n*k/f/1e6:6.0f} | " + " | ".join(
+                f"{v} dq {rec[f'{v}_dequant']/f:.2f} " + " ".join(f"wg{bn[0]}x{bn[1]} {rec[f'{v}_wg{bn[0]}x{bn[1]}']/f:.2f}" for bn in BNS)
+                for v in variants))
+        del variants
+        torch.cuda.empty_cache()
+    return rows
+
+
+def report(path):
+    """Markdown tables of a results.json: each variant's time over fp16, dequantize + F.linear first."""
+    d = json.load(open(path))
+    tiles = [k[len("nf4_"):] for k in d["rows"][0] if k.startswith("nf4_wg")]
+    print(f"Device: {d['device']}, torch {d['torch']}, CUDA {d['cuda']}. Time / fp16 F.linear time, "
+          "measured side by side; `dequant` = dequantize + F.linear (the path as served before), "
+          "`wgAxB` = the warpgroup-MMA kernel with A m64 tiles per warpgroup and B rows of x per block.\n")
+    for v in ("int8", "nf4", "nf4dq"):
+        print(f"### {v}\n\n| layer (K x N) | M | fp16 us | dequant | " + " | ".join(tiles) + " | best wg / dequant |")
+        print("| --- | --- | --- | --- | " + " | ".join("---" for _ in tiles) + " | --- |")
+        for r in d["rows"]:
+            f = r["fp16"]
+            best = min(r[f"{v}_{t}"] for t in tiles)
+            print(f"| {r['shape']} | {r['M']} | {f:.1f} | {r[f'{v}_dequant']/f:.2f} | " +
+                  " | ".join(f"{r[f'{v}_{t}']/f:.2f}" for t in tiles) + f" | {best / r[f'{v}_dequant']:.2f} |")
+        print()
+
+
+if __name__ == "__main__" and MODE == "report":
+    report(sys.argv[2])
+    sys.exit(0)
+
+if __name__ == "__main__":
+    log(f"device {PROPS.name} sms {PROPS.multi_processor_count} torch {torch.__version__} cuda {torch.version.cuda}")
+    ok = check() if MODE in ("all", "check") else True
+    if MODE in ("all", "bench") and ok:
+        t0 = time.time()
+        rows = bench()
+        json.dump({"device": PROPS.name, "torch": torch.__version__, "cuda": torch.version.cuda, "M": MS,
+                   "rows": rows}, open(os.path.join(OUT, "results.json"), "w"), indent=1)
+        log(f"bench took {time.time() - t0:.0f}s")
+    log("ALL CHECKS PASS" if ok else "SOME CHECKS FAILED")

@@ -1,0 +1,19 @@
+// extern "C" entry points over the torch-free kernel interface (server/quant/quant_kernels.h) for
+// harness.py (ctypes).
+#include <cstdio>
+#include <c10/util/Exception.h>
+#include "quant/quant_kernels.h"
+using namespace qpool::quant::cuda;
+#define GUARD(body) try { body; return 0; } catch (const std::exception& e) { fprintf(stderr, "qk error: %s\n", e.what()); return 1; }
+extern "C" {
+int qk_dequant(const PackedWeightView* w, void* out, int type, void* stream) {
+  GUARD(LaunchDequantize(*w, out, static_cast<ElemType>(type), (cudaStream_t)stream))
+}
+int qk_wgmma_supported(const PackedWeightView* w, const void* x, const void* out, long m, int type) {
+  try { return WgmmaLinearSupported(*w, x, out, m, static_cast<ElemType>(type)) ? 1 : 0; } catch (...) { return -1; }
+}
+int qk_wgmma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int tiles, int rows, void* stream) {
+  WgmmaTile tile; tile.tiles = tiles; tile.rows = rows;
+  GUARD(LaunchWgmmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), tile, (cudaStream_t)stream))
+}
+}
