@@ -49,6 +49,12 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "";
 }
 
+// "nf4 320x768 M=77 Half": a case in failure messages.
+std::string CaseName(const FormatCase& f, int64_t n, int64_t k, int64_t m, at::ScalarType dt) {
+  return std::string(f.name) + " " + std::to_string(n) + "x" + std::to_string(k) +
+         " M=" + std::to_string(m) + " " + c10::toString(dt);
+}
+
 // Compares a CUDA result with the float32 CPU reference, relative to the output's scale.
 void ExpectClose(const at::Tensor& cuda, const at::Tensor& ref, at::ScalarType dtype,
                  const std::string& what) {
@@ -96,9 +102,7 @@ TEST(QuantCuda, BothPathsMatchCpuForAllFormatsDtypesAndM) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
           const at::Tensor xg = x.cuda(), bg = bias.cuda();
-          const std::string what = std::string(f.name) + " " + std::to_string(sh.n) + "x" +
-                                   std::to_string(sh.k) + " M=" + std::to_string(m) + " " +
-                                   c10::toString(dt);
+          const std::string what = CaseName(f, sh.n, sh.k, m, dt);
           ExpectClose(QuantLinear(xg, g, bg), ref, dt, what + " auto");
           ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kFused), ref, dt, what + " fused");
           ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kMma), ref, dt, what + " mma");
@@ -154,9 +158,7 @@ TEST(QuantCuda, MmaPathMatchesCpuForSmallAndMediumMAndSplit) {
         for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
-          const std::string what = std::string(f.name) + " " + std::to_string(sh.n) + "x" +
-                                   std::to_string(sh.k) + " M=" + std::to_string(m) + " " +
-                                   c10::toString(dt);
+          const std::string what = CaseName(f, sh.n, sh.k, m, dt);
           ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kMma), ref, dt,
                       what + " mma");
           ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, CudaPath::kMma),
@@ -205,9 +207,7 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
         for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
-          const std::string what = std::string(f.name) + " " + std::to_string(sh.n) + "x" +
-                                   std::to_string(sh.k) + " M=" + std::to_string(m) + " " +
-                                   c10::toString(dt);
+          const std::string what = CaseName(f, sh.n, sh.k, m, dt);
           ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kWgmma), ref, dt,
                       what + " wgmma");
           ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, CudaPath::kWgmma),
