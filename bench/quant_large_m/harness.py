@@ -16,7 +16,7 @@ os.makedirs(OUT, exist_ok=True)
 LOG = open(os.path.join(OUT, "log.txt"), "a")
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
 MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 and MODE != "report" else (77, 154, 256, 512, 1024, 4096)
-BNS = ((1, 256), (1, 128), (2, 128))  # (m64 tiles per warpgroup, rows of x per block)
+BNS = (256, 128)  # rows of x per output tile
 TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 P = ctypes.c_void_p
 if MODE != "report":
@@ -38,9 +38,13 @@ def stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
+def tile_name(bn):
+    return f"wg{bn}"
+
+
 def run_wgmma(w, x, bias, out, bn):
     assert LIB.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
-                        out.data_ptr(), TYPE[x.dtype], bn[0], bn[1], stream()) == 0
+                        out.data_ptr(), TYPE[x.dtype], bn, PROPS.multi_processor_count, stream()) == 0
 
 
 def run_dequant_linear(w, x, bias, wbuf):
@@ -54,7 +58,7 @@ def check():
     shapes = [(320, 320), (200, 768), (8, 64), (1280, 640), (136, 2048), (3072, 128), (264, 1280)]
     fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 128, True),
             ("nf4", 256, False), ("nf4", 1024, True)]
-    ms = [1, 7, 64, 100, 128, 129, 255, 256, 300, 513, 1024]
+    ms = [1, 7, 64, 100, 128, 129, 255, 256, 300, 513, 1024, 2049]  # 2049: several tiles per block
     total = fails = 0
     worst = {}
     for (n, k) in shapes:
@@ -82,13 +86,13 @@ def check():
                         torch.cuda.synchronize()
                         finite = bool(torch.isfinite(out).all())
                         err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
-                        key = f"{fmt}{'dq' if dq else ''}_{str(dt)[6:]}_wg{bn[0]}x{bn[1]}"
+                        key = f"{fmt}{'dq' if dq else ''}_{str(dt)[6:]}_{tile_name(bn)}"
                         worst[key] = max(worst.get(key, 0), err)
                         total += 1
                         if not err <= tol:
                             fails += 1
                             if fails < 40:
-                                log(f"FAIL {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} wg{bn} err={err:.3g} finite={finite}")
+                                log(f"FAIL {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} {tile_name(bn)} err={err:.3g} finite={finite}")
     for kk, e in sorted(worst.items()):
         log(f"worst rel err {kk}: {e:.2e}")
     log(f"CHECK: {total - fails}/{total} cases pass")
@@ -112,11 +116,11 @@ def bench(ms=MS):
             for key, w in variants.items():
                 rec[f"{key}_dequant"] = time_fn([lambda w=w: run_dequant_linear(w, x, None, wbuf)])
                 for bn in BNS:
-                    rec[f"{key}_wg{bn[0]}x{bn[1]}"] = time_fn([lambda w=w, bn=bn: run_wgmma(w, x, None, out, bn)])
+                    rec[f"{key}_{tile_name(bn)}"] = time_fn([lambda w=w, bn=bn: run_wgmma(w, x, None, out, bn)])
             f = rec["fp16"]
             rows.append(rec)
             log(f"{name:28s} M={m:5d} fp16 {f:7.1f}us tflops {2*m*n*k/f/1e6:6.0f} | " + " | ".join(
-                f"{v} dq {rec[f'{v}_dequant']/f:.2f} " + " ".join(f"wg{bn[0]}x{bn[1]} {rec[f'{v}_wg{bn[0]}x{bn[1]}']/f:.2f}" for bn in BNS)
+                f"{v} dq {rec[f'{v}_dequant']/f:.2f} " + " ".join(f"{tile_name(bn)} {rec[f'{v}_{tile_name(bn)}']/f:.2f}" for bn in BNS)
                 for v in variants))
         del variants
         torch.cuda.empty_cache()
@@ -129,7 +133,7 @@ def report(path):
     tiles = [k[len("nf4_"):] for k in d["rows"][0] if k.startswith("nf4_wg")]
     print(f"Device: {d['device']}, torch {d['torch']}, CUDA {d['cuda']}. Time / fp16 F.linear time, "
           "measured side by side; `dequant` = dequantize + F.linear (the path as served before), "
-          "`wgAxB` = the warpgroup-MMA kernel with A m64 tiles per warpgroup and B rows of x per block.\n")
+          "`wgB` = the warpgroup-MMA kernel with output tiles of 128 features x B rows of x.\n")
     for v in ("int8", "nf4", "nf4dq"):
         print(f"### {v}\n\n| layer (K x N) | M | fp16 us | dequant | " + " | ".join(tiles) + " | best wg / dequant |")
         print("| --- | --- | --- | --- | " + " | ".join("---" for _ in tiles) + " | --- |")

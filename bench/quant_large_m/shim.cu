@@ -12,8 +12,8 @@ int qk_dequant(const PackedWeightView* w, void* out, int type, void* stream) {
 int qk_wgmma_supported(const PackedWeightView* w, const void* x, const void* out, long m, int type) {
   try { return WgmmaLinearSupported(*w, x, out, m, static_cast<ElemType>(type)) ? 1 : 0; } catch (...) { return -1; }
 }
-int qk_wgmma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int tiles, int rows, void* stream) {
-  WgmmaTile tile; tile.tiles = tiles; tile.rows = rows;
+int qk_wgmma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int rows, int sm_count, void* stream) {
+  WgmmaTile tile; tile.rows = rows; tile.sm_count = sm_count;
   GUARD(LaunchWgmmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), tile, (cudaStream_t)stream))
 }
 }

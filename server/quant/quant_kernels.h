@@ -70,11 +70,11 @@ void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, 
 bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* out, int64_t m,
                           ElemType type);
 
-// Block tile of LaunchWgmmaLinear: `tiles` m64 feature tiles per warpgroup (64 * 2 * tiles
-// features per block) and `rows` rows of x. Built: {1, 256}, {1, 128}, {2, 128}.
+// Launch shape of LaunchWgmmaLinear: rows of x per output tile (128 or 256; 128 features each)
+// and the multiprocessors its persistent grid fills.
 struct WgmmaTile {
-  int tiles = 1;
   int rows = 256;
+  int sm_count = 1;
 };
 
 // Same contract as LaunchFusedLinear for large M on Hopper tensor cores, dequantizing inside the

@@ -117,21 +117,38 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
-// large-M linear]) runs at 0.5-0.7 of the fp16 GEMM's rate on the large layers at M = 4096 and
-// less below, so it wins only where dequantizing costs most next to the product: many output
-// features and few rows of x. Flux 3072 x 12288 at M = 77-256 takes 0.47-0.81 of the dequantize
-// path's time and SDXL 1280 x 10240 0.68-0.98, except nf4 + double quant at M = 154 on SDXL
-// (1.06-1.09: its scale decode costs more in the 256-row tile), which stays. Layers with
-// N <= 5120, and every layer at M >= 512, stay on dequantize + cuBLAS. Rows of x per block: 128
-// up to M = 128, else 256.
+// large-M linear]) runs at 0.75-0.95 of the fp16 GEMM's rate on the large layers at M = 4096,
+// where dequantize + cuBLAS (1.04-1.15x fp16) stays ahead; it wins where dequantizing costs
+// most next to the product and its 128-feature tiles fill the GPU:
+// - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) at 65 <= M <= 256
+//   (0.37-0.87 of the dequantize path), and up to M = 1024 for int8 (0.77-0.92) and for nf4 on
+//   N >= 12288 (0.89-0.90; nf4 + double quant up to M = 512: 0.94). SDXL nf4 at M = 512-1024
+//   measured 1.01-1.06 and stays.
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.86-0.97,
+//   where the dequantize launch dominates.
+// Layers with few output features (N <= 5120, fewer tiles than multiprocessors) stay on
+// dequantize + cuBLAS: up to 2.4x slower on the kernel. Rows of x per tile: 128 up to M = 128
+// on wide layers and up to M = 512 on short ones, else 256.
 std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
-                                         bool double_quant) {
-  if (out_features < 8192 || in_features < 1024 || m < 65 || m > 256) return std::nullopt;
-  if (double_quant && m > 128 && out_features < 12288) return std::nullopt;
+                                         QuantFormat format, bool double_quant) {
+  if (m < 65) return std::nullopt;
   cuda::WgmmaTile tile;
-  tile.tiles = 1;
-  tile.rows = m <= 128 ? 128 : 256;
-  return tile;
+  if (out_features >= 8192 && in_features >= 1024) {
+    int64_t limit = 256;
+    if (format == QuantFormat::kInt8) {
+      limit = 1024;
+    } else if (out_features >= 12288) {
+      limit = double_quant ? 512 : 1024;
+    }
+    if (m > limit) return std::nullopt;
+    tile.rows = m <= 128 ? 128 : 256;
+    return tile;
+  }
+  if (in_features <= 512 && out_features >= 2048 && m <= 1024) {
+    tile.rows = m <= 512 ? 128 : 256;
+    return tile;
+  }
+  return std::nullopt;
 }
 
 bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
@@ -186,9 +203,13 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   if (path == CudaPath::kMma) path = CudaPath::kAuto;
   if (path == CudaPath::kAuto || path == CudaPath::kWgmma) {
     std::optional<cuda::WgmmaTile> tile =
-        WgmmaWins(m, layout.in_features, layout.out_features, layout.double_quant);
-    if (path == CudaPath::kWgmma) tile = cuda::WgmmaTile{1, m <= 128 ? 128 : 256};
+        WgmmaWins(m, layout.in_features, layout.out_features, layout.format, layout.double_quant);
+    if (path == CudaPath::kWgmma) {
+      tile = cuda::WgmmaTile{};
+      tile->rows = m <= 128 ? 128 : 256;
+    }
     if (tile) {
+      tile->sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       at::Tensor out = at::empty({m, layout.out_features}, x.options());
       if (cuda::WgmmaLinearSupported(packed.view, x2.data_ptr(), out.data_ptr(), m, et)) {
         cuda::LaunchWgmmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,

@@ -36,10 +36,10 @@ inline constexpr int64_t kFusedMaxRows = 4;
 // path choice]) on a layer of `in_features` x `out_features`.
 bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features);
 
-// The block tile the automatic choice runs the warpgroup-MMA kernel with (Note [Large-M path
-// choice]), or nothing where dequantize + cuBLAS measured faster.
+// The tile the automatic choice runs the warpgroup-MMA kernel with (Note [Large-M path choice];
+// sm_count left for the caller), or nothing where dequantize + cuBLAS measured faster.
 std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
-                                         bool double_quant);
+                                         QuantFormat format, bool double_quant);
 
 // Whether CudaPath::kWgmma runs the warpgroup-MMA kernel for x (CUDA, contiguous) and this state
 // on the current device, rather than falling back.

@@ -184,8 +184,9 @@ TEST(QuantCuda, MediumMPathRuleFollowsTheMeasurements) {
 }
 
 // The warpgroup-MMA kernel (Note [Warpgroup-MMA large-M linear]) against the CPU reference: every
-// format it takes, fp16 and bf16, both row tiles, M from one row to several blocks with partial
-// ones, output features that fill no block. It must run on a Hopper GPU (no silent fallback) and
+// format it takes, fp16 and bf16, both row tiles, M from one row to several tiles with partial
+// ones, output features that fill no tile, and more tiles than multiprocessors (a persistent
+// block walks several). It must run on a Hopper GPU (no silent fallback) and
 // be refused elsewhere and for layouts it does not take (blocks of 16, float32 x).
 TEST(QuantCuda, WgmmaPathMatchesCpu) {
   SKIP_WITHOUT_CUDA();
@@ -194,7 +195,7 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
   struct Shape {
     int64_t n, k;
   };
-  for (Shape sh : {Shape{320, 768}, Shape{8, 1280}, Shape{264, 2048}}) {
+  for (Shape sh : {Shape{320, 768}, Shape{8, 1280}, Shape{264, 2048}, Shape{1280, 256}}) {
     at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
     at::Tensor bias = at::randn({sh.n});
     for (const FormatCase& f : kFormats) {
@@ -203,7 +204,8 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
       const bool takes = f.blocksize >= 64;
       EXPECT_EQ(WgmmaRuns(at::zeros({4, sh.k}, at::kHalf).cuda(), g), hopper && takes) << f.name;
       EXPECT_FALSE(WgmmaRuns(at::zeros({4, sh.k}).cuda(), g)) << f.name << " float32";
-      for (int64_t m : {1, 77, 128, 129, 256, 300, 1000}) {
+      for (int64_t m : {1, 77, 128, 129, 256, 300, 1000, 4100}) {
+        if (m == 4100 && sh.n < 1280) continue;  // 4100 x 1280: more tiles than multiprocessors
         for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
@@ -220,19 +222,42 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
 
 // The automatic choice of the warpgroup-MMA kernel (Note [Large-M path choice]).
 TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
-  for (bool dq : {false, true}) {
-    EXPECT_EQ(WgmmaWins(77, 3072, 12288, dq)->rows, 128);
-    EXPECT_EQ(WgmmaWins(154, 3072, 12288, dq)->rows, 256);
-    EXPECT_TRUE(WgmmaWins(77, 1280, 10240, dq).has_value());
-    EXPECT_FALSE(WgmmaWins(64, 3072, 12288, dq).has_value());
-    EXPECT_FALSE(WgmmaWins(512, 3072, 12288, dq).has_value());
-    EXPECT_FALSE(WgmmaWins(4096, 3072, 12288, dq).has_value());
-    EXPECT_FALSE(WgmmaWins(154, 12288, 3072, dq).has_value());
-    EXPECT_FALSE(WgmmaWins(154, 1280, 5120, dq).has_value());
-    EXPECT_FALSE(WgmmaWins(154, 320, 10240, dq).has_value());
+  constexpr QuantFormat kInt8 = QuantFormat::kInt8, kNf4 = QuantFormat::kNf4;
+  auto rows = [](int64_t m, int64_t k, int64_t n, QuantFormat f, bool dq) {
+    const std::optional<cuda::WgmmaTile> tile = WgmmaWins(m, k, n, f, dq);
+    return tile ? tile->rows : 0;
+  };
+  for (QuantFormat f : {kInt8, kNf4}) {
+    for (bool dq : {false, true}) {
+      if (f == kInt8 && dq) continue;
+      // Flux MLP up and SDXL feed-forward: wide layers, small M.
+      EXPECT_EQ(rows(77, 3072, 12288, f, dq), 128);
+      EXPECT_EQ(rows(154, 3072, 12288, f, dq), 256);
+      EXPECT_EQ(rows(256, 1280, 10240, f, dq), 256);
+      EXPECT_EQ(rows(512, 3072, 12288, f, dq), 256);
+      EXPECT_EQ(rows(64, 3072, 12288, f, dq), 0);
+      EXPECT_EQ(rows(4096, 3072, 12288, f, dq), 0);
+      EXPECT_EQ(rows(4096, 1280, 10240, f, dq), 0);
+      // SD 1.5 GEGLU projection: short and wide.
+      EXPECT_EQ(rows(77, 320, 2560, f, dq), 128);
+      EXPECT_EQ(rows(512, 320, 2560, f, dq), 128);
+      EXPECT_EQ(rows(1024, 320, 2560, f, dq), 256);
+      EXPECT_EQ(rows(4096, 320, 2560, f, dq), 0);
+      // Few output features: dequantize + cuBLAS.
+      for (int64_t m : {77, 1024, 4096}) {
+        EXPECT_EQ(rows(m, 12288, 3072, f, dq), 0);
+        EXPECT_EQ(rows(m, 3072, 3072, f, dq), 0);
+        EXPECT_EQ(rows(m, 1280, 5120, f, dq), 0);
+        EXPECT_EQ(rows(m, 320, 320, f, dq), 0);
+        EXPECT_EQ(rows(m, 2048, 1280, f, dq), 0);
+      }
+    }
   }
-  EXPECT_TRUE(WgmmaWins(154, 1280, 10240, false).has_value());
-  EXPECT_FALSE(WgmmaWins(154, 1280, 10240, true).has_value());
+  // Up to M = 1024 on wide layers: int8 always, nf4 from 12288 features, double quant to 512.
+  EXPECT_EQ(rows(1024, 1280, 10240, kInt8, false), 256);
+  EXPECT_EQ(rows(1024, 3072, 12288, kNf4, false), 256);
+  EXPECT_EQ(rows(512, 1280, 10240, kNf4, false), 0);
+  EXPECT_EQ(rows(1024, 3072, 12288, kNf4, true), 0);
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {

@@ -1,16 +1,16 @@
-// CUDA kernel for qpool::quant_linear at large M on Hopper (sm_90a): a warpgroup-MMA GEMM that
-// dequantizes the weight inside its tile loop, so no fp16 copy of the weight is ever written.
-// Compiled for sm_90a only (server/quant/sm90/CMakeLists.txt); on other devices
-// WgmmaLinearSupported() says no and callers take another path.
+// CUDA kernel for qpool::quant_linear at large M on Hopper (sm_90a): a warp-specialized,
+// persistent warpgroup-MMA GEMM that dequantizes the weight inside its tile loop, so no fp16 copy
+// of the weight is ever written. Compiled for sm_90a only (server/quant/sm90/CMakeLists.txt); on
+// other devices WgmmaLinearSupported() says no and callers take another path.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
 
 #include "quant/quant_kernels.h"
-#include "quant/quant_mma_common.cuh"
-#include "quant/sm90/wgmma_ops.cuh"
+#include "quant/sm90/wgmma_common.cuh"
 
 namespace qpool::quant::cuda {
 namespace {
@@ -18,308 +18,290 @@ namespace {
 // Note [Warpgroup-MMA large-M linear]
 // out[M, N] = x[M, K] w[N, K]^T is computed transposed, out^T = w x^T, so that the weight is the
 // A operand of wgmma.mma_async, which Hopper takes from registers: the weight is decoded straight
-// into A fragments and x^T, the B operand, is read by the tensor cores from shared memory.
-//
-// - A block has two warpgroups and owns 128 consecutive features (64 per warpgroup, one m64
-//   tile) and kBn consecutive rows of x (the wgmma N). It walks K in blocks of 64 values; every
-//   k-block's x tile (kBn rows x 128 bytes, in the 128-byte swizzled layout the wgmma descriptor
-//   describes), the block's 128 packed weight rows (nf4 32 bytes, int8 64 bytes each) and their
-//   nf4 block scales are copied into a shared-memory stage with cp.async, kStages - 1 k-blocks
-//   ahead.
-// - Lane (g, t) of warp w holds rows 16 w + g and 16 w + g + 8 of its warpgroup's tile and, per
+// into A fragments, and x^T, the B operand, is read by the tensor cores from shared memory in the
+// 128-byte swizzled layout its matrix descriptor describes. The kernel is organised the way fast
+// Hopper GEMMs are:
+// - Three warpgroups. One warp of the first is the producer: its lane 0 loads each k-block's x
+//   tile (kBn rows x 64 values) and the block's 128 packed weight rows (nf4 32 bytes, int8 64
+//   bytes each) with the tensor memory accelerator (TMA), and its 32 lanes write the 128 rows'
+//   nf4 block scales, as pairs of T, computed from values they loaded one k-block earlier (double
+//   quant decoded there too). All of it completes on the stage's `full` mbarrier (TMA bytes plus
+//   33 arrivals). The two other warpgroups are consumers, 64 features each: they wait for `full`,
+//   decode the weight into A fragments, issue the k-block's four wgmma's as one group and, once
+//   the group of the k-block before has completed (wgmma.wait_group 1), release that stage on its
+//   `empty` mbarrier, which the producer waits for before refilling it. No block-wide barrier in
+//   the loop; the producer runs up to kStages k-blocks ahead.
+// - The A fragments alternate between two register sets (the k-loop is unrolled by two), so a
+//   k-block is decoded while the wgmma's of the one before still read theirs; ptxas reports no
+//   wgmma serialization (a conditional second step inside the loop caused one).
+// - Lane (g, t) of warp w holds rows 16 w + g and 16 w + g + 8 of its warpgroup's 64 and, per
 //   k16 step s, the values k = 16 s + 2 t, 2 t + 1, 2 t + 8, 2 t + 9 (the m16n8k16 A layout).
 //   nf4: those are byte t of the 32-bit words 2 s and 2 s + 1 of the packed row (element 2j is the
 //   high nibble); int8: half-word t % 2 of words 4 s + t / 2 and 4 s + 2 + t / 2.
 // - NF4 decode without a shared-memory table: the 16 code values (as T) are split into low and
 //   high bytes held in 8 registers, and `prmt` looks up four nibbles at once in each half of the
-//   table (Decode4); the bit 3 of each nibble picks the half. The scale is applied with one
-//   half2 multiply per pair, as in the other kernels. int8 values are exact in T; the row scale
-//   is applied to the float sums at the end.
-// - One barrier per k-block: after it, every warpgroup has waited for its previous k-block's
-//   wgmma's, so that stage is free for the next copy. Two blocks per SM (kBn = 128) or one with
-//   deeper tiles (kBn = 256) keep the tensor cores busy while a warpgroup decodes.
-// - The f32 sums are converted (+ int8 scale, + bias) into a shared-memory tile [kBn][128] and
-//   written out as 16-byte rows of out.
-// Requirements (WgmmaLinearSupported): fp16/bf16, K % 64 == 0, N % 8 == 0, 16-byte aligned x and
-// out, nf4 blocks of >= 64 values without row padding (one scale per row per k-block).
-constexpr int kThreads = 256;
-constexpr int kKBlock = 64;  // k values per stage
-constexpr int kStages = 5;
+//   table (Decode4); bit 3 of each nibble picks the half. The scale is applied with one half2
+//   multiply per pair, as in the other kernels. int8 values are exact in T; the row scale is
+//   applied to the float sums at the end.
+// - The producer warpgroup gives its registers to the consumers (setmaxnreg 40 / 232): 128
+//   accumulators per thread for a 64 x 256 tile plus two fragment sets.
+// - Persistent: one block per multiprocessor walks the output tiles (128 features x kBn rows of
+//   x), tile += gridDim.x, tiles of x rows fastest; the producer loads the next tile's first
+//   stages during a tile's epilogue. The first k-block's wgmma's overwrite the accumulators
+//   (scale-d = 0), so nothing else writes them.
+// - Epilogue per consumer warpgroup, 64 rows of x at a time: the f32 sums (+ int8 row scale,
+//   + bias) are converted and stored transposed into shared memory with stmatrix (the D fragment
+//   layout is the transpose of out's), then written as 16-byte rows of out.
+// Requirements (WgmmaLinearSupported): fp16/bf16, K % 64 == 0, N % 8 == 0, 16-byte aligned x,
+// out and weight, nf4 blocks of >= 64 values without row padding (one scale per row per k-block).
+constexpr int kThreads = 384;
+constexpr int kKBlock = 64;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kMaxSmem = 227 * 1024 - 1024;  // dynamic: the limit less the static table
 
-template <int kTiles, int kBn, bool kNf4>
+template <int kBn, bool kNf4>
 struct Smem {
-  static constexpr int kBlockRows = 128 * kTiles;  // features (output columns) per block
   static constexpr int kXBytes = kBn * 128;
   static constexpr int kWRowBytes = kNf4 ? 32 : 64;
-  static constexpr int kWStride = kWRowBytes + 16;  // padding: conflict-free 16-byte reads
-  static constexpr int kWBytes = kBlockRows * kWStride;
-  static constexpr int kScaleBytes = kNf4 ? kBlockRows * 8 : 0;
+  static constexpr int kWBytes = 128 * kWRowBytes;
+  static constexpr int kScaleBytes = kNf4 ? 128 * 4 : 0;  // the rows' block scales as pairs of T
   static constexpr int kStageBytes = (kXBytes + kWBytes + kScaleBytes + 1023) / 1024 * 1024;
-  static constexpr int kOutStride = kBlockRows + 8;            // T per row of the output tile
-  static constexpr int kBytes = kStages * kStageBytes + 1024;  // + alignment slack
+  static constexpr int kEpiRows = 64;                          // rows of x per epilogue chunk
+  static constexpr int kEpiStride = 64 + 8;                    // T per row of a chunk
+  static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;  // both consumer warpgroups
+  static constexpr int kFixed = kEpiBytes + 256 + 1024;        // + barriers + alignment slack
+  static constexpr int kStages = std::min(8, (kMaxSmem - kFixed) / kStageBytes);
+  static constexpr int kBytes = kStages * kStageBytes + kFixed;
+  static_assert(kStages >= 3, "shared memory too small for the pipeline");
 };
 
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-// Keeps the compiler from moving accesses of `r` across the asynchronous wgmma's.
-__device__ __forceinline__ void FenceOperand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// Matrix descriptor of a K-major operand tile in the 128-byte swizzled layout: rows of 128 bytes,
-// groups of 8 rows 1024 bytes apart, starting at shared address `addr` (1024-aligned, plus the
-// k16 step's 32-byte offset).
-__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
-  return uint64_t{(addr & 0x3FFFF) >> 4} | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// The low and high bytes of the 16 code values as T (Note [Warpgroup-MMA large-M linear]).
-struct CodeTable {
-  uint32_t lo[4], hi[4];
-};
-
-template <typename T>
-__device__ __forceinline__ CodeTable LoadCodeTable(const float* code) {
-  CodeTable tab;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t bits = Bits(FromFloat<T>(__ldg(code + 4 * q + b)));
-      lo |= (bits & 0xFF) << (8 * b);
-      hi |= (bits >> 8) << (8 * b);
-    }
-    tab.lo[q] = lo;
-    tab.hi[q] = hi;
-  }
-  return tab;
-}
-
-// The two pairs of T of the nibbles of `s` (low 16 bits: bytes e0, e1 of a packed row; element
-// 2j is the high nibble): {code[e0 >> 4], code[e0 & 15]} and {code[e1 >> 4], code[e1 & 15]}.
-__device__ __forceinline__ void Decode4(const CodeTable& tab, uint32_t s, uint32_t& p0,
-                                        uint32_t& p1) {
-  const uint32_t idx = s & 0x7777;
-  const uint32_t m = Permute(s << 4, s, 0xD9C8);  // byte i: 0xFF where nibble i >= 8
-  const uint32_t lo_a = Permute(tab.lo[0], tab.lo[1], idx);
-  const uint32_t lo_b = Permute(tab.lo[2], tab.lo[3], idx);
-  const uint32_t hi_a = Permute(tab.hi[0], tab.hi[1], idx);
-  const uint32_t hi_b = Permute(tab.hi[2], tab.hi[3], idx);
-  const uint32_t lo = (lo_a & ~m) | (lo_b & m);
-  const uint32_t hi = (hi_a & ~m) | (hi_b & m);
-  // value i = hi.byte i : lo.byte i; values 0..3 are the nibbles low, high of e0, low, high of e1
-  p0 = Permute(lo, hi, 0x4051);
-  p1 = Permute(lo, hi, 0x6273);
-}
-
-template <int kPending>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-template <typename T, int kTiles, int kBn, bool kNf4, bool kDq>
+template <typename T, int kBn, bool kNf4, bool kDq>
 __global__ void __launch_bounds__(kThreads, 1)
-    WgmmaLinearKernel(PackedWeightView w, const T* __restrict__ x, int M, const T* bias, T* out) {
+    WgmmaLinearKernel(const __grid_constant__ CUtensorMap x_map,
+                   const __grid_constant__ CUtensorMap w_map, PackedWeightView w, int M,
+                   const T* bias, T* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem<kTiles, kBn, kNf4>;
-  constexpr int kBlockRows = L::kBlockRows;
+  using L = Smem<kBn, kNf4>;
+  constexpr int kStages = L::kStages;
   constexpr int kAcc = kBn / 2;
   extern __shared__ uint8_t smem_raw[];
   __shared__ float s_nested[256];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int tid = threadIdx.x;
-  const int lane = tid % kWarp, warp = (tid / kWarp) % 4, wg = tid / 128;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n0 = int64_t{blockIdx.x} * kBlockRows;
-  const int64_t m0 = int64_t{blockIdx.y} * kBn;
+  const uint32_t epi_addr = smem_addr + kStages * L::kStageBytes;
+  const uint32_t full_bar = epi_addr + L::kEpiBytes;  // kStages barriers of 8 bytes
+  const uint32_t empty_bar = full_bar + 8 * kStages;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
   const int64_t N = w.rows, K = w.in_features;
   const int k_blocks = static_cast<int>(K / kKBlock);
+  const int m_tiles = (M + kBn - 1) / kBn;
+  const int tiles = static_cast<int>((N + 127) / 128) * m_tiles;
 
-  // Per-thread parts of the copies, fixed over k: chunk i of the x tile is row xr + 32 i, 16-byte
-  // unit xc (swizzled by the row, and xr + 32 i has the same row & 7); weight chunk i is row
-  // wr + i * kWRowsPerPass, unit wc.
-  constexpr int kXChunks = kBn * 8 / kThreads;
-  constexpr int kWUnits = L::kWRowBytes / 16;
-  constexpr int kWRowsPerPass = kThreads / kWUnits;
-  constexpr int kWChunks = kBlockRows / kWRowsPerPass;
-  const int xr = tid / 8, xc = tid % 8;
-  const uint32_t x_dst = xr * 128 + ((xc ^ (xr & 7)) << 4);
-  const T* x_src = x + (m0 + xr) * K + xc * 8;
-  const int x_rows_left = static_cast<int>(min(int64_t{kBn}, M - m0)) - xr;
-  const int wr = tid / kWUnits, wc = tid % kWUnits;
-  const uint32_t w_dst = L::kXBytes + wr * L::kWStride + wc * 16;
-  const int w_rows_left = static_cast<int>(min(int64_t{kBlockRows}, N - n0)) - wr;
-  const uint8_t* w_src = w.weight + (n0 + wr) * w.row_bytes + wc * 16;
-  const bool s_ok = n0 + tid < N;
-  const int64_t s_base = s_ok ? (n0 + tid) * K : 0;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(full_bar + 8 * s, kNf4 ? 1 + kWarp : 1);  // + the scale writers' arrivals
+      BarrierInit(empty_bar + 8 * s, 8);                    // one per consumer warp
+    }
+    BarrierInitFence();
+    TmaPrefetchDescriptor(&x_map);
+    TmaPrefetchDescriptor(&w_map);
+  }
+  if constexpr (kDq) s_nested[tid % 256] = __ldg(w.nested_code + tid % 256);
+  const float offset = kDq ? __ldg(w.offset) : 0.f;
+  __syncthreads();
 
-  auto issue = [&](int kb) {
-    const uint32_t stage = smem_addr + (kb % kStages) * L::kStageBytes;
-    const int k0 = kb * kKBlock;
+  if (wg == 0) {  // producer
+    SetMaxRegistersDown<kProducerRegs>();
+    if (tid >= kWarp) return;
+    // Lane l computes the block scales of rows l + 32 i; the raw values of the next k-block are
+    // loaded one k-block ahead, so their latency overlaps a k-block's wait for its stage.
+    float raw[4] = {};
+    uint32_t raw_q[4] = {};
+    auto fetch = [&](int tile, int kb) {
+      if constexpr (kNf4) {
+        const int n0 = tile / m_tiles * 128;
 #pragma unroll
-    for (int i = 0; i < kXChunks; ++i) {
-      const bool ok = 32 * i < x_rows_left;
-      CpAsync16(stage + x_dst + i * 32 * 128, ok ? x_src + int64_t{32 * i} * K + k0 : x, ok);
-    }
-#pragma unroll
-    for (int i = 0; i < kWChunks; ++i) {
-      const bool ok = i * kWRowsPerPass < w_rows_left;
-      CpAsync16(
-          stage + w_dst + i * kWRowsPerPass * L::kWStride,
-          ok ? w_src + int64_t{i * kWRowsPerPass} * w.row_bytes + kb * L::kWRowBytes : w.weight,
-          ok);
-    }
-    if constexpr (kNf4) {
-      if (tid < kBlockRows) {
-        const int64_t b = s_ok ? (s_base + k0) >> w.block_shift : 0;
-        const uint32_t dst = stage + L::kXBytes + L::kWBytes + tid * 8;
-        if constexpr (kDq) {
-          CpAsync4(dst, w.absmax_q + (b & ~int64_t{3}), s_ok);
-          CpAsync4(dst + 4, w.nested_absmax + b / 256, s_ok);
-        } else {
-          CpAsync4(dst, w.absmax + b, s_ok);
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = n0 + lane + kWarp * i;
+          const int64_t b = n < N ? (n * K + int64_t{kb} * kKBlock) >> w.block_shift : 0;
+          if constexpr (kDq) {
+            raw_q[i] = __ldg(w.absmax_q + b);
+            raw[i] = __ldg(w.nested_absmax + b / 256);
+          } else {
+            raw[i] = __ldg(w.absmax + b);
+          }
         }
       }
+    };
+    if (static_cast<int>(blockIdx.x) < tiles) fetch(blockIdx.x, 0);
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        uint32_t pairs[4] = {};
+        if constexpr (kNf4) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float sv = kDq ? __fadd_rn(__fmul_rn(s_nested[raw_q[i]], raw[i]), offset) : raw[i];
+            const uint32_t bits = Bits(FromFloat<T>(sv));
+            pairs[i] = bits | (bits << 16);
+          }
+          if (kb + 1 < k_blocks) {
+            fetch(tile, kb + 1);
+          } else if (tile + static_cast<int>(gridDim.x) < tiles) {
+            fetch(tile + gridDim.x, 0);
+          }
+        }
+        const int s = it % kStages;
+        if (it >= kStages) BarrierWait(empty_bar + 8 * s, (it / kStages - 1) & 1);
+        const uint32_t stage = smem_addr + s * L::kStageBytes;
+        if (lane == 0) {
+          BarrierArriveExpectTx(full_bar + 8 * s, L::kXBytes + L::kWBytes);
+          TmaLoad2d(stage, &x_map, full_bar + 8 * s, kb * kKBlock, m0);
+          TmaLoad2d(stage + L::kXBytes, &w_map, full_bar + 8 * s, kb * L::kWRowBytes, n0);
+        }
+        if constexpr (kNf4) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage + L::kXBytes + L::kWBytes +
+                                                           4 * (lane + kWarp * i)),
+                         "r"(pairs[i])
+                         : "memory");
+          }
+          BarrierArrive(full_bar + 8 * s);  // release: the scales are visible with the stage
+        }
+      }
+    }
+    return;
+  }
+
+  // consumers
+  SetMaxRegistersUp<kConsumerRegs>();
+  const int cw = wg - 1, warp = (tid / kWarp) % 4, g = lane / 4, t = lane % 4;
+  CodeTable tab = {};
+  if constexpr (kNf4) tab = LoadCodeTable<T>(w.code);
+  const int row0 = 64 * cw + 16 * warp + g;  // the lane's rows row0, row0 + 8 of the block tile
+  float acc[kAcc];
+  uint32_t a0[4][4], a1[4][4];  // fragment sets of even and odd k-blocks
+
+  // Waits for k-block kb (pipeline iteration it), decodes it into `a` and issues its wgmma's;
+  // then releases the stage of iteration it - 1 once its wgmma's have completed.
+  auto step = [&](int it, int kb, uint32_t(&a)[4][4]) {
+    const int s = it % kStages;
+    BarrierWait(full_bar + 8 * s, (it / kStages) & 1);
+    const uint8_t* stage = smem + s * L::kStageBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + 8 * h;
+      uint32_t scale = 0;
+      if constexpr (kNf4) {
+        scale = *reinterpret_cast<const uint32_t*>(stage + L::kXBytes + L::kWBytes + 4 * r);
+      }
+      DecodeFragments<T, kNf4>(tab, stage + L::kXBytes + r * L::kWRowBytes, scale, t, h, a);
+    }
+    WgmmaFence();
+    const uint32_t xs = smem_addr + s * L::kStageBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      sm90::WgmmaRs<T, kBn>::Run(acc, a[k], SwizzledDesc(xs + 32 * k), kb > 0 || k > 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();
+    if (kb > 0) {
+      __syncwarp();
+      if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
     }
   };
 
-  // Prefetch distance kStages - 2: a stage is refilled only after the barrier that follows the
-  // wgmma's reading it, which complete one k-block later (WgmmaWait<1>).
-#pragma unroll
-  for (int i = 0; i < kStages - 2; ++i) {
-    if (i < k_blocks) issue(i);
-    CpAsyncCommit();
-  }
-  CodeTable tab = {};
-  float offset = 0.f;
-  if constexpr (kNf4) {
-    tab = LoadCodeTable<T>(w.code);
-    if constexpr (kDq) {
-      s_nested[tid] = __ldg(w.nested_code + tid);
-      offset = __ldg(w.offset);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
+    int kb = 0;
+    for (; kb + 1 < k_blocks; kb += 2) {
+      step(it++, kb, a0);
+      step(it++, kb + 1, a1);
     }
-  }
+    if (kb < k_blocks) step(it++, kb, a0);  // inside the loop, this condition serializes wgmma's
+    WgmmaWait<0>();
+    __syncwarp();
+    if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
 
-  float acc[kTiles][kAcc];                  // set by the first k-block's wgmma's (no accumulate)
-  const uint32_t sel = t | ((t + 4) << 4);  // byte t of two words
-  uint32_t a[kTiles][4][4];                 // [tile][k16 step][fragment register]
-
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    CpAsyncWait<kStages - 3>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();  // stage kb visible to all; every wgmma of k-block kb - 2 has completed
-    if (kb + kStages - 2 < k_blocks) issue(kb + kStages - 2);
-    CpAsyncCommit();
-
-    const uint8_t* stage = smem + (kb % kStages) * L::kStageBytes;
-    const uint8_t* ws = stage + L::kXBytes;
-    const uint32_t xs = smem_addr + (kb % kStages) * L::kStageBytes;
-    // Two pieces per k-block, each its own wgmma group: the tiles (kTiles = 2) or the halves of
-    // the k-block (kTiles = 1). Before a piece's fragments are rewritten, the group that last
-    // read them (two groups back) must be done: all but the newest group.
-#pragma unroll
-    for (int piece = 0; piece < 2; ++piece) {
-      const int j = kTiles == 2 ? piece : 0;
-      const int s_begin = kTiles == 2 ? 0 : 2 * piece, s_end = kTiles == 2 ? 4 : s_begin + 2;
-      WgmmaWait<1>();
-      const int row0 = 64 * (kTiles * wg + j) + 16 * warp + g;  // rows row0, row0 + 8
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // row0: fragment registers 0, 2; row0 + 8: 1, 3
-        const int r = row0 + 8 * h;
-        if constexpr (kNf4) {
-          const uint8_t* sc = stage + L::kXBytes + L::kWBytes + r * 8;
-          float sv;
-          if constexpr (kDq) {
-            const int64_t b = ((n0 + r) * K + int64_t{kb} * kKBlock) >> w.block_shift;
-            const uint32_t q = (*reinterpret_cast<const uint32_t*>(sc) >> (8 * (b & 3))) & 0xFF;
-            sv = __fadd_rn(__fmul_rn(s_nested[q], *reinterpret_cast<const float*>(sc + 4)), offset);
-          } else {
-            sv = *reinterpret_cast<const float*>(sc);
-          }
-          const uint32_t sb = Bits(FromFloat<T>(sv));
-          const uint32_t scale = sb | (sb << 16);
-#pragma unroll
-          for (int s = s_begin; s < s_end; s += 2) {  // words 2 s .. 2 s + 3: steps s, s + 1
-            const uint4 u = *reinterpret_cast<const uint4*>(ws + r * L::kWStride + 8 * s);
-            const uint32_t gw = Permute(Permute(u.x, u.y, sel), Permute(u.z, u.w, sel), 0x5410);
-            uint32_t p[4];
-            Decode4(tab, gw, p[0], p[1]);
-            Decode4(tab, gw >> 16, p[2], p[3]);
-            a[j][s][h] = MulPair<T>(p[0], scale);
-            a[j][s][h + 2] = MulPair<T>(p[1], scale);
-            a[j][s + 1][h] = MulPair<T>(p[2], scale);
-            a[j][s + 1][h + 2] = MulPair<T>(p[3], scale);
-          }
-        } else {
-#pragma unroll
-          for (int s = s_begin; s < s_end; ++s) {
-            const uint4 u = *reinterpret_cast<const uint4*>(ws + r * L::kWStride + 16 * s);
-            const uint32_t wa = (t & 2) ? u.y : u.x;
-            const uint32_t wb = (t & 2) ? u.w : u.z;
-            uint32_t pr[2];
-            Int8Pairs<T>(Permute(wa, wb, (t & 1) ? 0x7632 : 0x5410), pr);
-            a[j][s][h] = pr[0];
-            a[j][s][h + 2] = pr[1];
-          }
-        }
-      }
-      WgmmaFence();
-#pragma unroll
-      for (int s = s_begin; s < s_end; ++s) {
-        sm90::WgmmaRs<T, kBn>::Run(acc[j], a[j][s], SwizzledDesc(xs + 32 * s), kb > 0 || s > 0);
-      }
-      WgmmaCommit();
-    }
-  }
-  WgmmaWait<0>();
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) FenceOperand(acc[j][i]);
-  }
-
-  // acc[j][4 c + 2 h + e]: feature row0(j) + 8 h, row of x 8 c + 2 t + e (the wgmma D layout).
-  CpAsyncWait<0>();
-  __syncthreads();  // every stage is free: the output tile reuses them
-  T* tile = reinterpret_cast<T*>(smem);
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
+    // Epilogue. acc[4 c + 2 h + e]: feature row0 + 8 h, row of x 8 c + 2 t + e.
+    float scale[2] = {1.f, 1.f}, shift[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 64 * (kTiles * wg + j) + 16 * warp + g + 8 * h;
-      const int64_t n = n0 + r;
-      float scale = 1.f, b = 0.f;
+      const int64_t n = n0 + row0 + 8 * h;
       if (n < N) {
-        if constexpr (!kNf4) scale = __ldg(w.absmax + n) / 127.f;
-        if (bias != nullptr) b = ToFloat(bias[n]);
-      }
-#pragma unroll
-      for (int c = 0; c < kBn / 8; ++c) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          tile[(8 * c + 2 * t + e) * L::kOutStride + r] =
-              FromFloat<T>(fmaf(acc[j][4 * c + 2 * h + e], scale, b));
-        }
+        if constexpr (!kNf4) scale[h] = __ldg(w.absmax + n) / 127.f;
+        if (bias != nullptr) shift[h] = ToFloat(bias[n]);
       }
     }
-  }
-  __syncthreads();
-  constexpr int kChunksPerRow = kBlockRows * 2 / 16;
-  for (int q = tid; q < kBn * kChunksPerRow; q += kThreads) {
-    const int r = q / kChunksPerRow, c = q % kChunksPerRow;
-    const int64_t m = m0 + r, n = n0 + 8 * c;
-    if (m < M && n < N) {
-      *reinterpret_cast<uint4*>(out + m * N + n) =
-          *reinterpret_cast<const uint4*>(tile + r * L::kOutStride + 8 * c);
+    auto pack = [&](int i, int h) {
+      const uint32_t lo = Bits(FromFloat<T>(fmaf(acc[i], scale[h], shift[h])));
+      const uint32_t hi = Bits(FromFloat<T>(fmaf(acc[i + 1], scale[h], shift[h])));
+      return lo | (hi << 16);
+    };
+    const uint32_t chunk_addr = epi_addr + cw * L::kEpiRows * L::kEpiStride * 2;
+    const T* chunk = reinterpret_cast<const T*>(smem + kStages * L::kStageBytes) +
+                     cw * L::kEpiRows * L::kEpiStride;
+    const int j = lane / 8, i8 = lane % 8;  // stmatrix: lane gives row i8 of tile j
+    const uint32_t lane_addr =
+        chunk_addr + ((8 * (j / 2) + i8) * L::kEpiStride + 16 * warp + 8 * (j % 2)) * 2;
+#pragma unroll
+    for (int q = 0; q < kBn / L::kEpiRows; ++q) {
+      NamedBarrier(1 + cw, 128);  // the chunk before has been read
+#pragma unroll
+      for (int c = 8 * q; c < 8 * q + 8; c += 2) {
+        StoreMatrixT4(lane_addr + (c - 8 * q) * 8 * L::kEpiStride * 2, pack(4 * c, 0),
+                      pack(4 * c + 2, 1), pack(4 * c + 4, 0), pack(4 * c + 6, 1));
+      }
+      NamedBarrier(1 + cw, 128);
+#pragma unroll
+      for (int v = tid % 128; v < L::kEpiRows * 8; v += 128) {
+        const int r = v / 8, c8 = v % 8;
+        const int64_t m = m0 + L::kEpiRows * q + r, n = n0 + 64 * cw + 8 * c8;
+        if (m < M && n < N) {
+          *reinterpret_cast<uint4*>(out + m * N + n) =
+              *reinterpret_cast<const uint4*>(chunk + r * L::kEpiStride + 8 * c8);
+        }
+      }
     }
   }
 #endif
+}
+
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
+
+EncodeTiledFn EncodeTiled() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                    cudaEnableDefault, &found));
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && p != nullptr,
+                "the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// 2-D row-major tensor map of [rows, cols] elements of `bytes_per` bytes, box [box_rows, box_cols].
+CUtensorMap TensorMap2d(const void* base, CUtensorMapDataType type, int bytes_per, uint64_t rows,
+                        uint64_t cols, uint32_t box_rows, uint32_t box_cols,
+                        CUtensorMapSwizzle swizzle) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * bytes_per};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = EncodeTiled()(&map, type, 2, const_cast<void*>(base), dims, strides, box,
+                                   elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (", static_cast<int>(r), ")");
+  return map;
 }
 
 // Whether this build's image of the kernels runs on the current device: compiled for sm_90a
@@ -332,7 +314,7 @@ bool KernelsLoadable() {
   if ((known.load(std::memory_order_acquire) & bit) == 0) {
     cudaFuncAttributes attributes;
     const cudaError_t err =
-        cudaFuncGetAttributes(&attributes, WgmmaLinearKernel<__half, 2, 128, true, false>);
+        cudaFuncGetAttributes(&attributes, WgmmaLinearKernel<__half, 256, true, false>);
     if (err == cudaSuccess && attributes.binaryVersion == 90) {
       yes.fetch_or(bit, std::memory_order_release);
     } else {
@@ -343,34 +325,42 @@ bool KernelsLoadable() {
   return (yes.load(std::memory_order_acquire) & bit) != 0;
 }
 
-template <typename T, int kTiles, int kBn, bool kNf4, bool kDq>
-void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
+template <typename T, int kBn, bool kNf4, bool kDq>
+void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out, int sm_count,
             cudaStream_t stream) {
-  constexpr int smem = Smem<kTiles, kBn, kNf4>::kBytes;
-  constexpr int kBlockRows = Smem<kTiles, kBn, kNf4>::kBlockRows;
+  using L = Smem<kBn, kNf4>;
   static std::atomic<uint64_t> prepared{0};
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device % 64);
-  auto kernel = WgmmaLinearKernel<T, kTiles, kBn, kNf4, kDq>;
+  auto kernel = WgmmaLinearKernel<T, kBn, kNf4, kDq>;
   if ((prepared.load(std::memory_order_acquire) & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
     prepared.fetch_or(bit, std::memory_order_release);
   }
-  const dim3 grid(static_cast<unsigned>((w.rows + kBlockRows - 1) / kBlockRows),
-                  static_cast<unsigned>((m + kBn - 1) / kBn));
-  kernel<<<grid, kThreads, smem, stream>>>(w, x, m, bias, out);
+  constexpr CUtensorMapDataType kType = std::is_same_v<T, __half>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMap x_map =
+      TensorMap2d(x, kType, 2, m, w.in_features, kBn, kKBlock, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap w_map =
+      TensorMap2d(w.weight, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w.rows, w.row_bytes, 128,
+                  L::kWRowBytes, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const int64_t tiles = (w.rows + 127) / 128 * ((m + kBn - 1) / kBn);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(x_map, w_map, w, m, bias, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int kTiles, int kBn>
-void LaunchAs(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
+template <typename T, int kBn>
+void LaunchAs(const PackedWeightView& w, const T* x, int m, const T* bias, T* out, int sm_count,
               cudaStream_t stream) {
   if (w.nf4 && w.double_quant) {
-    return Launch<T, kTiles, kBn, true, true>(w, x, m, bias, out, stream);
+    return Launch<T, kBn, true, true>(w, x, m, bias, out, sm_count, stream);
   }
-  if (w.nf4) return Launch<T, kTiles, kBn, true, false>(w, x, m, bias, out, stream);
-  return Launch<T, kTiles, kBn, false, false>(w, x, m, bias, out, stream);
+  if (w.nf4) return Launch<T, kBn, true, false>(w, x, m, bias, out, sm_count, stream);
+  return Launch<T, kBn, false, false>(w, x, m, bias, out, sm_count, stream);
 }
 
 template <typename T>
@@ -378,15 +368,14 @@ void LaunchTyped(const PackedWeightView& w, const void* x, int64_t m, const void
                  const WgmmaTile& tile, cudaStream_t stream) {
   if (m == 0 || w.rows == 0) return;
   TORCH_CHECK(m <= (int64_t{1} << 30), "LaunchWgmmaLinear: too many rows");
+  TORCH_CHECK(tile.sm_count >= 1, "LaunchWgmmaLinear: no multiprocessors");
   const int mi = static_cast<int>(m);
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  if (tile.tiles == 1 && tile.rows == 256) return LaunchAs<T, 1, 256>(w, xt, mi, bt, ot, stream);
-  if (tile.tiles == 1 && tile.rows == 128) return LaunchAs<T, 1, 128>(w, xt, mi, bt, ot, stream);
-  if (tile.tiles == 2 && tile.rows == 128) return LaunchAs<T, 2, 128>(w, xt, mi, bt, ot, stream);
-  TORCH_CHECK(false, "LaunchWgmmaLinear: no kernel for ", tile.tiles, " tiles of ", tile.rows,
-              " rows");
+  if (tile.rows == 256) return LaunchAs<T, 256>(w, xt, mi, bt, ot, tile.sm_count, stream);
+  if (tile.rows == 128) return LaunchAs<T, 128>(w, xt, mi, bt, ot, tile.sm_count, stream);
+  TORCH_CHECK(false, "LaunchWgmmaLinear: no kernel for tiles of ", tile.rows, " rows");
 }
 
 }  // namespace
@@ -398,6 +387,7 @@ bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* 
       !Aligned16(out)) {
     return false;
   }
+  if (!Aligned16(w.weight) || w.row_bytes % 16 != 0) return false;
   if (w.nf4 && (w.padded_in != w.in_features || w.blocksize < kKBlock)) return false;
   if (!w.nf4 && w.row_bytes != w.in_features) return false;
   return KernelsLoadable();
