@@ -23,7 +23,9 @@ if MODE != "report":
     LIB = ctypes.CDLL(os.path.join(HERE, "libqk_large.so"))
     LIB.qk_dequant.argtypes = [P, P, ctypes.c_int, P]
     LIB.qk_wgmma_supported.argtypes = [P, P, P, ctypes.c_long, ctypes.c_int]
-    LIB.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, P]
+    LIB.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, P, P]
+    LIB.qk_wgmma_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    LIB.qk_wgmma_workspace.restype = ctypes.c_long
     PROPS = torch.cuda.get_device_properties(0)
 
 
@@ -42,9 +44,19 @@ def tile_name(bn):
     return f"wg{bn}"
 
 
-def run_wgmma(w, x, bias, out, bn):
+def run_wgmma(w, x, bias, out, bn, sms=None, schedule=0):
+    """schedule: 0 automatic, 1 data-parallel, 2 stream-K (cuda::WgmmaSchedule)."""
+    sms = sms or PROPS.multi_processor_count
+    n = LIB.qk_wgmma_workspace(w.vp, x.shape[0], bn, sms, schedule)
+    assert n >= 0
+    ws = WORKSPACE.get(n)
+    if ws is None:
+        ws = WORKSPACE[n] = torch.empty(max(n, 16), dtype=torch.uint8, device=DEV)
     assert LIB.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
-                        out.data_ptr(), TYPE[x.dtype], bn, PROPS.multi_processor_count, stream()) == 0
+                        out.data_ptr(), TYPE[x.dtype], bn, sms, schedule, ws.data_ptr() if n else None, stream()) == 0
+
+
+WORKSPACE = {}
 
 
 def run_dequant_linear(w, x, bias, wbuf):
@@ -80,9 +92,10 @@ def check():
                         ref = ref + bias.float()
                     scale = ref.abs().max().item() + 1e-6
                     tol = 4e-3 if dt == torch.float16 else 2e-2
-                    for bn in BNS:
+                    # every tile, data-parallel and stream-K on the whole GPU and on 7 blocks
+                    for bn, sms, sched in [(bn, sms, sc) for bn in BNS for sms in (None, 7) for sc in (1, 2)]:
                         out.fill_(float("nan"))
-                        run_wgmma(w, x, bias, out, bn)
+                        run_wgmma(w, x, bias, out, bn, sms, sched)
                         torch.cuda.synchronize()
                         finite = bool(torch.isfinite(out).all())
                         err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
@@ -92,7 +105,7 @@ def check():
                         if not err <= tol:
                             fails += 1
                             if fails < 40:
-                                log(f"FAIL {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} {tile_name(bn)} err={err:.3g} finite={finite}")
+                                log(f"FAIL {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} {tile_name(bn)} sms={sms} schedule={sched} err={err:.3g} finite={finite}")
     for kk, e in sorted(worst.items()):
         log(f"worst rel err {kk}: {e:.2e}")
     log(f"CHECK: {total - fails}/{total} cases pass")
@@ -117,6 +130,8 @@ def bench(ms=MS):
                 rec[f"{key}_dequant"] = time_fn([lambda w=w: run_dequant_linear(w, x, None, wbuf)])
                 for bn in BNS:
                     rec[f"{key}_{tile_name(bn)}"] = time_fn([lambda w=w, bn=bn: run_wgmma(w, x, None, out, bn)])
+                    for sc, tag in ((1, "dp"), (2, "sk")):
+                        rec[f"{key}_{tile_name(bn)}{tag}"] = time_fn([lambda w=w, bn=bn, sc=sc: run_wgmma(w, x, None, out, bn, None, sc)])
             f = rec["fp16"]
             rows.append(rec)
             log(f"{name:28s} M={m:5d} fp16 {f:7.1f}us tflops {2*m*n*k/f/1e6:6.0f} | " + " | ".join(
@@ -131,15 +146,18 @@ def report(path):
     """Markdown tables of a results.json: each variant's time over fp16, dequantize + F.linear first."""
     d = json.load(open(path))
     tiles = [k[len("nf4_"):] for k in d["rows"][0] if k.startswith("nf4_wg")]
+    auto = [t for t in tiles if t[-2:] not in ("dp", "sk")]
     print(f"Device: {d['device']}, torch {d['torch']}, CUDA {d['cuda']}. Time / fp16 F.linear time, "
-          "measured side by side; `dequant` = dequantize + F.linear (the path as served before), "
-          "`wgB` = the warpgroup-MMA kernel with output tiles of 128 features x B rows of x.\n")
+          "measured side by side; `dequant` = dequantize + F.linear, `wgB` = the warpgroup-MMA kernel "
+          "with output tiles of 128 features x B rows of x and its automatic schedule, `dp` / `sk` the "
+          "same tile forced data-parallel / stream-K; the last column compares the best automatic "
+          "tile with the dequantize path.\n")
     for v in ("int8", "nf4", "nf4dq"):
         print(f"### {v}\n\n| layer (K x N) | M | fp16 us | dequant | " + " | ".join(tiles) + " | best wg / dequant |")
         print("| --- | --- | --- | --- | " + " | ".join("---" for _ in tiles) + " | --- |")
         for r in d["rows"]:
             f = r["fp16"]
-            best = min(r[f"{v}_{t}"] for t in tiles)
+            best = min(r[f"{v}_{t}"] for t in auto)
             print(f"| {r['shape']} | {r['M']} | {f:.1f} | {r[f'{v}_dequant']/f:.2f} | " +
                   " | ".join(f"{r[f'{v}_{t}']/f:.2f}" for t in tiles) + f" | {best / r[f'{v}_dequant']:.2f} |")
         print()

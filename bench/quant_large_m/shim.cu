@@ -12,8 +12,16 @@ int qk_dequant(const PackedWeightView* w, void* out, int type, void* stream) {
 int qk_wgmma_supported(const PackedWeightView* w, const void* x, const void* out, long m, int type) {
   try { return WgmmaLinearSupported(*w, x, out, m, static_cast<ElemType>(type)) ? 1 : 0; } catch (...) { return -1; }
 }
-int qk_wgmma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int rows, int sm_count, void* stream) {
-  WgmmaTile tile; tile.rows = rows; tile.sm_count = sm_count;
-  GUARD(LaunchWgmmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), tile, (cudaStream_t)stream))
+static WgmmaTile Tile(int rows, int sm_count, int schedule) {
+  WgmmaTile tile; tile.rows = rows; tile.sm_count = sm_count; tile.schedule = static_cast<WgmmaSchedule>(schedule);
+  return tile;
+}
+long qk_wgmma_workspace(const PackedWeightView* w, long m, int rows, int sm_count, int schedule) {
+  const WgmmaTile tile = Tile(rows, sm_count, schedule);
+  try { return WgmmaWorkspaceBytes(*w, m, tile); } catch (...) { return -1; }
+}
+int qk_wgmma(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int rows, int sm_count, int schedule, void* workspace, void* stream) {
+  const WgmmaTile tile = Tile(rows, sm_count, schedule);
+  GUARD(LaunchWgmmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), tile, workspace, (cudaStream_t)stream))
 }
 }

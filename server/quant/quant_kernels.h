@@ -70,16 +70,27 @@ void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, 
 bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* out, int64_t m,
                           ElemType type);
 
-// Launch shape of LaunchWgmmaLinear: rows of x per output tile (128 or 256; 128 features each)
-// and the multiprocessors its persistent grid fills.
+// Launch shape of LaunchWgmmaLinear: rows of x per output tile (128 or 256; 128 features each),
+// the multiprocessors its persistent grid fills and how tiles are spread over its blocks (Note
+// [Stream-K schedule]; kAuto picks by the shape).
+enum class WgmmaSchedule { kAuto, kDataParallel, kStreamK };
 struct WgmmaTile {
   int rows = 256;
   int sm_count = 1;
+  WgmmaSchedule schedule = WgmmaSchedule::kAuto;
 };
 
+// Bytes of device workspace LaunchWgmmaLinear needs for this weight, m and tile: f32 partial
+// sums and flags for the tiles its stream-K schedule splits between blocks (Note [Stream-K
+// schedule]); 0 when it splits none.
+int64_t WgmmaWorkspaceBytes(const PackedWeightView& w, int64_t m, const WgmmaTile& tile);
+
 // Same contract as LaunchFusedLinear for large M on Hopper tensor cores, dequantizing inside the
-// tile loop (Note [Warpgroup-MMA large-M linear]). Requires WgmmaLinearSupported().
+// tile loop (Note [Warpgroup-MMA large-M linear]). Requires WgmmaLinearSupported() and, when
+// WgmmaWorkspaceBytes() is not 0, that many bytes of 16-byte aligned device memory in
+// `workspace`, used on `stream` only.
 void LaunchWgmmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
-                       void* out, ElemType type, const WgmmaTile& tile, cudaStream_t stream);
+                       void* out, ElemType type, const WgmmaTile& tile, void* workspace,
+                       cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda

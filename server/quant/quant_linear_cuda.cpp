@@ -108,7 +108,9 @@ static CudaPath PathFromEnvironment() {
 // rows; 0.39-0.71 of the dequantize path on the Flux MLP layers) and, for K >= 8192, at
 // 65 <= M <= 80 (one group of 80 rows; 0.63-0.73). Smaller layers (below 2^24, e.g. SDXL
 // 1280 x 10240 at 0.94-1.00, Flux 3072 x 3072 at 0.90-1.02) and the other M stay on dequantize +
-// cuBLAS; M in 33..64 with K >= 8192 was not measured and stays there too.
+// cuBLAS; M in 33..64 with K >= 8192 was not measured and stays there too. On Hopper the
+// warpgroup-MMA kernel comes first where WgmmaWins(): on Flux 12288 x 3072 at M = 77 it takes
+// 0.40-0.46 of the dequantize path's time.
 bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
   if (m <= cuda::kMmaMaxRows || in_features * out_features < (int64_t{1} << 24)) return false;
   return m <= 32 || (in_features >= 8192 && m >= 65 && m <= 80);
@@ -118,26 +120,30 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
 // large-M linear]) runs at 0.75-0.95 of the fp16 GEMM's rate on the large layers at M = 4096,
-// where dequantize + cuBLAS (1.04-1.15x fp16) stays ahead; it wins where dequantizing costs
-// most next to the product and its 128-feature tiles fill the GPU:
-// - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) at 65 <= M <= 256
-//   (0.37-0.87 of the dequantize path), and up to M = 1024 for int8 (0.77-0.92) and for nf4 on
-//   N >= 12288 (0.89-0.90; nf4 + double quant up to M = 512: 0.94). SDXL nf4 at M = 512-1024
-//   measured 1.01-1.06 and stays.
-// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.86-0.97,
+// where dequantize + cuBLAS (1.06-1.14x fp16) stays ahead; it wins where dequantizing costs
+// most next to the product and its tiles (or its stream-K shares) fill the GPU:
+// - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
+//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 256: 0.36-0.85 of the dequantize
+//   path. Up to M = 1024 for int8 (0.79-0.93) and, on the Flux MLP layers (K * N >= 2^25), for
+//   nf4 (0.89-0.96; nf4 + double quant up to M = 512: 0.83-0.93, at 1024 1.01-1.02). SDXL nf4
+//   at M = 512-1024 measured 0.99-1.04 and stays.
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.58-0.96,
 //   where the dequantize launch dominates.
-// Layers with few output features (N <= 5120, fewer tiles than multiprocessors) stay on
-// dequantize + cuBLAS: up to 2.4x slower on the kernel. Rows of x per tile: 128 up to M = 128
-// on wide layers and up to M = 512 on short ones, else 256.
+// The other layers (Flux 3072 x 3072, and those with N <= 1280 or K * N < 2^23) stay on
+// dequantize + cuBLAS: 1.0-1.7x slower on the kernel, except int8 on Flux 3072 x 3072 at
+// M = 256-1024 (0.93-0.97), left out for a rule this simple. Rows of x per tile: 128 up to
+// M = 128 (M = 512 on short layers), else 256.
 std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
                                          QuantFormat format, bool double_quant) {
   if (m < 65) return std::nullopt;
   cuda::WgmmaTile tile;
-  if (out_features >= 8192 && in_features >= 1024) {
+  const bool wide = out_features >= 8192 && in_features >= 1024;
+  const bool deep = in_features >= 8192 && out_features >= 3072;
+  if (wide || deep) {
     int64_t limit = 256;
     if (format == QuantFormat::kInt8) {
       limit = 1024;
-    } else if (out_features >= 12288) {
+    } else if (in_features * out_features >= (int64_t{1} << 25)) {
       limit = double_quant ? 512 : 1024;
     }
     if (m > limit) return std::nullopt;
@@ -182,10 +188,35 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   // padding of the single row) measured 4-34% faster on every benchmark layer
   // (bench/results/quant_linear_small_m_h100.md); larger M go to the tensor-core kernel only
   // where MediumMmaWins(); other small M that the tensor-core kernel cannot take go to the
-  // CUDA-core kernel up to kFusedMaxRows, and the rest to dequantize + cuBLAS.
+  // CUDA-core kernel up to kFusedMaxRows, and the rest to dequantize + cuBLAS. Before all of
+  // them, on Hopper, the warpgroup-MMA kernel where WgmmaWins() (Note [Large-M path choice]).
   PackedWeight packed = MakePacked(s, layout);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cuda::ElemType et = ElemTypeOf(dtype);
+  if (path == CudaPath::kAuto || path == CudaPath::kWgmma) {
+    std::optional<cuda::WgmmaTile> tile =
+        WgmmaWins(m, layout.in_features, layout.out_features, layout.format, layout.double_quant);
+    if (path == CudaPath::kWgmma) {
+      tile = cuda::WgmmaTile{};
+      tile->rows = m <= 128 ? 128 : 256;
+    }
+    if (tile) {
+      tile->sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      at::Tensor out = at::empty({m, layout.out_features}, x.options());
+      if (cuda::WgmmaLinearSupported(packed.view, x2.data_ptr(), out.data_ptr(), m, et)) {
+        // Freed as the call returns: the caching allocator keeps the block for the next call on
+        // this stream (Note [Dequantize workspace]).
+        const int64_t bytes = cuda::WgmmaWorkspaceBytes(packed.view, m, *tile);
+        const at::Tensor workspace =
+            bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+        cuda::LaunchWgmmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
+                                out.data_ptr(), et, *tile,
+                                bytes > 0 ? workspace.data_ptr() : nullptr, stream);
+        return out.reshape(out_shape);
+      }
+    }
+    if (path == CudaPath::kWgmma) path = CudaPath::kAuto;
+  }
   const bool mma_ok = cuda::MmaLinearSupported(packed.view, x2.data_ptr(), m, et);
   const bool auto_mma =
       mma_ok && !(layout.format == QuantFormat::kInt8 && m == 1) &&
@@ -201,24 +232,6 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
     return out.reshape(out_shape);
   }
   if (path == CudaPath::kMma) path = CudaPath::kAuto;
-  if (path == CudaPath::kAuto || path == CudaPath::kWgmma) {
-    std::optional<cuda::WgmmaTile> tile =
-        WgmmaWins(m, layout.in_features, layout.out_features, layout.format, layout.double_quant);
-    if (path == CudaPath::kWgmma) {
-      tile = cuda::WgmmaTile{};
-      tile->rows = m <= 128 ? 128 : 256;
-    }
-    if (tile) {
-      tile->sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      at::Tensor out = at::empty({m, layout.out_features}, x.options());
-      if (cuda::WgmmaLinearSupported(packed.view, x2.data_ptr(), out.data_ptr(), m, et)) {
-        cuda::LaunchWgmmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
-                                out.data_ptr(), et, *tile, stream);
-        return out.reshape(out_shape);
-      }
-    }
-    path = CudaPath::kAuto;
-  }
   const bool fused = path == CudaPath::kFused || (path == CudaPath::kAuto && m <= kFusedMaxRows);
   // Note [Dequantize workspace]: the dequantized weight is a plain at::empty from the caching
   // allocator, which hands the same block back on the next call on this stream: a reusable

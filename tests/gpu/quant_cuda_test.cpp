@@ -243,9 +243,12 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
       EXPECT_EQ(rows(512, 320, 2560, f, dq), 128);
       EXPECT_EQ(rows(1024, 320, 2560, f, dq), 256);
       EXPECT_EQ(rows(4096, 320, 2560, f, dq), 0);
-      // Few output features: dequantize + cuBLAS.
+      // Flux MLP down: deep.
+      EXPECT_EQ(rows(77, 12288, 3072, f, dq), 128);
+      EXPECT_EQ(rows(512, 12288, 3072, f, dq), 256);
+      EXPECT_EQ(rows(4096, 12288, 3072, f, dq), 0);
+      // Neither wide, deep nor short: dequantize + cuBLAS.
       for (int64_t m : {77, 1024, 4096}) {
-        EXPECT_EQ(rows(m, 12288, 3072, f, dq), 0);
         EXPECT_EQ(rows(m, 3072, 3072, f, dq), 0);
         EXPECT_EQ(rows(m, 1280, 5120, f, dq), 0);
         EXPECT_EQ(rows(m, 320, 320, f, dq), 0);
@@ -253,11 +256,14 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
       }
     }
   }
-  // Up to M = 1024 on wide layers: int8 always, nf4 from 12288 features, double quant to 512.
+  // Up to M = 1024 for int8, and for nf4 on the Flux MLP layers (double quant to 512).
   EXPECT_EQ(rows(1024, 1280, 10240, kInt8, false), 256);
   EXPECT_EQ(rows(1024, 3072, 12288, kNf4, false), 256);
+  EXPECT_EQ(rows(1024, 12288, 3072, kNf4, false), 256);
   EXPECT_EQ(rows(512, 1280, 10240, kNf4, false), 0);
   EXPECT_EQ(rows(1024, 3072, 12288, kNf4, true), 0);
+  EXPECT_EQ(rows(1024, 12288, 3072, kNf4, true), 0);
+  EXPECT_EQ(rows(512, 12288, 3072, kNf4, true), 256);
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {

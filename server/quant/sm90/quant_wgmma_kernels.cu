@@ -67,20 +67,88 @@ struct Smem {
   static constexpr int kWBytes = 128 * kWRowBytes;
   static constexpr int kScaleBytes = kNf4 ? 128 * 4 : 0;  // the rows' block scales as pairs of T
   static constexpr int kStageBytes = (kXBytes + kWBytes + kScaleBytes + 1023) / 1024 * 1024;
-  static constexpr int kEpiRows = 64;                          // rows of x per epilogue chunk
-  static constexpr int kEpiStride = 64 + 8;                    // T per row of a chunk
+  static constexpr int kEpiRows = 64;                              // rows of x per epilogue chunk
+  static constexpr int kEpiStride = 64 + 8;                        // T per row of a chunk
   static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;  // both consumer warpgroups
-  static constexpr int kFixed = kEpiBytes + 256 + 1024;        // + barriers + alignment slack
+  static constexpr int kFixed = kEpiBytes + 256 + 1024;            // + barriers + alignment slack
   static constexpr int kStages = std::min(8, (kMaxSmem - kFixed) / kStageBytes);
   static constexpr int kBytes = kStages * kStageBytes + kFixed;
   static_assert(kStages >= 3, "shared memory too small for the pipeline");
 };
 
+// Note [Stream-K schedule]
+// Data-parallel: block b writes tiles b, b + blocks, ... (blocks = min(tiles, multiprocessors)),
+// so the blocks of a wave share rows of x and the weight's rows in L2. When the tiles fill the
+// last wave badly and the k-loop is deep, stream-K instead: the work is tiles x k_blocks k-block
+// iterations, the tiles' iterations in order, and block b takes iterations [work b / blocks,
+// work (b + 1) / blocks), the same share for every block. A share is a sequence of segments,
+// each a range of k-blocks of one tile:
+// - a segment from the tile's k-block 0 to its end: the block writes the tile (epilogue);
+// - a segment that does not start at k-block 0 (only a block's first one): a contribution. The
+//   block stores its f32 sums in its workspace slot and sets its flag (release);
+// - a segment from k-block 0 that stops early (only a block's last one): the block owns the
+//   tile. It waits for the flags of the following blocks that contribute to the tile (acquire),
+//   adds their slots in block order (deterministic sums) and writes the tile. The flags are
+//   zeroed before each launch that splits a tile.
+// Contributions come first in their blocks and owners last, so owners rarely wait; a block waits
+// only for blocks after it, which never wait for it: no cycle. MakeSchedule picks stream-K when
+// its share plus kSplitCost k-blocks (the measured cost of a split tile: drained pipeline, the
+// slot's round trip) is under 0.9 of the data-parallel blocks' tiles x k_blocks.
+constexpr int kSplitCost = 24;
+
+struct Schedule {
+  int64_t work = 0;  // tiles x k_blocks
+  int tiles = 0;
+  int k_blocks = 0;
+  int blocks = 1;
+  bool stream_k = false;
+  __host__ __device__ int64_t Begin(int b) const { return work * b / blocks; }
+};
+
+// The segments of a block in order: Next() gives the tile and its k-blocks [first, last).
+struct SegmentCursor {
+  const Schedule& sched;
+  int64_t pos, end;
+  __device__ SegmentCursor(const Schedule& s, int b)
+      : sched(s), pos(s.stream_k ? s.Begin(b) : b), end(s.stream_k ? s.Begin(b + 1) : s.tiles) {}
+  __device__ bool Next(int& tile, int& first, int& last) {
+    if (pos >= end) return false;
+    if (!sched.stream_k) {
+      tile = static_cast<int>(pos);
+      first = 0;
+      last = sched.k_blocks;
+      pos += sched.blocks;
+      return true;
+    }
+    tile = static_cast<int>(pos / sched.k_blocks);
+    first = static_cast<int>(pos % sched.k_blocks);
+    last =
+        end - pos < sched.k_blocks - first ? first + static_cast<int>(end - pos) : sched.k_blocks;
+    pos += last - first;
+    return true;
+  }
+};
+
+// The workspace a schedule needs: a slot of f32 sums per block and a flag per block.
+template <int kBn>
+__host__ __device__ constexpr int64_t SlotFloats() {
+  return int64_t{kBn / 2} * 256;  // the consumers' accumulators
+}
+
+__device__ __forceinline__ void StoreRelease(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 template <typename T, int kBn, bool kNf4, bool kDq>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaLinearKernel(const __grid_constant__ CUtensorMap x_map,
-                   const __grid_constant__ CUtensorMap w_map, PackedWeightView w, int M,
-                   const T* bias, T* out) {
+                      const __grid_constant__ CUtensorMap w_map, PackedWeightView w, int M,
+                      const T* bias, T* out, Schedule sched, float* slots, int* flags) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<kBn, kNf4>;
   constexpr int kStages = L::kStages;
@@ -95,9 +163,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t empty_bar = full_bar + 8 * kStages;
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
   const int64_t N = w.rows, K = w.in_features;
-  const int k_blocks = static_cast<int>(K / kKBlock);
+  const int k_blocks = sched.k_blocks;
   const int m_tiles = (M + kBn - 1) / kBn;
-  const int tiles = static_cast<int>((N + 127) / 128) * m_tiles;
+  const int b = blockIdx.x;
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -115,44 +183,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     SetMaxRegistersDown<kProducerRegs>();
     if (tid >= kWarp) return;
-    // Lane l computes the block scales of rows l + 32 i; the raw values of the next k-block are
-    // loaded one k-block ahead, so their latency overlaps a k-block's wait for its stage.
+    // Lane l computes the block scales of rows l + 32 i; the raw values of the next k-block of a
+    // segment are loaded one k-block ahead, so their latency overlaps a k-block's wait for its
+    // stage.
     float raw[4] = {};
     uint32_t raw_q[4] = {};
     auto fetch = [&](int tile, int kb) {
       if constexpr (kNf4) {
         const int n0 = tile / m_tiles * 128;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t n = n0 + lane + kWarp * i;
-          const int64_t b = n < N ? (n * K + int64_t{kb} * kKBlock) >> w.block_shift : 0;
+        for (int r = 0; r < 4; ++r) {
+          const int64_t n = n0 + lane + kWarp * r;
+          const int64_t blk = n < N ? (n * K + int64_t{kb} * kKBlock) >> w.block_shift : 0;
           if constexpr (kDq) {
-            raw_q[i] = __ldg(w.absmax_q + b);
-            raw[i] = __ldg(w.nested_absmax + b / 256);
+            raw_q[r] = __ldg(w.absmax_q + blk);
+            raw[r] = __ldg(w.nested_absmax + blk / 256);
           } else {
-            raw[i] = __ldg(w.absmax + b);
+            raw[r] = __ldg(w.absmax + blk);
           }
         }
       }
     };
-    if (static_cast<int>(blockIdx.x) < tiles) fetch(blockIdx.x, 0);
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    SegmentCursor segments(sched, b);
+    int it = 0, tile = 0, first = 0, last = 0;
+    while (segments.Next(tile, first, last)) {
       const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      fetch(tile, first);
+      for (int kb = first; kb < last; ++kb, ++it) {
         uint32_t pairs[4] = {};
         if constexpr (kNf4) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float sv = kDq ? __fadd_rn(__fmul_rn(s_nested[raw_q[i]], raw[i]), offset) : raw[i];
+          for (int r = 0; r < 4; ++r) {
+            const float sv =
+                kDq ? __fadd_rn(__fmul_rn(s_nested[raw_q[r]], raw[r]), offset) : raw[r];
             const uint32_t bits = Bits(FromFloat<T>(sv));
-            pairs[i] = bits | (bits << 16);
+            pairs[r] = bits | (bits << 16);
           }
-          if (kb + 1 < k_blocks) {
-            fetch(tile, kb + 1);
-          } else if (tile + static_cast<int>(gridDim.x) < tiles) {
-            fetch(tile + gridDim.x, 0);
-          }
+          if (kb + 1 < last) fetch(tile, kb + 1);
         }
         const int s = it % kStages;
         if (it >= kStages) BarrierWait(empty_bar + 8 * s, (it / kStages - 1) & 1);
@@ -164,10 +231,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if constexpr (kNf4) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
+          for (int r = 0; r < 4; ++r) {
             asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage + L::kXBytes + L::kWBytes +
-                                                           4 * (lane + kWarp * i)),
-                         "r"(pairs[i])
+                                                           4 * (lane + kWarp * r)),
+                         "r"(pairs[r])
                          : "memory");
           }
           BarrierArrive(full_bar + 8 * s);  // release: the scales are visible with the stage
@@ -186,9 +253,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[kAcc];
   uint32_t a0[4][4], a1[4][4];  // fragment sets of even and odd k-blocks
 
-  // Waits for k-block kb (pipeline iteration it), decodes it into `a` and issues its wgmma's;
-  // then releases the stage of iteration it - 1 once its wgmma's have completed.
-  auto step = [&](int it, int kb, uint32_t(&a)[4][4]) {
+  // Waits for k-block kb (pipeline iteration it) of a segment starting at k-block `first`,
+  // decodes it into `a` and issues its wgmma's; then releases the stage of iteration it - 1 once
+  // its wgmma's have completed.
+  auto step = [&](int it, int kb, int first, uint32_t(&a)[4][4]) {
     const int s = it % kStages;
     BarrierWait(full_bar + 8 * s, (it / kStages) & 1);
     const uint8_t* stage = smem + s * L::kStageBytes;
@@ -205,28 +273,54 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t xs = smem_addr + s * L::kStageBytes;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      sm90::WgmmaRs<T, kBn>::Run(acc, a[k], SwizzledDesc(xs + 32 * k), kb > 0 || k > 0);
+      sm90::WgmmaRs<T, kBn>::Run(acc, a[k], SwizzledDesc(xs + 32 * k), kb > first || k > 0);
     }
     WgmmaCommit();
     WgmmaWait<1>();
-    if (kb > 0) {
+    if (kb > first) {
       __syncwarp();
       if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
     }
   };
 
-  int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  const int ctid = tid - 128;  // 0..255 over both consumer warpgroups
+  SegmentCursor segments(sched, b);
+  int it = 0, tile = 0, first = 0, last = 0;
+  while (segments.Next(tile, first, last)) {
     const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
-    int kb = 0;
-    for (; kb + 1 < k_blocks; kb += 2) {
-      step(it++, kb, a0);
-      step(it++, kb + 1, a1);
+    int kb = first;
+    for (; kb + 1 < last; kb += 2) {
+      step(it++, kb, first, a0);
+      step(it++, kb + 1, first, a1);
     }
-    if (kb < k_blocks) step(it++, kb, a0);  // inside the loop, this condition serializes wgmma's
+    if (kb < last) step(it++, kb, first, a0);  // inside the loop, this condition serializes wgmma's
     WgmmaWait<0>();
     __syncwarp();
     if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
+
+    // Note [Stream-K schedule]: contribute, or collect the contributions, or neither.
+    if (first > 0) {
+      float* slot = slots + b * SlotFloats<kBn>() + ctid;
+#pragma unroll
+      for (int q = 0; q < kAcc; ++q) __stcg(slot + q * 256, acc[q]);
+      __threadfence();
+      NamedBarrier(3, 256);
+      if (ctid == 0) StoreRelease(flags + b, 1);
+      continue;
+    }
+    if (last < k_blocks) {
+      const int64_t tile_end = int64_t{tile + 1} * k_blocks;
+      for (int c = b + 1; c < sched.blocks && sched.Begin(c) < tile_end; ++c) {
+        if (ctid == 0) {
+          while (LoadAcquire(flags + c) == 0) {
+          }
+        }
+        NamedBarrier(3, 256);
+        const float* slot = slots + c * SlotFloats<kBn>() + ctid;
+#pragma unroll
+        for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(slot + q * 256);
+      }
+    }
 
     // Epilogue. acc[4 c + 2 h + e]: feature row0 + 8 h, row of x 8 c + 2 t + e.
     float scale[2] = {1.f, 1.f}, shift[2] = {0.f, 0.f};
@@ -296,10 +390,10 @@ CUtensorMap TensorMap2d(const void* base, CUtensorMapDataType type, int bytes_pe
   const cuuint64_t strides[1] = {cols * bytes_per};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = EncodeTiled()(&map, type, 2, const_cast<void*>(base), dims, strides, box,
-                                   elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      EncodeTiled()(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (", static_cast<int>(r), ")");
   return map;
 }
@@ -325,9 +419,33 @@ bool KernelsLoadable() {
   return (yes.load(std::memory_order_acquire) & bit) != 0;
 }
 
+// The schedule of a launch (Note [Stream-K schedule]) and whether it splits any tile.
+Schedule MakeSchedule(const PackedWeightView& w, int64_t m, const WgmmaTile& tile, bool* split) {
+  Schedule sched;
+  sched.k_blocks = static_cast<int>(w.in_features / kKBlock);
+  const int64_t tiles = (w.rows + 127) / 128 * ((m + tile.rows - 1) / tile.rows);
+  const int sm_count = tile.sm_count;
+  TORCH_CHECK(tiles < (int64_t{1} << 31), "LaunchWgmmaLinear: too many tiles");
+  sched.tiles = static_cast<int>(tiles);
+  sched.work = tiles * sched.k_blocks;
+  const int64_t waves = (tiles + sm_count - 1) / sm_count;
+  const double share = static_cast<double>(sched.work) / sm_count + kSplitCost;
+  sched.stream_k = tile.schedule == WgmmaSchedule::kAuto
+                       ? share < 0.9 * static_cast<double>(waves * sched.k_blocks)
+                       : tile.schedule == WgmmaSchedule::kStreamK;
+  // Stream-K: every block gets at least one k-block (an owner waits for each block after it that
+  // starts inside its tile).
+  sched.blocks = static_cast<int>(std::min<int64_t>(sched.stream_k ? sched.work : tiles, sm_count));
+  *split = false;
+  for (int b = 1; sched.stream_k && b < sched.blocks; ++b) {
+    *split = *split || sched.Begin(b) % sched.k_blocks != 0;
+  }
+  return sched;
+}
+
 template <typename T, int kBn, bool kNf4, bool kDq>
-void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out, int sm_count,
-            cudaStream_t stream) {
+void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
+            const WgmmaTile& tile, void* workspace, cudaStream_t stream) {
   using L = Smem<kBn, kNf4>;
   static std::atomic<uint64_t> prepared{0};
   int device = 0;
@@ -347,25 +465,34 @@ void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
   const CUtensorMap w_map =
       TensorMap2d(w.weight, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w.rows, w.row_bytes, 128,
                   L::kWRowBytes, CU_TENSOR_MAP_SWIZZLE_NONE);
-  const int64_t tiles = (w.rows + 127) / 128 * ((m + kBn - 1) / kBn);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(x_map, w_map, w, m, bias, out);
+  bool split = false;
+  const Schedule sched = MakeSchedule(w, m, tile, &split);
+  float* slots = nullptr;
+  int* flags = nullptr;
+  if (split) {
+    TORCH_CHECK(workspace != nullptr, "LaunchWgmmaLinear: this shape needs a workspace");
+    slots = static_cast<float*>(workspace);
+    flags = reinterpret_cast<int*>(slots + sched.blocks * SlotFloats<kBn>());
+    C10_CUDA_CHECK(cudaMemsetAsync(flags, 0, sizeof(int) * sched.blocks, stream));
+  }
+  kernel<<<sched.blocks, kThreads, L::kBytes, stream>>>(x_map, w_map, w, m, bias, out, sched, slots,
+                                                        flags);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, int kBn>
-void LaunchAs(const PackedWeightView& w, const T* x, int m, const T* bias, T* out, int sm_count,
-              cudaStream_t stream) {
+void LaunchAs(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
+              const WgmmaTile& tile, void* workspace, cudaStream_t stream) {
   if (w.nf4 && w.double_quant) {
-    return Launch<T, kBn, true, true>(w, x, m, bias, out, sm_count, stream);
+    return Launch<T, kBn, true, true>(w, x, m, bias, out, tile, workspace, stream);
   }
-  if (w.nf4) return Launch<T, kBn, true, false>(w, x, m, bias, out, sm_count, stream);
-  return Launch<T, kBn, false, false>(w, x, m, bias, out, sm_count, stream);
+  if (w.nf4) return Launch<T, kBn, true, false>(w, x, m, bias, out, tile, workspace, stream);
+  return Launch<T, kBn, false, false>(w, x, m, bias, out, tile, workspace, stream);
 }
 
 template <typename T>
 void LaunchTyped(const PackedWeightView& w, const void* x, int64_t m, const void* bias, void* out,
-                 const WgmmaTile& tile, cudaStream_t stream) {
+                 const WgmmaTile& tile, void* workspace, cudaStream_t stream) {
   if (m == 0 || w.rows == 0) return;
   TORCH_CHECK(m <= (int64_t{1} << 30), "LaunchWgmmaLinear: too many rows");
   TORCH_CHECK(tile.sm_count >= 1, "LaunchWgmmaLinear: no multiprocessors");
@@ -373,8 +500,8 @@ void LaunchTyped(const PackedWeightView& w, const void* x, int64_t m, const void
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  if (tile.rows == 256) return LaunchAs<T, 256>(w, xt, mi, bt, ot, tile.sm_count, stream);
-  if (tile.rows == 128) return LaunchAs<T, 128>(w, xt, mi, bt, ot, tile.sm_count, stream);
+  if (tile.rows == 256) return LaunchAs<T, 256>(w, xt, mi, bt, ot, tile, workspace, stream);
+  if (tile.rows == 128) return LaunchAs<T, 128>(w, xt, mi, bt, ot, tile, workspace, stream);
   TORCH_CHECK(false, "LaunchWgmmaLinear: no kernel for tiles of ", tile.rows, " rows");
 }
 
@@ -393,13 +520,23 @@ bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* 
   return KernelsLoadable();
 }
 
+int64_t WgmmaWorkspaceBytes(const PackedWeightView& w, int64_t m, const WgmmaTile& tile) {
+  if (m == 0 || w.rows == 0 || w.in_features < kKBlock) return 0;
+  bool split = false;
+  const Schedule sched = MakeSchedule(w, m, tile, &split);
+  if (!split) return 0;
+  const int64_t slot = tile.rows == 128 ? SlotFloats<128>() : SlotFloats<256>();
+  return sched.blocks * (slot * int64_t{sizeof(float)} + int64_t{sizeof(int)});
+}
+
 void LaunchWgmmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
-                       void* out, ElemType type, const WgmmaTile& tile, cudaStream_t stream) {
+                       void* out, ElemType type, const WgmmaTile& tile, void* workspace,
+                       cudaStream_t stream) {
   switch (type) {
     case ElemType::kHalf:
-      return LaunchTyped<__half>(w, x, m, bias, out, tile, stream);
+      return LaunchTyped<__half>(w, x, m, bias, out, tile, workspace, stream);
     case ElemType::kBFloat16:
-      return LaunchTyped<__nv_bfloat16>(w, x, m, bias, out, tile, stream);
+      return LaunchTyped<__nv_bfloat16>(w, x, m, bias, out, tile, workspace, stream);
     case ElemType::kFloat:
       break;
   }
