@@ -71,7 +71,7 @@ struct Placement {
   // Scale-out: when every replica is busy, the router may load more, up to this many, on other
   // devices `device` allows (0 = all of them). Unset: `replicas` (no scale-out).
   int max_replicas = -1;
-  std::string dtype = "auto";   // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
+  std::string dtype = "auto";  // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
 };
 
 // How the pipeline's components use device memory between and during requests

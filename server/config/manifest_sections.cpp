@@ -1,0 +1,273 @@
+// One parser per section of pipeline.yaml (Note [Manifest errors name the file and the field]).
+#include <filesystem>
+
+#include "config/manifest_parser.h"
+
+namespace fs = std::filesystem;
+
+namespace qpool::manifest_internal {
+
+Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& prefix,
+                                 QuantizationSpec* q) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(comp, prefix, "quantization", false, kQuantKeys, &node));
+  const std::string field = Dotted(prefix, "quantization");
+  RETURN_IF_ERROR(ReadString(node, field, "format", false, &q->format));
+  RETURN_IF_ERROR(CheckOneOf(field + ".format", q->format, {"none", "int8", "nf4"}));
+  RETURN_IF_ERROR(ReadNumber(node, field, "blocksize", &q->blocksize));
+  if (!IsPowerOfTwo(q->blocksize) || q->blocksize < 16 || q->blocksize > 4096) {
+    return Got(field + ".blocksize", "must be a power of two between 16 and 4096", q->blocksize);
+  }
+  if (node["blocksize"].IsDefined() && q->format != "nf4") {
+    return Error(field + ".blocksize",
+                 "applies to format nf4 only (format is '" + q->format + "')");
+  }
+  RETURN_IF_ERROR(ReadBool(node, field, "double_quant", &q->double_quant));
+  if (q->double_quant && q->format != "nf4") {
+    return Error(field + ".double_quant",
+                 "applies to format nf4 only (format is '" + q->format + "')");
+  }
+  return ReadStringList(node, field, "skip", &q->skip);
+}
+
+Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) const {
+  const std::vector<std::string> names = RequiredComponents(m->kind);
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "components", /*required=*/true, {}, &node));
+  RETURN_IF_ERROR(
+      CheckKeys(node, "components", names, "is not a component of kind '" + m->kind + "'"));
+  for (const auto& name : names) {
+    const std::string field = "components." + name;
+    YAML::Node comp;
+    RETURN_IF_ERROR(GetSection(node, "components", name, /*required=*/true, kComponentKeys, &comp));
+    ComponentSpec spec;
+    spec.name = name;
+    RETURN_IF_ERROR(ResolveFile(comp, field, "file", &spec.file));
+    RETURN_IF_ERROR(ParseQuantization(comp, field, &spec.quantization));
+    m->components.push_back(std::move(spec));
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseTokenizer(const YAML::Node& root, TokenizerSpec* t) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "tokenizer", /*required=*/true, kTokenizerKeys, &node));
+  RETURN_IF_ERROR(ResolveFile(node, "tokenizer", "vocab", &t->vocab));
+  RETURN_IF_ERROR(ResolveFile(node, "tokenizer", "merges", &t->merges));
+  RETURN_IF_ERROR(ReadNumber(node, "tokenizer", "max_length", &t->max_length));
+  if (t->max_length < 2 || t->max_length > 1024) {
+    return Got("tokenizer.max_length", "must be between 2 and 1024", t->max_length);
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseScheduler(const YAML::Node& root, SchedulerConfig* s) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "scheduler", false, kSchedulerKeys, &node));
+  const std::string p = "scheduler";
+  RETURN_IF_ERROR(ReadNumber(node, p, "num_train_timesteps", &s->num_train_timesteps));
+  if (s->num_train_timesteps < 1) {
+    return Got("scheduler.num_train_timesteps", "must be >= 1", s->num_train_timesteps);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, p, "beta_start", &s->beta_start));
+  RETURN_IF_ERROR(ReadNumber(node, p, "beta_end", &s->beta_end));
+  if (s->beta_start <= 0 || s->beta_start >= 1) {
+    return Got("scheduler.beta_start", "must be > 0 and < 1", s->beta_start);
+  }
+  if (s->beta_end <= s->beta_start || s->beta_end >= 1) {
+    return Got("scheduler.beta_end",
+               StrCat("must be > scheduler.beta_start (", s->beta_start, ") and < 1"), s->beta_end);
+  }
+  RETURN_IF_ERROR(ReadString(node, p, "beta_schedule", false, &s->beta_schedule));
+  RETURN_IF_ERROR(
+      CheckOneOf("scheduler.beta_schedule", s->beta_schedule, {"scaled_linear", "linear"}));
+  RETURN_IF_ERROR(ReadString(node, p, "timestep_spacing", false, &s->timestep_spacing));
+  RETURN_IF_ERROR(CheckOneOf("scheduler.timestep_spacing", s->timestep_spacing,
+                             {"leading", "linspace", "trailing"}));
+  RETURN_IF_ERROR(ReadNumber(node, p, "steps_offset", &s->steps_offset));
+  if (s->steps_offset < 0) return Got("scheduler.steps_offset", "must be >= 0", s->steps_offset);
+  if (s->steps_offset >= s->num_train_timesteps) {
+    return Got("scheduler.steps_offset",
+               StrCat("must be < scheduler.num_train_timesteps (", s->num_train_timesteps, ")"),
+               s->steps_offset);
+  }
+  RETURN_IF_ERROR(ReadString(node, p, "prediction_type", false, &s->prediction_type));
+  return CheckOneOf("scheduler.prediction_type", s->prediction_type, {"epsilon"});
+}
+
+Status Parser::ParseLatent(const YAML::Node& root, LatentSpec* l) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "latent", false, kLatentKeys, &node));
+  RETURN_IF_ERROR(ReadNumber(node, "latent", "channels", &l->channels));
+  if (l->channels < 1) return Got("latent.channels", "must be >= 1", l->channels);
+  RETURN_IF_ERROR(ReadNumber(node, "latent", "downscale", &l->downscale));
+  if (l->downscale < 1) return Got("latent.downscale", "must be >= 1", l->downscale);
+  RETURN_IF_ERROR(ReadNumber(node, "latent", "scaling_factor", &l->scaling_factor));
+  if (l->scaling_factor <= 0) return Got("latent.scaling_factor", "must be > 0", l->scaling_factor);
+  return Status::Ok();
+}
+
+Status Parser::ParseLimits(const YAML::Node& root, const SchedulerConfig& s,
+                           RequestLimits* l) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "limits", false, kLimitsKeys, &node));
+  const std::pair<const char*, int*> fields[] = {
+      {"max_steps", &l->max_steps},     {"max_width", &l->max_width},
+      {"max_height", &l->max_height},   {"max_images", &l->max_images},
+      {"max_prompts", &l->max_prompts}, {"max_queue", &l->max_queue}};
+  for (const auto& [key, value] : fields) {
+    RETURN_IF_ERROR(ReadNumber(node, "limits", key, value));
+    if (*value < 1) return Got(Dotted("limits", key), "must be >= 1", *value);
+  }
+  // Note: more steps than training timesteps would repeat timesteps (step ratio 0).
+  if (l->max_steps > s.num_train_timesteps) {
+    return Got("limits.max_steps",
+               StrCat("must be <= scheduler.num_train_timesteps (", s.num_train_timesteps, ")"),
+               l->max_steps);
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseDefaults(const YAML::Node& root, const LatentSpec& latent,
+                             const RequestLimits& limits, GenerationDefaults* d) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "defaults", false, kDefaultsKeys, &node));
+  RETURN_IF_ERROR(ReadNumber(node, "defaults", "steps", &d->steps));
+  if (d->steps < 1 || d->steps > limits.max_steps) {
+    return Got("defaults.steps",
+               StrCat("must be between 1 and limits.max_steps (", limits.max_steps, ")"), d->steps);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "defaults", "guidance_scale", &d->guidance_scale));
+  if (d->guidance_scale < 0)
+    return Got("defaults.guidance_scale", "must be >= 0", d->guidance_scale);
+  const std::tuple<const char*, int*, int, const char*> sizes[] = {
+      {"width", &d->width, limits.max_width, "limits.max_width"},
+      {"height", &d->height, limits.max_height, "limits.max_height"}};
+  for (const auto& [key, value, max, max_name] : sizes) {
+    const std::string field = Dotted("defaults", key);
+    RETURN_IF_ERROR(ReadNumber(node, "defaults", key, value));
+    if (*value < latent.downscale || *value > max) {
+      return Got(field,
+                 StrCat("must be between latent.downscale (", latent.downscale, ") and ", max_name,
+                        " (", max, ")"),
+                 *value);
+    }
+    if (*value % latent.downscale != 0) {
+      return Got(field, StrCat("must be a multiple of ", latent.downscale, " (latent.downscale)"),
+                 *value);
+    }
+  }
+  RETURN_IF_ERROR(ReadString(node, "defaults", "scheduler", false, &d->scheduler));
+  return CheckOneOf("defaults.scheduler", d->scheduler, {"ddim", "euler"});
+}
+
+Status Parser::ParsePlacement(const YAML::Node& root, Placement* p) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "placement", false, kPlacementKeys, &node));
+  RETURN_IF_ERROR(ReadString(node, "placement", "device", false, &p->device));
+  if (!IsValidDevice(p->device)) {
+    return Got("placement.device", "must be auto, cpu, cuda, cuda:N or a list cuda:N,cuda:M",
+               "'" + p->device + "'");
+  }
+  for (const char* key : {"replicas", "max_replicas"}) {
+    int* count = std::string(key) == "replicas" ? &p->replicas : &p->max_replicas;
+    const YAML::Node value = node[key];
+    if (value.IsDefined() && value.IsScalar() && value.Scalar() == "all") {
+      *count = 0;
+    } else if (value.IsDefined()) {
+      RETURN_IF_ERROR(ReadNumber(node, "placement", key, count));
+      if (*count < 1) return Got(Dotted("placement", key), "must be >= 1 or all", *count);
+    }
+  }
+  if (p->max_replicas < 0) p->max_replicas = p->replicas;  // no scale-out
+  if (p->max_replicas != 0 && (p->replicas == 0 || p->max_replicas < p->replicas)) {
+    return Got("placement.max_replicas", "must be >= placement.replicas", p->max_replicas);
+  }
+  RETURN_IF_ERROR(ReadString(node, "placement", "dtype", false, &p->dtype));
+  return CheckOneOf("placement.dtype", p->dtype, {"auto", "float32", "float16", "bfloat16"});
+}
+
+Status Parser::ParseOffload(const YAML::Node& root, OffloadSpec* o) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "offload", false, kOffloadKeys, &node));
+  RETURN_IF_ERROR(ReadString(node, "offload", "policy", false, &o->policy));
+  if (o->policy == "group") {
+    return Got(
+        "offload.policy",
+        "is not a policy: use sequential, whose group_mib sets how much is streamed together",
+        "'" + o->policy + "'");
+  }
+  RETURN_IF_ERROR(CheckOneOf("offload.policy", o->policy, {"none", "model", "idle", "sequential"}));
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "idle_seconds", &o->idle_seconds));
+  if (!(o->idle_seconds > 0) || o->idle_seconds > 7 * 24 * 3600) {
+    return Got("offload.idle_seconds", "must be in (0, 604800]", o->idle_seconds);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "group_mib", &o->group_mib));
+  if (!(o->group_mib >= 0) || o->group_mib > 65536) {
+    return Got("offload.group_mib", "must be in [0, 65536]", o->group_mib);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "prefetch", &o->prefetch));
+  if (o->prefetch < 0 || o->prefetch > 16) {
+    return Got("offload.prefetch", "must be in [0, 16]", o->prefetch);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "resident_mib", &o->resident_mib));
+  if (!(o->resident_mib >= 0) || o->resident_mib > 1048576) {
+    return Got("offload.resident_mib", "must be in [0, 1048576]", o->resident_mib);
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseBatching(const YAML::Node& root, BatchingSpec* b) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "batching", false, kBatchingKeys, &node));
+  RETURN_IF_ERROR(ReadNumber(node, "batching", "max_batch", &b->max_batch));
+  if (b->max_batch < 1 || b->max_batch > 64) {
+    return Got("batching.max_batch", "must be between 1 (off) and 64 images", b->max_batch);
+  }
+  RETURN_IF_ERROR(ReadNumber(node, "batching", "max_delay_ms", &b->max_delay_ms));
+  if (!(b->max_delay_ms >= 0) || b->max_delay_ms > 10000) {
+    return Got("batching.max_delay_ms", "must be in [0, 10000]", b->max_delay_ms);
+  }
+  return Status::Ok();
+}
+
+StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) return InvalidArgument(StrCat(path_, ": invalid YAML: ", e.msg));
+    return InvalidArgument(StrCat(path_, ": invalid YAML at line ", e.mark.line + 1, ", column ",
+                                  e.mark.column + 1, ": ", e.msg));
+  }
+  if (docs.size() > 1) {
+    return InvalidArgument(StrCat(path_, ": holds ", docs.size(), " YAML documents; expected one"));
+  }
+  const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+  if (!root.IsMap()) {
+    return InvalidArgument(StrCat(path_, ": the top level must be a mapping with fields kind, ",
+                                  "components, tokenizer, ... (got ", Describe(root), ")"));
+  }
+  RETURN_IF_ERROR(CheckKeys(root, "", kTopKeys, "is not a known field"));
+
+  PipelineManifest m;
+  m.dir = dir_;
+  m.path = path_;
+  m.name = fs::path(dir_).filename().string();
+  RETURN_IF_ERROR(ReadString(root, "", "kind", /*required=*/true, &m.kind));
+  if (RequiredComponents(m.kind).empty()) {
+    return Got("kind", "names an unknown pipeline kind (supported: sd)", "'" + m.kind + "'");
+  }
+  RETURN_IF_ERROR(ParseComponents(root, &m));
+  RETURN_IF_ERROR(ParseTokenizer(root, &m.tokenizer));
+  RETURN_IF_ERROR(ParseScheduler(root, &m.scheduler));
+  RETURN_IF_ERROR(ParseLatent(root, &m.latent));
+  RETURN_IF_ERROR(ParseLimits(root, m.scheduler, &m.limits));
+  RETURN_IF_ERROR(ParseDefaults(root, m.latent, m.limits, &m.defaults));
+  RETURN_IF_ERROR(ParsePlacement(root, &m.placement));
+  RETURN_IF_ERROR(ParseOffload(root, &m.offload));
+  RETURN_IF_ERROR(ParseBatching(root, &m.batching));
+  return m;
+}
+
+}  // namespace qpool::manifest_internal
