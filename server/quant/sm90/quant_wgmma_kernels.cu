@@ -45,10 +45,10 @@ namespace {
 //   applied to the float sums at the end.
 // - The producer warpgroup gives its registers to the consumers (setmaxnreg 40 / 232): 128
 //   accumulators per thread for a 64 x 256 tile plus two fragment sets.
-// - Persistent: one block per multiprocessor walks the output tiles (128 features x kBn rows of
-//   x), tile += gridDim.x, tiles of x rows fastest; the producer loads the next tile's first
-//   stages during a tile's epilogue. The first k-block's wgmma's overwrite the accumulators
-//   (scale-d = 0), so nothing else writes them.
+// - Persistent: at most one block per multiprocessor walks the output tiles (128 features x kBn
+//   rows of x, tiles of x rows fastest), whole or in k-ranges (Note [Stream-K schedule]); the
+//   producer loads the next segment's first stages during a segment's epilogue. The first
+//   k-block of a segment overwrites the accumulators (scale-d = 0), so nothing else writes them.
 // - Epilogue per consumer warpgroup, 64 rows of x at a time: the f32 sums (+ int8 row scale,
 //   + bias) are converted and stored transposed into shared memory with stmatrix (the D fragment
 //   layout is the transpose of out's), then written as 16-byte rows of out.
