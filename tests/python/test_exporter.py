@@ -23,7 +23,7 @@ from qpool_export import bpe, corpus, export, presets, tracing, weights  # noqa:
 torch.set_num_threads(1)  # tiny ops: one thread is fastest and immune to a loaded CI machine
 
 COMPONENT_FILES = ("text_encoder.pt", "unet.pt", "vae_decoder.pt")
-# Keys the server's manifest parser knows (server/config/manifest.cpp rejects unknown keys).
+# Keys the server's manifest parser knows (server/config/manifest_parser.h; unknown keys are rejected).
 MANIFEST_KEYS = {
     None: {"kind", "components", "tokenizer", "scheduler", "latent", "defaults", "limits",
            "placement"},
