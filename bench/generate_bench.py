@@ -21,12 +21,13 @@ import tempfile
 import time
 
 import grpc
-from grpc_tools import protoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_stubs():
+    from grpc_tools import protoc  # here: the other helpers run where grpcio-tools is missing
+
     out = tempfile.mkdtemp(prefix="qpool-bench-stubs-")
     proto_dir = os.path.join(ROOT, "proto")
     rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{os.path.dirname(protoc.__file__)}/_proto",
