@@ -11,6 +11,7 @@
 
 #include "quant/quant_kernels.h"
 #include "quant/sm90/wgmma_common.cuh"
+#include "quant/sm90/wgmma_schedule.h"
 
 namespace qpool::quant::cuda {
 namespace {
@@ -76,58 +77,8 @@ struct Smem {
   static_assert(kStages >= 3, "shared memory too small for the pipeline");
 };
 
-// Note [Stream-K schedule]
-// Data-parallel: block b writes tiles b, b + blocks, ... (blocks = min(tiles, multiprocessors)),
-// so the blocks of a wave share rows of x and the weight's rows in L2. When the tiles fill the
-// last wave badly and the k-loop is deep, stream-K instead: the work is tiles x k_blocks k-block
-// iterations, the tiles' iterations in order, and block b takes iterations [work b / blocks,
-// work (b + 1) / blocks), the same share for every block. A share is a sequence of segments,
-// each a range of k-blocks of one tile:
-// - a segment from the tile's k-block 0 to its end: the block writes the tile (epilogue);
-// - a segment that does not start at k-block 0 (only a block's first one): a contribution. The
-//   block stores its f32 sums in its workspace slot and sets its flag (release);
-// - a segment from k-block 0 that stops early (only a block's last one): the block owns the
-//   tile. It waits for the flags of the following blocks that contribute to the tile (acquire),
-//   adds their slots in block order (deterministic sums) and writes the tile. The flags are
-//   zeroed before each launch that splits a tile.
-// Contributions come first in their blocks and owners last, so owners rarely wait; a block waits
-// only for blocks after it, which never wait for it: no cycle. MakeSchedule picks stream-K when
-// its share plus kSplitCost k-blocks (the measured cost of a split tile: drained pipeline, the
-// slot's round trip) is under 0.9 of the data-parallel blocks' tiles x k_blocks.
-constexpr int kSplitCost = 24;
-
-struct Schedule {
-  int64_t work = 0;  // tiles x k_blocks
-  int tiles = 0;
-  int k_blocks = 0;
-  int blocks = 1;
-  bool stream_k = false;
-  __host__ __device__ int64_t Begin(int b) const { return work * b / blocks; }
-};
-
-// The segments of a block in order: Next() gives the tile and its k-blocks [first, last).
-struct SegmentCursor {
-  const Schedule& sched;
-  int64_t pos, end;
-  __device__ SegmentCursor(const Schedule& s, int b)
-      : sched(s), pos(s.stream_k ? s.Begin(b) : b), end(s.stream_k ? s.Begin(b + 1) : s.tiles) {}
-  __device__ bool Next(int& tile, int& first, int& last) {
-    if (pos >= end) return false;
-    if (!sched.stream_k) {
-      tile = static_cast<int>(pos);
-      first = 0;
-      last = sched.k_blocks;
-      pos += sched.blocks;
-      return true;
-    }
-    tile = static_cast<int>(pos / sched.k_blocks);
-    first = static_cast<int>(pos % sched.k_blocks);
-    last =
-        end - pos < sched.k_blocks - first ? first + static_cast<int>(end - pos) : sched.k_blocks;
-    pos += last - first;
-    return true;
-  }
-};
+using sm90::Schedule;
+using sm90::SegmentCursor;
 
 // The workspace a schedule needs: a slot of f32 sums per block and a flag per block.
 template <int kBn>
@@ -310,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (last < k_blocks) {
       const int64_t tile_end = int64_t{tile + 1} * k_blocks;
-      for (int c = b + 1; c < sched.blocks && sched.Begin(c) < tile_end; ++c) {
+      for (int c = b + 1; sched.Contributes(c, tile_end); ++c) {
         if (ctid == 0) {
           while (LoadAcquire(flags + c) == 0) {
           }
@@ -421,25 +372,11 @@ bool KernelsLoadable() {
 
 // The schedule of a launch (Note [Stream-K schedule]) and whether it splits any tile.
 Schedule MakeSchedule(const PackedWeightView& w, int64_t m, const WgmmaTile& tile, bool* split) {
-  Schedule sched;
-  sched.k_blocks = static_cast<int>(w.in_features / kKBlock);
   const int64_t tiles = (w.rows + 127) / 128 * ((m + tile.rows - 1) / tile.rows);
-  const int sm_count = tile.sm_count;
   TORCH_CHECK(tiles < (int64_t{1} << 31), "LaunchWgmmaLinear: too many tiles");
-  sched.tiles = static_cast<int>(tiles);
-  sched.work = tiles * sched.k_blocks;
-  const int64_t waves = (tiles + sm_count - 1) / sm_count;
-  const double share = static_cast<double>(sched.work) / sm_count + kSplitCost;
-  sched.stream_k = tile.schedule == WgmmaSchedule::kAuto
-                       ? share < 0.9 * static_cast<double>(waves * sched.k_blocks)
-                       : tile.schedule == WgmmaSchedule::kStreamK;
-  // Stream-K: every block gets at least one k-block (an owner waits for each block after it that
-  // starts inside its tile).
-  sched.blocks = static_cast<int>(std::min<int64_t>(sched.stream_k ? sched.work : tiles, sm_count));
-  *split = false;
-  for (int b = 1; sched.stream_k && b < sched.blocks; ++b) {
-    *split = *split || sched.Begin(b) % sched.k_blocks != 0;
-  }
+  const Schedule sched = sm90::PlanSchedule(tiles, static_cast<int>(w.in_features / kKBlock),
+                                            tile.sm_count, tile.schedule);
+  *split = sm90::SplitsTiles(sched);
   return sched;
 }
 

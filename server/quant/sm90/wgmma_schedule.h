@@ -1,0 +1,100 @@
+// The tile schedule of the sm_90a quant_linear kernel (quant_wgmma_kernels.cu), shared by the
+// host (grid, workspace) and the device (each block's segments); tested on the CPU
+// (tests/unit/wgmma_schedule_test.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "quant/quant_kernels.h"
+
+namespace qpool::quant::cuda::sm90 {
+
+// Note [Stream-K schedule]
+// Data-parallel: block b writes tiles b, b + blocks, ... (blocks = min(tiles, multiprocessors)),
+// so the blocks of a wave share rows of x and the weight's rows in L2. When the tiles fill the
+// last wave badly and the k-loop is deep, stream-K instead: the work is tiles x k_blocks k-block
+// iterations, the tiles' iterations in order, and block b takes iterations [work b / blocks,
+// work (b + 1) / blocks), the same share for every block. A share is a sequence of segments,
+// each a range of k-blocks of one tile:
+// - a segment from the tile's k-block 0 to its end: the block writes the tile (epilogue);
+// - a segment that does not start at k-block 0 (only a block's first one): a contribution. The
+//   block stores its f32 sums in its workspace slot and sets its flag (release);
+// - a segment from k-block 0 that stops early (only a block's last one): the block owns the
+//   tile. It waits for the flags of the following blocks that contribute to the tile (acquire),
+//   adds their slots in block order (deterministic sums) and writes the tile. The flags are
+//   zeroed before each launch that splits a tile.
+// Contributions come first in their blocks and owners last, so owners rarely wait; a block waits
+// only for blocks after it, which never wait for it: no cycle. MakeSchedule picks stream-K when
+// its share plus kSplitCost k-blocks (the measured cost of a split tile: drained pipeline, the
+// slot's round trip) is under 0.9 of the data-parallel blocks' tiles x k_blocks.
+inline constexpr int kSplitCost = 24;
+
+struct Schedule {
+  int64_t work = 0;  // tiles x k_blocks
+  int tiles = 0;
+  int k_blocks = 0;
+  int blocks = 1;
+  bool stream_k = false;
+  // First iteration of block b's stream-K share.
+  __host__ __device__ int64_t Begin(int b) const { return work * b / blocks; }
+  // Whether block c, after the owner of a tile whose iterations end before `tile_end`,
+  // contributes to that tile.
+  __host__ __device__ bool Contributes(int c, int64_t tile_end) const {
+    return c < blocks && Begin(c) < tile_end;
+  }
+};
+
+// The segments of a block in order: Next() gives the tile and its k-blocks [first, last).
+struct SegmentCursor {
+  const Schedule& sched;
+  int64_t pos, end;
+  __host__ __device__ SegmentCursor(const Schedule& s, int b)
+      : sched(s), pos(s.stream_k ? s.Begin(b) : b), end(s.stream_k ? s.Begin(b + 1) : s.tiles) {}
+  __host__ __device__ bool Next(int& tile, int& first, int& last) {
+    if (pos >= end) return false;
+    if (!sched.stream_k) {
+      tile = static_cast<int>(pos);
+      first = 0;
+      last = sched.k_blocks;
+      pos += sched.blocks;
+      return true;
+    }
+    tile = static_cast<int>(pos / sched.k_blocks);
+    first = static_cast<int>(pos % sched.k_blocks);
+    last =
+        end - pos < sched.k_blocks - first ? first + static_cast<int>(end - pos) : sched.k_blocks;
+    pos += last - first;
+    return true;
+  }
+};
+
+// The schedule of `tiles` output tiles of `k_blocks` k-blocks each on `sm_count`
+// multiprocessors (tiles < 2^31, k_blocks >= 1).
+inline Schedule PlanSchedule(int64_t tiles, int k_blocks, int sm_count, WgmmaSchedule mode) {
+  Schedule sched;
+  sched.k_blocks = k_blocks;
+  sched.tiles = static_cast<int>(tiles);
+  sched.work = tiles * k_blocks;
+  const int64_t waves = (tiles + sm_count - 1) / sm_count;
+  const double share = static_cast<double>(sched.work) / sm_count + kSplitCost;
+  sched.stream_k = mode == WgmmaSchedule::kAuto
+                       ? share < 0.9 * static_cast<double>(waves * k_blocks)
+                       : mode == WgmmaSchedule::kStreamK;
+  // Stream-K: every block gets at least one k-block (an owner waits for each block after it that
+  // starts inside its tile).
+  sched.blocks = static_cast<int>(std::min<int64_t>(sched.stream_k ? sched.work : tiles, sm_count));
+  return sched;
+}
+
+// Whether a schedule splits any tile between blocks (and so needs the workspace).
+inline bool SplitsTiles(const Schedule& sched) {
+  for (int b = 1; sched.stream_k && b < sched.blocks; ++b) {
+    if (sched.Begin(b) % sched.k_blocks != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace qpool::quant::cuda::sm90

@@ -1,0 +1,119 @@
+// The sm_90a quant_linear kernel's tile schedule (Note [Stream-K schedule]) on the CPU: the
+// kernel's blocks walk the same SegmentCursor and the owners wait on Schedule::Contributes, so a
+// gap, an overlap or a wrong wait list here is a wrong result or a hang on the GPU.
+#include "quant/sm90/wgmma_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace qpool::quant::cuda::sm90 {
+namespace {
+
+struct Segment {
+  int block, tile, first, last;
+};
+
+std::vector<std::vector<Segment>> SegmentsOf(const Schedule& sched) {
+  std::vector<std::vector<Segment>> blocks(sched.blocks);
+  for (int b = 0; b < sched.blocks; ++b) {
+    SegmentCursor cursor(sched, b);
+    int tile = 0, first = 0, last = 0;
+    while (cursor.Next(tile, first, last)) blocks[b].push_back({b, tile, first, last});
+  }
+  return blocks;
+}
+
+// Every k-block of every tile in exactly one segment; contributions only first and owned split
+// tiles only last in their blocks; each owner's wait list is exactly the tile's contributors.
+void ExpectSound(const Schedule& sched, const std::string& what) {
+  const auto blocks = SegmentsOf(sched);
+  std::map<int, std::vector<Segment>> by_tile;
+  std::map<int, std::vector<int>> contributors;  // tile -> blocks
+  bool split = false;
+  for (const auto& segments : blocks) {
+    ASSERT_FALSE(segments.empty()) << what << ": block with no work";
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const Segment& s = segments[i];
+      ASSERT_LT(s.first, s.last) << what;
+      by_tile[s.tile].push_back(s);
+      if (s.first > 0) {
+        EXPECT_EQ(i, 0u) << what << ": a contribution that is not its block's first segment";
+        contributors[s.tile].push_back(s.block);
+        split = true;
+      } else if (s.last < sched.k_blocks) {
+        EXPECT_EQ(i, segments.size() - 1) << what << ": an owner that is not its block's last";
+      }
+    }
+  }
+  ASSERT_EQ(static_cast<int>(by_tile.size()), sched.tiles) << what;
+  for (auto& [tile, segments] : by_tile) {
+    std::sort(segments.begin(), segments.end(),
+              [](const Segment& a, const Segment& b) { return a.first < b.first; });
+    int next = 0;
+    for (const Segment& s : segments) {
+      EXPECT_EQ(s.first, next) << what << ": tile " << tile;
+      next = s.last;
+    }
+    EXPECT_EQ(next, sched.k_blocks) << what << ": tile " << tile;
+    const Segment& owner = segments.front();
+    std::vector<int> waits;
+    if (owner.last < sched.k_blocks) {
+      const int64_t tile_end = int64_t{tile + 1} * sched.k_blocks;
+      for (int c = owner.block + 1; sched.Contributes(c, tile_end); ++c) waits.push_back(c);
+    }
+    EXPECT_EQ(waits, contributors[tile]) << what << ": tile " << tile;
+  }
+  EXPECT_EQ(SplitsTiles(sched), split) << what;
+}
+
+TEST(WgmmaSchedule, EveryScheduleCoversEachTileOnceAndOwnersWaitForExactlyTheirContributors) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tiles_of(1, 600), k_of(1, 200), sms_of(1, 132);
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t tiles = tiles_of(rng);
+    const int k_blocks = k_of(rng), sms = sms_of(rng);
+    for (WgmmaSchedule mode :
+         {WgmmaSchedule::kAuto, WgmmaSchedule::kDataParallel, WgmmaSchedule::kStreamK}) {
+      const Schedule sched = PlanSchedule(tiles, k_blocks, sms, mode);
+      const std::string what = std::to_string(tiles) + " tiles x " + std::to_string(k_blocks) +
+                               " k-blocks on " + std::to_string(sms) + " SMs, mode " +
+                               std::to_string(static_cast<int>(mode));
+      ASSERT_GE(sched.blocks, 1) << what;
+      ASSERT_LE(sched.blocks, sms) << what;
+      ExpectSound(sched, what);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// The automatic choice on the benchmark shapes (Note [Stream-K schedule]): stream-K where few
+// deep tiles leave most of an H100's 132 multiprocessors idle, data-parallel where the tiles fill
+// the waves or the k-loop is short.
+TEST(WgmmaSchedule, AutomaticChoiceFollowsTheMeasurements) {
+  auto stream_k = [](int64_t n, int64_t k, int64_t m, int rows) {
+    const int64_t tiles = (n + 127) / 128 * ((m + rows - 1) / rows);
+    return PlanSchedule(tiles, static_cast<int>(k / 64), 132, WgmmaSchedule::kAuto).stream_k;
+  };
+  EXPECT_TRUE(stream_k(3072, 12288, 77, 128));    // Flux MLP down: 24 tiles of 192 k-blocks
+  EXPECT_TRUE(stream_k(3072, 12288, 1024, 256));  // 96 tiles of 192
+  EXPECT_TRUE(stream_k(3072, 3072, 77, 128));     // Flux attention: 24 tiles of 48
+  EXPECT_FALSE(stream_k(3072, 3072, 1024, 256));  // 96 tiles of 48: the split costs more
+  EXPECT_FALSE(stream_k(12288, 3072, 77, 128));   // Flux MLP up: 96 tiles of 48
+  EXPECT_FALSE(stream_k(12288, 3072, 4096, 256));
+  EXPECT_FALSE(stream_k(10240, 1280, 77, 128));  // SDXL feed-forward: 80 tiles of 20
+  EXPECT_FALSE(stream_k(320, 320, 4096, 256));   // 5 k-blocks: never worth a split
+}
+
+TEST(WgmmaSchedule, StreamKGivesEveryBlockWorkEvenWithFewerIterationsThanBlocks) {
+  const Schedule sched = PlanSchedule(3, 5, 132, WgmmaSchedule::kStreamK);
+  EXPECT_EQ(sched.blocks, 15);
+  ExpectSound(sched, "3 tiles x 5 k-blocks, forced stream-K");
+}
+
+}  // namespace
+}  // namespace qpool::quant::cuda::sm90
