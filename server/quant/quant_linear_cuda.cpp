@@ -119,19 +119,20 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
-// large-M linear]) runs at 0.68-0.87 of the fp16 GEMM's rate on the large layers at M = 4096,
-// where dequantize + cuBLAS (1.06-1.20x fp16) stays ahead; it wins where dequantizing costs
+// large-M linear]) runs at 0.69-0.89 of the fp16 GEMM's rate on the large layers at M = 4096,
+// where dequantize + cuBLAS (1.00-1.18x fp16) stays ahead; it wins where dequantizing costs
 // most next to the product and its tiles (or its stream-K shares) fill the GPU:
 // - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
-//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 256: 0.36-0.85 of the dequantize
-//   path. Up to M = 1024 for int8 (0.79-0.93) and, on the Flux MLP layers (K * N >= 2^25), for
-//   nf4 (0.89-0.96; nf4 + double quant up to M = 512: 0.83-0.93, at 1024 1.01-1.02). SDXL nf4
-//   at M = 512-1024 measured 0.99-1.04 and stays.
-// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.86-0.97,
+//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 256: 0.36-0.83 of the dequantize
+//   path. Up to M = 1024 for int8 (0.70-0.90) and, on the Flux MLP layers (K * N >= 2^25), for
+//   nf4 (0.77-0.94; nf4 + double quant up to M = 512: 0.81-0.92, at 1024 0.96-1.02 over two
+//   runs). SDXL nf4 at M = 512-1024 measured 0.97-1.04 over two runs and stays.
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.71-0.97,
 //   where the dequantize launch dominates.
 // The other layers (Flux 3072 x 3072, and those with N <= 1280 or K * N < 2^23) stay on
-// dequantize + cuBLAS: 1.0-2.3x slower on the kernel, except int8 on Flux 3072 x 3072 at
-// M = 256-1024 (0.93-0.97), left out for a rule this simple. Rows of x per tile: 128 up to
+// dequantize + cuBLAS: up to 2.3x slower on the kernel, except int8 on Flux 3072 x 3072 at
+// M = 256-1024 (0.90-0.98), left out for a rule this simple (the harness's dequantize timings of
+// the layers under 2048 features are noisy; bench/quant_linear_bench measures them steadily). Rows of x per tile: 128 up to
 // M = 128 (M = 512 on short layers), else 256.
 std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
                                          QuantFormat format, bool double_quant) {
