@@ -22,7 +22,7 @@ P = ctypes.c_void_p
 if MODE != "report":
     LIB = ctypes.CDLL(os.path.join(HERE, "libqk_large.so"))
     LIB.qk_dequant.argtypes = [P, P, ctypes.c_int, P]
-    LIB.qk_wgmma_supported.argtypes = [P, P, P, ctypes.c_long, ctypes.c_int]
+    LIB.qk_wgmma_supported.argtypes = [P, P, ctypes.c_long, ctypes.c_int]
     LIB.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, P, P]
     LIB.qk_wgmma_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     LIB.qk_wgmma_workspace.restype = ctypes.c_long
@@ -44,6 +44,9 @@ def tile_name(bn):
     return f"wg{bn}"
 
 
+WORKSPACE = {}  # workspace tensors by size, reused across calls
+
+
 def run_wgmma(w, x, bias, out, bn, sms=None, schedule=0):
     """schedule: 0 automatic, 1 data-parallel, 2 stream-K (cuda::WgmmaSchedule)."""
     sms = sms or PROPS.multi_processor_count
@@ -54,9 +57,6 @@ def run_wgmma(w, x, bias, out, bn, sms=None, schedule=0):
         ws = WORKSPACE[n] = torch.empty(max(n, 16), dtype=torch.uint8, device=DEV)
     assert LIB.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
                         out.data_ptr(), TYPE[x.dtype], bn, sms, schedule, ws.data_ptr() if n else None, stream()) == 0
-
-
-WORKSPACE = {}
 
 
 def run_dequant_linear(w, x, bias, wbuf):
@@ -83,7 +83,7 @@ def check():
                     x = torch.randn(m, k, device=DEV, generator=g).to(dt)
                     bias = torch.randn(n, device=DEV, generator=g).to(dt) if m % 2 else None
                     out = torch.empty(m, n, device=DEV, dtype=dt)
-                    sup = LIB.qk_wgmma_supported(w.vp, x.data_ptr(), out.data_ptr(), m, TYPE[dt])
+                    sup = LIB.qk_wgmma_supported(w.vp, x.data_ptr(), m, TYPE[dt])
                     if sup != 1:
                         log(f"UNSUPPORTED {fmt} bs{bs} {n}x{k} -> {sup}")
                         return False

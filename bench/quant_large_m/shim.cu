@@ -9,8 +9,8 @@ extern "C" {
 int qk_dequant(const PackedWeightView* w, void* out, int type, void* stream) {
   GUARD(LaunchDequantize(*w, out, static_cast<ElemType>(type), (cudaStream_t)stream))
 }
-int qk_wgmma_supported(const PackedWeightView* w, const void* x, const void* out, long m, int type) {
-  try { return WgmmaLinearSupported(*w, x, out, m, static_cast<ElemType>(type)) ? 1 : 0; } catch (...) { return -1; }
+int qk_wgmma_supported(const PackedWeightView* w, const void* x, long m, int type) {
+  try { return WgmmaLinearSupported(*w, x, m, static_cast<ElemType>(type)) ? 1 : 0; } catch (...) { return -1; }
 }
 static WgmmaTile Tile(int rows, int sm_count, int schedule) {
   WgmmaTile tile; tile.rows = rows; tile.sm_count = sm_count; tile.schedule = static_cast<WgmmaSchedule>(schedule);

@@ -2,10 +2,12 @@
 // Included by .cu files only; everything here is inline or internal to each translation unit.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "quant/quant_kernels.h"
 
@@ -45,6 +47,29 @@ __device__ __forceinline__ int64_t MinI64(int64_t a, int64_t b) { return a < b ?
 
 __host__ __device__ __forceinline__ bool Aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// Host dispatch of the tensor-core launchers: f(T()) with T the fp16/bf16 type `type` names
+// (float32 is refused, naming `what`), and f(nf4, double_quant) as std::bool_constant's for the
+// weight's format.
+template <typename F>
+void WithHalfType(ElemType type, const char* what, F&& f) {
+  switch (type) {
+    case ElemType::kHalf:
+      return f(__half());
+    case ElemType::kBFloat16:
+      return f(__nv_bfloat16());
+    case ElemType::kFloat:
+      break;
+  }
+  TORCH_CHECK(false, what, ": float32 x is not supported");
+}
+
+template <typename F>
+void WithFormat(const PackedWeightView& w, F&& f) {
+  if (w.nf4 && w.double_quant) return f(std::true_type(), std::true_type());
+  if (w.nf4) return f(std::true_type(), std::false_type());
+  return f(std::false_type(), std::false_type());
 }
 
 // Code tables in shared memory; every thread of the block must call it.

@@ -64,11 +64,11 @@ void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const 
 void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                            void* out, ElemType type, const MmaDevice& device, cudaStream_t stream);
 
-// Whether LaunchWgmmaLinear can run this weight with x and out on the current device: a Hopper
-// GPU (the kernels are built for sm_90a only), fp16/bf16, K a multiple of 64, N a multiple of 8,
-// 16-byte aligned x and out, nf4 blocks of at least 64 values without row padding.
-bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* out, int64_t m,
-                          ElemType type);
+// Whether LaunchWgmmaLinear can run this weight with x on the current device: a Hopper GPU (the
+// kernels are built for sm_90a only), fp16/bf16, K a multiple of 64, N a multiple of 8, 16-byte
+// aligned x and weight, nf4 blocks of at least 64 values without row padding. `out` must be
+// 16-byte aligned too (every caching-allocator block is).
+bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type);
 
 // Launch shape of LaunchWgmmaLinear: rows of x per output tile (128 or 256; 128 features each),
 // the multiprocessors its persistent grid fills and how tiles are spread over its blocks (Note

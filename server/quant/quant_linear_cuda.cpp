@@ -163,9 +163,8 @@ bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
   const QuantLayout layout = CheckQuantLinearArgs(x, s, std::nullopt);
   if (layout.format == QuantFormat::kNone || !x.is_contiguous()) return false;
   PackedWeight packed = MakePacked(s, layout);
-  const at::Tensor out = at::empty({1, 8}, x.options());  // any 16-byte aligned output
-  return cuda::WgmmaLinearSupported(packed.view, x.data_ptr(), out.data_ptr(),
-                                    x.numel() / layout.in_features, ElemTypeOf(x.scalar_type()));
+  return cuda::WgmmaLinearSupported(packed.view, x.data_ptr(), x.numel() / layout.in_features,
+                                    ElemTypeOf(x.scalar_type()));
 }
 
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
@@ -201,20 +200,18 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
       tile = cuda::WgmmaTile{};
       tile->rows = m <= 128 ? 128 : 256;
     }
-    if (tile) {
+    if (tile && cuda::WgmmaLinearSupported(packed.view, x2.data_ptr(), m, et)) {
       tile->sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       at::Tensor out = at::empty({m, layout.out_features}, x.options());
-      if (cuda::WgmmaLinearSupported(packed.view, x2.data_ptr(), out.data_ptr(), m, et)) {
-        // Freed as the call returns: the caching allocator keeps the block for the next call on
-        // this stream (Note [Dequantize workspace]).
-        const int64_t bytes = cuda::WgmmaWorkspaceBytes(packed.view, m, *tile);
-        const at::Tensor workspace =
-            bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
-        cuda::LaunchWgmmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
-                                out.data_ptr(), et, *tile,
-                                bytes > 0 ? workspace.data_ptr() : nullptr, stream);
-        return out.reshape(out_shape);
-      }
+      // Freed as the call returns: the caching allocator keeps the block for the next call on
+      // this stream (Note [Dequantize workspace]).
+      const int64_t bytes = cuda::WgmmaWorkspaceBytes(packed.view, m, *tile);
+      const at::Tensor workspace =
+          bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+      cuda::LaunchWgmmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
+                              out.data_ptr(), et, *tile, bytes > 0 ? workspace.data_ptr() : nullptr,
+                              stream);
+      return out.reshape(out_shape);
     }
     if (path == CudaPath::kWgmma) path = CudaPath::kAuto;
   }

@@ -270,17 +270,11 @@ void MmaAs(const PackedWeightView& w, const T* x, int64_t m, const T* bias, T* o
            const MmaDevice& dev, cudaStream_t stream) {
   if (m == 0 || w.rows == 0) return;
   const int mi = static_cast<int>(m);
-  const bool rows16 = m > 8;
-  if (w.nf4 && w.double_quant) {
-    if (rows16) return LaunchKernel<T, true, true, true>(w, x, mi, bias, out, dev, stream);
-    return LaunchKernel<T, true, true, false>(w, x, mi, bias, out, dev, stream);
-  }
-  if (w.nf4) {
-    if (rows16) return LaunchKernel<T, true, false, true>(w, x, mi, bias, out, dev, stream);
-    return LaunchKernel<T, true, false, false>(w, x, mi, bias, out, dev, stream);
-  }
-  if (rows16) return LaunchKernel<T, false, false, true>(w, x, mi, bias, out, dev, stream);
-  return LaunchKernel<T, false, false, false>(w, x, mi, bias, out, dev, stream);
+  WithFormat(w, [&](auto nf4, auto dq) {
+    constexpr bool kNf4 = decltype(nf4)::value, kDq = decltype(dq)::value;
+    if (m > 8) return LaunchKernel<T, kNf4, kDq, true>(w, x, mi, bias, out, dev, stream);
+    return LaunchKernel<T, kNf4, kDq, false>(w, x, mi, bias, out, dev, stream);
+  });
 }
 
 }  // namespace
@@ -295,18 +289,11 @@ bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, Ele
 void LaunchMmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                      void* out, ElemType type, const MmaDevice& dev, cudaStream_t stream) {
   if (m > kMmaMaxRows) return LaunchMmaMediumLinear(w, x, m, bias, out, type, dev, stream);
-  switch (type) {
-    case ElemType::kHalf:
-      return MmaAs(w, static_cast<const __half*>(x), m, static_cast<const __half*>(bias),
-                   static_cast<__half*>(out), dev, stream);
-    case ElemType::kBFloat16:
-      return MmaAs(w, static_cast<const __nv_bfloat16*>(x), m,
-                   static_cast<const __nv_bfloat16*>(bias), static_cast<__nv_bfloat16*>(out),
-                   dev, stream);
-    case ElemType::kFloat:
-      break;
-  }
-  TORCH_CHECK(false, "LaunchMmaLinear: float32 x is not supported");
+  WithHalfType(type, "LaunchMmaLinear", [&](auto t) {
+    using T = decltype(t);
+    MmaAs(w, static_cast<const T*>(x), m, static_cast<const T*>(bias), static_cast<T*>(out), dev,
+          stream);
+  });
 }
 
 }  // namespace qpool::quant::cuda

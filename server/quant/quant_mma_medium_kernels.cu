@@ -306,27 +306,20 @@ void MedAs(const PackedWeightView& w, const T* x, int64_t m, const T* bias, T* o
   if (m == 0 || w.rows == 0) return;
   TORCH_CHECK(m <= (int64_t{1} << 30), "LaunchMmaLinear: too many rows");
   const int mi = static_cast<int>(m);
-  if (w.nf4 && w.double_quant) return MedByRows<T, true, true>(w, x, mi, bias, out, dev, stream);
-  if (w.nf4) return MedByRows<T, true, false>(w, x, mi, bias, out, dev, stream);
-  return MedByRows<T, false, false>(w, x, mi, bias, out, dev, stream);
+  WithFormat(w, [&](auto nf4, auto dq) {
+    MedByRows<T, decltype(nf4)::value, decltype(dq)::value>(w, x, mi, bias, out, dev, stream);
+  });
 }
 
 }  // namespace
 
 void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                            void* out, ElemType type, const MmaDevice& dev, cudaStream_t stream) {
-  switch (type) {
-    case ElemType::kHalf:
-      return MedAs(w, static_cast<const __half*>(x), m, static_cast<const __half*>(bias),
-                   static_cast<__half*>(out), dev, stream);
-    case ElemType::kBFloat16:
-      return MedAs(w, static_cast<const __nv_bfloat16*>(x), m,
-                   static_cast<const __nv_bfloat16*>(bias), static_cast<__nv_bfloat16*>(out),
-                   dev, stream);
-    case ElemType::kFloat:
-      break;
-  }
-  TORCH_CHECK(false, "LaunchMmaMediumLinear: float32 x is not supported");
+  WithHalfType(type, "LaunchMmaMediumLinear", [&](auto t) {
+    using T = decltype(t);
+    MedAs(w, static_cast<const T*>(x), m, static_cast<const T*>(bias), static_cast<T*>(out), dev,
+          stream);
+  });
 }
 
 }  // namespace qpool::quant::cuda

@@ -67,6 +67,16 @@ void ExpectClose(const at::Tensor& cuda, const at::Tensor& ref, at::ScalarType d
   EXPECT_LE(worst, tol) << what;
 }
 
+// The CUDA op on `path` against the CPU op on the same inputs, with and without the bias; `ref`
+// is the CPU result with the bias.
+void ExpectPathMatchesCpu(const at::Tensor& x, const QuantState& s, const QuantState& g,
+                          const at::Tensor& bias, const at::Tensor& ref, CudaPath path,
+                          at::ScalarType dt, const std::string& what) {
+  ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), path), ref, dt, what);
+  ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, path), QuantLinear(x.to(at::kFloat), s),
+              dt, what + " no bias");
+}
+
 TEST(QuantCuda, DequantizeIsBitIdenticalToCpu) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(21);
@@ -159,10 +169,7 @@ TEST(QuantCuda, MmaPathMatchesCpuForSmallAndMediumMAndSplit) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
           const std::string what = CaseName(f, sh.n, sh.k, m, dt);
-          ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kMma), ref, dt,
-                      what + " mma");
-          ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, CudaPath::kMma),
-                      QuantLinear(x.to(at::kFloat), s), dt, what + " mma no bias");
+          ExpectPathMatchesCpu(x, s, g, bias, ref, CudaPath::kMma, dt, what + " mma");
           ExpectClose(QuantLinear(x.cuda(), g, bias.cuda()), ref, dt, what + " auto");
         }
       }
@@ -210,10 +217,7 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
           const at::Tensor x = at::randn({m, sh.k}).to(dt);
           const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
           const std::string what = CaseName(f, sh.n, sh.k, m, dt);
-          ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kWgmma), ref, dt,
-                      what + " wgmma");
-          ExpectClose(QuantLinearCuda(x.cuda(), g, std::nullopt, CudaPath::kWgmma),
-                      QuantLinear(x.to(at::kFloat), s), dt, what + " wgmma no bias");
+          ExpectPathMatchesCpu(x, s, g, bias, ref, CudaPath::kWgmma, dt, what + " wgmma");
         }
       }
     }

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     TmaPrefetchDescriptor(&x_map);
     TmaPrefetchDescriptor(&w_map);
   }
-  if constexpr (kDq) s_nested[tid % 256] = __ldg(w.nested_code + tid % 256);
+  if (kDq && tid < 256) s_nested[tid] = __ldg(w.nested_code + tid);
   const float offset = kDq ? __ldg(w.offset) : 0.f;
   __syncthreads();
 
@@ -184,13 +184,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           TmaLoad2d(stage + L::kXBytes, &w_map, full_bar + 8 * s, kb * L::kWRowBytes, n0);
         }
         if constexpr (kNf4) {
+          uint32_t* scales =
+              reinterpret_cast<uint32_t*>(smem + s * L::kStageBytes + L::kXBytes + L::kWBytes);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage + L::kXBytes + L::kWBytes +
-                                                           4 * (lane + kWarp * r)),
-                         "r"(pairs[r])
-                         : "memory");
-          }
+          for (int r = 0; r < 4; ++r) scales[lane + kWarp * r] = pairs[r];
           BarrierArrive(full_bar + 8 * s);  // release: the scales are visible with the stage
         }
       }
@@ -423,11 +420,10 @@ void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
 template <typename T, int kBn>
 void LaunchAs(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
               const WgmmaTile& tile, void* workspace, cudaStream_t stream) {
-  if (w.nf4 && w.double_quant) {
-    return Launch<T, kBn, true, true>(w, x, m, bias, out, tile, workspace, stream);
-  }
-  if (w.nf4) return Launch<T, kBn, true, false>(w, x, m, bias, out, tile, workspace, stream);
-  return Launch<T, kBn, false, false>(w, x, m, bias, out, tile, workspace, stream);
+  WithFormat(w, [&](auto nf4, auto dq) {
+    Launch<T, kBn, decltype(nf4)::value, decltype(dq)::value>(w, x, m, bias, out, tile, workspace,
+                                                              stream);
+  });
 }
 
 template <typename T>
@@ -435,6 +431,7 @@ void LaunchTyped(const PackedWeightView& w, const void* x, int64_t m, const void
                  const WgmmaTile& tile, void* workspace, cudaStream_t stream) {
   if (m == 0 || w.rows == 0) return;
   TORCH_CHECK(m <= (int64_t{1} << 30), "LaunchWgmmaLinear: too many rows");
+  TORCH_CHECK(Aligned16(out), "LaunchWgmmaLinear: out must be 16-byte aligned");
   TORCH_CHECK(tile.sm_count >= 1, "LaunchWgmmaLinear: no multiprocessors");
   const int mi = static_cast<int>(m);
   const T* xt = static_cast<const T*>(x);
@@ -447,11 +444,9 @@ void LaunchTyped(const PackedWeightView& w, const void* x, int64_t m, const void
 
 }  // namespace
 
-bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, const void* out, int64_t m,
-                          ElemType type) {
+bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type) {
   if (type == ElemType::kFloat || m < 1) return false;
-  if (w.in_features < kKBlock || w.in_features % kKBlock != 0 || w.rows % 8 != 0 || !Aligned16(x) ||
-      !Aligned16(out)) {
+  if (w.in_features < kKBlock || w.in_features % kKBlock != 0 || w.rows % 8 != 0 || !Aligned16(x)) {
     return false;
   }
   if (!Aligned16(w.weight) || w.row_bytes % 16 != 0) return false;
@@ -472,15 +467,9 @@ int64_t WgmmaWorkspaceBytes(const PackedWeightView& w, int64_t m, const WgmmaTil
 void LaunchWgmmaLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                        void* out, ElemType type, const WgmmaTile& tile, void* workspace,
                        cudaStream_t stream) {
-  switch (type) {
-    case ElemType::kHalf:
-      return LaunchTyped<__half>(w, x, m, bias, out, tile, workspace, stream);
-    case ElemType::kBFloat16:
-      return LaunchTyped<__nv_bfloat16>(w, x, m, bias, out, tile, workspace, stream);
-    case ElemType::kFloat:
-      break;
-  }
-  TORCH_CHECK(false, "LaunchWgmmaLinear: float32 x is not supported");
+  WithHalfType(type, "LaunchWgmmaLinear", [&](auto t) {
+    LaunchTyped<decltype(t)>(w, x, m, bias, out, tile, workspace, stream);
+  });
 }
 
 }  // namespace qpool::quant::cuda
