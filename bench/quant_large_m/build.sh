@@ -8,7 +8,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 PY=${PYTHON:-python3}
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
 TORCH=${TORCH_DIR:-$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__))')}
-F="-std=c++17 -O3 -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=1
+F="-std=c++17 -O3 -lineinfo -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=1
    -I $TORCH/include -I $TORCH/include/torch/csrc/api/include -I $ROOT/server"
 B="$HERE/build"
 rm -rf "$B" && mkdir -p "$B"

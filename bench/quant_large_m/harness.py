@@ -116,7 +116,10 @@ def bench(ms=MS):
     g = torch.Generator(device=DEV)
     g.manual_seed(7)
     rows = []
+    layers = os.environ.get("LAYERS")  # comma-separated names of SHAPES to keep (default: all)
     for name, k, n in SHAPES:
+        if layers and name not in layers.split(","):
+            continue
         wf = torch.randn(n, k, device=DEV, generator=g).half() * 0.05
         variants = {key: Weight(n, k, fmt, 64, dq, g, ref=False)
                     for key, fmt, dq in (("int8", "int8", False), ("nf4", "nf4", False), ("nf4dq", "nf4", True))}

@@ -27,11 +27,17 @@ namespace {
 //   bytes each) with the tensor memory accelerator (TMA), and its 32 lanes write the 128 rows'
 //   nf4 block scales, as pairs of T, computed from values they loaded one k-block earlier (double
 //   quant decoded there too). All of it completes on the stage's `full` mbarrier (TMA bytes plus
-//   33 arrivals). The two other warpgroups are consumers, 64 features each: they wait for `full`,
-//   decode the weight into A fragments, issue the k-block's four wgmma's as one group and, once
-//   the group of the k-block before has completed (wgmma.wait_group 1), release that stage on its
-//   `empty` mbarrier, which the producer waits for before refilling it. No block-wide barrier in
-//   the loop; the producer runs up to kStages k-blocks ahead (Note [Stage count]).
+//   33 arrivals). The two other warpgroups are consumers, 64 features each: they decode a
+//   k-block's packed rows into A fragments, issue its four wgmma's as one group, then wait for
+//   the next stage's `full` and load its packed rows and scales into registers (ld.shared), and
+//   once the group of the k-block before has completed (wgmma.wait_group 1), release that stage
+//   on its `empty` mbarrier, which the producer waits for before refilling it. No block-wide
+//   barrier in the loop; the producer runs up to kStages k-blocks ahead (Note [Stage count]).
+// - The consumers load one k-block ahead: profiled, a consumer that loaded its rows after the
+//   wait for their stage spent about a third of its time stalled on those loads (generic loads
+//   then, long scoreboard) while wgmma.wait_group 1 almost never waited, so the tensor pipe was
+//   starved by the decode's latency. Loading ahead took int8 on the Flux MLP layers at M = 4096
+//   from 1.12-1.18x to 1.03-1.08x fp16.
 // - The A fragments alternate between two register sets (the k-loop is unrolled by two), so a
 //   k-block is decoded while the wgmma's of the one before still read theirs; ptxas reports no
 //   wgmma serialization (a conditional second step inside the loop caused one).
@@ -204,29 +210,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[kAcc];
   uint32_t a0[4][4], a1[4][4];  // fragment sets of even and odd k-blocks
 
-  // Waits for k-block kb (pipeline iteration it) of a segment starting at k-block `first`,
-  // decodes it into `a` and issues its wgmma's; then releases the stage of iteration it - 1 once
-  // its wgmma's have completed.
-  auto step = [&](int it, int kb, int first, uint32_t(&a)[4][4]) {
+  RawFragments<kNf4> raw;
+
+  // Waits for the stage of pipeline iteration `it` and loads the lane's raw fragments from it.
+  auto fetch = [&](int it) {
     const int s = it % kStages;
     BarrierWait(full_bar + 8 * s, (it / kStages) & 1);
-    const uint8_t* stage = smem + s * L::kStageBytes;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row0 + 8 * h;
-      uint32_t scale = 0;
-      if constexpr (kNf4) {
-        scale = *reinterpret_cast<const uint32_t*>(stage + L::kXBytes + L::kWBytes + 4 * r);
-      }
-      DecodeFragments<T, kNf4>(tab, stage + L::kXBytes + r * L::kWRowBytes, scale, t, h, a);
-    }
+    const uint32_t stage = smem_addr + s * L::kStageBytes;
+    LoadRawFragments<kNf4>(stage + L::kXBytes, stage + L::kXBytes + L::kWBytes, row0, raw);
+  };
+  // Decodes the fetched k-block kb (iteration it) of a segment starting at k-block `first` into
+  // `a` and issues its wgmma's; fetches the next iteration's raw fragments while they run (when
+  // there is one); then releases the stage of iteration it - 1 once its wgmma's have completed.
+  auto step = [&](int it, int kb, int first, bool fetch_next, uint32_t(&a)[4][4]) {
+    DecodeFragments<T, kNf4>(tab, raw, t, a);
     WgmmaFence();
-    const uint32_t xs = smem_addr + s * L::kStageBytes;
+    const uint32_t xs = smem_addr + (it % kStages) * L::kStageBytes;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       sm90::WgmmaRs<T, kBn>::Run(acc, a[k], SwizzledDesc(xs + 32 * k), kb > first || k > 0);
     }
     WgmmaCommit();
+    if (fetch_next) fetch(it + 1);
     WgmmaWait<1>();
     if (kb > first) {
       __syncwarp();
@@ -239,12 +244,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   int it = 0, tile = 0, first = 0, last = 0;
   while (segments.Next(tile, first, last)) {
     const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
+    fetch(it);
     int kb = first;
     for (; kb + 1 < last; kb += 2) {
-      step(it++, kb, first, a0);
-      step(it++, kb + 1, first, a1);
+      step(it++, kb, first, true, a0);
+      step(it++, kb + 1, first, kb + 2 < last, a1);
     }
-    if (kb < last) step(it++, kb, first, a0);  // inside the loop, this condition serializes wgmma's
+    if (kb < last) step(it++, kb, first, false, a0);  // inside the loop, it serializes wgmma's
     WgmmaWait<0>();
     __syncwarp();
     if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));

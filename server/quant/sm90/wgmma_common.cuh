@@ -73,36 +73,77 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Fragment registers h and h + 2 (row half h) of the four k16 steps of a k-block, decoded from
-// the lane's packed row `row` (Note [Warpgroup-MMA large-M linear]): nf4 scaled by `scale` (a
-// pair of T), or int8 unscaled.
+// 16 and 4 bytes at shared address `addr`. Explicit ld.shared: the generic loads the compiler
+// emits for a pointer into the aligned dynamic shared memory take the long scoreboard.
+__device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t LoadShared4(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// The packed bytes of a k-block that a lane decodes (Note [Warpgroup-MMA large-M linear]): its
+// two rows' words (nf4: the whole 32-byte row, int8: the whole 64-byte row) and nf4 scales.
+template <bool kNf4>
+struct RawFragments {
+  uint4 v[2][kNf4 ? 2 : 4];
+  uint32_t scale[2];
+};
+
+// Loads the raw fragments of rows row0 and row0 + 8 of a stage's packed weight tile at shared
+// address `w_addr` (rows of kRowBytes) and, for nf4, of its scale pairs at `scale_addr`.
+template <bool kNf4>
+__device__ __forceinline__ void LoadRawFragments(uint32_t w_addr, uint32_t scale_addr, int row0,
+                                                 RawFragments<kNf4>& raw) {
+  constexpr int kRowBytes = kNf4 ? 32 : 64;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t row = w_addr + (row0 + 8 * h) * kRowBytes;
+#pragma unroll
+    for (int q = 0; q < kRowBytes / 16; ++q) raw.v[h][q] = LoadShared16(row + 16 * q);
+    if constexpr (kNf4) raw.scale[h] = LoadShared4(scale_addr + 4 * (row0 + 8 * h));
+  }
+}
+
+// The A fragments of the four k16 steps of a k-block from a lane's raw fragments: register h
+// and h + 2 of step s hold row half h; nf4 scaled by the row's scale pair, int8 unscaled.
 template <typename T, bool kNf4>
-__device__ __forceinline__ void DecodeFragments(const CodeTable& tab, const uint8_t* row,
-                                                uint32_t scale, int t, int h, uint32_t (&a)[4][4]) {
-  if constexpr (kNf4) {
-    const uint32_t sel = t | ((t + 4) << 4);  // byte t of two words
+__device__ __forceinline__ void DecodeFragments(const CodeTable& tab, const RawFragments<kNf4>& raw,
+                                                int t, uint32_t (&a)[4][4]) {
 #pragma unroll
-    for (int s = 0; s < 4; s += 2) {  // words 2 s .. 2 s + 3: steps s, s + 1
-      const uint4 u = *reinterpret_cast<const uint4*>(row + 8 * s);
-      const uint32_t gw = Permute(Permute(u.x, u.y, sel), Permute(u.z, u.w, sel), 0x5410);
-      uint32_t p[4];
-      Decode4(tab, gw, p[0], p[1]);
-      Decode4(tab, gw >> 16, p[2], p[3]);
-      a[s][h] = MulPair<T>(p[0], scale);
-      a[s][h + 2] = MulPair<T>(p[1], scale);
-      a[s + 1][h] = MulPair<T>(p[2], scale);
-      a[s + 1][h + 2] = MulPair<T>(p[3], scale);
-    }
-  } else {
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (kNf4) {
+      const uint32_t sel = t | ((t + 4) << 4);  // byte t of two words
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint4 u = *reinterpret_cast<const uint4*>(row + 16 * s);
-      const uint32_t wa = (t & 2) ? u.y : u.x;
-      const uint32_t wb = (t & 2) ? u.w : u.z;
-      uint32_t pr[2];
-      Int8Pairs<T>(Permute(wa, wb, (t & 1) ? 0x7632 : 0x5410), pr);
-      a[s][h] = pr[0];
-      a[s][h + 2] = pr[1];
+      for (int s = 0; s < 4; s += 2) {  // words 2 s .. 2 s + 3: steps s, s + 1
+        const uint4 u = raw.v[h][s / 2];
+        const uint32_t gw = Permute(Permute(u.x, u.y, sel), Permute(u.z, u.w, sel), 0x5410);
+        uint32_t p[4];
+        Decode4(tab, gw, p[0], p[1]);
+        Decode4(tab, gw >> 16, p[2], p[3]);
+        a[s][h] = MulPair<T>(p[0], raw.scale[h]);
+        a[s][h + 2] = MulPair<T>(p[1], raw.scale[h]);
+        a[s + 1][h] = MulPair<T>(p[2], raw.scale[h]);
+        a[s + 1][h + 2] = MulPair<T>(p[3], raw.scale[h]);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint4 u = raw.v[h][s];
+        const uint32_t wa = (t & 2) ? u.y : u.x;
+        const uint32_t wb = (t & 2) ? u.w : u.z;
+        uint32_t pr[2];
+        Int8Pairs<T>(Permute(wa, wb, (t & 1) ? 0x7632 : 0x5410), pr);
+        a[s][h] = pr[0];
+        a[s][h + 2] = pr[1];
+      }
     }
   }
 }
