@@ -119,42 +119,56 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
-// large-M linear]) runs at 0.69-0.89 of the fp16 GEMM's rate on the large layers at M = 4096,
-// where dequantize + cuBLAS (1.00-1.18x fp16) stays ahead; it wins where dequantizing costs
-// most next to the product and its tiles (or its stream-K shares) fill the GPU:
+// large-M linear]) runs int8 at 0.90-0.95 of the fp16 GEMM's rate on the large layers at
+// M = 4096 and nf4 at 0.74-0.84; it wins where dequantizing costs most next to the product and
+// its tiles (or its stream-K shares) fill the GPU:
 // - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
-//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 256: 0.36-0.83 of the dequantize
-//   path. Up to M = 1024 for int8 (0.70-0.90) and, on the Flux MLP layers (K * N >= 2^25), for
-//   nf4 (0.77-0.94; nf4 + double quant up to M = 512: 0.81-0.92, at 1024 0.96-1.02 over two
-//   runs). SDXL nf4 at M = 512-1024 measured 0.97-1.04 over two runs and stays.
-// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.71-0.97,
+//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 256: 0.35-0.80 of the dequantize
+//   path. int8 up to M = 4096 (0.71-0.84 at 512-1024, 0.95-0.97 at 4096; M = 8192 was not
+//   measured: dequantizing weighs less there). nf4 on the Flux MLP layers (K * N >= 2^25) up to
+//   M = 1024 (0.78-0.93; nf4 + double quant up to M = 512: 0.80-0.88, at 1024 0.93-0.97).
+//   SDXL nf4 at M = 512-1024 measured 0.97-0.98 and stays.
+// - int8 on large square layers (K, N >= 3072: Flux 3072 x 3072) at 256 <= M <= 4096:
+//   0.81-0.94; below M = 256 it loses (1.06-1.18).
+// - int8 on mid-size layers (K >= 1024, N >= 4096, K * N >= 2^22: SD 1.5 1280 x 5120) at
+//   129 <= M <= 512: 0.82-0.83 (M = 1024: 1.03).
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.80-0.93,
 //   where the dequantize launch dominates.
-// The other layers (Flux 3072 x 3072, and those with N <= 1280 or K * N < 2^23) stay on
-// dequantize + cuBLAS: up to 2.3x slower on the kernel, except int8 on Flux 3072 x 3072 at
-// M = 256-1024 (0.90-0.98), left out for a rule this simple (the harness's dequantize timings of
-// the layers under 2048 features are noisy; bench/quant_linear_bench measures them steadily). Rows of x per tile: 128 up to
-// M = 128 (M = 512 on short layers), else 256.
+// The other layers (N <= 1280 or K * N < 2^22) stay on dequantize + cuBLAS: up to 2.2x slower on
+// the kernel (the harness's dequantize timings of the layers under 2048 features are noisy;
+// bench/quant_linear_bench measures them steadily). Rows of x per tile: 128 up to M = 128 (to
+// M = 512 on short and square layers, M = 256 on mid-size ones), else 256.
 std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
                                          QuantFormat format, bool double_quant) {
   if (m < 65) return std::nullopt;
-  cuda::WgmmaTile tile;
+  const bool int8 = format == QuantFormat::kInt8;
+  auto tile_for = [m](int64_t small_tile_limit) {
+    cuda::WgmmaTile tile;
+    tile.rows = m <= small_tile_limit ? 128 : 256;
+    return tile;
+  };
   const bool wide = out_features >= 8192 && in_features >= 1024;
   const bool deep = in_features >= 8192 && out_features >= 3072;
   if (wide || deep) {
     int64_t limit = 256;
-    if (format == QuantFormat::kInt8) {
-      limit = 1024;
+    if (int8) {
+      limit = 4096;
     } else if (in_features * out_features >= (int64_t{1} << 25)) {
       limit = double_quant ? 512 : 1024;
     }
     if (m > limit) return std::nullopt;
-    tile.rows = m <= 128 ? 128 : 256;
-    return tile;
+    return tile_for(128);
   }
-  if (in_features <= 512 && out_features >= 2048 && m <= 1024) {
-    tile.rows = m <= 512 ? 128 : 256;
-    return tile;
+  if (int8 && in_features >= 3072 && out_features >= 3072) {
+    if (m < 256 || m > 4096) return std::nullopt;
+    return tile_for(512);
   }
+  if (int8 && in_features >= 1024 && out_features >= 4096 &&
+      in_features * out_features >= (int64_t{1} << 22)) {
+    if (m <= 128 || m > 512) return std::nullopt;
+    return tile_for(256);
+  }
+  if (in_features <= 512 && out_features >= 2048 && m <= 1024) return tile_for(512);
   return std::nullopt;
 }
 

@@ -240,8 +240,8 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
       EXPECT_EQ(rows(256, 1280, 10240, f, dq), 256);
       EXPECT_EQ(rows(512, 3072, 12288, f, dq), 256);
       EXPECT_EQ(rows(64, 3072, 12288, f, dq), 0);
-      EXPECT_EQ(rows(4096, 3072, 12288, f, dq), 0);
-      EXPECT_EQ(rows(4096, 1280, 10240, f, dq), 0);
+      EXPECT_EQ(rows(8192, 3072, 12288, f, dq), 0);
+      EXPECT_EQ(rows(8192, 1280, 10240, f, dq), 0);
       // SD 1.5 GEGLU projection: short and wide.
       EXPECT_EQ(rows(77, 320, 2560, f, dq), 128);
       EXPECT_EQ(rows(512, 320, 2560, f, dq), 128);
@@ -250,24 +250,43 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
       // Flux MLP down: deep.
       EXPECT_EQ(rows(77, 12288, 3072, f, dq), 128);
       EXPECT_EQ(rows(512, 12288, 3072, f, dq), 256);
-      EXPECT_EQ(rows(4096, 12288, 3072, f, dq), 0);
-      // Neither wide, deep nor short: dequantize + cuBLAS.
+      EXPECT_EQ(rows(8192, 12288, 3072, f, dq), 0);
+      // Small layers: dequantize + cuBLAS.
       for (int64_t m : {77, 1024, 4096}) {
-        EXPECT_EQ(rows(m, 3072, 3072, f, dq), 0);
-        EXPECT_EQ(rows(m, 1280, 5120, f, dq), 0);
         EXPECT_EQ(rows(m, 320, 320, f, dq), 0);
         EXPECT_EQ(rows(m, 2048, 1280, f, dq), 0);
+        EXPECT_EQ(rows(m, 640, 640, f, dq), 0);
       }
+      // Flux attention and SD 1.5 feed-forward below M = 129: dequantize + cuBLAS.
+      EXPECT_EQ(rows(77, 3072, 3072, f, dq), 0);
+      EXPECT_EQ(rows(128, 1280, 5120, f, dq), 0);
     }
   }
-  // Up to M = 1024 for int8, and for nf4 on the Flux MLP layers (double quant to 512).
+  // int8: wide and deep layers up to M = 4096, Flux attention from M = 256, SD 1.5
+  // feed-forward at M = 129-512.
   EXPECT_EQ(rows(1024, 1280, 10240, kInt8, false), 256);
+  EXPECT_EQ(rows(4096, 3072, 12288, kInt8, false), 256);
+  EXPECT_EQ(rows(4096, 12288, 3072, kInt8, false), 256);
+  EXPECT_EQ(rows(154, 3072, 3072, kInt8, false), 0);
+  EXPECT_EQ(rows(256, 3072, 3072, kInt8, false), 128);
+  EXPECT_EQ(rows(1024, 3072, 3072, kInt8, false), 256);
+  EXPECT_EQ(rows(4096, 3072, 3072, kInt8, false), 256);
+  EXPECT_EQ(rows(154, 1280, 5120, kInt8, false), 128);
+  EXPECT_EQ(rows(512, 1280, 5120, kInt8, false), 256);
+  EXPECT_EQ(rows(1024, 1280, 5120, kInt8, false), 0);
+  // nf4 on the Flux MLP layers up to M = 1024 (double quant to 512), not beyond, and nowhere on
+  // Flux attention or SD 1.5 feed-forward.
   EXPECT_EQ(rows(1024, 3072, 12288, kNf4, false), 256);
   EXPECT_EQ(rows(1024, 12288, 3072, kNf4, false), 256);
+  EXPECT_EQ(rows(4096, 3072, 12288, kNf4, false), 0);
   EXPECT_EQ(rows(512, 1280, 10240, kNf4, false), 0);
   EXPECT_EQ(rows(1024, 3072, 12288, kNf4, true), 0);
   EXPECT_EQ(rows(1024, 12288, 3072, kNf4, true), 0);
   EXPECT_EQ(rows(512, 12288, 3072, kNf4, true), 256);
+  for (bool dq : {false, true}) {
+    EXPECT_EQ(rows(1024, 3072, 3072, kNf4, dq), 0);
+    EXPECT_EQ(rows(256, 1280, 5120, kNf4, dq), 0);
+  }
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {
