@@ -45,11 +45,9 @@ namespace {
 //   k16 step s, the values k = 16 s + 2 t, 2 t + 1, 2 t + 8, 2 t + 9 (the m16n8k16 A layout).
 //   nf4: those are byte t of the 32-bit words 2 s and 2 s + 1 of the packed row (element 2j is the
 //   high nibble); int8: half-word t % 2 of words 4 s + t / 2 and 4 s + 2 + t / 2.
-// - NF4 decode without a shared-memory table: the 16 code values (as T) are split into low and
-//   high bytes held in 8 registers, and `prmt` looks up four nibbles at once in each half of the
-//   table (Decode4); bit 3 of each nibble picks the half. The scale is applied with one half2
-//   multiply per pair, as in the other kernels. int8 values are exact in T; the row scale is
-//   applied to the float sums at the end.
+// - NF4 decode: each byte t is looked up in a per-lane shared-memory table of pairs of T (Note
+//   [NF4 pair table]), and the scale applied with one half2 multiply per pair, as in the other
+//   kernels. int8 values are exact in T; the row scale is applied to the float sums at the end.
 // - The producer warpgroup gives its registers to the consumers (setmaxnreg 40 / 232): 128
 //   accumulators per thread for a 64 x 256 tile plus two fragment sets.
 // - Persistent: at most one block per multiprocessor walks the output tiles (128 features x kBn
@@ -77,7 +75,8 @@ struct Smem {
   static constexpr int kEpiRows = 64;                              // rows of x per epilogue chunk
   static constexpr int kEpiStride = 64 + 8;                        // T per row of a chunk
   static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;  // both consumer warpgroups
-  static constexpr int kFixed = kEpiBytes + 256 + 1024;            // + barriers + alignment slack
+  static constexpr int kTableBytes = kNf4 ? kNf4PairTableBytes : 0;  // Note [NF4 pair table]
+  static constexpr int kFixed = kEpiBytes + kTableBytes + 256 + 1024;  // + barriers, slack
   // Note [Stage count]: 4 stages at 256 rows measured 3-4% faster than the 5 that fit (median
   // over the benchmark layers at M = 1024 and 4096; 3 stages slower again), 8 at 128 rows.
   static constexpr int kMaxStages = kBn == 256 ? 4 : 8;
@@ -119,7 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t epi_addr = smem_addr + kStages * L::kStageBytes;
-  const uint32_t full_bar = epi_addr + L::kEpiBytes;  // kStages barriers of 8 bytes
+  const uint32_t table_addr = epi_addr + L::kEpiBytes;
+  const uint32_t full_bar = table_addr + L::kTableBytes;  // kStages barriers of 8 bytes
   const uint32_t empty_bar = full_bar + 8 * kStages;
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
   const int64_t N = w.rows, K = w.in_features;
@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     TmaPrefetchDescriptor(&w_map);
   }
   if (kDq && tid < 256) s_nested[tid] = __ldg(w.nested_code + tid);
+  if constexpr (kNf4) FillNf4PairTable<T>(w.code, table_addr, tid, kThreads);
   const float offset = kDq ? __ldg(w.offset) : 0.f;
   __syncthreads();
 
@@ -204,8 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // consumers
   SetMaxRegistersUp<kConsumerRegs>();
   const int cw = wg - 1, warp = (tid / kWarp) % 4, g = lane / 4, t = lane % 4;
-  CodeTable tab = {};
-  if constexpr (kNf4) tab = LoadCodeTable<T>(w.code);
+  const Nf4PairTable tab(table_addr, lane, t);
   const int row0 = 64 * cw + 16 * warp + g;  // the lane's rows row0, row0 + 8 of the block tile
   float acc[kAcc];
   uint32_t a0[4][4], a1[4][4];  // fragment sets of even and odd k-blocks

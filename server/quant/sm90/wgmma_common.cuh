@@ -28,53 +28,14 @@ __device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
-// The low and high bytes of the 16 code values as T (Note [Warpgroup-MMA large-M linear]).
-struct CodeTable {
-  uint32_t lo[4], hi[4];
-};
-
-template <typename T>
-__device__ __forceinline__ CodeTable LoadCodeTable(const float* code) {
-  CodeTable tab;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t bits = Bits(FromFloat<T>(__ldg(code + 4 * q + b)));
-      lo |= (bits & 0xFF) << (8 * b);
-      hi |= (bits >> 8) << (8 * b);
-    }
-    tab.lo[q] = lo;
-    tab.hi[q] = hi;
-  }
-  return tab;
-}
-
-// The two pairs of T of the nibbles of `s` (low 16 bits: bytes e0, e1 of a packed row; element
-// 2j is the high nibble): {code[e0 >> 4], code[e0 & 15]} and {code[e1 >> 4], code[e1 & 15]}.
-__device__ __forceinline__ void Decode4(const CodeTable& tab, uint32_t s, uint32_t& p0,
-                                        uint32_t& p1) {
-  const uint32_t idx = s & 0x7777;
-  const uint32_t m = Permute(s << 4, s, 0xD9C8);  // byte i: 0xFF where nibble i >= 8
-  const uint32_t lo_a = Permute(tab.lo[0], tab.lo[1], idx);
-  const uint32_t lo_b = Permute(tab.lo[2], tab.lo[3], idx);
-  const uint32_t hi_a = Permute(tab.hi[0], tab.hi[1], idx);
-  const uint32_t hi_b = Permute(tab.hi[2], tab.hi[3], idx);
-  const uint32_t lo = (lo_a & ~m) | (lo_b & m);
-  const uint32_t hi = (hi_a & ~m) | (hi_b & m);
-  // value i = hi.byte i : lo.byte i; values 0..3 are the nibbles low, high of e0, low, high of e1
-  p0 = Permute(lo, hi, 0x4051);
-  p1 = Permute(lo, hi, 0x6273);
-}
-
 template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
-// 16 and 4 bytes at shared address `addr`. Explicit ld.shared: the generic loads the compiler
-// emits for a pointer into the aligned dynamic shared memory take the long scoreboard.
+// Loads of 16 and 4 bytes and a store of 16 at shared address `addr`. Explicit ld/st.shared: the
+// generic accesses the compiler emits for a pointer into the aligned dynamic shared memory take
+// the long scoreboard.
 __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -88,6 +49,49 @@ __device__ __forceinline__ uint32_t LoadShared4(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+
+__device__ __forceinline__ void StoreShared16(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
+// Note [NF4 pair table]
+// The nf4 decode of the sm_90a kernel looks each packed byte e up in a shared-memory table of
+// pairs of T, (code[e >> 4], code[e & 15]) (element 2j is the high nibble), one copy per lane so
+// that a warp's lookups never share a bank: entry e of lane l is the word at e * 128 + 4 l
+// (32 KB). The entry's address is one byte permute (e into bits 8..15, 8 l into bits 0..7) and
+// one shift. Per pair: permute, shift, load, and the scale multiply, about half the integer
+// instructions of a register-table decode (16-entry prmt lookups of the low and high bytes and
+// a select per half); the decode is on the consumers' critical path (Note [Warpgroup-MMA large-M
+// linear]).
+constexpr int kNf4PairTableBytes = 256 * 128;
+
+// Fills the table at shared address `base` with the `threads` threads numbered `tid`.
+template <typename T>
+__device__ __forceinline__ void FillNf4PairTable(const float* code, uint32_t base, int tid,
+                                                 int threads) {
+  for (int i = tid; i < 256 * 8; i += threads) {
+    const int e = i / 8;
+    const uint32_t v = Bits(FromFloat<T>(__ldg(code + (e >> 4)))) |
+                       (uint32_t{Bits(FromFloat<T>(__ldg(code + (e & 15))))} << 16);
+    const uint32_t vv[4] = {v, v, v, v};
+    StoreShared16(base + e * 128 + (i % 8) * 16, vv);
+  }
+}
+
+// A lane's view of the table: its base address, its column and the byte it looks up per word.
+struct Nf4PairTable {
+  uint32_t base;  // shared address
+  uint32_t lane8;
+  uint32_t sel;  // permute selector: byte t of the word into bits 8..15, 8 lane into 0..7
+  __device__ __forceinline__ Nf4PairTable(uint32_t table, int lane, int t)
+      : base(table), lane8(8 * lane), sel(0x5504 | (t << 4)) {}
+  // The pair of T of the lane's byte of `word`.
+  __device__ __forceinline__ uint32_t Pair(uint32_t word) const {
+    return LoadShared4(base + (Permute(word, lane8, sel) >> 1));
+  }
+};
 
 // The packed bytes of a k-block that a lane decodes (Note [Warpgroup-MMA large-M linear]): its
 // two rows' words (nf4: the whole 32-byte row, int8: the whole 64-byte row) and nf4 scales.
@@ -115,23 +119,17 @@ __device__ __forceinline__ void LoadRawFragments(uint32_t w_addr, uint32_t scale
 // The A fragments of the four k16 steps of a k-block from a lane's raw fragments: register h
 // and h + 2 of step s hold row half h; nf4 scaled by the row's scale pair, int8 unscaled.
 template <typename T, bool kNf4>
-__device__ __forceinline__ void DecodeFragments(const CodeTable& tab, const RawFragments<kNf4>& raw,
-                                                int t, uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void DecodeFragments(const Nf4PairTable& tab,
+                                                const RawFragments<kNf4>& raw, int t,
+                                                uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if constexpr (kNf4) {
-      const uint32_t sel = t | ((t + 4) << 4);  // byte t of two words
 #pragma unroll
-      for (int s = 0; s < 4; s += 2) {  // words 2 s .. 2 s + 3: steps s, s + 1
+      for (int s = 0; s < 4; ++s) {  // byte t of words 2 s and 2 s + 1
         const uint4 u = raw.v[h][s / 2];
-        const uint32_t gw = Permute(Permute(u.x, u.y, sel), Permute(u.z, u.w, sel), 0x5410);
-        uint32_t p[4];
-        Decode4(tab, gw, p[0], p[1]);
-        Decode4(tab, gw >> 16, p[2], p[3]);
-        a[s][h] = MulPair<T>(p[0], raw.scale[h]);
-        a[s][h + 2] = MulPair<T>(p[1], raw.scale[h]);
-        a[s + 1][h] = MulPair<T>(p[2], raw.scale[h]);
-        a[s + 1][h + 2] = MulPair<T>(p[3], raw.scale[h]);
+        a[s][h] = MulPair<T>(tab.Pair(s % 2 ? u.z : u.x), raw.scale[h]);
+        a[s][h + 2] = MulPair<T>(tab.Pair(s % 2 ? u.w : u.y), raw.scale[h]);
       }
     } else {
 #pragma unroll
