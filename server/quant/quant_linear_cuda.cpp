@@ -119,20 +119,21 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
-// large-M linear]) runs int8 at 0.90-0.95 of the fp16 GEMM's rate on the large layers at
-// M = 4096 and nf4 at 0.74-0.84; it wins where dequantizing costs most next to the product and
+// large-M linear]) runs int8 at 0.88-0.98 of the fp16 GEMM's rate on the large layers at
+// M = 4096 and nf4 at 0.87-0.92; it wins where dequantizing costs most next to the product and
 // its tiles (or its stream-K shares) fill the GPU:
 // - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
-//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 256: 0.35-0.80 of the dequantize
-//   path. int8 up to M = 4096 (0.71-0.84 at 512-1024, 0.95-0.97 at 4096; M = 8192 was not
-//   measured: dequantizing weighs less there). nf4 on the Flux MLP layers (K * N >= 2^25) up to
-//   M = 1024 (0.78-0.93; nf4 + double quant up to M = 512: 0.80-0.88, at 1024 0.93-0.97).
-//   SDXL nf4 at M = 512-1024 measured 0.97-0.98 and stays.
-// - int8 on large square layers (K, N >= 3072: Flux 3072 x 3072) at 256 <= M <= 4096:
-//   0.81-0.94; below M = 256 it loses (1.06-1.18).
-// - int8 on mid-size layers (K >= 1024, N >= 4096, K * N >= 2^22: SD 1.5 1280 x 5120) at
-//   129 <= M <= 512: 0.82-0.83 (M = 1024: 1.03).
-// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.80-0.93,
+//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 1024: 0.34-0.75 of the dequantize
+//   path up to M = 256, int8 0.69-0.84 and nf4 0.73-0.92 (double quant included) at 512-1024.
+//   int8 also at M = 4096 (0.92-0.99; M = 8192 was not measured, dequantizing weighs less
+//   there), nf4 not (1.00-1.13).
+// - large square layers (K, N >= 3072: Flux 3072 x 3072): int8 at 256 <= M <= 4096, 0.82-0.95
+//   (below M = 256 it loses, 1.07-1.15); nf4 without double quant at 512 < M <= 1024, 0.93 (at
+//   M = 512 1.14; double quant 0.98 at 1024, left out).
+// - mid-size layers (K >= 1024, N >= 4096, K * N >= 2^22: SD 1.5 1280 x 5120) at
+//   129 <= M <= 512: int8 0.80-0.83, nf4 0.90-0.94 (double quant 0.95-1.02, left out; M = 1024:
+//   1.02-1.19).
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.81-0.94,
 //   where the dequantize launch dominates.
 // The other layers (N <= 1280 or K * N < 2^22) stay on dequantize + cuBLAS: up to 2.2x slower on
 // the kernel (the harness's dequantize timings of the layers under 2048 features are noisy;
@@ -150,22 +151,17 @@ std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t
   const bool wide = out_features >= 8192 && in_features >= 1024;
   const bool deep = in_features >= 8192 && out_features >= 3072;
   if (wide || deep) {
-    int64_t limit = 256;
-    if (int8) {
-      limit = 4096;
-    } else if (in_features * out_features >= (int64_t{1} << 25)) {
-      limit = double_quant ? 512 : 1024;
-    }
-    if (m > limit) return std::nullopt;
+    if (m > (int8 ? 4096 : 1024)) return std::nullopt;
     return tile_for(128);
   }
-  if (int8 && in_features >= 3072 && out_features >= 3072) {
-    if (m < 256 || m > 4096) return std::nullopt;
+  if (in_features >= 3072 && out_features >= 3072) {
+    const bool wins = int8 ? m >= 256 && m <= 4096 : !double_quant && m > 512 && m <= 1024;
+    if (!wins) return std::nullopt;
     return tile_for(512);
   }
-  if (int8 && in_features >= 1024 && out_features >= 4096 &&
+  if (in_features >= 1024 && out_features >= 4096 &&
       in_features * out_features >= (int64_t{1} << 22)) {
-    if (m <= 128 || m > 512) return std::nullopt;
+    if ((!int8 && double_quant) || m <= 128 || m > 512) return std::nullopt;
     return tile_for(256);
   }
   if (in_features <= 512 && out_features >= 2048 && m <= 1024) return tile_for(512);

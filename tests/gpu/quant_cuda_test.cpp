@@ -274,19 +274,24 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
   EXPECT_EQ(rows(154, 1280, 5120, kInt8, false), 128);
   EXPECT_EQ(rows(512, 1280, 5120, kInt8, false), 256);
   EXPECT_EQ(rows(1024, 1280, 5120, kInt8, false), 0);
-  // nf4 on the Flux MLP layers up to M = 1024 (double quant to 512), not beyond, and nowhere on
-  // Flux attention or SD 1.5 feed-forward.
-  EXPECT_EQ(rows(1024, 3072, 12288, kNf4, false), 256);
-  EXPECT_EQ(rows(1024, 12288, 3072, kNf4, false), 256);
-  EXPECT_EQ(rows(4096, 3072, 12288, kNf4, false), 0);
-  EXPECT_EQ(rows(512, 1280, 10240, kNf4, false), 0);
-  EXPECT_EQ(rows(1024, 3072, 12288, kNf4, true), 0);
-  EXPECT_EQ(rows(1024, 12288, 3072, kNf4, true), 0);
-  EXPECT_EQ(rows(512, 12288, 3072, kNf4, true), 256);
+  // nf4: wide and deep layers up to M = 1024 (double quant too), not at 4096; Flux attention at
+  // M = 513-1024 and SD 1.5 feed-forward at M = 129-512, both without double quant.
   for (bool dq : {false, true}) {
-    EXPECT_EQ(rows(1024, 3072, 3072, kNf4, dq), 0);
-    EXPECT_EQ(rows(256, 1280, 5120, kNf4, dq), 0);
+    EXPECT_EQ(rows(512, 1280, 10240, kNf4, dq), 256);
+    EXPECT_EQ(rows(1024, 1280, 10240, kNf4, dq), 256);
+    EXPECT_EQ(rows(1024, 3072, 12288, kNf4, dq), 256);
+    EXPECT_EQ(rows(1024, 12288, 3072, kNf4, dq), 256);
+    EXPECT_EQ(rows(4096, 3072, 12288, kNf4, dq), 0);
+    EXPECT_EQ(rows(4096, 1280, 10240, kNf4, dq), 0);
+    EXPECT_EQ(rows(512, 3072, 3072, kNf4, dq), 0);
+    EXPECT_EQ(rows(4096, 3072, 3072, kNf4, dq), 0);
+    EXPECT_EQ(rows(1024, 1280, 5120, kNf4, dq), 0);
   }
+  EXPECT_EQ(rows(1024, 3072, 3072, kNf4, false), 256);
+  EXPECT_EQ(rows(1024, 3072, 3072, kNf4, true), 0);
+  EXPECT_EQ(rows(256, 1280, 5120, kNf4, false), 128);
+  EXPECT_EQ(rows(512, 1280, 5120, kNf4, false), 256);
+  EXPECT_EQ(rows(256, 1280, 5120, kNf4, true), 0);
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {
