@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Markdown tables of a quant_linear_bench JSON (--benchmark_out): ratio to fp16 by M over the
-layers, per layer, and (with --previous) the cells that moved by 5% or more since another run.
+layers, per layer, and (with --previous) the cells whose time moved by 5% or more since another
+run. A ratio marked † has an fp16 reference, measured inside its benchmark, more than 15% away
+from the fp16_linear benchmark of the same layer and M (a disturbed sample or a bimodal cuBLAS
+time); "changed" compares absolute times, which do not depend on it.
 
 Usage: python3 bench/quant_linear_report.py RESULTS.json [--previous OLD.json]
 """
@@ -31,44 +34,57 @@ def main():
     ms = sorted({k[2] for k in new})
     ratio = lambda cells, l, v, m: cells[(l, v, m)]["ratio_vs_fp16"] if (l, v, m) in cells else None
 
-    print("## Ratio to fp16 by M (range over the layers)\n")
+    def odd(l, v, m):
+        """Whether a cell's fp16 reference disagrees with the fp16_linear benchmark's."""
+        ref = new.get((l, "fp16_linear", m))
+        own = new[(l, v, m)]["fp16_us"]
+        return ref is not None and abs(own - ref["us_per_call"]) > 0.15 * ref["us_per_call"]
+
+    def shown(l, v, m):
+        r = ratio(new, l, v, m)
+        return "" if r is None else f"{r:.2f}" + (" †" if odd(l, v, m) else "")
+
+    print("## Ratio to fp16 by M (range over the layers, † cells left out)\n")
     print("| M | int8 | nf4 | nf4 + double quant |\n| --- | --- | --- | --- |")
     for m in ms:
         cols = []
         for v in VARIANTS:
-            rs = [r for r in (ratio(new, l, v, m) for l in layers) if r is not None]
+            rs = [ratio(new, l, v, m) for l in layers if (l, v, m) in new and not odd(l, v, m)]
             cols.append(f"{min(rs):.2f}-{max(rs):.2f}" if rs else "")
         print(f"| {m} | " + " | ".join(cols) + " |")
 
     if args.previous:
         old = load(args.previous)
-        print("\n## Changed since the previous run (ratio before → after, cells that moved by 5% or more)\n")
+        print("\n## Changed since the previous run (us per call before → after, cells that moved by 5% or more)\n")
         print("| layer (K x N) | M | int8 | nf4 | nf4 + dq |\n| --- | --- | --- | --- | --- |")
         for l in layers:
             for m in ms:
                 cols, moved = [], False
                 for v in VARIANTS:
-                    a, b = ratio(old, l, v, m), ratio(new, l, v, m)
+                    a, b = old.get((l, v, m)), new.get((l, v, m))
                     if a is None or b is None:
                         cols.append("")
-                    elif abs(b - a) >= 0.05 * a:
-                        cols.append(f"{a:.2f} → {b:.2f}")
+                        continue
+                    ta, tb = a["us_per_call"], b["us_per_call"]
+                    if abs(tb - ta) >= 0.05 * ta:
+                        cols.append(f"{ta:.1f} → {tb:.1f} ({tb / ta:.2f})")
                         moved = True
                     else:
-                        cols.append(f"{b:.2f}")
+                        cols.append(f"{tb:.1f}")
                 if moved:
                     print(f"| {l} | {m} | " + " | ".join(cols) + " |")
 
     print("\n## Per layer\n")
-    print("| layer (K x N) | M | fp16 us | int8 ratio | nf4 ratio | nf4+dq ratio | nf4 GB/s |")
+    print("| layer (K x N) | M | fp16 us (fp16_linear) | int8 ratio | nf4 ratio | nf4+dq ratio | nf4 GB/s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for l in layers:
         for m in ms:
             nf4 = new.get((l, "nf4_fp16", m))
             if nf4 is None:
                 continue
-            cols = [f"{ratio(new, l, v, m):.2f}" if ratio(new, l, v, m) is not None else "" for v in VARIANTS]
-            print(f"| {l} | {m} | {nf4['fp16_us']:.1f} | " + " | ".join(cols) + f" | {nf4['weight_GBps']:.0f} |")
+            cols = [shown(l, v, m) for v in VARIANTS]
+            fp16 = new.get((l, "fp16_linear", m), {"us_per_call": nf4["fp16_us"]})["us_per_call"]
+            print(f"| {l} | {m} | {fp16:.1f} | " + " | ".join(cols) + f" | {nf4['weight_GBps']:.0f} |")
 
 
 if __name__ == "__main__":

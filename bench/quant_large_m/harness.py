@@ -16,7 +16,7 @@ os.makedirs(OUT, exist_ok=True)
 LOG = open(os.path.join(OUT, "log.txt"), "a")
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
 MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 and MODE != "report" else (77, 154, 256, 512, 1024, 4096)
-BNS = (256, 128)  # rows of x per output tile
+BNS = (256, 128, 64)  # rows of x per output tile
 TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 P = ctypes.c_void_p
 if MODE != "report":

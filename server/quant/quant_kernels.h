@@ -70,7 +70,7 @@ void LaunchMmaMediumLinear(const PackedWeightView& w, const void* x, int64_t m, 
 // 16-byte aligned too (every caching-allocator block is).
 bool WgmmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type);
 
-// Launch shape of LaunchWgmmaLinear: rows of x per output tile (128 or 256; 128 features each),
+// Launch shape of LaunchWgmmaLinear: rows of x per output tile (64, 128 or 256; 128 features each),
 // the multiprocessors its persistent grid fills and how tiles are spread over its blocks (Note
 // [Stream-K schedule]; kAuto picks by the shape).
 enum class WgmmaSchedule { kAuto, kDataParallel, kStreamK };

@@ -130,41 +130,55 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // - large square layers (K, N >= 3072: Flux 3072 x 3072): int8 at 256 <= M <= 4096, 0.82-0.95
 //   (below M = 256 it loses, 1.07-1.15); nf4 without double quant at 512 < M <= 1024, 0.93 (at
 //   M = 512 1.14; double quant 0.98 at 1024, left out).
-// - mid-size layers (K >= 1024, N >= 4096, K * N >= 2^22: SD 1.5 1280 x 5120) at
-//   129 <= M <= 512: int8 0.80-0.83, nf4 0.90-0.94 (double quant 0.95-1.02, left out; M = 1024:
-//   1.02-1.19).
-// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: 0.81-0.94,
-//   where the dequantize launch dominates.
-// The other layers (N <= 1280 or K * N < 2^22) stay on dequantize + cuBLAS: up to 2.2x slower on
-// the kernel (the harness's dequantize timings of the layers under 2048 features are noisy;
-// bench/quant_linear_bench measures them steadily). Rows of x per tile: 128 up to M = 128 (to
-// M = 512 on short and square layers, M = 256 on mid-size ones), else 256.
+// - mid-size layers (K >= 1024, N >= 4096, K * N >= 2^22: SD 1.5 1280 x 5120) at M <= 512:
+//   int8 0.74-0.88 from M = 65, nf4 0.79-0.93 from M = 129 (0.97-1.03 at 77; double quant
+//   0.90-1.04, left out; M = 1024: 1.02-1.19).
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: about
+//   0.8-0.9, where the dequantize launch dominates.
+// - short, narrow layers (K, N <= 512: SD 1.5 320 x 320), int8 and nf4 at 65 <= M <= 4096:
+//   0.89-0.97 as served (quant_linear_bench, automatic path against QPOOL_QUANT_CUDA_PATH=dequant;
+//   an unchanged layer read 1.02-1.06 between the same two processes), nf4 + double quant
+//   0.95-1.02, left out.
+// The other layers (K > 512 with N <= 1280, or K * N < 2^22) stay on dequantize + cuBLAS: up to
+// 2.2x slower on the kernel (the harness's dequantize timings of the layers under 2048 features
+// are noisy; bench/quant_linear_bench measures them steadily). Rows of x per tile, the best of
+// 64, 128 and 256 in the harness: 64 up to M = 256 on short and wide layers (M = 1024 on short,
+// narrow ones, M = 160 on mid-size ones), 128 up to M = 128 on wide and deep layers (M = 512 on
+// short and square layers, M = 256 on mid-size ones, M = 4096 on short, narrow ones), else 256.
 std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t out_features,
                                          QuantFormat format, bool double_quant) {
   if (m < 65) return std::nullopt;
   const bool int8 = format == QuantFormat::kInt8;
-  auto tile_for = [m](int64_t small_tile_limit) {
+  // Tiles of 64 rows up to M = limit64, 128 up to limit128, else 256.
+  auto tile_for = [m](int64_t limit64, int64_t limit128) {
     cuda::WgmmaTile tile;
-    tile.rows = m <= small_tile_limit ? 128 : 256;
+    tile.rows = m <= limit64 ? 64 : m <= limit128 ? 128 : 256;
     return tile;
   };
   const bool wide = out_features >= 8192 && in_features >= 1024;
   const bool deep = in_features >= 8192 && out_features >= 3072;
   if (wide || deep) {
     if (m > (int8 ? 4096 : 1024)) return std::nullopt;
-    return tile_for(128);
+    return tile_for(0, 128);
   }
   if (in_features >= 3072 && out_features >= 3072) {
     const bool wins = int8 ? m >= 256 && m <= 4096 : !double_quant && m > 512 && m <= 1024;
     if (!wins) return std::nullopt;
-    return tile_for(512);
+    return tile_for(0, 512);
   }
   if (in_features >= 1024 && out_features >= 4096 &&
       in_features * out_features >= (int64_t{1} << 22)) {
-    if ((!int8 && double_quant) || m <= 128 || m > 512) return std::nullopt;
-    return tile_for(256);
+    if ((!int8 && (double_quant || m <= 128)) || m > 512) return std::nullopt;
+    return tile_for(160, 256);
   }
-  if (in_features <= 512 && out_features >= 2048 && m <= 1024) return tile_for(512);
+  if (in_features <= 512 && out_features >= 2048) {
+    if (m > 1024) return std::nullopt;
+    return tile_for(256, 512);
+  }
+  if (in_features <= 512 && out_features <= 512) {
+    if ((!int8 && double_quant) || m > 4096) return std::nullopt;
+    return tile_for(1024, 4096);
+  }
   return std::nullopt;
 }
 
@@ -206,7 +220,7 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   if (path == CudaPath::kAuto || path == CudaPath::kWgmma) {
     std::optional<cuda::WgmmaTile> tile =
         WgmmaWins(m, layout.in_features, layout.out_features, layout.format, layout.double_quant);
-    if (path == CudaPath::kWgmma) {
+    if (path == CudaPath::kWgmma && !tile) {  // forced where the rule would not take it
       tile = cuda::WgmmaTile{};
       tile->rows = m <= 128 ? 128 : 256;
     }

@@ -202,7 +202,9 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
   struct Shape {
     int64_t n, k;
   };
-  for (Shape sh : {Shape{320, 768}, Shape{8, 1280}, Shape{264, 2048}, Shape{1280, 256}}) {
+  // 320 x 320 takes 64-row tiles (int8, nf4) by the rule, which the forced path follows.
+  for (Shape sh :
+       {Shape{320, 768}, Shape{8, 1280}, Shape{264, 2048}, Shape{1280, 256}, Shape{320, 320}}) {
     at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
     at::Tensor bias = at::randn({sh.n});
     for (const FormatCase& f : kFormats) {
@@ -243,7 +245,8 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
       EXPECT_EQ(rows(8192, 3072, 12288, f, dq), 0);
       EXPECT_EQ(rows(8192, 1280, 10240, f, dq), 0);
       // SD 1.5 GEGLU projection: short and wide.
-      EXPECT_EQ(rows(77, 320, 2560, f, dq), 128);
+      EXPECT_EQ(rows(77, 320, 2560, f, dq), 64);
+      EXPECT_EQ(rows(256, 320, 2560, f, dq), 64);
       EXPECT_EQ(rows(512, 320, 2560, f, dq), 128);
       EXPECT_EQ(rows(1024, 320, 2560, f, dq), 256);
       EXPECT_EQ(rows(4096, 320, 2560, f, dq), 0);
@@ -251,31 +254,37 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
       EXPECT_EQ(rows(77, 12288, 3072, f, dq), 128);
       EXPECT_EQ(rows(512, 12288, 3072, f, dq), 256);
       EXPECT_EQ(rows(8192, 12288, 3072, f, dq), 0);
-      // Small layers: dequantize + cuBLAS.
+      // Layers with K > 512 and N <= 1280: dequantize + cuBLAS.
       for (int64_t m : {77, 1024, 4096}) {
-        EXPECT_EQ(rows(m, 320, 320, f, dq), 0);
         EXPECT_EQ(rows(m, 2048, 1280, f, dq), 0);
         EXPECT_EQ(rows(m, 640, 640, f, dq), 0);
+        EXPECT_EQ(rows(m, 768, 320, f, dq), 0);
       }
-      // Flux attention and SD 1.5 feed-forward below M = 129: dequantize + cuBLAS.
+      // Flux attention below M = 256: dequantize + cuBLAS.
       EXPECT_EQ(rows(77, 3072, 3072, f, dq), 0);
-      EXPECT_EQ(rows(128, 1280, 5120, f, dq), 0);
+      EXPECT_EQ(rows(154, 3072, 3072, f, dq), 0);
     }
   }
   // int8: wide and deep layers up to M = 4096, Flux attention from M = 256, SD 1.5
-  // feed-forward at M = 129-512.
+  // feed-forward up to M = 512, SD 1.5 attention up to M = 4096.
   EXPECT_EQ(rows(1024, 1280, 10240, kInt8, false), 256);
   EXPECT_EQ(rows(4096, 3072, 12288, kInt8, false), 256);
   EXPECT_EQ(rows(4096, 12288, 3072, kInt8, false), 256);
-  EXPECT_EQ(rows(154, 3072, 3072, kInt8, false), 0);
   EXPECT_EQ(rows(256, 3072, 3072, kInt8, false), 128);
   EXPECT_EQ(rows(1024, 3072, 3072, kInt8, false), 256);
   EXPECT_EQ(rows(4096, 3072, 3072, kInt8, false), 256);
-  EXPECT_EQ(rows(154, 1280, 5120, kInt8, false), 128);
+  EXPECT_EQ(rows(77, 1280, 5120, kInt8, false), 64);
+  EXPECT_EQ(rows(154, 1280, 5120, kInt8, false), 64);
+  EXPECT_EQ(rows(256, 1280, 5120, kInt8, false), 128);
   EXPECT_EQ(rows(512, 1280, 5120, kInt8, false), 256);
   EXPECT_EQ(rows(1024, 1280, 5120, kInt8, false), 0);
-  // nf4: wide and deep layers up to M = 1024 (double quant too), not at 4096; Flux attention at
-  // M = 513-1024 and SD 1.5 feed-forward at M = 129-512, both without double quant.
+  EXPECT_EQ(rows(77, 320, 320, kInt8, false), 64);
+  EXPECT_EQ(rows(1024, 320, 320, kInt8, false), 64);
+  EXPECT_EQ(rows(4096, 320, 320, kInt8, false), 128);
+  EXPECT_EQ(rows(8192, 320, 320, kInt8, false), 0);
+  // nf4: wide and deep layers up to M = 1024 (double quant too), not at 4096; without double
+  // quant also Flux attention at M = 513-1024, SD 1.5 feed-forward at M = 129-512 and SD 1.5
+  // attention up to M = 4096.
   for (bool dq : {false, true}) {
     EXPECT_EQ(rows(512, 1280, 10240, kNf4, dq), 256);
     EXPECT_EQ(rows(1024, 1280, 10240, kNf4, dq), 256);
@@ -285,13 +294,18 @@ TEST(QuantCuda, LargeMPathRuleFollowsTheMeasurements) {
     EXPECT_EQ(rows(4096, 1280, 10240, kNf4, dq), 0);
     EXPECT_EQ(rows(512, 3072, 3072, kNf4, dq), 0);
     EXPECT_EQ(rows(4096, 3072, 3072, kNf4, dq), 0);
+    EXPECT_EQ(rows(77, 1280, 5120, kNf4, dq), 0);
     EXPECT_EQ(rows(1024, 1280, 5120, kNf4, dq), 0);
   }
   EXPECT_EQ(rows(1024, 3072, 3072, kNf4, false), 256);
   EXPECT_EQ(rows(1024, 3072, 3072, kNf4, true), 0);
+  EXPECT_EQ(rows(154, 1280, 5120, kNf4, false), 64);
   EXPECT_EQ(rows(256, 1280, 5120, kNf4, false), 128);
   EXPECT_EQ(rows(512, 1280, 5120, kNf4, false), 256);
   EXPECT_EQ(rows(256, 1280, 5120, kNf4, true), 0);
+  EXPECT_EQ(rows(1024, 320, 320, kNf4, false), 64);
+  EXPECT_EQ(rows(4096, 320, 320, kNf4, false), 128);
+  EXPECT_EQ(rows(1024, 320, 320, kNf4, true), 0);
 }
 
 TEST(QuantCuda, UnalignedAndBatchedInputs) {

@@ -445,6 +445,7 @@ void LaunchTyped(const PackedWeightView& w, const void* x, int64_t m, const void
   T* ot = static_cast<T*>(out);
   if (tile.rows == 256) return LaunchAs<T, 256>(w, xt, mi, bt, ot, tile, workspace, stream);
   if (tile.rows == 128) return LaunchAs<T, 128>(w, xt, mi, bt, ot, tile, workspace, stream);
+  if (tile.rows == 64) return LaunchAs<T, 64>(w, xt, mi, bt, ot, tile, workspace, stream);
   TORCH_CHECK(false, "LaunchWgmmaLinear: no kernel for tiles of ", tile.rows, " rows");
 }
 
@@ -466,7 +467,7 @@ int64_t WgmmaWorkspaceBytes(const PackedWeightView& w, int64_t m, const WgmmaTil
   bool split = false;
   const Schedule sched = MakeSchedule(w, m, tile, &split);
   if (!split) return 0;
-  const int64_t slot = tile.rows == 128 ? SlotFloats<128>() : SlotFloats<256>();
+  const int64_t slot = SlotFloats<256>() / 256 * tile.rows;
   return sched.blocks * (slot * int64_t{sizeof(float)} + int64_t{sizeof(int)});
 }
 
