@@ -89,9 +89,8 @@ using sm90::Schedule;
 using sm90::SegmentCursor;
 
 // The workspace a schedule needs: a slot of f32 sums per block and a flag per block.
-template <int kBn>
-__host__ __device__ constexpr int64_t SlotFloats() {
-  return int64_t{kBn / 2} * 256;  // the consumers' accumulators
+__host__ __device__ constexpr int64_t SlotFloats(int rows) {
+  return int64_t{rows / 2} * 256;  // the consumers' accumulators for tiles of `rows` rows of x
 }
 
 __device__ __forceinline__ void StoreRelease(int* p, int v) {
@@ -257,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Note [Stream-K schedule]: contribute, or collect the contributions, or neither.
     if (first > 0) {
-      float* slot = slots + b * SlotFloats<kBn>() + ctid;
+      float* slot = slots + b * SlotFloats(kBn) + ctid;
 #pragma unroll
       for (int q = 0; q < kAcc; ++q) __stcg(slot + q * 256, acc[q]);
       __threadfence();
@@ -273,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         NamedBarrier(3, 256);
-        const float* slot = slots + c * SlotFloats<kBn>() + ctid;
+        const float* slot = slots + c * SlotFloats(kBn) + ctid;
 #pragma unroll
         for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(slot + q * 256);
       }
@@ -415,7 +414,7 @@ void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
   if (split) {
     TORCH_CHECK(workspace != nullptr, "LaunchWgmmaLinear: this shape needs a workspace");
     slots = static_cast<float*>(workspace);
-    flags = reinterpret_cast<int*>(slots + sched.blocks * SlotFloats<kBn>());
+    flags = reinterpret_cast<int*>(slots + sched.blocks * SlotFloats(kBn));
     C10_CUDA_CHECK(cudaMemsetAsync(flags, 0, sizeof(int) * sched.blocks, stream));
   }
   kernel<<<sched.blocks, kThreads, L::kBytes, stream>>>(x_map, w_map, w, m, bias, out, sched, slots,
@@ -467,7 +466,7 @@ int64_t WgmmaWorkspaceBytes(const PackedWeightView& w, int64_t m, const WgmmaTil
   bool split = false;
   const Schedule sched = MakeSchedule(w, m, tile, &split);
   if (!split) return 0;
-  const int64_t slot = SlotFloats<256>() / 256 * tile.rows;
+  const int64_t slot = SlotFloats(tile.rows);
   return sched.blocks * (slot * int64_t{sizeof(float)} + int64_t{sizeof(int)});
 }
 
