@@ -2,6 +2,7 @@
 # against a float32 reference, fp16/bf16 F.linear and dequantize + F.linear (the path it replaces),
 # on the benchmark layers of bench/quant_linear_bench.cpp. Writes log.txt and results.json to $OUT
 # (or /tmp/out). Usage: python3 harness.py [check|bench|all] [M,M,...] (default 77,154,256,512,1024,4096);
+# python3 harness.py splitcost measures one stream-K split;
 # python3 harness.py report results.json prints the markdown tables of bench/results.
 import ctypes, json, os, sys, time
 import torch
@@ -145,6 +146,28 @@ def bench(ms=MS):
     return rows
 
 
+def split_cost():
+    """The cost of one stream-K split (Note [Stream-K schedule]): the same tiles of K values split
+    in halves between two blocks each (stream-K on twice as many blocks as tiles) against tiles of
+    K / 2 values, one block each (data-parallel): equal work per block, one split more."""
+    g = torch.Generator(device=DEV)
+    g.manual_seed(1)
+    for fmt in ("int8", "nf4"):
+        for n, k, m, bn in ((3072, 3072, 256, 256), (3072, 3072, 512, 256), (1280, 2560, 1024, 256),
+                            (3072, 3072, 256, 128)):
+            tiles = (n // 128) * ((m + bn - 1) // bn)
+            w_full, w_half = Weight(n, k, fmt, 64, False, g, ref=False), Weight(n, k // 2, fmt, 64, False, g, ref=False)
+            x_full = torch.randn(m, k, device=DEV, generator=g).half()
+            x_half = torch.randn(m, k // 2, device=DEV, generator=g).half()
+            out = torch.empty(m, n, device=DEV, dtype=torch.float16)
+            split = time_fn([lambda: run_wgmma(w_full, x_full, None, out, bn, 2 * tiles, 2)])
+            half = time_fn([lambda: run_wgmma(w_half, x_half, None, out, bn, tiles, 1)])
+            whole = time_fn([lambda: run_wgmma(w_full, x_full, None, out, bn, tiles, 1)])
+            log(f"split cost {fmt} {n}x{k} M={m} {tile_name(bn)} {tiles} tiles: {split - half:.1f} us "
+                f"(split {split:.1f} us, half depth unsplit {half:.1f} us, whole {whole:.1f} us, "
+                f"k-block {(whole - half) / (k // 128):.3f} us)")
+
+
 def report(path):
     """Markdown tables of a results.json: each variant's time over fp16, dequantize + F.linear first."""
     d = json.load(open(path))
@@ -172,6 +195,9 @@ if __name__ == "__main__" and MODE == "report":
 
 if __name__ == "__main__":
     log(f"device {PROPS.name} sms {PROPS.multi_processor_count} torch {torch.__version__} cuda {torch.version.cuda}")
+    if MODE == "splitcost":
+        split_cost()
+        sys.exit(0)
     ok = check() if MODE in ("all", "check") else True
     if MODE in ("all", "bench") and ok:
         t0 = time.time()
