@@ -30,15 +30,16 @@ namespace qpool::quant::cuda::sm90 {
 // only for blocks after it, which never wait for it: no cycle. MakeSchedule picks stream-K when
 // its share plus kSplitCost k-blocks (the measured cost of a split tile: drained pipeline, the
 // slot's round trip) is under 0.9 of the data-parallel blocks' tiles x k_blocks.
-// Where a split's time goes (H100, 256-row tiles, a %globaltimer trace of each block's phases;
-// one split costs 6.3-7.3 us against the same work unsplit, 11-13 k-blocks, `harness.py
-// splitcost` in bench/quant_large_m; 4.9-5.1 us with 128-row tiles): the contributor
-// takes 2.2 us to issue its 128 KB of f32 sums (the multiprocessor's store rate to L2, about
-// 32 bytes a cycle) and 0.8-2.2 us to fence and flag them; the owner, done with its own k-range
-// at the same time, waits for that flag and then reads the sums for 1.1 us before its usual
-// epilogue. 16-byte stores and loads of the sums measured the same as 4-byte ones. Cheaper
-// splits need the sums off L2: a reduction through distributed shared memory between the blocks
-// of a cluster, or a bulk store from shared memory that overlaps the block's next segment.
+// Where a split's time goes (H100, 256-row tiles, a %globaltimer trace of each block's phases):
+// the contributor takes 2.2 us to issue its 128 KB of f32 sums (the multiprocessor's store rate
+// to L2, about 32 bytes a cycle) and 0.8-2.2 us more before its flag is set; the owner, done
+// with its own k-range at the same time, waits for that flag and then reads the sums for 1.1 us
+// before its usual epilogue. One split costs 5.7-6.8 us against the same work unsplit, 10-12
+// k-blocks (`harness.py splitcost` in bench/quant_large_m; 4.5-5.0 us with 128-row tiles), since
+// the contributor's threads stopped fencing one by one before its single release (0.3-0.6 us
+// less). 16-byte stores and loads of the sums measured the same as 4-byte ones. Cheaper splits
+// need the sums off L2: a reduction through distributed shared memory between the blocks of a
+// cluster, or a bulk store from shared memory that overlaps the block's next segment.
 inline constexpr int kSplitCost = 24;
 
 struct Schedule {
