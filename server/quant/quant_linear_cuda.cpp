@@ -119,8 +119,8 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
-// large-M linear]) runs int8 at 0.88-0.98 of the fp16 GEMM's rate on the large layers at
-// M = 4096 and nf4 at 0.87-0.92; it wins where dequantizing costs most next to the product and
+// large-M linear]) runs int8 at 0.89-0.97 of the fp16 GEMM's rate on the large layers at
+// M = 4096 and nf4 at 0.85-0.92; it wins where dequantizing costs most next to the product and
 // its tiles (or its stream-K shares) fill the GPU:
 // - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
 //   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 1024: 0.34-0.75 of the dequantize

@@ -104,6 +104,7 @@ TEST(WgmmaSchedule, AutomaticChoiceFollowsTheMeasurements) {
   EXPECT_TRUE(stream_k(3072, 3072, 77, 128));     // Flux attention: 24 tiles of 48
   EXPECT_FALSE(stream_k(3072, 3072, 1024, 256));  // 96 tiles of 48: the split costs more
   EXPECT_FALSE(stream_k(12288, 3072, 77, 128));   // Flux MLP up: 96 tiles of 48
+  EXPECT_TRUE(stream_k(12288, 3072, 512, 256));   // 192 tiles of 48: 1.45 waves
   EXPECT_FALSE(stream_k(12288, 3072, 4096, 256));
   EXPECT_FALSE(stream_k(10240, 1280, 77, 128));  // SDXL feed-forward: 80 tiles of 20
   EXPECT_FALSE(stream_k(320, 320, 4096, 256));   // 5 k-blocks: never worth a split

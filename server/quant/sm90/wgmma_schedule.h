@@ -28,8 +28,10 @@ namespace qpool::quant::cuda::sm90 {
 //   zeroed before each launch that splits a tile.
 // Contributions come first in their blocks and owners last, so owners rarely wait; a block waits
 // only for blocks after it, which never wait for it: no cycle. MakeSchedule picks stream-K when
-// its share plus kSplitCost k-blocks (the measured cost of a split tile: drained pipeline, the
-// slot's round trip) is under 0.9 of the data-parallel blocks' tiles x k_blocks.
+// its share plus kSplitCost k-blocks is under 0.9 of the data-parallel blocks' tiles x k_blocks.
+// kSplitCost = 16: over every layer, M and tile of bench/results/quant_linear_large_m_h100.json,
+// 12-16 chose the faster of the forced schedules most often (47 choices more than 5% slower than
+// the other schedule, against 83 with the 24 used before and 122 with 8).
 // Where a split's time goes (H100, 256-row tiles, a %globaltimer trace of each block's phases):
 // the contributor takes 2.2 us to issue its 128 KB of f32 sums (the multiprocessor's store rate
 // to L2, about 32 bytes a cycle) and 0.8-2.2 us more before its flag is set; the owner, done
@@ -40,7 +42,7 @@ namespace qpool::quant::cuda::sm90 {
 // less). 16-byte stores and loads of the sums measured the same as 4-byte ones. Cheaper splits
 // need the sums off L2: a reduction through distributed shared memory between the blocks of a
 // cluster, or a bulk store from shared memory that overlaps the block's next segment.
-inline constexpr int kSplitCost = 24;
+inline constexpr int kSplitCost = 16;
 
 struct Schedule {
   int64_t work = 0;  // tiles x k_blocks
