@@ -78,7 +78,7 @@ struct Smem {
   static constexpr int kTableBytes = kNf4 ? kNf4PairTableBytes : 0;  // Note [NF4 pair table]
   static constexpr int kFixed = kEpiBytes + kTableBytes + 256 + 1024;  // + barriers, slack
   // Note [Stage count]: 4 stages at 256 rows measured 3-4% faster than the 5 that fit (median
-  // over the benchmark layers at M = 1024 and 4096; 3 stages slower again), 8 at 128 rows.
+  // over the benchmark layers at M = 1024 and 4096; 3 stages slower again), 8 at 128 and 64 rows.
   static constexpr int kMaxStages = kBn == 256 ? 4 : 8;
   static constexpr int kStages = std::min(kMaxStages, (kMaxSmem - kFixed) / kStageBytes);
   static constexpr int kBytes = kStages * kStageBytes + kFixed;
