@@ -68,7 +68,9 @@ def run_dequant_linear(w, x, bias, wbuf):
 def check():
     g = torch.Generator(device=DEV)
     g.manual_seed(4321)
-    shapes = [(320, 320), (200, 768), (8, 64), (1280, 640), (136, 2048), (3072, 128), (264, 1280)]
+    # (264, 8192): bands of x shorter than x (Note [Tile raster]) at M = 2049
+    shapes = [(320, 320), (200, 768), (8, 64), (1280, 640), (136, 2048), (3072, 128), (264, 1280),
+              (264, 8192)]
     fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 128, True),
             ("nf4", 256, False), ("nf4", 1024, True)]
     ms = [1, 7, 64, 100, 128, 129, 255, 256, 300, 513, 1024, 2049]  # 2049: several tiles per block

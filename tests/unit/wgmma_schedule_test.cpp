@@ -110,6 +110,48 @@ TEST(WgmmaSchedule, AutomaticChoiceFollowsTheMeasurements) {
   EXPECT_FALSE(stream_k(320, 320, 4096, 256));   // 5 k-blocks: never worth a split
 }
 
+// Note [Tile raster]: every tile lands on one row tile and one feature tile, each pair once, and
+// the tiles of band b are exactly the row tiles of band b.
+TEST(WgmmaSchedule, RasterPlacesEveryTileOnceBandByBand) {
+  for (int m_tiles : {1, 3, 8, 17, 33}) {
+    for (int n_tiles : {1, 5, 24}) {
+      for (int group : {1, 2, 8, 40}) {
+        TileRaster r;
+        r.m_tiles = m_tiles;
+        r.n_tiles = n_tiles;
+        r.group = std::min(group, m_tiles);
+        std::vector<int> seen(m_tiles * n_tiles, 0);
+        for (int t = 0; t < m_tiles * n_tiles; ++t) {
+          int m = -1, n = -1;
+          r.Origin(t, m, n);
+          const std::string what = std::to_string(m_tiles) + " x " + std::to_string(n_tiles) +
+                                   ", group " + std::to_string(r.group) + ", tile " +
+                                   std::to_string(t);
+          ASSERT_TRUE(m >= 0 && m < m_tiles && n >= 0 && n < n_tiles) << what;
+          EXPECT_EQ(m / r.group, t / (r.group * n_tiles)) << what;
+          ++seen[m * n_tiles + n];
+        }
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), m_tiles * n_tiles);
+      }
+    }
+  }
+}
+
+TEST(WgmmaSchedule, RasterBandHoldsSixteenMegabytesOfX) {
+  // 256 rows x 3072 values of fp16: 1.5 MB per row tile, 10 per band.
+  EXPECT_EQ(PlanRaster(32, 96, 256 * 3072 * 2).group, 10);
+  // A band as tall as x: the plain order, row tiles fastest.
+  const TileRaster plain = PlanRaster(4, 24, 256 * 3072 * 2);
+  EXPECT_EQ(plain.group, 4);
+  for (int t = 0; t < 96; ++t) {
+    int m = -1, n = -1;
+    plain.Origin(t, m, n);
+    EXPECT_EQ(m, t % 4);
+    EXPECT_EQ(n, t / 4);
+  }
+  EXPECT_EQ(PlanRaster(9, 24, int64_t{256} * 65536 * 2).group, 1);  // a row tile beyond 16 MB
+}
+
 TEST(WgmmaSchedule, StreamKGivesEveryBlockWorkEvenWithFewerIterationsThanBlocks) {
   const Schedule sched = PlanSchedule(3, 5, 132, WgmmaSchedule::kStreamK);
   EXPECT_EQ(sched.blocks, 15);

@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
   const int64_t N = w.rows, K = w.in_features;
   const int k_blocks = sched.k_blocks;
-  const int m_tiles = (M + kBn - 1) / kBn;
   const int b = blockIdx.x;
 
   if (tid == 0) {
@@ -150,7 +149,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t raw_q[4] = {};
     auto fetch = [&](int tile, int kb) {
       if constexpr (kNf4) {
-        const int n0 = tile / m_tiles * 128;
+        int m_tile = 0, n_tile = 0;
+        sched.raster.Origin(tile, m_tile, n_tile);
+        const int n0 = n_tile * 128;
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int64_t n = n0 + lane + kWarp * r;
@@ -167,7 +168,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     SegmentCursor segments(sched, b);
     int it = 0, tile = 0, first = 0, last = 0;
     while (segments.Next(tile, first, last)) {
-      const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
+      int m_tile = 0, n_tile = 0;
+      sched.raster.Origin(tile, m_tile, n_tile);
+      const int n0 = n_tile * 128, m0 = m_tile * kBn;
       fetch(tile, first);
       for (int kb = first; kb < last; ++kb, ++it) {
         uint32_t pairs[4] = {};
@@ -242,7 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   SegmentCursor segments(sched, b);
   int it = 0, tile = 0, first = 0, last = 0;
   while (segments.Next(tile, first, last)) {
-    const int n0 = tile / m_tiles * 128, m0 = tile % m_tiles * kBn;
+    int m_tile = 0, n_tile = 0;
+    sched.raster.Origin(tile, m_tile, n_tile);
+    const int n0 = n_tile * 128, m0 = m_tile * kBn;
     fetch(it);
     int kb = first;
     for (; kb + 1 < last; kb += 2) {
@@ -378,10 +383,13 @@ bool KernelsLoadable() {
 
 // The schedule of a launch (Note [Stream-K schedule]) and whether it splits any tile.
 Schedule MakeSchedule(const PackedWeightView& w, int64_t m, const WgmmaTile& tile, bool* split) {
-  const int64_t tiles = (w.rows + 127) / 128 * ((m + tile.rows - 1) / tile.rows);
+  const int64_t m_tiles = (m + tile.rows - 1) / tile.rows, n_tiles = (w.rows + 127) / 128;
+  const int64_t tiles = m_tiles * n_tiles;
   TORCH_CHECK(tiles < (int64_t{1} << 31), "LaunchWgmmaLinear: too many tiles");
-  const Schedule sched = sm90::PlanSchedule(tiles, static_cast<int>(w.in_features / kKBlock),
-                                            tile.sm_count, tile.schedule);
+  Schedule sched = sm90::PlanSchedule(tiles, static_cast<int>(w.in_features / kKBlock),
+                                      tile.sm_count, tile.schedule);
+  sched.raster = sm90::PlanRaster(static_cast<int>(m_tiles), static_cast<int>(n_tiles),
+                                  int64_t{tile.rows} * w.in_features * 2);
   *split = sm90::SplitsTiles(sched);
   return sched;
 }

@@ -1,0 +1,70 @@
+# Side-by-side timing of builds of this harness's library (build.sh), interleaved per case, against
+# fp16 F.linear: the way to compare two versions of the sm_90a kernel in one run.
+# Usage: LIBS=name=path.so,name=path.so [LAYERS=a,b] [MS=1024,4096] [FMTS=int8,nf4,nf4dq]
+#        [BNS=256] [SCHED=0] python3 ab.py   (SCHED: 0 automatic, 1 data-parallel, 2 stream-K)
+# Prints a line per case and writes ab.json to $OUT (or /tmp/out).
+import ctypes, json, os, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "quant_small_m"))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from qk_common import DEV, SHAPES, Weight, time_fn  # noqa: E402
+
+P = ctypes.c_void_p
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    lib.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, P, P]
+    lib.qk_wgmma_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.qk_wgmma_workspace.restype = ctypes.c_long
+    return lib
+
+
+def main():
+    libs = {k: load(v) for k, v in (a.split("=", 1) for a in os.environ["LIBS"].split(","))}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    workspace = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+
+    def run(lib, w, x, out, rows, schedule):
+        n = lib.qk_wgmma_workspace(w.vp, x.shape[0], rows, sms, schedule)
+        assert 0 <= n <= workspace.numel()
+        stream = P(torch.cuda.current_stream().cuda_stream)
+        assert lib.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], None, out.data_ptr(), 1, rows, sms,
+                            schedule, workspace.data_ptr() if n else None, stream) == 0
+
+    layers = os.environ.get("LAYERS", "flux_mlp_up_3072x12288,sdxl_ff_1280x10240").split(",")
+    ms = [int(v) for v in os.environ.get("MS", "1024,4096").split(",")]
+    fmts = os.environ.get("FMTS", "int8,nf4,nf4dq").split(",")
+    bns = [int(v) for v in os.environ.get("BNS", "256").split(",")]
+    schedules = [int(v) for v in os.environ.get("SCHED", "0").split(",")]
+    g = torch.Generator(device=DEV)
+    g.manual_seed(7)
+    rows = []
+    for name, k, n in SHAPES:
+        if name not in layers:
+            continue
+        wf = torch.randn(n, k, device=DEV, generator=g).half() * 0.05
+        for fmt in fmts:
+            w = Weight(n, k, "int8" if fmt == "int8" else "nf4", 64, fmt == "nf4dq", g, ref=False)
+            for m in ms:
+                x = torch.randn(m, k, device=DEV, generator=g).half()
+                out = torch.empty(m, n, device=DEV, dtype=torch.float16)
+                f = time_fn([lambda: F.linear(x, wf)])
+                line = f"{name:26s} {fmt:6s} M={m:5d} fp16 {f:7.1f}us"
+                for bn in bns:
+                    for sc in schedules:
+                        for key, lib in libs.items():
+                            t = time_fn([lambda lib=lib: run(lib, w, x, out, bn, sc)])
+                            line += f" | {key}{bn}s{sc} {t / f:.3f}"
+                            rows.append(dict(layer=name, fmt=fmt, M=m, fp16=f, lib=key, bn=bn, sched=sc, us=t))
+                print(line, flush=True)
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    json.dump(rows, open(os.path.join(out_dir, "ab.json"), "w"), indent=0)
+
+
+if __name__ == "__main__":
+    main()
