@@ -38,6 +38,12 @@ namespace {
 //   then, long scoreboard) while wgmma.wait_group 1 almost never waited, so the tensor pipe was
 //   starved by the decode's latency. Loading ahead took int8 on the Flux MLP layers at M = 4096
 //   from 1.12-1.18x to 1.03-1.08x fp16.
+// - Tried and dropped: decoder warps (the producer warpgroup's three idle warps) writing the
+//   decoded weight tile into shared memory for wgmma's with both operands there, the layout of
+//   fp16 GEMMs. Correct, but 27-37% slower on the large layers at M = 1024-4096: three warps
+//   decode slower than the tensor pipe consumes (128-row tiles, half the products per decoded
+//   k-block, took only a quarter less time per k-block), and the decoded slots leave int8 three
+//   stages.
 // - The A fragments alternate between two register sets (the k-loop is unrolled by two), so a
 //   k-block is decoded while the wgmma's of the one before still read theirs; ptxas reports no
 //   wgmma serialization (a conditional second step inside the loop caused one).
