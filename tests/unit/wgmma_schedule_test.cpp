@@ -97,7 +97,9 @@ TEST(WgmmaSchedule, EveryScheduleCoversEachTileOnceAndOwnersWaitForExactlyTheirC
 TEST(WgmmaSchedule, AutomaticChoiceFollowsTheMeasurements) {
   auto stream_k = [](int64_t n, int64_t k, int64_t m, int rows) {
     const int64_t tiles = (n + 127) / 128 * ((m + rows - 1) / rows);
-    return PlanSchedule(tiles, static_cast<int>(k / 64), 132, WgmmaSchedule::kAuto).stream_k;
+    const bool x_in_l2 = m * k * 2 <= kRasterBandBytes;
+    return PlanSchedule(tiles, static_cast<int>(k / 64), 132, WgmmaSchedule::kAuto, x_in_l2)
+        .stream_k;
   };
   EXPECT_TRUE(stream_k(3072, 12288, 77, 128));    // Flux MLP down: 24 tiles of 192 k-blocks
   EXPECT_TRUE(stream_k(3072, 12288, 1024, 256));  // 96 tiles of 192
@@ -108,6 +110,10 @@ TEST(WgmmaSchedule, AutomaticChoiceFollowsTheMeasurements) {
   EXPECT_FALSE(stream_k(12288, 3072, 4096, 256));
   EXPECT_FALSE(stream_k(10240, 1280, 77, 128));  // SDXL feed-forward: 80 tiles of 20
   EXPECT_FALSE(stream_k(320, 320, 4096, 256));   // 5 k-blocks: never worth a split
+  // Three waves or more: only while x fits a raster band.
+  EXPECT_TRUE(stream_k(12288, 3072, 154, 64));     // Flux MLP up, 288 tiles, 0.9 MB of x
+  EXPECT_FALSE(stream_k(3072, 12288, 4608, 256));  // Flux MLP down, 432 tiles, 113 MB of x
+  EXPECT_FALSE(stream_k(3072, 12288, 6144, 256));
 }
 
 // Note [Tile raster]: every tile lands on one row tile and one feature tile, each pair once, and

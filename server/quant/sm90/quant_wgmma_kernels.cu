@@ -392,8 +392,9 @@ Schedule MakeSchedule(const PackedWeightView& w, int64_t m, const WgmmaTile& til
   const int64_t m_tiles = (m + tile.rows - 1) / tile.rows, n_tiles = (w.rows + 127) / 128;
   const int64_t tiles = m_tiles * n_tiles;
   TORCH_CHECK(tiles < (int64_t{1} << 31), "LaunchWgmmaLinear: too many tiles");
+  const bool x_in_l2 = m * w.in_features * 2 <= sm90::kRasterBandBytes;
   Schedule sched = sm90::PlanSchedule(tiles, static_cast<int>(w.in_features / kKBlock),
-                                      tile.sm_count, tile.schedule);
+                                      tile.sm_count, tile.schedule, x_in_l2);
   sched.raster = sm90::PlanRaster(static_cast<int>(m_tiles), static_cast<int>(n_tiles),
                                   int64_t{tile.rows} * w.in_features * 2);
   *split = sm90::SplitsTiles(sched);

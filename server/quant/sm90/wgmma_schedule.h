@@ -123,17 +123,23 @@ struct SegmentCursor {
 };
 
 // The schedule of `tiles` output tiles of `k_blocks` k-blocks each on `sm_count`
-// multiprocessors (tiles < 2^31, k_blocks >= 1).
-inline Schedule PlanSchedule(int64_t tiles, int k_blocks, int sm_count, WgmmaSchedule mode) {
+// multiprocessors (tiles < 2^31, k_blocks >= 1). `x_in_l2`: x fits a raster band (Note [Tile
+// raster]). The automatic choice takes stream-K at three waves or more only then: contiguous
+// shares put the blocks that share rows of x at different k positions, and on Flux MLP down at
+// M = 4608-6144 (113-151 MB of x) stream-K ran at 1.57-1.87x fp16 against 1.07-1.32x
+// data-parallel, while it won with 0.9 MB of x (Flux MLP up at M = 154, 64-row tiles).
+inline Schedule PlanSchedule(int64_t tiles, int k_blocks, int sm_count, WgmmaSchedule mode,
+                             bool x_in_l2 = true) {
   Schedule sched;
   sched.k_blocks = k_blocks;
   sched.tiles = static_cast<int>(tiles);
   sched.work = tiles * k_blocks;
   const int64_t waves = (tiles + sm_count - 1) / sm_count;
   const double share = static_cast<double>(sched.work) / sm_count + kSplitCost;
-  sched.stream_k = mode == WgmmaSchedule::kAuto
-                       ? share < 0.9 * static_cast<double>(waves * k_blocks)
-                       : mode == WgmmaSchedule::kStreamK;
+  sched.stream_k =
+      mode == WgmmaSchedule::kAuto
+          ? share < 0.9 * static_cast<double>(waves * k_blocks) && (waves <= 2 || x_in_l2)
+          : mode == WgmmaSchedule::kStreamK;
   // Stream-K: every block gets at least one k-block (an owner waits for each block after it that
   // starts inside its tile).
   sched.blocks = static_cast<int>(std::min<int64_t>(sched.stream_k ? sched.work : tiles, sm_count));
