@@ -3,38 +3,18 @@
 # Usage: LIBS=name=path.so,name=path.so [LAYERS=a,b] [MS=1024,4096] [FMTS=int8,nf4,nf4dq]
 #        [BNS=256] [SCHED=0] python3 ab.py   (SCHED: 0 automatic, 1 data-parallel, 2 stream-K)
 # Prints a line per case and writes ab.json to $OUT (or /tmp/out).
-import ctypes, json, os, sys
+import json, os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "quant_small_m"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from qk_common import DEV, SHAPES, Weight, time_fn  # noqa: E402
-
-P = ctypes.c_void_p
-
-
-def load(path):
-    lib = ctypes.CDLL(path)
-    lib.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_int, P, P]
-    lib.qk_wgmma_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.qk_wgmma_workspace.restype = ctypes.c_long
-    return lib
+from qk_large import Library  # noqa: E402
 
 
 def main():
-    libs = {k: load(v) for k, v in (a.split("=", 1) for a in os.environ["LIBS"].split(","))}
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    workspace = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
-
-    def run(lib, w, x, out, rows, schedule):
-        n = lib.qk_wgmma_workspace(w.vp, x.shape[0], rows, sms, schedule)
-        assert 0 <= n <= workspace.numel()
-        stream = P(torch.cuda.current_stream().cuda_stream)
-        assert lib.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], None, out.data_ptr(), 1, rows, sms,
-                            schedule, workspace.data_ptr() if n else None, stream) == 0
-
+    libs = {k: Library(v) for k, v in (a.split("=", 1) for a in os.environ["LIBS"].split(","))}
     layers = os.environ.get("LAYERS", "flux_mlp_up_3072x12288,sdxl_ff_1280x10240").split(",")
     ms = [int(v) for v in os.environ.get("MS", "1024,4096").split(",")]
     fmts = os.environ.get("FMTS", "int8,nf4,nf4dq").split(",")
@@ -57,7 +37,7 @@ def main():
                 for bn in bns:
                     for sc in schedules:
                         for key, lib in libs.items():
-                            t = time_fn([lambda lib=lib: run(lib, w, x, out, bn, sc)])
+                            t = time_fn([lambda lib=lib: lib.wgmma(w, x, None, out, bn, None, sc)])
                             line += f" | {key}{bn}s{sc} {t / f:.3f}"
                             rows.append(dict(layer=name, fmt=fmt, M=m, fp16=f, lib=key, bn=bn, sched=sc, us=t))
                 print(line, flush=True)

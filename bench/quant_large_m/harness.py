@@ -4,29 +4,22 @@
 # (or /tmp/out). Usage: python3 harness.py [check|bench|all] [M,M,...] (default 77,154,256,512,1024,4096);
 # python3 harness.py splitcost measures one stream-K split;
 # python3 harness.py report results.json prints the markdown tables of bench/results.
-import ctypes, json, os, sys, time
+import json, os, sys, time
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "quant_small_m"))
 from qk_common import DEV, SHAPES, Weight, time_fn  # noqa: E402
+from qk_large import Library  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.environ.get("OUT", "/tmp/out")
 os.makedirs(OUT, exist_ok=True)
 LOG = open(os.path.join(OUT, "log.txt"), "a")
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
 MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 and MODE != "report" else (77, 154, 256, 512, 1024, 4096)
 BNS = (256, 128, 64)  # rows of x per output tile
-TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-P = ctypes.c_void_p
 if MODE != "report":
-    LIB = ctypes.CDLL(os.path.join(HERE, "libqk_large.so"))
-    LIB.qk_dequant.argtypes = [P, P, ctypes.c_int, P]
-    LIB.qk_wgmma_supported.argtypes = [P, P, ctypes.c_long, ctypes.c_int]
-    LIB.qk_wgmma.argtypes = [P, P, ctypes.c_long, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, P, P]
-    LIB.qk_wgmma_workspace.argtypes = [P, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    LIB.qk_wgmma_workspace.restype = ctypes.c_long
+    LIB = Library()
     PROPS = torch.cuda.get_device_properties(0)
 
 
@@ -37,31 +30,16 @@ def log(*a):
     LOG.flush()
 
 
-def stream():
-    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-
-
 def tile_name(bn):
     return f"wg{bn}"
 
 
-WORKSPACE = {}  # workspace tensors by size, reused across calls
-
-
 def run_wgmma(w, x, bias, out, bn, sms=None, schedule=0):
-    """schedule: 0 automatic, 1 data-parallel, 2 stream-K (cuda::WgmmaSchedule)."""
-    sms = sms or PROPS.multi_processor_count
-    n = LIB.qk_wgmma_workspace(w.vp, x.shape[0], bn, sms, schedule)
-    assert n >= 0
-    ws = WORKSPACE.get(n)
-    if ws is None:
-        ws = WORKSPACE[n] = torch.empty(max(n, 16), dtype=torch.uint8, device=DEV)
-    assert LIB.qk_wgmma(w.vp, x.data_ptr(), x.shape[0], bias.data_ptr() if bias is not None else None,
-                        out.data_ptr(), TYPE[x.dtype], bn, sms, schedule, ws.data_ptr() if n else None, stream()) == 0
+    LIB.wgmma(w, x, bias, out, bn, sms, schedule)
 
 
 def run_dequant_linear(w, x, bias, wbuf):
-    assert LIB.qk_dequant(w.vp, wbuf.data_ptr(), TYPE[x.dtype], stream()) == 0
+    LIB.dequant(w, wbuf)
     return F.linear(x, wbuf, bias)
 
 
@@ -86,7 +64,7 @@ def check():
                     x = torch.randn(m, k, device=DEV, generator=g).to(dt)
                     bias = torch.randn(n, device=DEV, generator=g).to(dt) if m % 2 else None
                     out = torch.empty(m, n, device=DEV, dtype=dt)
-                    sup = LIB.qk_wgmma_supported(w.vp, x.data_ptr(), m, TYPE[dt])
+                    sup = LIB.supported(w, x, m)
                     if sup != 1:
                         log(f"UNSUPPORTED {fmt} bs{bs} {n}x{k} -> {sup}")
                         return False

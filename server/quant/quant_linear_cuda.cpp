@@ -125,9 +125,9 @@ bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
 // - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
 //   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 1024: 0.34-0.75 of the dequantize
 //   path up to M = 256, int8 0.69-0.84 and nf4 0.73-0.92 (double quant included) at 512-1024.
-//   int8 also at M = 4096 (0.92-0.99), not at 8192 (dequantize + cuBLAS 1.00-1.16x fp16 against
-//   the kernel's 1.06-1.30x, measured before its banded raster, Note [Tile raster], which took
-//   Flux MLP down there to 0.97x: worth measuring again); nf4 not at 4096 (1.00-1.13).
+//   int8 also at M = 4096 (0.92-0.99); nf4 not there (1.00-1.13). Above M = 4096, with the
+//   banded raster (Note [Tile raster]), dequantize + cuBLAS is ahead or even at 4608 on every
+//   layer, and the kernel ahead at 8192 on the Flux layers only: the rule stops at 4096.
 // - large square layers (K, N >= 3072: Flux 3072 x 3072): int8 at 256 <= M <= 4096, 0.82-0.95
 //   (below M = 256 it loses, 1.07-1.15); nf4 without double quant at 512 < M <= 1024, 0.93 (at
 //   M = 512 1.14; double quant 0.98 at 1024, left out).

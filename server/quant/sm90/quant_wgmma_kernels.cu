@@ -153,11 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stage.
     float raw[4] = {};
     uint32_t raw_q[4] = {};
-    auto fetch = [&](int tile, int kb) {
+    auto fetch = [&](int n0, int kb) {  // the tile's first feature n0
       if constexpr (kNf4) {
-        int m_tile = 0, n_tile = 0;
-        sched.raster.Origin(tile, m_tile, n_tile);
-        const int n0 = n_tile * 128;
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int64_t n = n0 + lane + kWarp * r;
@@ -174,10 +171,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     SegmentCursor segments(sched, b);
     int it = 0, tile = 0, first = 0, last = 0;
     while (segments.Next(tile, first, last)) {
-      int m_tile = 0, n_tile = 0;
-      sched.raster.Origin(tile, m_tile, n_tile);
-      const int n0 = n_tile * 128, m0 = m_tile * kBn;
-      fetch(tile, first);
+      int m0 = 0, n0 = 0;
+      sched.TileStart(tile, kBn, m0, n0);
+      fetch(n0, first);
       for (int kb = first; kb < last; ++kb, ++it) {
         uint32_t pairs[4] = {};
         if constexpr (kNf4) {
@@ -188,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t bits = Bits(FromFloat<T>(sv));
             pairs[r] = bits | (bits << 16);
           }
-          if (kb + 1 < last) fetch(tile, kb + 1);
+          if (kb + 1 < last) fetch(n0, kb + 1);
         }
         const int s = it % kStages;
         if (it >= kStages) BarrierWait(empty_bar + 8 * s, (it / kStages - 1) & 1);
@@ -251,9 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   SegmentCursor segments(sched, b);
   int it = 0, tile = 0, first = 0, last = 0;
   while (segments.Next(tile, first, last)) {
-    int m_tile = 0, n_tile = 0;
-    sched.raster.Origin(tile, m_tile, n_tile);
-    const int n0 = n_tile * 128, m0 = m_tile * kBn;
+    int m0 = 0, n0 = 0;
+    sched.TileStart(tile, kBn, m0, n0);
     fetch(it);
     int kb = first;
     for (; kb + 1 < last; kb += 2) {

@@ -89,6 +89,13 @@ struct Schedule {
   int blocks = 1;
   bool stream_k = false;
   TileRaster raster;  // where each tile sits (Note [Tile raster])
+  // The first row of x (`rows` per tile) and the first feature of tile `tile`.
+  __host__ __device__ void TileStart(int tile, int rows, int& m0, int& n0) const {
+    int m_tile = 0, n_tile = 0;
+    raster.Origin(tile, m_tile, n_tile);
+    m0 = m_tile * rows;
+    n0 = n_tile * 128;
+  }
   // First iteration of block b's stream-K share.
   __host__ __device__ int64_t Begin(int b) const { return work * b / blocks; }
   // Whether block c, after the owner of a tile whose iterations end before `tile_end`,
