@@ -16,16 +16,10 @@ rows = int(args[3] or 256)
 schedule = int(args[4] or 0)
 calls = int(args[5] or 4)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "quant_small_m"))
-from qk_common import DEV, SHAPES, Weight  # noqa: E402
+from qk_common import layer_inputs  # noqa: E402
 from qk_large import Library  # noqa: E402
 
-k, n = next((k, n) for name, k, n in SHAPES if name == layer)
-g = torch.Generator(device=DEV)
-g.manual_seed(7)
-w = Weight(n, k, "int8" if fmt == "int8" else "nf4", 64, fmt == "nf4dq", g, ref=False)
-wf = torch.randn(n, k, device=DEV, generator=g).half() * 0.05
-x = torch.randn(m, k, device=DEV, generator=g).half()
-out = torch.empty(m, n, device=DEV, dtype=torch.float16)
+w, wf, x, out = layer_inputs(layer, fmt, m)
 lib = Library()
 for _ in range(calls):
     F.linear(x, wf)

@@ -21,7 +21,9 @@ build_lib() {
     nvcc $F -I "$dir" -Xptxas -v -c "$cu" -o "$o" 2> "$dir/$(basename "$cu" .cu).ptxas.txt" &
     objs+=("$o")
   done
-  nvcc $F -I "$dir" -Xcompiler -fvisibility=default -c "$HERE/shim.cu" -o "$dir/shim.o" &
+  local shim_flags=""
+  grep -q "int tiles" "$dir/quant/quant_kernels.h" || shim_flags="-DQK_NO_SHAPE"
+  nvcc $F $shim_flags -I "$dir" -Xcompiler -fvisibility=default -c "$HERE/shim.cu" -o "$dir/shim.o" &
   wait
   nvcc -shared -o "$HERE/libqk_$name.so" "${objs[@]}" "$dir/shim.o" \
     -L "$TORCH/lib" -lc10 -lc10_cuda -lcudart_static

@@ -207,8 +207,9 @@ if __name__ == "__main__":
     if MODE in ("all", "bench"):
         t0 = time.time()
         # two rounds; each entry keeps the lower of its two medians (guards against a disturbed round)
-        rows = bench()
-        rows2 = bench()
+        cold = os.environ.get("COLD", "1") == "1"  # COLD=0: L2-warm weights only
+        rows = bench(cold=cold)
+        rows2 = bench(cold=cold)
         for r, r2 in zip(rows, rows2):
             for kk, vv in r2.items():
                 if isinstance(vv, float):

@@ -76,6 +76,17 @@ SHAPES = [("sd15_attn_320x320", 320, 320), ("sd15_geglu_320x2560", 320, 2560),
           ("flux_mlp_up_3072x12288", 3072, 12288), ("flux_mlp_down_12288x3072", 12288, 3072)]
 
 
+def layer_inputs(layer, fmt, m):
+    """A benchmark layer for a profiler: (packed weight, fp16 weight, x, out), seeded."""
+    k, n = next((k, n) for name, k, n in SHAPES if name == layer)
+    g = torch.Generator(device=DEV)
+    g.manual_seed(7)
+    w = Weight(n, k, "int8" if fmt == "int8" else "nf4", 64, fmt == "nf4dq", g, ref=False)
+    wf = torch.randn(n, k, device=DEV, generator=g).half() * 0.05
+    x = torch.randn(m, k, device=DEV, generator=g).half()
+    return w, wf, x, torch.empty(m, n, device=DEV, dtype=torch.float16)
+
+
 def time_fn(fns, calls=20, samples=15):
     """Median us per call; fns is a list cycled through (several weight copies for cold runs)."""
     for i in range(3):

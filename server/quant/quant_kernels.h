@@ -51,7 +51,23 @@ bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, Ele
 struct MmaDevice {
   int sm_count = 1;       // multiprocessors
   bool clusters = false;  // thread-block clusters (compute capability >= 9.0)
+  // The small-M kernel's block shape, 0 = chosen by the layer (Note [Small-M block shape];
+  // benchmarks and tests set them to measure or check one): n8 tiles per warp (2 or 4) and
+  // splits of k over a cluster (1-8, used where clusters are).
+  int tiles = 0;
+  int splits = 0;
 };
+
+// How LaunchMmaLinear runs a weight for m <= kMmaMaxRows on the current device (Note [Small-M
+// block shape]): n8 tiles per warp, splits of k over a cluster, blocks along the features, and
+// resident blocks per multiprocessor of that kernel. Host code.
+struct MmaPlan {
+  int tiles = 2;
+  int splits = 1;
+  int64_t blocks = 0;
+  int blocks_per_sm = 1;
+};
+MmaPlan PlanMmaLinear(const PackedWeightView& w, int64_t m, ElemType type, const MmaDevice& device);
 
 // Same contract as LaunchFusedLinear on tensor cores, in one launch without workspace: for
 // m <= kMmaMaxRows each packed weight byte is read once and applied to all m rows (Note

@@ -192,8 +192,32 @@ bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
                                     ElemTypeOf(x.scalar_type()));
 }
 
+namespace {
+
+cuda::MmaDevice MmaDeviceOf(MmaShape shape) {
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  cuda::MmaDevice device;
+  device.sm_count = props->multiProcessorCount;
+  device.clusters = props->major >= 9;
+  device.tiles = shape.tiles;
+  device.splits = shape.splits;
+  return device;
+}
+
+}  // namespace
+
+cuda::MmaPlan MmaPlanFor(const at::Tensor& x, const QuantState& s) {
+  c10::cuda::CUDAGuard guard(x.device());
+  const QuantLayout layout = CheckQuantLinearArgs(x, s, std::nullopt);
+  TORCH_CHECK(layout.format != QuantFormat::kNone, "MmaPlanFor: the weight is not quantized");
+  PackedWeight packed = MakePacked(s, layout);
+  return cuda::PlanMmaLinear(packed.view, x.numel() / layout.in_features,
+                             ElemTypeOf(x.scalar_type()), MmaDeviceOf({}));
+}
+
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
-                           const std::optional<at::Tensor>& bias, CudaPath path) {
+                           const std::optional<at::Tensor>& bias, CudaPath path,
+                           MmaShape mma_shape) {
   if (path == CudaPath::kAuto) path = PathFromEnvironment();
   CheckSameDevice(x, s, bias);
   TORCH_CHECK(x.is_cuda(), "qpool::quant_linear: the CUDA kernel got x on ", x.device());
@@ -245,13 +269,9 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
       mma_ok && !(layout.format == QuantFormat::kInt8 && m == 1) &&
       (m <= cuda::kMmaMaxRows || MediumMmaWins(m, layout.in_features, layout.out_features));
   if ((mma_ok && path == CudaPath::kMma) || (auto_mma && path == CudaPath::kAuto)) {
-    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-    cuda::MmaDevice device;
-    device.sm_count = props->multiProcessorCount;
-    device.clusters = props->major >= 9;
     at::Tensor out = at::empty({m, layout.out_features}, x.options());
     cuda::LaunchMmaLinear(packed.view, x2.data_ptr(), m, b ? b->data_ptr() : nullptr,
-                          out.data_ptr(), et, device, stream);
+                          out.data_ptr(), et, MmaDeviceOf(mma_shape), stream);
     return out.reshape(out_shape);
   }
   if (path == CudaPath::kMma) path = CudaPath::kAuto;

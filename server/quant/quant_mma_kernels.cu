@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "quant/quant_kernels.h"
 #include "quant/quant_mma_common.cuh"
@@ -20,9 +21,9 @@ namespace {
 // features); x is A, the decoded weight B.
 //
 // Work split. A block of kMmaWarps warps owns 8 * kTiles consecutive output features (kTiles n8
-// tiles per warp, Note [Tiles per warp]); its warps split the block's range of k between them
-// (warp w takes 64-byte steps w, w + kMmaWarps, ...) and add their float32 sums through shared
-// memory at the end. Lane (g, t) = (lane / 4, lane % 4) of a warp owns features n0 + 8 j + g (B
+// tiles per warp, Note [Small-M block shape]); its warps split the block's range of k between
+// them (warp w takes 64-byte steps w, w + kMmaWarps, ...) and add their float32 sums through
+// shared memory at the end. Lane (g, t) = (lane / 4, lane % 4) of a warp owns features n0 + 8 j + g (B
 // column g of tile j) and loads 16 contiguous packed bytes of each at byte t * 16 of a step, so a
 // quad reads 64 contiguous bytes of a row and every weight byte is loaded once, with a 16-byte
 // load that skips L1 (it is never read again). The x fragment of a step is loaded once (16-byte
@@ -39,32 +40,56 @@ namespace {
 // subtraction per pair), bf16 through float32; the row scale is applied at the end in float32.
 // Accumulation is float32.
 //
-// Note [Split-k over a cluster]: when the layer has too few feature blocks to fill the GPU,
-// gridDim.y splits k and the splits of one feature block form a thread-block cluster (Hopper,
-// at most kMmaMaxSplits blocks): each block leaves its sums in shared memory, and after a cluster
-// barrier every block adds one slice of the outputs from all the blocks' shared memory and
-// writes it. One launch, no float workspace, no second kernel. GPUs without clusters (sm_80) run
-// one split.
+// Note [Split-k over a cluster]: gridDim.y splits k and the splits of one feature block form a
+// thread-block cluster (Hopper, at most kMmaMaxSplits blocks): each block leaves its sums in
+// shared memory, and after a cluster barrier every block adds one slice of the outputs from all
+// the blocks' shared memory and writes it. One launch, no float workspace, no second kernel. GPUs
+// without clusters (sm_80) run one split.
 //
-// Note [Tiles per warp]
-// More tiles per warp read each x fragment for more features but leave fewer, longer warps and
-// fewer blocks. Measured on an H100 (bench/results/quant_linear_small_m_h100.md): 2 tiles are
-// faster for nf4 at M <= 8 and for int8 at every M (int8 decodes cheaply, so parallelism wins);
-// 4 tiles are faster for nf4 at M > 8, where x (two rows per lane) is the larger stream.
+// Note [Small-M block shape]
+// A call at these sizes lasts a few memory latencies, so what sets its time is how many rounds of
+// blocks it takes: a block that starts in a second wave pays the whole chain again (load, table,
+// steps, reduction). Measured on an H100 with every shape forced (bench/quant_small_m/shapes.py:
+// 2 or 4 tiles x 1, 2, 4 or 8 splits, 10 layers, M = 1, 4, 8, 16,
+// int8 / nf4 / nf4 + double quant; bench/results/quant_linear_small_m_shapes_h100.json):
+// - Splits pay only when the blocks still fit in one wave and each split keeps many steps. The
+//   earlier rule (enough splits for two blocks per multiprocessor) overshot into a second wave
+//   whenever fewer than three blocks fit, e.g. nf4 Flux attention at M = 1 ran 1.19x fp16 with
+//   2 splits and 0.75-0.78x with none. Now: the most of 1, 2, 4, 8 splits whose blocks fit in one
+//   wave (resident blocks from the occupancy calculator) with at least kMmaMinStepsPerSplit
+//   steps each; of the benchmark layers only Flux MLP down (K = 12288) splits.
+// - 4 tiles per warp where 2-tile blocks would take more than one wave (int8 and nf4 with M <= 8
+//   on N >= 10240), and for nf4 with M > 8 on deep layers (K >= kMmaDeepK), where x (two rows
+//   per lane) is the larger stream; otherwise 2 (int8 decodes cheaply, so parallelism wins).
+// - Blocks of several feature columns with fewer warps over k each (measured with a variant of
+//   this kernel) were never more than a few percent faster, and up to 4x slower with one warp
+//   over k, so all 8 warps of a block split k.
+// Measured side by side in one run, the rule's shapes take 0.91x the previous rule's time on
+// geometric mean (int8 0.92x, nf4 0.92x, nf4 + double quant 0.89x; up to 1.8x faster, e.g. nf4 +
+// double quant SDXL cross-attention K/V at M = 1), and the best forced shape of each case is
+// 1-2% faster than the rule's for int8 and nf4. The worst case, nf4 SD 1.5 feed-forward at
+// M <= 8 (1.12x the previous time), is a layer whose 2-tile blocks fitted one wave only with
+// three blocks per multiprocessor, which loading x ahead costs in registers.
 //
 // Where the time goes: at these sizes a call moves 0.05-20 MB, so most layers finish within a
-// few memory latencies; the kernel reaches 1-1.3 TB/s of packed weight on the largest layers.
-// Weights come one step ahead (Note [Prefetched steps]); the x loads of a step still wait on L2.
-// Two things measured no better: prefetching x into L1 one step ahead, and a ring of cp.async
+// few memory latencies; the kernel reaches 1.2-1.5 TB/s of packed weight on the largest layers.
+// Weights come one step ahead (Note [Prefetched steps]), and for M <= 8 the x fragment too. Two
+// things measured no better: prefetching x into L1 one step ahead, and a ring of cp.async
 // shared-memory stages that keeps 2-5 steps of weights in flight per warp (slower on most
-// layers, faster only for int8 on the Flux MLP layers).
+// layers, faster only for int8 on the Flux MLP layers). On the wide layers with K = 1280 (SD 1.5
+// and SDXL feed-forward) nf4 stays 1.1-1.7x fp16: a profile of SDXL's at M = 1 shows a block of
+// one or two steps per warp spending its time in the first weight load and at the reduction
+// barrier, with 1.2 waves of blocks.
 constexpr int kMmaWarps = 8;
 constexpr int kMmaTilesFew = 2;             // n8 tiles per warp: int8, and nf4 with M <= 8
 constexpr int kMmaTilesMany = 4;            // n8 tiles per warp: nf4 with M > 8
 constexpr int kMmaMaxSplits = 8;            // portable cluster size
-constexpr int kMmaBlocksPerSm = 2;          // target resident blocks per SM when choosing splits
-constexpr int kMmaMinBlocksPerSm = 2;       // register budget: 128 per thread
-constexpr int kMmaMinStepsPerSplit = 4;     // fewer leave most warps of a block idle
+// Register budget (Note [Small-M block shape]: a block that misses the first wave costs a whole
+// second round): nf4 128 per thread, two blocks per multiprocessor; int8 64 with 2 tiles per
+// warp and 80 with 4, four and three blocks.
+constexpr int MinBlocksPerSm(int tiles, bool nf4) { return nf4 ? 2 : (tiles == 2 ? 4 : 3); }
+constexpr int kMmaMinStepsPerSplit = 32;    // steps of 64 bytes per split of k
+constexpr int64_t kMmaDeepK = 3072;         // nf4 with M > 8 takes 4 tiles from this K
 constexpr int kMmaMaxTiles = 4;
 constexpr int kMmaMaxOutputs = kMmaMaxTiles * 4 * kWarp;  // c registers of one warp
 constexpr int kMmaRedBytes = (kMmaWarps + 1) * kMmaMaxOutputs * 4;
@@ -80,7 +105,7 @@ __device__ __forceinline__ void LoadX(const T* src, bool ok, uint32_t* out) {
 }
 
 template <typename T, int kTiles, bool kNf4, bool kDq, bool kRows16>
-__global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
+__global__ void __launch_bounds__(kMmaWarps* kWarp, MinBlocksPerSm(kTiles, kNf4))
     MmaLinearKernel(PackedWeightView w, const T* x, int M, const T* bias, T* out,
                     int steps_per_split) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -91,6 +116,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
   constexpr int kMmaSteps = kValues / 4;                           // mma's per chunk
   constexpr int kFeatures = 8 * kTiles;                           // output features per block
   constexpr int kOutputs = kTiles * 4 * kWarp;                     // c registers of one warp
+  // x one step ahead too, for M <= 8 (Note [Prefetched steps]); with M > 8 its registers spill.
+  constexpr bool kPrefetchX = !kRows16;
   const int g = lane / 4;
   const int64_t n0 = blockIdx.x * int64_t{kFeatures};
   LaneRows<T, kTiles> lr;
@@ -112,7 +139,22 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
   const int step_end = min(step_begin + steps_per_split, steps);
   int step = step_begin + warp;
   Stage<kTiles, kNf4, kDq> cur, next;
-  if (step < step_end) LoadStage<T>(w, lr, step, cur);
+  // x of a step: rows g (xa) and g + 8 (xb, M > 8 only), loaded one step ahead with the weights
+  // when kPrefetchX (x_next), else at the start of the step.
+  uint32_t xa[kValues / 2], xb[kValues / 2], xa_next[kPrefetchX ? kValues / 2 : 1],
+      xb_next[kPrefetchX && kRows16 ? kValues / 2 : 1];
+  const auto load_x = [&](int s, uint32_t* a, uint32_t* b) {
+    const int k0 = (kNf4 ? 2 : 1) * (s * kMmaStepBytes + lr.t * kChunkBytes);
+    const bool in_k = k0 < K;
+    LoadX<kValues / 2>(lr.x0 + k0, in_k && lr.x0_ok, a);
+    if constexpr (kRows16) LoadX<kValues / 2>(lr.x1 + k0, in_k && lr.x1_ok, b);
+  };
+#pragma unroll
+  for (int i = 0; i < kValues / 2; ++i) xb[i] = 0;
+  if (step < step_end) {
+    LoadStage<T>(w, lr, step, cur);
+    if constexpr (kPrefetchX) load_x(step, xa, xb);
+  }
 
   float offset = 0.f;
   static_assert(kMmaWarps * kWarp == 256, "the table fill assumes 256 threads");
@@ -127,16 +169,12 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
   for (int j = 0; j < kTiles; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 
   for (; step < step_end; step += kMmaWarps) {
-    if (step + kMmaWarps < step_end) LoadStage<T>(w, lr, step + kMmaWarps, next);
-    const int k0 = (kNf4 ? 2 : 1) * (step * kMmaStepBytes + lr.t * kChunkBytes);
-    const bool in_k = k0 < K;
-    uint32_t xa[kValues / 2], xb[kValues / 2];
-    LoadX<kValues / 2>(lr.x0 + k0, in_k && lr.x0_ok, xa);
-    if constexpr (kRows16) {
-      LoadX<kValues / 2>(lr.x1 + k0, in_k && lr.x1_ok, xb);
+    const bool more = step + kMmaWarps < step_end;
+    if (more) LoadStage<T>(w, lr, step + kMmaWarps, next);
+    if constexpr (kPrefetchX) {
+      if (more) load_x(step + kMmaWarps, xa_next, xb_next);
     } else {
-#pragma unroll
-      for (int i = 0; i < kValues / 2; ++i) xb[i] = 0;
+      load_x(step, xa, xb);
     }
     uint32_t scale[kTiles][2];
     if constexpr (kNf4) PackScales<T>(cur, s_nested, offset, scale);
@@ -160,10 +198,18 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
       }
     }
     cur = next;
+    if constexpr (kPrefetchX) {
+#pragma unroll
+      for (int i = 0; i < kValues / 2; ++i) {
+        xa[i] = xa_next[i];
+        if constexpr (kRows16) xb[i] = xb_next[i];
+      }
+    }
   }
 
   // Sum the warps' partial tiles: red[warp][output], output = (j * 4 + r) * 32 + lane.
   float* red = reinterpret_cast<float*>(smem);
+  float* sums = red + kMmaWarps * kOutputs;
   if constexpr (kNf4) __syncthreads();  // the table is no longer read
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
@@ -171,7 +217,6 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, kMmaMinBlocksPerSm)
     for (int r = 0; r < 4; ++r) red[warp * kOutputs + (j * 4 + r) * kWarp + lane] = c[j][r];
   }
   __syncthreads();
-  float* sums = red + kMmaWarps * kOutputs;
   for (int o = threadIdx.x; o < kOutputs; o += blockDim.x) {
     float sum = 0.f;
 #pragma unroll
@@ -219,65 +264,146 @@ int64_t MmaSteps(const PackedWeightView& w) {
   return (w.row_bytes + kMmaStepBytes - 1) / kMmaStepBytes;
 }
 
-// Splits of k (cluster size): enough blocks for kMmaBlocksPerSm per SM, each split keeping at
-// least kMmaMinStepsPerSplit steps.
-int MmaSplits(const PackedWeightView& w, int features, const MmaDevice& dev) {
-  if (!dev.clusters) return 1;
-  const int64_t blocks_x = (w.rows + features - 1) / features;
-  const int64_t want = (int64_t{dev.sm_count} * kMmaBlocksPerSm + blocks_x - 1) / blocks_x;
-  const int64_t most = std::max<int64_t>(1, MmaSteps(w) / kMmaMinStepsPerSplit);
-  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, kMmaMaxSplits)));
+// How a kernel instantiation runs on the current device (cached per device).
+struct KernelFit {
+  bool clusters = false;  // compiled with the cluster reduction (PrepareOnce)
+  int blocks_per_sm = 1;  // resident blocks per multiprocessor, by the occupancy calculator
+};
+
+template <bool kNf4>
+constexpr int SmemBytes() {
+  return kNf4 ? std::max(kLutBytes, kMmaRedBytes) : kMmaRedBytes;
 }
 
-// PrepareOnce (quant_mma_common.cuh) with this kernel's own flags.
 template <typename T, int kTiles, bool kNf4, bool kDq, bool kRows16>
-bool PrepareKernel(int smem_bytes) {
+KernelFit PrepareKernel() {
   static std::atomic<uint64_t> done{0};
   static std::atomic<uint64_t> clusters{0};
-  return PrepareOnce(MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, smem_bytes, done, clusters);
+  static std::atomic<int> blocks[64] = {};
+  const auto kernel = MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>;
+  KernelFit fit;
+  fit.clusters = PrepareOnce(kernel, SmemBytes<kNf4>(), done, clusters);
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& cached = blocks[device % 64];
+  fit.blocks_per_sm = cached.load(std::memory_order_acquire);
+  if (fit.blocks_per_sm == 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &fit.blocks_per_sm, kernel, kMmaWarps * kWarp, SmemBytes<kNf4>()));
+    fit.blocks_per_sm = std::max(fit.blocks_per_sm, 1);
+    cached.store(fit.blocks_per_sm, std::memory_order_release);
+  }
+  return fit;
+}
+
+// Calls f(tiles) with tiles as a std::integral_constant.
+template <typename F>
+void WithTiles(int tiles, F&& f) {
+  if (tiles == kMmaTilesMany) return f(std::integral_constant<int, kMmaTilesMany>{});
+  f(std::integral_constant<int, kMmaTilesFew>{});
 }
 
 template <typename T, bool kNf4, bool kDq, bool kRows16>
-void LaunchKernel(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
-                  const MmaDevice& dev, cudaStream_t stream) {
-  constexpr int kTiles = kNf4 && kRows16 ? kMmaTilesMany : kMmaTilesFew;
-  constexpr int kFeatures = 8 * kTiles;
-  const int smem = kNf4 ? std::max(kLutBytes, kMmaRedBytes) : kMmaRedBytes;
-  MmaDevice run_dev = dev;
-  run_dev.clusters = dev.clusters && PrepareKernel<T, kTiles, kNf4, kDq, kRows16>(smem);
-  const int splits = MmaSplits(w, kFeatures, run_dev);
+KernelFit FitOf(int tiles) {
+  KernelFit fit;
+  WithTiles(tiles, [&](auto tiles_c) {
+    fit = PrepareKernel<T, decltype(tiles_c)::value, kNf4, kDq, kRows16>();
+  });
+  return fit;
+}
+
+// Note [Small-M block shape]: the tiles per warp and k splits for a layer, M and device.
+template <typename T, bool kNf4, bool kDq, bool kRows16>
+MmaPlan PlanRows(const PackedWeightView& w, const MmaDevice& dev) {
+  MmaPlan plan;
+  if (dev.tiles > 0) {
+    plan.tiles = dev.tiles == kMmaTilesMany ? kMmaTilesMany : kMmaTilesFew;
+  } else if (kNf4 && kRows16 && w.in_features >= kMmaDeepK) {
+    plan.tiles = kMmaTilesMany;
+  } else if (!kNf4 && kRows16) {
+    plan.tiles = kMmaTilesFew;
+  } else {
+    const KernelFit few = FitOf<T, kNf4, kDq, kRows16>(kMmaTilesFew);
+    const int64_t blocks = (w.rows + 8 * kMmaTilesFew - 1) / (8 * kMmaTilesFew);
+    plan.tiles = blocks > int64_t{few.blocks_per_sm} * dev.sm_count ? kMmaTilesMany
+                                                                      : kMmaTilesFew;
+  }
+  const KernelFit fit = FitOf<T, kNf4, kDq, kRows16>(plan.tiles);
+  plan.blocks_per_sm = fit.blocks_per_sm;
+  plan.blocks = (w.rows + 8 * plan.tiles - 1) / (8 * plan.tiles);
+  plan.splits = 1;
+  if (dev.clusters && fit.clusters) {
+    if (dev.splits > 0) {
+      plan.splits = std::min(dev.splits, kMmaMaxSplits);
+    } else {
+      const int64_t resident = int64_t{fit.blocks_per_sm} * dev.sm_count;
+      for (int s = 2; s <= kMmaMaxSplits; s *= 2) {
+        if (plan.blocks * s <= resident && MmaSteps(w) >= int64_t{s} * kMmaMinStepsPerSplit) {
+          plan.splits = s;
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+template <typename T, bool kNf4, bool kDq, bool kRows16>
+void LaunchRows(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
+                const MmaDevice& dev, cudaStream_t stream) {
+  const MmaPlan plan = PlanRows<T, kNf4, kDq, kRows16>(w, dev);
   const int64_t steps = MmaSteps(w);
-  const int steps_per_split = static_cast<int>((steps + splits - 1) / splits);
+  const int steps_per_split = static_cast<int>((steps + plan.splits - 1) / plan.splits);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((w.rows + kFeatures - 1) / kFeatures),
-                        static_cast<unsigned>(splits));
+  config.gridDim = dim3(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.splits));
   config.blockDim = dim3(kMmaWarps * kWarp);
-  config.dynamicSmemBytes = smem;
+  config.dynamicSmemBytes = SmemBytes<kNf4>();
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = static_cast<unsigned>(plan.splits);
   attr[0].val.clusterDim.z = 1;
   config.attrs = attr;
-  config.numAttrs = splits > 1 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, w,
-                                    x, m, bias, out, steps_per_split));
+  config.numAttrs = plan.splits > 1 ? 1 : 0;
+  WithTiles(plan.tiles, [&](auto tiles_c) {
+    constexpr int kTiles = decltype(tiles_c)::value;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, w,
+                                      x, m, bias, out, steps_per_split));
+  });
+}
+
+template <typename F>
+void WithRows(const PackedWeightView& w, int64_t m, F&& f) {
+  WithFormat(w, [&](auto nf4, auto dq) {
+    if (m > 8) return f(nf4, dq, std::true_type{});
+    return f(nf4, dq, std::false_type{});
+  });
 }
 
 template <typename T>
 void MmaAs(const PackedWeightView& w, const T* x, int64_t m, const T* bias, T* out,
            const MmaDevice& dev, cudaStream_t stream) {
   if (m == 0 || w.rows == 0) return;
-  const int mi = static_cast<int>(m);
-  WithFormat(w, [&](auto nf4, auto dq) {
-    constexpr bool kNf4 = decltype(nf4)::value, kDq = decltype(dq)::value;
-    if (m > 8) return LaunchKernel<T, kNf4, kDq, true>(w, x, mi, bias, out, dev, stream);
-    return LaunchKernel<T, kNf4, kDq, false>(w, x, mi, bias, out, dev, stream);
+  WithRows(w, m, [&](auto nf4, auto dq, auto rows16) {
+    LaunchRows<T, decltype(nf4)::value, decltype(dq)::value, decltype(rows16)::value>(
+        w, x, static_cast<int>(m), bias, out, dev, stream);
   });
 }
 
 }  // namespace
+
+MmaPlan PlanMmaLinear(const PackedWeightView& w, int64_t m, ElemType type,
+                      const MmaDevice& device) {
+  MmaPlan plan;
+  WithHalfType(type, "PlanMmaLinear", [&](auto t) {
+    using T = decltype(t);
+    WithRows(w, m, [&](auto nf4, auto dq, auto rows16) {
+      plan = PlanRows<T, decltype(nf4)::value, decltype(dq)::value, decltype(rows16)::value>(
+          w, device);
+    });
+  });
+  return plan;
+}
 
 bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type) {
   if (type == ElemType::kFloat || m < 1) return false;

@@ -177,6 +177,82 @@ TEST(QuantCuda, MmaPathMatchesCpuForSmallAndMediumMAndSplit) {
   }
 }
 
+// Every block shape of the small-M kernel, forced (Note [Small-M block shape]), against the CPU
+// reference: 2 and 4 tiles per warp, 1, 3 and 8 splits of k (split ranges that end inside a row
+// and splits left without a step), M on both sides of 8.
+TEST(QuantCuda, SmallMBlockShapesMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(27);
+  struct Shape {
+    int64_t n, k;
+  };
+  for (Shape sh : {Shape{70, 1536}, Shape{33, 320}, Shape{300, 3072}}) {
+    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    at::Tensor bias = at::randn({sh.n});
+    for (const FormatCase& f : kFormats) {
+      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      QuantState g = ToDevice(s, at::kCUDA);
+      for (int64_t m : {1, 3, 8, 9, 16}) {
+        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+          const at::Tensor x = at::randn({m, sh.k}).to(dt);
+          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
+          for (int tiles : {2, 4}) {
+            for (int splits : {1, 3, 8}) {
+              const std::string what = CaseName(f, sh.n, sh.k, m, dt) + " tiles " +
+                                       std::to_string(tiles) + " splits " + std::to_string(splits);
+              ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kMma,
+                                          MmaShape{tiles, splits}),
+                          ref, dt, what);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The automatic block shape on the benchmark layers (Note [Small-M block shape]): k is split only
+// while the blocks fit in one wave of resident blocks and each split keeps 32 or more 64-byte
+// steps; on a 132-multiprocessor Hopper GPU (H100, H200) the shapes the measurements chose.
+TEST(QuantCuda, SmallMBlockShapeFollowsTheRule) {
+  SKIP_WITHOUT_CUDA();
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const bool hopper132 = props->major == 9 && props->multiProcessorCount == 132;
+  struct Case {
+    int64_t k, n;
+    QuantFormat format;
+    int64_t m;
+    int tiles, splits;  // expected on hopper132
+  };
+  const Case cases[] = {
+      {3072, 3072, QuantFormat::kNf4, 1, 2, 1},   {3072, 3072, QuantFormat::kNf4, 16, 4, 1},
+      {1280, 10240, QuantFormat::kNf4, 1, 4, 1},  {1280, 10240, QuantFormat::kInt8, 16, 2, 1},
+      {1280, 10240, QuantFormat::kInt8, 1, 4, 1}, {2048, 1280, QuantFormat::kNf4, 4, 2, 1},
+      {12288, 3072, QuantFormat::kNf4, 16, 4, 2}, {12288, 3072, QuantFormat::kInt8, 1, 2, 2},
+      {320, 320, QuantFormat::kNf4, 16, 2, 1},    {3072, 12288, QuantFormat::kNf4, 8, 4, 1},
+  };
+  for (const Case& c : cases) {
+    const QuantState g =
+        *Quantize(at::randn({c.n, c.k}, at::kCUDA), QuantOptions{c.format, 64, false});
+    const at::Tensor x = at::zeros({c.m, c.k}, at::TensorOptions(at::kCUDA).dtype(at::kHalf));
+    const cuda::MmaPlan plan = MmaPlanFor(x, g);
+    const std::string what = std::to_string(c.k) + "x" + std::to_string(c.n) +
+                             (c.format == QuantFormat::kInt8 ? " int8" : " nf4") +
+                             " M=" + std::to_string(c.m);
+    const int64_t row_bytes = c.format == QuantFormat::kInt8 ? c.k : c.k / 2;
+    EXPECT_EQ(plan.blocks, (c.n + 8 * plan.tiles - 1) / (8 * plan.tiles)) << what;
+    if (plan.splits > 1) {
+      EXPECT_LE(plan.blocks * plan.splits, int64_t{plan.blocks_per_sm} * props->multiProcessorCount)
+          << what;
+      EXPECT_GE((row_bytes + 63) / 64 / plan.splits, 32) << what;
+    }
+    if (hopper132) {
+      EXPECT_EQ(plan.tiles, c.tiles) << what;
+      EXPECT_EQ(plan.splits, c.splits) << what;
+    }
+  }
+}
+
 // The automatic choice for M > 16 (Note [Medium-M path choice]) on the benchmark layers.
 TEST(QuantCuda, MediumMPathRuleFollowsTheMeasurements) {
   EXPECT_TRUE(MediumMmaWins(17, 3072, 12288));
