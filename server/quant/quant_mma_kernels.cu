@@ -73,13 +73,19 @@ namespace {
 //
 // Where the time goes: at these sizes a call moves 0.05-20 MB, so most layers finish within a
 // few memory latencies; the kernel reaches 1.2-1.5 TB/s of packed weight on the largest layers.
-// Weights come one step ahead (Note [Prefetched steps]), and for M <= 8 the x fragment too. Two
-// things measured no better: prefetching x into L1 one step ahead, and a ring of cp.async
-// shared-memory stages that keeps 2-5 steps of weights in flight per warp (slower on most
-// layers, faster only for int8 on the Flux MLP layers). On the wide layers with K = 1280 (SD 1.5
-// and SDXL feed-forward) nf4 stays 1.1-1.7x fp16: a profile of SDXL's at M = 1 shows a block of
-// one or two steps per warp spending its time in the first weight load and at the reduction
-// barrier, with 1.2 waves of blocks.
+// Weights come one step ahead (Note [Prefetched steps]), and for M <= 8 the x fragment too. On
+// the wide layers with K = 1280 (SD 1.5 and SDXL feed-forward) nf4 stays 1.1-1.8x fp16. A
+// %globaltimer trace of every block (H100, nf4 SDXL feed-forward at M = 1, 320 blocks of which
+// 264 fit the first wave): a block spends 1.6 us until its table is filled (every block's first
+// weight loads are in flight then, ~4 MB, and the code loads queue behind them), 1.95 us in its
+// one or two steps, 1.1 us in the reduction and stores; the 56 blocks of the second wave start
+// at 4.6-5 us and the call spans 8.7 us. Overlapping one block's reduction with the next feature
+// block's loads would take a persistent kernel.
+// Measured no better: prefetching x into L1 one step ahead; a ring of cp.async shared-memory
+// stages that keeps 2-5 steps of weights in flight per warp (slower on most layers, faster only
+// for int8 on the Flux MLP layers); and reordering the block's start: loading the NF4 code
+// values before the first weights, filling the table before issuing them, or bringing the code
+// values to shared memory by cp.async (within 1-3%, or slower).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaTilesFew = 2;             // n8 tiles per warp: int8, and nf4 with M <= 8
 constexpr int kMmaTilesMany = 4;            // n8 tiles per warp: nf4 with M > 8
