@@ -61,7 +61,9 @@ def run_old(w, x, out):
 def check():
     g = torch.Generator(device=DEV)
     g.manual_seed(99)
-    shapes = [(70, 1536), (9, 8192), (600, 320), (33, 1040), (1000, 1280), (300, 3072), (17, 80)]
+    # (10000, 256) and (20000, 128): more feature blocks than one wave of resident blocks holds
+    shapes = [(70, 1536), (9, 8192), (600, 320), (33, 1040), (1000, 1280), (300, 3072), (17, 80),
+              (10000, 256), (20000, 128)]
     fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 16, True), ("nf4", 256, False)]
     total = fails = 0
     worst = {}

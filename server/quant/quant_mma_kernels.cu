@@ -79,8 +79,11 @@ namespace {
 // 264 fit the first wave): a block spends 1.6 us until its table is filled (every block's first
 // weight loads are in flight then, ~4 MB, and the code loads queue behind them), 1.95 us in its
 // one or two steps, 1.1 us in the reduction and stores; the 56 blocks of the second wave start
-// at 4.6-5 us and the call spans 8.7 us. Overlapping one block's reduction with the next feature
-// block's loads would take a persistent kernel.
+// at 4.6-5 us and the call spans 8.7 us. A persistent variant (one wave of blocks walking the
+// feature blocks, the table kept, the next feature block's first step loaded during the
+// reduction) was 1.09x slower for nf4 and 1.13x for nf4 + double quant on geometric mean, and
+// slower even where one wave holds every block: the look-ahead's registers spill in the 4-tile
+// kernels and the reduction buffer beside the table costs occupancy.
 // Measured no better: prefetching x into L1 one step ahead; a ring of cp.async shared-memory
 // stages that keeps 2-5 steps of weights in flight per warp (slower on most layers, faster only
 // for int8 on the Flux MLP layers); and reordering the block's start: loading the NF4 code
