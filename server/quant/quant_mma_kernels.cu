@@ -23,11 +23,11 @@ namespace {
 // Work split. A block of kMmaWarps warps owns 8 * kTiles consecutive output features (kTiles n8
 // tiles per warp, Note [Small-M block shape]); its warps split the block's range of k between
 // them (warp w takes 64-byte steps w, w + kMmaWarps, ...) and add their float32 sums through
-// shared memory at the end. Lane (g, t) = (lane / 4, lane % 4) of a warp owns features n0 + 8 j + g (B
-// column g of tile j) and loads 16 contiguous packed bytes of each at byte t * 16 of a step, so a
-// quad reads 64 contiguous bytes of a row and every weight byte is loaded once, with a 16-byte
-// load that skips L1 (it is never read again). The x fragment of a step is loaded once (16-byte
-// loads through L1) and serves the warp's kTiles mma's instead of one.
+// shared memory at the end. Lane (g, t) = (lane / 4, lane % 4) of a warp owns features
+// n0 + 8 j + g (B column g of tile j) and loads 16 contiguous packed bytes of each at byte t * 16
+// of a step, so a quad reads 64 contiguous bytes of a row and every weight byte is loaded once,
+// with a 16-byte load that skips L1 (it is never read again). The x fragment of a step is loaded
+// once (16-byte loads through L1) and serves the warp's kTiles mma's instead of one.
 //
 // k permutation. The sum over k does not care about the order of k, so mma step s of a chunk
 // takes the lane's values 4s .. 4s + 3 (as the mma's k pairs 2t and 2t + 8) and A is loaded with
@@ -50,26 +50,30 @@ namespace {
 // A call at these sizes lasts a few memory latencies, so what sets its time is how many rounds of
 // blocks it takes: a block that starts in a second wave pays the whole chain again (load, table,
 // steps, reduction). Measured on an H100 with every shape forced (bench/quant_small_m/shapes.py:
-// 2 or 4 tiles x 1, 2, 4 or 8 splits, 10 layers, M = 1, 4, 8, 16,
-// int8 / nf4 / nf4 + double quant; bench/results/quant_linear_small_m_shapes_h100.json):
+// 2 or 4 tiles x 1, 2, 4 or 8 splits, 10 layers, M = 1, 4, 8, 16, int8 / nf4 / nf4 + double
+// quant; bench/results/quant_linear_small_m_shapes_h100.json):
 // - Splits pay only when the blocks still fit in one wave and each split keeps many steps. The
 //   earlier rule (enough splits for two blocks per multiprocessor) overshot into a second wave
-//   whenever fewer than three blocks fit, e.g. nf4 Flux attention at M = 1 ran 1.19x fp16 with
-//   2 splits and 0.75-0.78x with none. Now: the most of 1, 2, 4, 8 splits whose blocks fit in one
-//   wave (resident blocks from the occupancy calculator) with at least kMmaMinStepsPerSplit
-//   steps each; of the benchmark layers only Flux MLP down (K = 12288) splits.
-// - 4 tiles per warp where 2-tile blocks would take more than one wave (int8 and nf4 with M <= 8
-//   on N >= 10240), and for nf4 with M > 8 on deep layers (K >= kMmaDeepK), where x (two rows
-//   per lane) is the larger stream; otherwise 2 (int8 decodes cheaply, so parallelism wins).
+//   whenever fewer than three blocks fit: with x loaded ahead (two nf4 blocks per multiprocessor),
+//   nf4 Flux attention at M = 1 ran 1.19x fp16 with its 2 splits and 0.75-0.78x with none.
+//   Now: the most of 1, 2, 4, 8 splits whose blocks fit in one wave (resident blocks from the
+//   occupancy calculator) with at least kMmaMinStepsPerSplit steps each; of the benchmark layers
+//   only Flux MLP down (K = 12288) splits.
+// - 4 tiles per warp where 2-tile blocks would take more than one wave (with M <= 8 on an H100:
+//   nf4 from N = 4240, int8 from N = 8464), and for nf4 with M > 8 on deep layers
+//   (K >= kMmaDeepK), where x (two rows per lane) is the larger stream; otherwise 2 (int8
+//   decodes cheaply, so parallelism wins).
 // - Blocks of several feature columns with fewer warps over k each (measured with a variant of
 //   this kernel) were never more than a few percent faster, and up to 4x slower with one warp
 //   over k, so all 8 warps of a block split k.
-// Measured side by side in one run, the rule's shapes take 0.91x the previous rule's time on
-// geometric mean (int8 0.92x, nf4 0.92x, nf4 + double quant 0.89x; up to 1.8x faster, e.g. nf4 +
+// Measured side by side in one run, the rule's shapes take 0.90x the previous rule's time on
+// geometric mean (int8 0.94x, nf4 0.92x, nf4 + double quant 0.84x; up to 1.8x faster, e.g. nf4 +
 // double quant SDXL cross-attention K/V at M = 1), and the best forced shape of each case is
-// 1-2% faster than the rule's for int8 and nf4. The worst case, nf4 SD 1.5 feed-forward at
-// M <= 8 (1.12x the previous time), is a layer whose 2-tile blocks fitted one wave only with
-// three blocks per multiprocessor, which loading x ahead costs in registers.
+// within 1.3% of the rule's on geometric mean. Two cells with disturbed samples (7.4x and 0.5x
+// between identical launches) are left out of these means. The worst cases: nf4 Flux MLP down at
+// M = 8 (1.12x the previous time: 2-tile blocks in one split instead of two splits over 1.45
+// waves) and nf4 SD 1.5 feed-forward at M <= 8 (1.06-1.09x: its 2-tile blocks fitted one wave
+// only with three blocks per multiprocessor, which loading x ahead costs in registers).
 //
 // Where the time goes: at these sizes a call moves 0.05-20 MB, so most layers finish within a
 // few memory latencies; the kernel reaches 1.2-1.5 TB/s of packed weight on the largest layers.
