@@ -9,7 +9,11 @@
 // (at::cuda::sleep) is queued before the start event so that the host has queued all calls
 // before the GPU reaches them: the events then time GPU work, not the host's enqueue rate
 // (host_us: host time per call to enqueue, reported separately). The weights stay
-// resident between calls (L2-warm for the small shapes, same for the fp16/bf16 baselines).
+// resident between calls (L2-warm for the small shapes, same for the fp16/bf16 baselines), unless
+// the process runs with --cold: then every benchmark, baselines included, cycles its calls over
+// copies of its weight that together fill kColdBytes (four times an H100's L2, at most
+// kMaxColdCopies copies), so that each call reads its weight from device memory as a pipeline
+// does, where a denoising step reads every layer once.
 // Counters (from the median sample): us_per_call, weight_bytes (bytes of weight + quant state
 // read per call), weight_GBps (those bytes / us_per_call), fp16_us and bf16_us (torch::linear
 // in fp16 / bf16 on the same shape, measured the same way in the same run, once per shape and
@@ -85,6 +89,16 @@ bool ForcedPath(const Variant& v) { return v.path != CudaPath::kAuto; }
 constexpr int kCallsPerSample = 20;  // Note [Benchmark methodology]
 constexpr int kSamples = 15;
 constexpr int64_t kSleepCycles = 4'000'000;  // ~2 ms at 1.98 GHz: longer than 20 enqueues
+constexpr int64_t kColdBytes = int64_t{200} << 20;
+constexpr int64_t kMaxColdCopies = 4000;
+bool g_cold = false;  // --cold (Note [Benchmark methodology])
+
+// Copies of a weight of `bytes` for one benchmark: 1 warm, enough to fill kColdBytes cold.
+int64_t Copies(int64_t bytes) {
+  if (!g_cold) return 1;
+  return std::clamp<int64_t>((kColdBytes + bytes - 1) / std::max<int64_t>(bytes, 1), 1,
+                             kMaxColdCopies);
+}
 
 // Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
 // `host_us` (optional) receives the host time per call spent enqueueing.
@@ -117,14 +131,16 @@ double BaselineMicros(const LinearShape& s, int64_t m, at::ScalarType dtype) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-  at::Tensor w = at::randn({s.out, s.in}, opts) * 0.02;
+  const at::Tensor w0 = at::randn({s.out, s.in}, opts) * 0.02;
+  std::vector<at::Tensor> ws(Copies(w0.numel() * w0.element_size()), w0);
+  for (size_t i = 1; i < ws.size(); ++i) ws[i] = w0.clone();
   at::Tensor x = at::randn({m, s.in}, opts);
-  for (int i = 0; i < 3; ++i) at::linear(x, w);
+  size_t next = 0;
+  auto run = [&] { return at::linear(x, ws[next++ % ws.size()]); };
+  for (int i = 0; i < 3; ++i) run();
   at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
   std::vector<double> t;
-  for (int i = 0; i < kSamples; ++i) {
-    t.push_back(SampleMicros([&] { return at::linear(x, w); }, start, stop));
-  }
+  for (int i = 0; i < kSamples; ++i) t.push_back(SampleMicros(run, start, stop));
   const double us = Median(t);
   cache[key] = us;
   return us;
@@ -145,10 +161,18 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   }
   const QuantState s = *q;
   if (v.format != QuantFormat::kNone) w.reset();
+  std::vector<QuantState> copies(Copies(StateBytes(s)), s);
+  const auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+  for (size_t i = 1; i < copies.size(); ++i) {
+    copies[i] = QuantState{clone(s.weight),        clone(s.absmax),      clone(s.code),
+                           clone(s.nested_absmax), clone(s.nested_code), clone(s.offset)};
+  }
   at::Tensor x = at::randn({m, shape.in}, opts);
+  size_t next = 0;
   auto run = [&] {
-    if (v.format == QuantFormat::kNone) return at::linear(x, s.weight);
-    return QuantLinearCuda(x, s, std::nullopt, v.path);
+    const QuantState& c = copies[next++ % copies.size()];
+    if (v.format == QuantFormat::kNone) return at::linear(x, c.weight);
+    return QuantLinearCuda(x, c, std::nullopt, v.path);
   };
   for (int i = 0; i < 3; ++i) run();
   torch::cuda::synchronize();
@@ -174,6 +198,7 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   state.counters["ratio_vs_bf16"] = us / bf16_us;
   state.counters["M"] = static_cast<double>(m);
   state.counters["calls_per_sample"] = kCallsPerSample;
+  state.counters["weight_copies"] = static_cast<double>(copies.size());
   state.SetLabel(std::string(shape.name) + " " + v.name);
 }
 
@@ -198,7 +223,21 @@ void RegisterAll() {
 }  // namespace qpool::quant
 
 int main(int argc, char** argv) {
+  // --cold is ours (Note [Benchmark methodology]); the rest goes to Google Benchmark.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cold") {
+      qpool::quant::g_cold = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext("weights",
+                              qpool::quant::g_cold
+                                  ? "cold: calls cycle over copies filling 200 MB (weight_copies)"
+                                  : "warm: one weight per benchmark, reused by every call");
   benchmark::AddCustomContext(
       "methodology", "per call = median over " + std::to_string(qpool::quant::kSamples) +
                          " samples of (CUDA-event time of " +
