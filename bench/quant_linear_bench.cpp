@@ -93,11 +93,17 @@ constexpr int64_t kColdBytes = int64_t{200} << 20;
 constexpr int64_t kMaxColdCopies = 4000;
 bool g_cold = false;  // --cold (Note [Benchmark methodology])
 
-// Copies of a weight of `bytes` for one benchmark: 1 warm, enough to fill kColdBytes cold.
-int64_t Copies(int64_t bytes) {
-  if (!g_cold) return 1;
-  return std::clamp<int64_t>((kColdBytes + bytes - 1) / std::max<int64_t>(bytes, 1), 1,
-                             kMaxColdCopies);
+// The weights one benchmark cycles over: `one` warm; cold, `one` and clone(one)'s up to
+// kColdBytes of `bytes` each (Note [Benchmark methodology]).
+template <typename W, typename Clone>
+std::vector<W> Copies(const W& one, int64_t bytes, Clone clone) {
+  const int64_t n =
+      g_cold ? std::clamp<int64_t>((kColdBytes + bytes - 1) / std::max<int64_t>(bytes, 1), 1,
+                                   kMaxColdCopies)
+             : 1;
+  std::vector<W> copies{one};
+  while (static_cast<int64_t>(copies.size()) < n) copies.push_back(clone(one));
+  return copies;
 }
 
 // Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
@@ -131,9 +137,9 @@ double BaselineMicros(const LinearShape& s, int64_t m, at::ScalarType dtype) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-  const at::Tensor w0 = at::randn({s.out, s.in}, opts) * 0.02;
-  std::vector<at::Tensor> ws(Copies(w0.numel() * w0.element_size()), w0);
-  for (size_t i = 1; i < ws.size(); ++i) ws[i] = w0.clone();
+  const at::Tensor w = at::randn({s.out, s.in}, opts) * 0.02;
+  const std::vector<at::Tensor> ws =
+      Copies(w, w.numel() * w.element_size(), [](const at::Tensor& t) { return t.clone(); });
   at::Tensor x = at::randn({m, s.in}, opts);
   size_t next = 0;
   auto run = [&] { return at::linear(x, ws[next++ % ws.size()]); };
@@ -161,12 +167,11 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   }
   const QuantState s = *q;
   if (v.format != QuantFormat::kNone) w.reset();
-  std::vector<QuantState> copies(Copies(StateBytes(s)), s);
-  const auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
-  for (size_t i = 1; i < copies.size(); ++i) {
-    copies[i] = QuantState{clone(s.weight),        clone(s.absmax),      clone(s.code),
-                           clone(s.nested_absmax), clone(s.nested_code), clone(s.offset)};
-  }
+  const std::vector<QuantState> copies = Copies(s, StateBytes(s), [](const QuantState& q) {
+    const auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+    return QuantState{clone(q.weight),        clone(q.absmax),      clone(q.code),
+                      clone(q.nested_absmax), clone(q.nested_code), clone(q.offset)};
+  });
   at::Tensor x = at::randn({m, shape.in}, opts);
   size_t next = 0;
   auto run = [&] {

@@ -9,25 +9,15 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "quant_small_m"))
-from qk_common import DEV, SHAPES, Weight, time_fn  # noqa: E402
+from qk_common import DEV, OUT, SHAPES, Weight, log, time_fn  # noqa: E402
 from qk_large import Library  # noqa: E402
 
-OUT = os.environ.get("OUT", "/tmp/out")
-os.makedirs(OUT, exist_ok=True)
-LOG = open(os.path.join(OUT, "log.txt"), "a")
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
 MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 and MODE != "report" else (77, 154, 256, 512, 1024, 4096)
 BNS = (256, 128, 64)  # rows of x per output tile
 if MODE != "report":
     LIB = Library()
     PROPS = torch.cuda.get_device_properties(0)
-
-
-def log(*a):
-    s = " ".join(str(x) for x in a)
-    print(s, flush=True)
-    LOG.write(s + "\n")
-    LOG.flush()
 
 
 def tile_name(bn):

@@ -22,7 +22,7 @@ build_lib() {
     objs+=("$o")
   done
   local shim_flags=""
-  grep -q "int tiles" "$dir/quant/quant_kernels.h" || shim_flags="-DQK_NO_SHAPE"
+  grep -q "MmaShape shape" "$dir/quant/quant_kernels.h" || shim_flags="-DQK_NO_SHAPE"
   nvcc $F $shim_flags -I "$dir" -Xcompiler -fvisibility=default -c "$HERE/shim.cu" -o "$dir/shim.o" &
   wait
   nvcc -shared -o "$HERE/libqk_$name.so" "${objs[@]}" "$dir/shim.o" \

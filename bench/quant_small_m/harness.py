@@ -8,20 +8,10 @@ import ctypes, json, math, os, statistics, sys, time
 import torch
 import torch.nn.functional as F
 
-from qk_common import DEV, SHAPES, View, Weight, time_fn
+from qk_common import DEV, OUT, SHAPES, View, Weight, log, time_fn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.environ.get("OUT", "/tmp/out")
-os.makedirs(OUT, exist_ok=True)
-LOG = open(os.path.join(OUT, "log.txt"), "a")
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
-
-
-def log(*a):
-    s = " ".join(str(x) for x in a)
-    print(s, flush=True)
-    LOG.write(s + "\n")
-    LOG.flush()
 
 
 def load(name):

@@ -1,6 +1,6 @@
 # Shared by harness.py (small and medium M) and ../quant_large_m/harness.py: random packed
 # weights with their float32 reference, the benchmark layers and the CUDA-event timer.
-import ctypes, math, statistics
+import ctypes, math, os, statistics
 import torch
 
 DEV = torch.device("cuda")
@@ -74,6 +74,23 @@ SHAPES = [("sd15_attn_320x320", 320, 320), ("sd15_geglu_320x2560", 320, 2560),
           ("sdxl_attn_640x640", 640, 640), ("sdxl_ff_1280x10240", 1280, 10240),
           ("sdxl_xattn_kv_2048x1280", 2048, 1280), ("flux_attn_3072x3072", 3072, 3072),
           ("flux_mlp_up_3072x12288", 3072, 12288), ("flux_mlp_down_12288x3072", 12288, 3072)]
+
+
+# $OUT (or /tmp/out): where the harnesses write log.txt and their JSON.
+OUT = os.environ.get("OUT", "/tmp/out")
+os.makedirs(OUT, exist_ok=True)
+_LOG = None
+
+
+def log(*a):
+    """Prints a line and appends it to $OUT/log.txt."""
+    global _LOG
+    if _LOG is None:
+        _LOG = open(os.path.join(OUT, "log.txt"), "a")
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    _LOG.write(s + "\n")
+    _LOG.flush()
 
 
 def layer_inputs(layer, fmt, m):

@@ -1,18 +1,15 @@
 # Block shapes of the small-M tensor-core kernel (n8 tiles per warp, splits of k over a cluster;
 # MmaDevice in server/quant/quant_kernels.h) forced one by one: correctness of
 # each against a float32 reference, then the time of each on the benchmark layers next to fp16
-# F.linear, to derive the automatic choice (Note [Warps over k and features]). Writes log.txt and
+# F.linear, to derive the automatic choice (Note [Small-M block shape]). Writes log.txt and
 # shapes.json to $OUT. Usage: python3 shapes.py [check|bench|all] [M,M,...] [LIB]
 import ctypes, itertools, json, os, sys
 import torch
 import torch.nn.functional as F
 
-from qk_common import DEV, SHAPES, Weight, time_fn
+from qk_common import DEV, OUT, SHAPES, Weight, log, time_fn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.environ.get("OUT", "/tmp/out")
-os.makedirs(OUT, exist_ok=True)
-LOG = open(os.path.join(OUT, "log.txt"), "a")
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
 MS = tuple(int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 else (1, 4, 8, 16)
 LIB = ctypes.CDLL(os.path.join(HERE, sys.argv[3] if len(sys.argv) > 3 else "libqk_new.so"))
@@ -30,13 +27,6 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count
 TYPE = {torch.float16: 1, torch.bfloat16: 2}
 TILES = (2, 4)
 SPLITS = (0, 1, 2, 4, 8)
-
-
-def log(*a):
-    s = " ".join(str(x) for x in a)
-    print(s, flush=True)
-    LOG.write(s + "\n")
-    LOG.flush()
 
 
 def run(w, x, bias, out, tiles=0, splits=0):

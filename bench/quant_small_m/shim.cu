@@ -20,13 +20,13 @@ int qk_mma(const PackedWeightView* w, const void* x, long m, const void* bias, v
   GUARD(LaunchMmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), d, (cudaStream_t)stream))
 }
 }
-#ifndef QK_NO_SHAPE  // a base revision without MmaDevice::tiles
+#ifndef QK_NO_SHAPE  // a base revision without MmaDevice::shape
 extern "C" int qk_mma_shape(const PackedWeightView* w, const void* x, long m, const void* bias, void* out, int type, int sms, int clusters, int tiles, int splits, void* stream) {
-  MmaDevice d; d.sm_count = sms; d.clusters = clusters != 0; d.tiles = tiles; d.splits = splits;
+  MmaDevice d; d.sm_count = sms; d.clusters = clusters != 0; d.shape.tiles = tiles; d.shape.splits = splits;
   GUARD(LaunchMmaLinear(*w, x, m, bias, out, static_cast<ElemType>(type), d, (cudaStream_t)stream))
 }
 extern "C" int qk_mma_plan(const PackedWeightView* w, long m, int type, int sms, int clusters, int tiles, int splits, long* plan) {
-  MmaDevice d; d.sm_count = sms; d.clusters = clusters != 0; d.tiles = tiles; d.splits = splits;
+  MmaDevice d; d.sm_count = sms; d.clusters = clusters != 0; d.shape.tiles = tiles; d.shape.splits = splits;
   GUARD({ const MmaPlan p = PlanMmaLinear(*w, m, static_cast<ElemType>(type), d);
           plan[0] = p.tiles; plan[1] = p.splits; plan[2] = p.blocks; plan[3] = p.blocks_per_sm; })
 }

@@ -47,15 +47,19 @@ inline constexpr int64_t kMmaMaxRows = 16;
 // without row padding, packed rows a multiple of 16 bytes, m >= 1).
 bool MmaLinearSupported(const PackedWeightView& w, const void* x, int64_t m, ElemType type);
 
+// The small-M kernel's block shape, 0 = chosen by the layer (Note [Small-M block shape];
+// benchmarks and tests set them to measure or check one): n8 tiles per warp (2 or 4) and splits
+// of k over a cluster (1-8, used where clusters are).
+struct MmaShape {
+  int tiles = 0;
+  int splits = 0;
+};
+
 // What LaunchMmaLinear needs to know of the device it runs on.
 struct MmaDevice {
   int sm_count = 1;       // multiprocessors
   bool clusters = false;  // thread-block clusters (compute capability >= 9.0)
-  // The small-M kernel's block shape, 0 = chosen by the layer (Note [Small-M block shape];
-  // benchmarks and tests set them to measure or check one): n8 tiles per warp (2 or 4) and
-  // splits of k over a cluster (1-8, used where clusters are).
-  int tiles = 0;
-  int splits = 0;
+  MmaShape shape;         // forced block shape, if any
 };
 
 // How LaunchMmaLinear runs a weight for m <= kMmaMaxRows on the current device (Note [Small-M

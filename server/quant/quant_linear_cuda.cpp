@@ -63,6 +63,16 @@ PackedWeight MakePacked(const QuantState& s, const QuantLayout& layout) {
   return p;
 }
 
+// The current device for the small-M kernel, with a forced block shape if any.
+cuda::MmaDevice MmaDeviceOf(cuda::MmaShape shape) {
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  cuda::MmaDevice device;
+  device.sm_count = props->multiProcessorCount;
+  device.clusters = props->major >= 9;
+  device.shape = shape;
+  return device;
+}
+
 at::Tensor QuantLinearCudaOp(const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& absmax, const at::Tensor& code,
                              const at::Tensor& nested_absmax, const at::Tensor& nested_code,
@@ -192,20 +202,6 @@ bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
                                     ElemTypeOf(x.scalar_type()));
 }
 
-namespace {
-
-cuda::MmaDevice MmaDeviceOf(MmaShape shape) {
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  cuda::MmaDevice device;
-  device.sm_count = props->multiProcessorCount;
-  device.clusters = props->major >= 9;
-  device.tiles = shape.tiles;
-  device.splits = shape.splits;
-  return device;
-}
-
-}  // namespace
-
 cuda::MmaPlan MmaPlanFor(const at::Tensor& x, const QuantState& s) {
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, std::nullopt);
@@ -217,7 +213,7 @@ cuda::MmaPlan MmaPlanFor(const at::Tensor& x, const QuantState& s) {
 
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
                            const std::optional<at::Tensor>& bias, CudaPath path,
-                           MmaShape mma_shape) {
+                           cuda::MmaShape mma_shape) {
   if (path == CudaPath::kAuto) path = PathFromEnvironment();
   CheckSameDevice(x, s, bias);
   TORCH_CHECK(x.is_cuda(), "qpool::quant_linear: the CUDA kernel got x on ", x.device());

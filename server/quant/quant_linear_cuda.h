@@ -45,17 +45,11 @@ std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t
 // on the current device, rather than falling back.
 bool WgmmaRuns(const at::Tensor& x, const QuantState& state);
 
-// The small-M kernel's block shape for tests and benchmarks (Note [Small-M block shape]): n8
-// tiles per warp (2 or 4) and splits of k (1-8); 0 keeps the automatic choice.
-struct MmaShape {
-  int tiles = 0;
-  int splits = 0;
-};
-
-// qpool::quant_linear on CUDA with an explicit algorithm; same checks as the op.
+// qpool::quant_linear on CUDA with an explicit algorithm, and for the small-M kernel optionally a
+// forced block shape (tests and benchmarks); same checks as the op.
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& state,
                            const std::optional<at::Tensor>& bias, CudaPath path = CudaPath::kAuto,
-                           MmaShape mma_shape = {});
+                           cuda::MmaShape mma_shape = {});
 
 // How the small-M kernel would run x (CUDA, M <= cuda::kMmaMaxRows) and this state on the
 // current device with the automatic block shape.

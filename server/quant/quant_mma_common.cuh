@@ -5,6 +5,7 @@
 
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "quant/quant_kernel_common.cuh"
@@ -246,25 +247,41 @@ __device__ __forceinline__ void PackScales(const Stage<kTiles, true, kDq>& cur,
   }
 }
 
-// Raises `kernel`'s dynamic shared-memory limit to `smem_bytes` once per device (`done`: a bit a
-// device) and says whether the code the device runs has the cluster reduction (`clusters`):
-// compiled for compute_90 or later (code JIT-compiled on a Hopper GPU from compute_80 PTX has
-// not, and must run one split). Host code.
+// What PrepareOnce learns of a kernel on a device: whether the code the device runs has the
+// cluster reduction (compiled for compute_90 or later; code JIT-compiled on a Hopper GPU from
+// compute_80 PTX has not, and must run one split), and how many of its blocks stay resident on
+// a multiprocessor (the occupancy calculator).
+struct KernelFit {
+  bool clusters = false;
+  int blocks_per_sm = 1;
+};
+
+// One kernel's KernelFit per device (device % 64): 0 until PrepareOnce fills it, then
+// blocks_per_sm * 2 + clusters.
+struct KernelFitCache {
+  std::atomic<int> packed[64] = {};
+};
+
+// Raises `kernel`'s dynamic shared-memory limit to `smem_bytes` and asks for its KernelFit with
+// blocks of `threads`, once per device; later calls read `cache`. Host code.
 template <typename Kernel>
-bool PrepareOnce(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& done,
-                 std::atomic<uint64_t>& clusters) {
+KernelFit PrepareOnce(Kernel kernel, int smem_bytes, int threads, KernelFitCache& cache) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((done.load(std::memory_order_acquire) & bit) == 0) {
+  std::atomic<int>& slot = cache.packed[device % 64];
+  int packed = slot.load(std::memory_order_acquire);
+  if (packed == 0) {
     C10_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     cudaFuncAttributes attributes;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (attributes.ptxVersion >= 90) clusters.fetch_or(bit, std::memory_order_release);
-    done.fetch_or(bit, std::memory_order_release);
+    int blocks = 0;
+    C10_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes));
+    packed = std::max(blocks, 1) * 2 + (attributes.ptxVersion >= 90 ? 1 : 0);
+    slot.store(packed, std::memory_order_release);
   }
-  return (clusters.load(std::memory_order_acquire) & bit) != 0;
+  return KernelFit{(packed & 1) != 0, packed >> 1};
 }
 
 }  // namespace

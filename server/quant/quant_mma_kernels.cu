@@ -277,36 +277,17 @@ int64_t MmaSteps(const PackedWeightView& w) {
   return (w.row_bytes + kMmaStepBytes - 1) / kMmaStepBytes;
 }
 
-// How a kernel instantiation runs on the current device (cached per device).
-struct KernelFit {
-  bool clusters = false;  // compiled with the cluster reduction (PrepareOnce)
-  int blocks_per_sm = 1;  // resident blocks per multiprocessor, by the occupancy calculator
-};
-
 template <bool kNf4>
 constexpr int SmemBytes() {
   return kNf4 ? std::max(kLutBytes, kMmaRedBytes) : kMmaRedBytes;
 }
 
+// PrepareOnce (quant_mma_common.cuh) with this kernel's own cache.
 template <typename T, int kTiles, bool kNf4, bool kDq, bool kRows16>
 KernelFit PrepareKernel() {
-  static std::atomic<uint64_t> done{0};
-  static std::atomic<uint64_t> clusters{0};
-  static std::atomic<int> blocks[64] = {};
-  const auto kernel = MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>;
-  KernelFit fit;
-  fit.clusters = PrepareOnce(kernel, SmemBytes<kNf4>(), done, clusters);
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  std::atomic<int>& cached = blocks[device % 64];
-  fit.blocks_per_sm = cached.load(std::memory_order_acquire);
-  if (fit.blocks_per_sm == 0) {
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fit.blocks_per_sm, kernel, kMmaWarps * kWarp, SmemBytes<kNf4>()));
-    fit.blocks_per_sm = std::max(fit.blocks_per_sm, 1);
-    cached.store(fit.blocks_per_sm, std::memory_order_release);
-  }
-  return fit;
+  static KernelFitCache cache;
+  return PrepareOnce(MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, SmemBytes<kNf4>(),
+                     kMmaWarps * kWarp, cache);
 }
 
 // Calls f(tiles) with tiles as a std::integral_constant.
@@ -329,8 +310,8 @@ KernelFit FitOf(int tiles) {
 template <typename T, bool kNf4, bool kDq, bool kRows16>
 MmaPlan PlanRows(const PackedWeightView& w, const MmaDevice& dev) {
   MmaPlan plan;
-  if (dev.tiles > 0) {
-    plan.tiles = dev.tiles == kMmaTilesMany ? kMmaTilesMany : kMmaTilesFew;
+  if (dev.shape.tiles > 0) {
+    plan.tiles = dev.shape.tiles == kMmaTilesMany ? kMmaTilesMany : kMmaTilesFew;
   } else if (kNf4 && kRows16 && w.in_features >= kMmaDeepK) {
     plan.tiles = kMmaTilesMany;
   } else if (!kNf4 && kRows16) {
@@ -346,8 +327,8 @@ MmaPlan PlanRows(const PackedWeightView& w, const MmaDevice& dev) {
   plan.blocks = (w.rows + 8 * plan.tiles - 1) / (8 * plan.tiles);
   plan.splits = 1;
   if (dev.clusters && fit.clusters) {
-    if (dev.splits > 0) {
-      plan.splits = std::min(dev.splits, kMmaMaxSplits);
+    if (dev.shape.splits > 0) {
+      plan.splits = std::min(dev.shape.splits, kMmaMaxSplits);
     } else {
       const int64_t resident = int64_t{fit.blocks_per_sm} * dev.sm_count;
       for (int s = 2; s <= kMmaMaxSplits; s *= 2) {

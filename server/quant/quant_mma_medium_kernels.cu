@@ -253,9 +253,10 @@ int MedSplits(const PackedWeightView& w, int64_t blocks, const MmaDevice& dev) {
 // PrepareOnce (quant_mma_common.cuh) with this kernel's own flags.
 template <typename T, int kMt, int kTiles, bool kNf4, bool kDq>
 bool PrepareMedKernel(int smem_bytes) {
-  static std::atomic<uint64_t> done{0};
-  static std::atomic<uint64_t> clusters{0};
-  return PrepareOnce(MedLinearKernel<T, kMt, kTiles, kNf4, kDq>, smem_bytes, done, clusters);
+  static KernelFitCache cache;
+  return PrepareOnce(MedLinearKernel<T, kMt, kTiles, kNf4, kDq>, smem_bytes, kMedWarps * kWarp,
+                     cache)
+      .clusters;
 }
 
 template <typename T, int kMt, bool kNf4, bool kDq>

@@ -201,7 +201,7 @@ TEST(QuantCuda, SmallMBlockShapesMatchCpu) {
               const std::string what = CaseName(f, sh.n, sh.k, m, dt) + " tiles " +
                                        std::to_string(tiles) + " splits " + std::to_string(splits);
               ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kMma,
-                                          MmaShape{tiles, splits}),
+                                          cuda::MmaShape{tiles, splits}),
                           ref, dt, what);
             }
           }
