@@ -6,7 +6,9 @@ named, and reports per-request latency (p50/p90, per stage) and the bytes each c
       --pipelines tiny,tiny-nf4 --requests 10 --out bench/results/generate_cpu.json
 
 Pipelines are measured one after another in one server process, so their numbers compare side by
-side on the same device. The first request of each pipeline is a warm-up and is not counted.
+side on the same device; with --interleave they are all loaded first and take turns round by
+round. The first request of each pipeline (of each round) is a warm-up and is not counted.
+--client PATH talks to the server through the qpool CLI, on hosts without grpcio.
 """
 import argparse
 import json
@@ -19,8 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-import grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,23 +89,135 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run_request(pb, inference, kwargs, seed):
-    t = time.perf_counter()
-    result = None
-    for message in inference.Generate(pb.GenerateRequest(seed=seed, **kwargs)):
-        if message.HasField("result"):
-            result = message.result
-    return time.perf_counter() - t, result
+class GrpcClient:
+    """The server's gRPC API through grpcio (stubs compiled from proto/ at start-up)."""
+
+    def __init__(self, address):
+        import grpc  # here: CliClient runs where grpcio is missing
+
+        self.pb, rpc = load_stubs()
+        channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", 256 << 20)])
+        self.models = rpc.ModelServiceStub(channel)
+        self.inference = rpc.InferenceServiceStub(channel)
+
+    def load(self, name):
+        return self.models.LoadPipeline(self.pb.LoadPipelineRequest(name=name)).load_seconds
+
+    def unload(self, name):
+        self.models.UnloadPipeline(self.pb.UnloadPipelineRequest(name=name))
+
+    def set_policy(self, name, policy):
+        self.models.SetOffloadPolicy(self.pb.SetOffloadPolicyRequest(
+            name=name, policy=self.pb.OffloadPolicy(policy=policy)))
+
+    def generate(self, kwargs, seed):
+        """(wall seconds, {device, steps, size, timings}) of one request."""
+        t = time.perf_counter()
+        result = None
+        for message in self.inference.Generate(self.pb.GenerateRequest(seed=seed, **kwargs)):
+            if message.HasField("result"):
+                result = message.result
+        wall = time.perf_counter() - t
+        tm = result.timings
+        return wall, {"device": result.device, "steps": result.steps,
+                      "size": [result.images[0].width, result.images[0].height],
+                      "timings": {"queue": tm.queue_seconds, "encode": tm.encode_seconds,
+                                  "denoise": tm.denoise_seconds, "decode": tm.decode_seconds}}
+
+    def memory(self, name):
+        """(components of `name`, memory of every device) from GetMemoryReport."""
+        report = self.models.GetMemoryReport(self.pb.GetMemoryReportRequest())
+        components = {c.name: {"quantization": c.quantization, "dtype": c.dtype,
+                               "weight_bytes": c.weight_bytes,
+                               "quant_state_bytes": c.quant_state_bytes,
+                               "other_bytes": c.other_bytes}
+                      for p in report.pipelines if p.name == name for c in p.components}
+        devices = [{"device": d.device, "allocated_bytes": d.allocated_bytes,
+                    "reserved_bytes": d.reserved_bytes} for d in report.devices]
+        return components, devices
+
+
+class CliClient:
+    """The same calls through the qpool CLI's --json output, for hosts without grpcio. Its wall
+    time includes starting the CLI and writing the PNG; the server's stage timings do not."""
+
+    def __init__(self, binary, address):
+        self.base = [binary, "--server", address, "--json"]
+        self.out = tempfile.mkdtemp(prefix="qpool-bench-images-")
+
+    def _run(self, *args):
+        done = subprocess.run([*self.base, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"qpool {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return json.loads(done.stdout)
+
+    def load(self, name):
+        return self._run("load", name)["load_seconds"]
+
+    def unload(self, name):
+        self._run("unload", name)
+
+    def set_policy(self, name, policy):
+        sys.exit("--policies needs grpcio: the CLI does not set offload policies")
+
+    def generate(self, kwargs, seed):
+        args = ["generate", "--pipeline", kwargs["pipeline"], "--prompt", kwargs["prompt"],
+                "--seed", str(seed), "--out", os.path.join(self.out, "image.png")]
+        for key in ("steps", "width", "height"):
+            if key in kwargs:
+                args += ["--" + key, str(kwargs[key])]
+        t = time.perf_counter()
+        doc = self._run(*args)
+        wall = time.perf_counter() - t
+        tm = doc["timings"]
+        return wall, {"device": doc["device"], "steps": doc["steps"],
+                      "size": [doc["images"][0]["width"], doc["images"][0]["height"]],
+                      "timings": {k: tm[k + "_seconds"]
+                                  for k in ("queue", "encode", "denoise", "decode")}}
+
+    def memory(self, name):
+        report = self._run("memory")
+        components = {c["name"]: {k: c[k] for k in ("quantization", "dtype", "weight_bytes",
+                                                    "quant_state_bytes", "other_bytes")}
+                      for p in report["pipelines"] if p["name"] == name
+                      for c in p["components"]}
+        devices = [{k: d[k] for k in ("device", "allocated_bytes", "reserved_bytes")}
+                   for d in report["devices"]]
+        return components, devices
 
 
 def latency_stats(rows):
     walls = [r["wall"] for r in rows]
-    return {"requests": len(rows),
-            "latency_p50_seconds": statistics.median(walls),
-            "latency_p90_seconds": percentile(walls, 0.9),
-            "latency_min_seconds": min(walls),
-            "stage_median_seconds": {k: statistics.median(r[k] for r in rows)
-                                     for k in ("queue", "encode", "denoise", "decode")}}
+    stats = {"requests": len(rows),
+             "latency_p50_seconds": statistics.median(walls),
+             "latency_p90_seconds": percentile(walls, 0.9),
+             "latency_min_seconds": min(walls),
+             "stage_median_seconds": {k: statistics.median(r[k] for r in rows)
+                                      for k in ("queue", "encode", "denoise", "decode")}}
+    served = [sum(r[k] for k in ("queue", "encode", "denoise", "decode")) for r in rows]
+    stats["server_p50_seconds"] = statistics.median(served)
+    return stats
+
+
+def measure(client, kwargs, count, rows):
+    """One warm-up request, then `count` measured ones appended to rows; the last result."""
+    result = None
+    for i in range(count + 1):
+        wall, result = client.generate(kwargs, i)
+        if i > 0:
+            rows.append({"wall": wall, **result["timings"]})
+    return result
+
+
+def print_stats(label, entry, stats, components):
+    print(f"{label:18s} {entry['device']:7s} {entry['size'][0]}x{entry['size'][1]} "
+          f"{entry['steps']:3d} steps  p50 {stats['latency_p50_seconds']*1000:8.1f} ms  "
+          f"p90 {stats['latency_p90_seconds']*1000:8.1f} ms  denoise "
+          f"{stats['stage_median_seconds']['denoise']*1000:8.1f} ms  "
+          f"weights {sum(c['weight_bytes'] for c in components.values())/2**20:8.1f} MiB  "
+          f"quant state {sum(c['quant_state_bytes'] for c in components.values())/2**20:6.1f} MiB",
+          flush=True)
 
 
 def main():
@@ -122,87 +234,111 @@ def main():
     ap.add_argument("--policies", help="offload policies to compare, e.g. none,model "
                     "(set with SetOffloadPolicy; the first is the baseline)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="alternate the policies this many times (requests split evenly)")
+                    help="alternate the policies (with --interleave, the pipelines) this many "
+                    "times (requests split evenly)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="load every pipeline first and alternate them round by round, so that "
+                    "drift on a shared host hits them alike (the first is the baseline)")
+    ap.add_argument("--client", help="talk to the server through this qpool CLI binary instead "
+                    "of grpcio")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.interleave and args.policies:
+        ap.error("--interleave compares pipelines; --policies compares policies: one at a time")
+    if args.client and args.policies:
+        ap.error("--policies needs grpcio: the CLI does not set offload policies")
 
-    pb, rpc = load_stubs()
     proc, address, _ = start_server(args.server, args.repository, args.device,
                                      args.cpu_threads)
-    results = {**host_info(), "cpu_threads": args.cpu_threads,
-               "requests": args.requests, "pipelines": {}}
+    results = {**host_info(), "cpu_threads": args.cpu_threads, "requests": args.requests,
+               "client": "cli" if args.client else "grpcio", "interleaved": args.interleave,
+               "pipelines": {}}
     try:
-        channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 256 << 20)])
-        models, inference = rpc.ModelServiceStub(channel), rpc.InferenceServiceStub(channel)
-        for name in args.pipelines.split(","):
-            t0 = time.time()
-            loaded = models.LoadPipeline(pb.LoadPipelineRequest(name=name))
-            load_wall = time.time() - t0
-            kwargs = {"pipeline": name, "prompt": "a photo of an astronaut riding a horse on mars"}
-            for key in ("steps", "width", "height"):
-                if getattr(args, key):
-                    kwargs[key] = getattr(args, key)
-            policies = args.policies.split(",") if args.policies else [None]
-            rows = {policy: [] for policy in policies}
-            result = None
-            # Policies alternate round by round, so drift on a shared host hits them alike.
-            for _ in range(args.rounds):
-                for policy in policies:
-                    if policy:
-                        models.SetOffloadPolicy(pb.SetOffloadPolicyRequest(
-                            name=name, policy=pb.OffloadPolicy(policy=policy)))
-                    for i in range(args.requests // args.rounds + 1):
-                        wall, result = run_request(pb, inference, kwargs, i)
-                        if i > 0:  # the first request of a round warms up
-                            tm = result.timings
-                            rows[policy].append({
-                                "wall": wall, "encode": tm.encode_seconds,
-                                "denoise": tm.denoise_seconds, "decode": tm.decode_seconds,
-                                "queue": tm.queue_seconds})
-            report = models.GetMemoryReport(pb.GetMemoryReportRequest())
-            components = {}
-            for p in report.pipelines:
-                if p.name == name:
-                    for c in p.components:
-                        components[c.name] = {"quantization": c.quantization, "dtype": c.dtype,
-                                              "weight_bytes": c.weight_bytes,
-                                              "quant_state_bytes": c.quant_state_bytes,
-                                              "other_bytes": c.other_bytes}
-            device_memory = [{"device": d.device, "allocated_bytes": d.allocated_bytes,
-                              "reserved_bytes": d.reserved_bytes} for d in report.devices]
-            entry = {
-                "device": result.device, "steps": result.steps,
-                "size": [result.images[0].width, result.images[0].height],
-                "load_seconds": loaded.load_seconds, "load_wall_seconds": load_wall,
-                "components": components, "device_memory_after_load": device_memory,
-            }
-            for policy in policies:
-                stats = latency_stats(rows[policy])
-                if policy:
-                    entry.setdefault("policies", {})[policy] = stats
-                else:
-                    entry.update(stats)
-                label = f"{name}@{policy}" if policy else name
-                print(f"{label:18s} {entry['device']:7s} {entry['size'][0]}x{entry['size'][1]} "
-                      f"{entry['steps']:3d} steps  p50 {stats['latency_p50_seconds']*1000:8.1f} ms  "
-                      f"p90 {stats['latency_p90_seconds']*1000:8.1f} ms  denoise "
-                      f"{stats['stage_median_seconds']['denoise']*1000:8.1f} ms  "
-                      f"weights {sum(c['weight_bytes'] for c in components.values())/2**20:8.1f} MiB  "
-                      f"quant state {sum(c['quant_state_bytes'] for c in components.values())/2**20:6.1f} MiB",
-                      flush=True)
-            if len(policies) > 1 and policies[0]:
-                base = entry["policies"][policies[0]]["latency_p50_seconds"]
-                for policy in policies[1:]:
-                    ratio = entry["policies"][policy]["latency_p50_seconds"] / base
-                    entry["policies"][policy]["p50_vs_" + policies[0]] = ratio
-                    print(f"{name}: p50 {policy} / {policies[0]} = {ratio:.3f}", flush=True)
-            results["pipelines"][name] = entry
-            models.UnloadPipeline(pb.UnloadPipelineRequest(name=name))
+        client = CliClient(args.client, address) if args.client else GrpcClient(address)
+        names = args.pipelines.split(",")
+        base_kwargs = {"prompt": "a photo of an astronaut riding a horse on mars"}
+        for key in ("steps", "width", "height"):
+            if getattr(args, key):
+                base_kwargs[key] = getattr(args, key)
+        if args.interleave:
+            measure_interleaved(client, names, base_kwargs, args, results)
+        else:
+            for name in names:
+                measure_alone(client, name, base_kwargs, args, results)
     finally:
         stop_server(proc)
     write_results(args.out, results)
     return 0
+
+
+def loaded_entry(client, name, load_seconds, load_wall):
+    components, devices = client.memory(name)
+    return {"load_seconds": load_seconds, "load_wall_seconds": load_wall,
+            "components": components, "device_memory_after_load": devices}
+
+
+def measure_alone(client, name, base_kwargs, args, results):
+    """Loads `name`, measures it under each policy (round by round), unloads it."""
+    t0 = time.time()
+    load_seconds = client.load(name)
+    entry = loaded_entry(client, name, load_seconds, time.time() - t0)
+    kwargs = {"pipeline": name, **base_kwargs}
+    policies = args.policies.split(",") if args.policies else [None]
+    rows = {policy: [] for policy in policies}
+    result = None
+    # Policies alternate round by round, so drift on a shared host hits them alike.
+    for _ in range(args.rounds):
+        for policy in policies:
+            if policy:
+                client.set_policy(name, policy)
+            result = measure(client, kwargs, args.requests // args.rounds, rows[policy])
+    entry.update({"device": result["device"], "steps": result["steps"],
+                  "size": result["size"]})
+    for policy in policies:
+        stats = latency_stats(rows[policy])
+        if policy:
+            entry.setdefault("policies", {})[policy] = stats
+        else:
+            entry.update(stats)
+        print_stats(f"{name}@{policy}" if policy else name, entry, stats, entry["components"])
+    if len(policies) > 1 and policies[0]:
+        base = entry["policies"][policies[0]]["latency_p50_seconds"]
+        for policy in policies[1:]:
+            ratio = entry["policies"][policy]["latency_p50_seconds"] / base
+            entry["policies"][policy]["p50_vs_" + policies[0]] = ratio
+            print(f"{name}: p50 {policy} / {policies[0]} = {ratio:.3f}", flush=True)
+    results["pipelines"][name] = entry
+    client.unload(name)
+
+
+def measure_interleaved(client, names, base_kwargs, args, results):
+    """Loads every pipeline, then runs requests // rounds of each, pipeline after pipeline, round
+    after round (each round's first request of a pipeline warms up); ratios to the first."""
+    entries, rows = {}, {name: [] for name in names}
+    for name in names:
+        t0 = time.time()
+        load_seconds = client.load(name)
+        entries[name] = loaded_entry(client, name, load_seconds, time.time() - t0)
+    for _ in range(args.rounds):
+        for name in names:
+            result = measure(client, {"pipeline": name, **base_kwargs},
+                             args.requests // args.rounds, rows[name])
+            entries[name].update({"device": result["device"], "steps": result["steps"],
+                                  "size": result["size"]})
+    for name in names:
+        entry = entries[name]
+        entry.update(latency_stats(rows[name]))
+        base = entries[names[0]]
+        for key in ("latency_p50_seconds", "server_p50_seconds"):
+            entry[key.replace("_seconds", "_vs_") + names[0]] = entry[key] / base[key]
+        entry["denoise_vs_" + names[0]] = (entry["stage_median_seconds"]["denoise"] /
+                                           base["stage_median_seconds"]["denoise"])
+        print_stats(name, entry, entry, entry["components"])
+        print(f"{name}: p50 / {names[0]} = {entry['latency_p50_vs_' + names[0]]:.3f}, "
+              f"denoise / {names[0]} = {entry['denoise_vs_' + names[0]]:.3f}", flush=True)
+        results["pipelines"][name] = entry
+    for name in names:
+        client.unload(name)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Markdown tables of a quant_linear_bench JSON (--benchmark_out): ratio to fp16 by M over the
+"""Markdown tables of a quant_linear_bench JSON (--benchmark_out): ratio to the fp16 (or bf16)
+baseline by M over the
 layers, per layer, and (with --previous) the cells whose time moved by 5% or more since another
 run. A ratio marked † has an fp16 reference, measured inside its benchmark, more than 15% away
 from the fp16_linear benchmark of the same layer and M (a disturbed sample or a bimodal cuBLAS
 time); "changed" compares absolute times, which do not depend on it.
 
-Usage: python3 bench/quant_linear_report.py RESULTS.json [--previous OLD.json]
+With --dtype bf16 the same tables for bf16 activations, against bf16 `torch::linear`.
+
+Usage: python3 bench/quant_linear_report.py RESULTS.json [--previous OLD.json] [--dtype bf16]
 """
 import argparse
 import json
 import re
-
-VARIANTS = ("int8_fp16", "nf4_fp16", "nf4dq_fp16")
 
 
 def load(path):
@@ -28,27 +29,32 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
     ap.add_argument("--previous")
+    ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
+                    help="activations (and baseline) of the tables")
     args = ap.parse_args()
+    dt = args.dtype
+    variants = tuple(f"{f}_{dt}" for f in ("int8", "nf4", "nf4dq"))
+    baseline = f"{dt}_linear"
     new = load(args.results)
     layers = list(dict.fromkeys(k[0] for k in new))
     ms = sorted({k[2] for k in new})
-    ratio = lambda cells, l, v, m: cells[(l, v, m)]["ratio_vs_fp16"] if (l, v, m) in cells else None
+    ratio = lambda cells, l, v, m: cells[(l, v, m)][f"ratio_vs_{dt}"] if (l, v, m) in cells else None
 
     def odd(l, v, m):
-        """Whether a cell's fp16 reference disagrees with the fp16_linear benchmark's."""
-        ref = new.get((l, "fp16_linear", m))
-        own = new[(l, v, m)]["fp16_us"]
+        """Whether a cell's reference disagrees with the baseline benchmark's."""
+        ref = new.get((l, baseline, m))
+        own = new[(l, v, m)][f"{dt}_us"]
         return ref is not None and abs(own - ref["us_per_call"]) > 0.15 * ref["us_per_call"]
 
     def shown(l, v, m):
         r = ratio(new, l, v, m)
         return "" if r is None else f"{r:.2f}" + (" †" if odd(l, v, m) else "")
 
-    print("## Ratio to fp16 by M (range over the layers, † cells left out)\n")
+    print(f"## Ratio to {dt} by M (range over the layers, † cells left out)\n")
     print("| M | int8 | nf4 | nf4 + double quant |\n| --- | --- | --- | --- |")
     for m in ms:
         cols = []
-        for v in VARIANTS:
+        for v in variants:
             rs = [ratio(new, l, v, m) for l in layers if (l, v, m) in new and not odd(l, v, m)]
             cols.append(f"{min(rs):.2f}-{max(rs):.2f}" if rs else "")
         print(f"| {m} | " + " | ".join(cols) + " |")
@@ -60,7 +66,7 @@ def main():
         for l in layers:
             for m in ms:
                 cols, moved = [], False
-                for v in VARIANTS:
+                for v in variants:
                     a, b = old.get((l, v, m)), new.get((l, v, m))
                     if a is None or b is None:
                         cols.append("")
@@ -75,16 +81,16 @@ def main():
                     print(f"| {l} | {m} | " + " | ".join(cols) + " |")
 
     print("\n## Per layer\n")
-    print("| layer (K x N) | M | fp16 us (fp16_linear) | int8 ratio | nf4 ratio | nf4+dq ratio | nf4 GB/s |")
+    print(f"| layer (K x N) | M | {dt} us ({baseline}) | int8 ratio | nf4 ratio | nf4+dq ratio | nf4 GB/s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for l in layers:
         for m in ms:
-            nf4 = new.get((l, "nf4_fp16", m))
+            nf4 = new.get((l, f"nf4_{dt}", m))
             if nf4 is None:
                 continue
-            cols = [shown(l, v, m) for v in VARIANTS]
-            fp16 = new.get((l, "fp16_linear", m), {"us_per_call": nf4["fp16_us"]})["us_per_call"]
-            print(f"| {l} | {m} | {fp16:.1f} | " + " | ".join(cols) + f" | {nf4['weight_GBps']:.0f} |")
+            cols = [shown(l, v, m) for v in variants]
+            base = new.get((l, baseline, m), {"us_per_call": nf4[f"{dt}_us"]})["us_per_call"]
+            print(f"| {l} | {m} | {base:.1f} | " + " | ".join(cols) + f" | {nf4['weight_GBps']:.0f} |")
 
 
 if __name__ == "__main__":

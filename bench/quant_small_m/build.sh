@@ -31,11 +31,10 @@ build_lib() {
 
 if [ -z "$NO_MAIN" ]; then
   rm -rf "$BUILD" && mkdir -p "$BUILD/new/quant" "$BUILD/old/quant"
-  cp "$ROOT"/server/quant/*.cu "$ROOT"/server/quant/*.cuh "$ROOT"/server/quant/quant_kernels.h \
-    "$BUILD/new/quant/"
+  cp "$ROOT"/server/quant/*.cu "$ROOT"/server/quant/*.cuh "$ROOT"/server/quant/*.h "$BUILD/new/quant/"
   for f in $(git -C "$ROOT" ls-tree --name-only "$BASE_REV" server/quant/); do
     case "$f" in
-      *.cu | *.cuh | */quant_kernels.h) git -C "$ROOT" show "$BASE_REV:$f" > "$BUILD/old/quant/$(basename "$f")" ;;
+      *.cu | *.cuh | *.h) git -C "$ROOT" show "$BASE_REV:$f" > "$BUILD/old/quant/$(basename "$f")" ;;
     esac
   done
   build_lib new "$BUILD/new" &

@@ -12,6 +12,9 @@ from qk_common import DEV, OUT, SHAPES, View, Weight, log, time_fn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
+# DTYPES=bf16 (or fp16,bf16): the activations timed at every M; by default fp16, and bf16 at M = 1.
+DTYPES = [{"fp16": torch.float16, "bf16": torch.bfloat16}[d]
+          for d in os.environ.get("DTYPES", "").split(",") if d]
 
 
 def load(name):
@@ -142,7 +145,7 @@ def bench(shapes=SHAPES, ms=MS, cold=True):
         fcopies = max(1, min(1500, math.ceil(150e6 / fp16_bytes)))
         wfs = [wf.clone() for _ in range(fcopies if cold else 1)]
         for m in ms:
-            for dt in (torch.float16,) if m != 1 else (torch.float16, torch.bfloat16):
+            for dt in DTYPES or ((torch.float16,) if m != 1 else (torch.float16, torch.bfloat16)):
                 x = torch.randn(m, k, device=DEV, generator=g).to(dt)
                 wfd = [t.to(dt) for t in wfs] if dt != torch.float16 else wfs
                 out = torch.empty(m, n, device=DEV, dtype=dt)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "quant/int8_bf16.h"
 #include "quant/quant_kernel_common.cuh"
 
 namespace qpool::quant::cuda {
@@ -100,19 +101,25 @@ __device__ __forceinline__ void Int8Pairs<__half>(uint32_t word, uint32_t* b) {
   b[0] = *reinterpret_cast<const uint32_t*>(&lo);
   b[1] = *reinterpret_cast<const uint32_t*>(&hi);
 }
+// Note [Exact int8 to bf16] in int8_bf16.h.
 template <>
 __device__ __forceinline__ void Int8Pairs<__nv_bfloat16>(uint32_t word, uint32_t* b) {
-  // 0x4b000000 | (q + 128) is the float 2^23 + q + 128, exact; bf16 holds every int8 exactly.
-  const uint32_t u = word ^ 0x80808080u;
-  float f[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    f[j] = __uint_as_float(Permute(u, 0x4b000000u, 0x7440 | j)) - 8388736.f;
-  }
-  __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]);
-  __nv_bfloat162 hi = __floats2bfloat162_rn(f[2], f[3]);
-  b[0] = *reinterpret_cast<uint32_t*>(&lo);
-  b[1] = *reinterpret_cast<uint32_t*>(&hi);
+  b[0] = Int8PairBf16(Permute(word, 0x43434343u, 0x5140));  // bytes 0, 1
+  b[1] = Int8PairBf16(Permute(word, 0x43434343u, 0x5342));  // bytes 2, 3
+}
+
+// Int8Pairs of the word made of half-word `half` (0 or 1) of wa and the same half of wb: pair 0
+// from wa, pair 1 from wb. bf16 takes the bytes straight from wa and wb (no gather).
+template <typename T>
+__device__ __forceinline__ void Int8HalfPairs(uint32_t wa, uint32_t wb, int half, uint32_t* b) {
+  Int8Pairs<T>(Permute(wa, wb, half ? 0x7632 : 0x5410), b);
+}
+template <>
+__device__ __forceinline__ void Int8HalfPairs<__nv_bfloat16>(uint32_t wa, uint32_t wb, int half,
+                                                            uint32_t* b) {
+  const uint32_t sel = half ? 0x5342 : 0x5140;
+  b[0] = Int8PairBf16(Permute(wa, 0x43434343u, sel));
+  b[1] = Int8PairBf16(Permute(wb, 0x43434343u, sel));
 }
 
 // Pair of T of nf4 byte j (0..3) of `word` from the lane's column of the byte table `lut`.

@@ -53,8 +53,10 @@ __device__ __forceinline__ int XUnit(int r, int u) {
   return kNf4 ? u ^ (((r & 1) << 1) | ((u >> 3) & 1)) : u ^ (r & 1);
 }
 
+// int8 with one row group fits 128 registers, so two blocks per SM; the bound keeps a change in
+// the decode (bf16 reached 129 registers once) from silently halving that.
 template <typename T, int kMt, int kTiles, bool kNf4, bool kDq>
-__global__ void __launch_bounds__(kMedWarps* kWarp, 1)
+__global__ void __launch_bounds__(kMedWarps* kWarp, !kNf4 && kMt == kMedTilesSmallM ? 2 : 1)
     MedLinearKernel(PackedWeightView w, const T* x, int M, const T* bias, T* out,
                     int steps_per_split, int groups) {
   extern __shared__ __align__(16) uint8_t smem[];

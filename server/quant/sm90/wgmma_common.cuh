@@ -138,7 +138,7 @@ __device__ __forceinline__ void DecodeFragments(const Nf4PairTable& tab,
         const uint32_t wa = (t & 2) ? u.y : u.x;
         const uint32_t wb = (t & 2) ? u.w : u.z;
         uint32_t pr[2];
-        Int8Pairs<T>(Permute(wa, wb, (t & 1) ? 0x7632 : 0x5410), pr);
+        Int8HalfPairs<T>(wa, wb, t & 1, pr);
         a[s][h] = pr[0];
         a[s][h + 2] = pr[1];
       }
