@@ -88,6 +88,7 @@ StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
 
 void Component::Refresh() {
   std::lock_guard<std::mutex> lock(mu_);
+  bytes_.reset();
   slots_.clear();
   dtype_ = c10::kFloat;
   bool have_dtype = false;
@@ -151,6 +152,7 @@ void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Dev
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].owner->setSlot(slots_[i].index, c10::IValue(tensors[i]));
   }
+  bytes_.reset();
   device_ = device;
   dtype_ = dtype;
 }
@@ -158,9 +160,22 @@ void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Dev
 void Component::RebindOne(size_t i, const torch::Tensor& tensor) {
   std::lock_guard<std::mutex> lock(mu_);
   slots_.at(i).owner->setSlot(slots_[i].index, c10::IValue(tensor));
+  bytes_.reset();
 }
 
+// Note [Cached byte counts]
+// Admission and routing read the bytes of every component of every loaded pipeline for each
+// request (the device's budget snapshot), and walking a UNet's slots and hashing their storages
+// took milliseconds per request once a GPU held several pipelines. The count changes only when
+// the slots' tensors do, which is through Rebind, RebindOne and Refresh (after module() edits),
+// all under mu_: each drops the cached count, and the next Bytes() counts again.
 ComponentBytes Component::Bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!bytes_) bytes_ = CountBytes();
+  return *bytes_;
+}
+
+ComponentBytes Component::CountBytes() const {
   struct View {
     int64_t offset;
     uint64_t nbytes;
@@ -171,19 +186,16 @@ ComponentBytes Component::Bytes() const {
     std::vector<View> views;
   };
   std::unordered_map<const void*, Storage> storages;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& slot : slots_) {
-      const auto t = TensorAt(slot);
-      if (!t.defined() || !t.has_storage()) continue;
-      Storage& s = storages[t.storage().unsafeGetStorageImpl()];
-      s.nbytes = t.storage().nbytes();
-      const int64_t offset = t.storage_offset() * static_cast<int64_t>(t.element_size());
-      const uint64_t nbytes = t.numel() * t.element_size();
-      bool seen = false;
-      for (const auto& v : s.views) seen = seen || (v.offset == offset && v.nbytes == nbytes);
-      if (!seen) s.views.push_back({offset, nbytes, slot.role});
-    }
+  for (const auto& slot : slots_) {
+    const auto t = TensorAt(slot);
+    if (!t.defined() || !t.has_storage()) continue;
+    Storage& s = storages[t.storage().unsafeGetStorageImpl()];
+    s.nbytes = t.storage().nbytes();
+    const int64_t offset = t.storage_offset() * static_cast<int64_t>(t.element_size());
+    const uint64_t nbytes = t.numel() * t.element_size();
+    bool seen = false;
+    for (const auto& v : s.views) seen = seen || (v.offset == offset && v.nbytes == nbytes);
+    if (!seen) s.views.push_back({offset, nbytes, slot.role});
   }
   ComponentBytes bytes;
   auto add = [&bytes](TensorRole role, uint64_t n) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@ class Component {
 
   // Bytes held now, by role. Each storage is counted once; several slots viewing one storage (an
   // arena) count their own bytes, and the storage's remainder goes to its largest view's role.
+  // Counted once per change of the slots' tensors (Note [Cached byte counts]).
   ComponentBytes Bytes() const;
   // Number of tensor slots (parameters, buffers, attributes).
   size_t num_tensors() const { return slots_.size(); }
@@ -102,11 +104,13 @@ class Component {
 
   Component(std::string name, torch::jit::Module module);
   torch::Tensor TensorAt(const Slot& slot) const;
+  ComponentBytes CountBytes() const;  // with mu_ held
 
   std::string name_;
   torch::jit::Module module_;
   std::vector<Slot> slots_;  // fixed after Refresh(); the tensors in them change under mu_
   mutable std::mutex mu_;
+  mutable std::optional<ComponentBytes> bytes_;  // Bytes() since the last change of the slots
   c10::Device device_{c10::kCPU};
   c10::ScalarType dtype_ = c10::kFloat;
   StreamHooks* stream_hooks_ = nullptr;

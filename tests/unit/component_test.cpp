@@ -64,6 +64,33 @@ TEST(Component, LoadsAndAccountsEveryTensor) {
   EXPECT_TRUE(torch::allclose(*out, torch::full({2, 4}, 9.0)));
 }
 
+// Bytes() is cached (Note [Cached byte counts]); each way the slots change must drop the cache.
+TEST(Component, ByteCountsFollowEveryChangeOfTheTensors) {
+  auto loaded = Component::Load("unet", SaveModule(MakeModule(), "component-bytes"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  Component& c = **loaded;
+  const ComponentBytes before = c.Bytes();
+  EXPECT_EQ(c.Bytes().total(), before.total());  // read twice, the same
+
+  size_t weight = c.num_tensors();
+  for (size_t i = 0; i < c.num_tensors(); ++i) {
+    if (c.slot_name(i) == "inner.weight") weight = i;
+  }
+  ASSERT_LT(weight, c.num_tensors());
+  c.RebindOne(weight, torch::ones({4, 4}, torch::kHalf));  // one slot, half the bytes
+  EXPECT_EQ(c.Bytes().weight, 16u * 2);
+  EXPECT_EQ(c.Bytes().quant_state, before.quant_state);
+
+  std::vector<torch::Tensor> doubled;
+  for (const auto& t : c.Tensors()) doubled.push_back(torch::cat({t, t}));  // every slot twice
+  c.Rebind(doubled, c10::Device(c10::kCPU), c10::kHalf);
+  EXPECT_EQ(c.Bytes().total(), 2 * (before.total() - 16u * 2));
+
+  c.module().attr("inner").toModule().setattr("absmax", torch::zeros({1}));
+  c.Refresh();  // after module() edits
+  EXPECT_EQ(c.Bytes().quant_state, 4u + 2 * 16u * 4);
+}
+
 TEST(Component, ForwardErrorsAreStatusesNotExceptions) {
   auto c = Component::Load("unet", SaveModule(MakeModule(), "component-forward-error"));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
