@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "quant_small_m"))
-from qk_common import DEV, OUT, SHAPES, Weight, log, time_fn  # noqa: E402
+from qk_common import DEV, OUT, SHAPES, ErrorTally, Weight, log, time_fn  # noqa: E402
 from qk_large import Library  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
@@ -42,8 +42,7 @@ def check():
     fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 128, True),
             ("nf4", 256, False), ("nf4", 1024, True)]
     ms = [1, 7, 64, 100, 128, 129, 255, 256, 300, 513, 1024, 2049]  # 2049: several tiles per block
-    total = fails = 0
-    worst = {}
+    tally = ErrorTally(shown=40)
     for (n, k) in shapes:
         for fmt, bs, dq in fmts:
             if fmt == "nf4" and k % bs:
@@ -61,26 +60,14 @@ def check():
                     ref = x.float() @ w.ref.t()
                     if bias is not None:
                         ref = ref + bias.float()
-                    scale = ref.abs().max().item() + 1e-6
-                    tol = 4e-3 if dt == torch.float16 else 2e-2
                     # every tile, data-parallel and stream-K on the whole GPU and on 7 blocks
                     for bn, sms, sched in [(bn, sms, sc) for bn in BNS for sms in (None, 7) for sc in (1, 2)]:
                         out.fill_(float("nan"))
                         run_wgmma(w, x, bias, out, bn, sms, sched)
                         torch.cuda.synchronize()
-                        finite = bool(torch.isfinite(out).all())
-                        err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
-                        key = f"{fmt}{'dq' if dq else ''}_{str(dt)[6:]}_{tile_name(bn)}"
-                        worst[key] = max(worst.get(key, 0), err)
-                        total += 1
-                        if not err <= tol:
-                            fails += 1
-                            if fails < 40:
-                                log(f"FAIL {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} {tile_name(bn)} sms={sms} schedule={sched} err={err:.3g} finite={finite}")
-    for kk, e in sorted(worst.items()):
-        log(f"worst rel err {kk}: {e:.2e}")
-    log(f"CHECK: {total - fails}/{total} cases pass")
-    return fails == 0
+                        tally.add(f"{fmt}{'dq' if dq else ''}_{str(dt)[6:]}_{tile_name(bn)}", out, ref,
+                                  f"{fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} {tile_name(bn)} sms={sms} schedule={sched}")
+    return tally.report("")
 
 
 def bench(ms=MS):

@@ -8,7 +8,7 @@ import ctypes, json, math, os, statistics, sys, time
 import torch
 import torch.nn.functional as F
 
-from qk_common import DEV, OUT, SHAPES, View, Weight, log, time_fn
+from qk_common import DEV, OUT, SHAPES, ErrorTally, View, Weight, log, relative_error, time_fn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODE = sys.argv[1] if len(sys.argv) > 1 else "all"
@@ -79,9 +79,8 @@ def check(lib=None, name="new"):
               (300, 3072), (4096, 96), (17, 80), (257, 2048), (1280, 10240 // 4)]
     fmts = [("int8", 64, False), ("nf4", 64, False), ("nf4", 64, True), ("nf4", 16, True),
             ("nf4", 16, False), ("nf4", 32, False), ("nf4", 128, True), ("nf4", 256, False)]
-    worst = {}
-    fails = 0
-    total = 0
+    tally = ErrorTally(shown=30)
+    worst_old = {}  # the old kernel's error on the same cases, for comparison
     skipped = 0
     for (n, k) in shapes:
         for fmt, bs, dq in fmts:
@@ -106,28 +105,16 @@ def check(lib=None, name="new"):
                     out = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
                     run_new(w, x, bias, out, lib)
                     torch.cuda.synchronize()
-                    scale = ref.abs().max().item() + 1e-6
-                    finite = bool(torch.isfinite(out).all())
-                    err = (out.float() - ref).abs().max().item() / scale if finite else float("inf")
-                    tol = 4e-3 if dt == torch.float16 else 2e-2
-                    # the old kernel's error on the same case, for comparison
-                    err_old = 0.0
+                    key = f"{fmt}{'dq' if dq else ''}_bs{bs}_{str(dt)[6:]}_{'m<=16' if m <= 16 else 'm>16'}"
+                    tally.add(key, out, ref, f"{name} {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt}")
                     if m <= 16:
                         o2 = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
                         Old(w, m)(w, x, bias, o2)
                         torch.cuda.synchronize()
-                        err_old = (o2.float() - ref).abs().max().item() / scale
-                    key = f"{fmt}{'dq' if dq else ''}_bs{bs}_{str(dt)[6:]}_{'m<=16' if m <= 16 else 'm>16'}"
-                    worst[key] = max(worst.get(key, (0, 0))[0], err), max(worst.get(key, (0, 0))[1], err_old)
-                    total += 1
-                    if not (err <= tol):
-                        fails += 1
-                        if fails < 30:
-                            log(f"FAIL {name} {fmt} bs{bs} dq{dq} {n}x{k} M={m} {dt} err={err:.3g} old={err_old:.3g} finite={finite}")
-    for kk, (e, eo) in sorted(worst.items()):
-        log(f"worst rel err {kk}: new {e:.2e} old {eo:.2e}")
-    log(f"CHECK {name}: {total - fails}/{total} cases pass ({skipped} unsupported layouts skipped)")
-    return fails == 0
+                        worst_old[key] = max(worst_old.get(key, 0.0), relative_error(o2, ref)[0])
+    for kk, e in sorted(worst_old.items()):
+        log(f"worst rel err {kk} of the old kernel: {e:.2e}")
+    return tally.report(f" {name}", f" ({skipped} unsupported layouts skipped)")
 
 
 def bench(shapes=SHAPES, ms=MS, cold=True):

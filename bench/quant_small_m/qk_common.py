@@ -93,6 +93,39 @@ def log(*a):
     _LOG.flush()
 
 
+def relative_error(out, ref):
+    """max |out - ref| / max |ref| (inf where out holds a NaN or inf) and whether out is finite."""
+    finite = bool(torch.isfinite(out).all())
+    scale = ref.abs().max().item() + 1e-6
+    return ((out.float() - ref).abs().max().item() / scale if finite else float("inf")), finite
+
+
+class ErrorTally:
+    """The checks' bookkeeping: every case against its float32 reference at the tolerance of x's
+    dtype (fp16 4e-3, bf16 2e-2), the worst relative error per key, and the first failures logged."""
+
+    def __init__(self, shown):
+        self.worst, self.total, self.fails, self.shown = {}, 0, 0, shown
+
+    def add(self, key, out, ref, what):
+        """Records `out` (filled with NaN before the kernel wrote it) against `ref`; its error."""
+        err, finite = relative_error(out, ref)
+        self.worst[key] = max(self.worst.get(key, 0.0), err)
+        self.total += 1
+        if not err <= (4e-3 if out.dtype == torch.float16 else 2e-2):
+            self.fails += 1
+            if self.fails < self.shown:
+                log(f"FAIL {what} err={err:.3g} finite={finite}")
+        return err
+
+    def report(self, label, extra=""):
+        """Logs the worst errors and the count; whether every case passed."""
+        for key, err in sorted(self.worst.items()):
+            log(f"worst rel err {key}: {err:.2e}")
+        log(f"CHECK{label}: {self.total - self.fails}/{self.total} cases pass{extra}")
+        return self.fails == 0
+
+
 def layer_inputs(layer, fmt, m):
     """A benchmark layer for a profiler: (packed weight, fp16 weight, x, out), seeded."""
     k, n = next((k, n) for name, k, n in SHAPES if name == layer)

@@ -77,6 +77,52 @@ void ExpectPathMatchesCpu(const at::Tensor& x, const QuantState& s, const QuantS
               dt, what + " no bias");
 }
 
+// One layer of a CUDA-against-CPU test: its state on the CPU, the state's copy on the GPU and
+// the CPU bias.
+struct QuantizedLayer {
+  const FormatCase& f;
+  int64_t n, k;
+  const QuantState& s;
+  const QuantState& g;
+  const at::Tensor& bias;
+};
+
+// For each [n, k] of `shapes`, a random weight (x 0.05) and bias, quantized in every format of
+// kFormats; `body` gets each layer.
+void ForEachQuantizedLayer(std::initializer_list<std::pair<int64_t, int64_t>> shapes,
+                           const std::function<void(const QuantizedLayer&)>& body) {
+  for (auto [n, k] : shapes) {
+    const at::Tensor w = at::randn({n, k}) * 0.05;
+    const at::Tensor bias = at::randn({n});
+    for (const FormatCase& f : kFormats) {
+      const QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
+      const QuantState g = ToDevice(s, at::kCUDA);
+      body(QuantizedLayer{f, n, k, s, g, bias});
+    }
+  }
+}
+
+// An input of a layer: x on the CPU, the float32 CPU result with the bias, x's dtype and the
+// case's name.
+struct LayerInput {
+  at::Tensor x, ref;
+  at::ScalarType dt;
+  std::string what;
+};
+
+// For each M of `ms` and each dtype, a random x [M, k] given to `body`.
+void ForEachInput(const QuantizedLayer& layer, const std::vector<int64_t>& ms,
+                  std::initializer_list<at::ScalarType> dtypes,
+                  const std::function<void(const LayerInput&)>& body) {
+  for (int64_t m : ms) {
+    for (at::ScalarType dt : dtypes) {
+      const at::Tensor x = at::randn({m, layer.k}).to(dt);
+      body(LayerInput{x, QuantLinear(x.to(at::kFloat), layer.s, layer.bias), dt,
+                      CaseName(layer.f, layer.n, layer.k, m, dt)});
+    }
+  }
+}
+
 TEST(QuantCuda, DequantizeIsBitIdenticalToCpu) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(21);
@@ -98,30 +144,18 @@ TEST(QuantCuda, DequantizeIsBitIdenticalToCpu) {
 TEST(QuantCuda, BothPathsMatchCpuForAllFormatsDtypesAndM) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(22);
-  struct Shape {
-    int64_t n, k;
-  };
-  for (Shape sh : {Shape{320, 768}, Shape{257, 100}, Shape{33, 1040}}) {
-    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
-    at::Tensor bias = at::randn({sh.n});
-    for (const FormatCase& f : kFormats) {
-      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
-      QuantState g = ToDevice(s, at::kCUDA);
-      for (int64_t m : {1, 7, 16, 77, 300, 1024}) {
-        for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
-          const at::Tensor x = at::randn({m, sh.k}).to(dt);
-          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
-          const at::Tensor xg = x.cuda(), bg = bias.cuda();
-          const std::string what = CaseName(f, sh.n, sh.k, m, dt);
-          ExpectClose(QuantLinear(xg, g, bg), ref, dt, what + " auto");
-          ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kFused), ref, dt, what + " fused");
-          ExpectClose(QuantLinearCuda(xg, g, bg, CudaPath::kMma), ref, dt, what + " mma");
-          ExpectClose(QuantLinearCuda(xg, g, std::nullopt, CudaPath::kDequantMatmul),
-                      QuantLinear(x.to(at::kFloat), s), dt, what + " dequant+matmul");
-        }
-      }
-    }
-  }
+  ForEachQuantizedLayer({{320, 768}, {257, 100}, {33, 1040}}, [](const QuantizedLayer& l) {
+    const auto dtypes = {at::kHalf, at::kBFloat16, at::kFloat};
+    ForEachInput(l, {1, 7, 16, 77, 300, 1024}, dtypes, [&](const LayerInput& in) {
+      const at::Tensor xg = in.x.cuda(), bg = l.bias.cuda();
+      ExpectClose(QuantLinear(xg, l.g, bg), in.ref, in.dt, in.what + " auto");
+      ExpectClose(QuantLinearCuda(xg, l.g, bg, CudaPath::kFused), in.ref, in.dt,
+                  in.what + " fused");
+      ExpectClose(QuantLinearCuda(xg, l.g, bg, CudaPath::kMma), in.ref, in.dt, in.what + " mma");
+      ExpectClose(QuantLinearCuda(xg, l.g, std::nullopt, CudaPath::kDequantMatmul),
+                  QuantLinear(in.x.to(at::kFloat), l.s), in.dt, in.what + " dequant+matmul");
+    });
+  });
 }
 
 // The fast dequantize kernel (Note [Fast dequantize]) on large layouts, including a weight
@@ -152,29 +186,15 @@ TEST(QuantCuda, FastDequantizeIsBitIdenticalOnLargeShapes) {
 TEST(QuantCuda, MmaPathMatchesCpuForSmallAndMediumMAndSplit) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(25);
-  struct Shape {
-    int64_t n, k;
-  };
-  for (Shape sh : {Shape{70, 1536}, Shape{9, 8192}, Shape{600, 320}}) {
-    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
-    at::Tensor bias = at::randn({sh.n});
-    for (const FormatCase& f : kFormats) {
-      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
-      QuantState g = ToDevice(s, at::kCUDA);
-      std::vector<int64_t> ms;
-      for (int64_t m = 1; m <= 16; ++m) ms.push_back(m);
-      for (int64_t m : {17, 32, 33, 64, 77, 80, 81, 154, 160, 161}) ms.push_back(m);
-      for (int64_t m : ms) {
-        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
-          const at::Tensor x = at::randn({m, sh.k}).to(dt);
-          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
-          const std::string what = CaseName(f, sh.n, sh.k, m, dt);
-          ExpectPathMatchesCpu(x, s, g, bias, ref, CudaPath::kMma, dt, what + " mma");
-          ExpectClose(QuantLinear(x.cuda(), g, bias.cuda()), ref, dt, what + " auto");
-        }
-      }
-    }
-  }
+  std::vector<int64_t> ms;
+  for (int64_t m = 1; m <= 16; ++m) ms.push_back(m);
+  for (int64_t m : {17, 32, 33, 64, 77, 80, 81, 154, 160, 161}) ms.push_back(m);
+  ForEachQuantizedLayer({{70, 1536}, {9, 8192}, {600, 320}}, [&](const QuantizedLayer& l) {
+    ForEachInput(l, ms, {at::kHalf, at::kBFloat16}, [&](const LayerInput& in) {
+      ExpectPathMatchesCpu(in.x, l.s, l.g, l.bias, in.ref, CudaPath::kMma, in.dt, in.what + " mma");
+      ExpectClose(QuantLinear(in.x.cuda(), l.g, l.bias.cuda()), in.ref, in.dt, in.what + " auto");
+    });
+  });
 }
 
 // Every block shape of the small-M kernel, forced (Note [Small-M block shape]), against the CPU
@@ -183,32 +203,19 @@ TEST(QuantCuda, MmaPathMatchesCpuForSmallAndMediumMAndSplit) {
 TEST(QuantCuda, SmallMBlockShapesMatchCpu) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(27);
-  struct Shape {
-    int64_t n, k;
-  };
-  for (Shape sh : {Shape{70, 1536}, Shape{33, 320}, Shape{300, 3072}}) {
-    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
-    at::Tensor bias = at::randn({sh.n});
-    for (const FormatCase& f : kFormats) {
-      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
-      QuantState g = ToDevice(s, at::kCUDA);
-      for (int64_t m : {1, 3, 8, 9, 16}) {
-        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
-          const at::Tensor x = at::randn({m, sh.k}).to(dt);
-          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
-          for (int tiles : {2, 4}) {
-            for (int splits : {1, 3, 8}) {
-              const std::string what = CaseName(f, sh.n, sh.k, m, dt) + " tiles " +
-                                       std::to_string(tiles) + " splits " + std::to_string(splits);
-              ExpectClose(QuantLinearCuda(x.cuda(), g, bias.cuda(), CudaPath::kMma,
-                                          cuda::MmaShape{tiles, splits}),
-                          ref, dt, what);
-            }
-          }
+  ForEachQuantizedLayer({{70, 1536}, {33, 320}, {300, 3072}}, [](const QuantizedLayer& l) {
+    ForEachInput(l, {1, 3, 8, 9, 16}, {at::kHalf, at::kBFloat16}, [&](const LayerInput& in) {
+      for (int tiles : {2, 4}) {
+        for (int splits : {1, 3, 8}) {
+          const std::string what =
+              in.what + " tiles " + std::to_string(tiles) + " splits " + std::to_string(splits);
+          ExpectClose(QuantLinearCuda(in.x.cuda(), l.g, l.bias.cuda(), CudaPath::kMma,
+                                      cuda::MmaShape{tiles, splits}),
+                      in.ref, in.dt, what);
         }
       }
-    }
-  }
+    });
+  });
 }
 
 // The automatic block shape on the benchmark layers (Note [Small-M block shape]): k is split only
@@ -275,31 +282,20 @@ TEST(QuantCuda, WgmmaPathMatchesCpu) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(26);
   const bool hopper = at::cuda::getCurrentDeviceProperties()->major == 9;
-  struct Shape {
-    int64_t n, k;
-  };
   // 320 x 320 takes 64-row tiles (int8, nf4) by the rule, which the forced path follows.
-  for (Shape sh :
-       {Shape{320, 768}, Shape{8, 1280}, Shape{264, 2048}, Shape{1280, 256}, Shape{320, 320}}) {
-    at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
-    at::Tensor bias = at::randn({sh.n});
-    for (const FormatCase& f : kFormats) {
-      QuantState s = *Quantize(w, QuantOptions{f.format, f.blocksize, f.double_quant});
-      QuantState g = ToDevice(s, at::kCUDA);
-      const bool takes = f.blocksize >= 64;
-      EXPECT_EQ(WgmmaRuns(at::zeros({4, sh.k}, at::kHalf).cuda(), g), hopper && takes) << f.name;
-      EXPECT_FALSE(WgmmaRuns(at::zeros({4, sh.k}).cuda(), g)) << f.name << " float32";
-      for (int64_t m : {1, 77, 128, 129, 256, 300, 1000, 4100}) {
-        if (m == 4100 && sh.n < 1280) continue;  // 4100 x 1280: more tiles than multiprocessors
-        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
-          const at::Tensor x = at::randn({m, sh.k}).to(dt);
-          const at::Tensor ref = QuantLinear(x.to(at::kFloat), s, bias);
-          const std::string what = CaseName(f, sh.n, sh.k, m, dt);
-          ExpectPathMatchesCpu(x, s, g, bias, ref, CudaPath::kWgmma, dt, what + " wgmma");
-        }
-      }
-    }
-  }
+  const auto shapes = {
+      std::pair<int64_t, int64_t>{320, 768}, {8, 1280}, {264, 2048}, {1280, 256}, {320, 320}};
+  ForEachQuantizedLayer(shapes, [&](const QuantizedLayer& l) {
+    const bool takes = l.f.blocksize >= 64;
+    EXPECT_EQ(WgmmaRuns(at::zeros({4, l.k}, at::kHalf).cuda(), l.g), hopper && takes) << l.f.name;
+    EXPECT_FALSE(WgmmaRuns(at::zeros({4, l.k}).cuda(), l.g)) << l.f.name << " float32";
+    std::vector<int64_t> ms = {1, 77, 128, 129, 256, 300, 1000};
+    if (l.n >= 1280) ms.push_back(4100);  // 4100 x 1280: more tiles than multiprocessors
+    ForEachInput(l, ms, {at::kHalf, at::kBFloat16}, [&](const LayerInput& in) {
+      ExpectPathMatchesCpu(in.x, l.s, l.g, l.bias, in.ref, CudaPath::kWgmma, in.dt,
+                           in.what + " wgmma");
+    });
+  });
 }
 
 // The automatic choice of the warpgroup-MMA kernel (Note [Large-M path choice]).
