@@ -7,6 +7,12 @@
 
 namespace qpool::log {
 
+// Note [fmt clash]
+// The PyTorch wheel ships fmt 12 headers in torch/include/fmt, while Debian's spdlog 1.10 is
+// built against fmt 9. Where torch's include directory comes first, spdlog's calls resolve to
+// fmt 12 and fail to compile. So spdlog and fmt are used only in log.cpp (qpool_util, which does
+// not see LibTorch), behind this header, which includes neither; no translation unit sees both.
+
 enum class Level { kDebug, kInfo, kWarn, kError };
 
 // Sets the minimum level ("debug", "info", "warn", "error"); unknown names keep "info".

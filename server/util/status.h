@@ -8,7 +8,7 @@
 
 namespace qpool {
 
-// Codes mirror the gRPC codes the API layer maps them to (see api/status_mapping).
+// Codes mirror the gRPC codes the API layer maps them to (ToGrpc in api/proto_convert.h).
 enum class StatusCode {
   kOk = 0,
   kCancelled,

@@ -3,13 +3,13 @@
 #include <locale.h>
 #include <wctype.h>
 
-#include <array>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
+#include "pipeline/tokenizer/utf8.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -47,7 +47,6 @@ namespace qpool {
 
 namespace {
 
-constexpr char32_t kReplacement = 0xFFFD;
 constexpr size_t kMaxCacheEntries = 20000;
 const char* const kWordEnd = "</w>";
 const char* const kBos = "<|startoftext|>";
@@ -62,75 +61,6 @@ locale_t Utf8Locale() {
     return l;
   }();
   return loc;
-}
-
-std::u32string DecodeUtf8(const std::string& s) {
-  std::u32string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b0 = static_cast<unsigned char>(s[i]);
-    int len = 0;
-    char32_t cp = 0;
-    if (b0 < 0x80) {
-      out.push_back(b0);
-      ++i;
-      continue;
-    }
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-      len = 2;
-      cp = b0 & 0x1F;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      len = 3;
-      cp = b0 & 0x0F;
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-      len = 4;
-      cp = b0 & 0x07;
-    }
-    bool ok = len > 0 && i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80) ok = false;
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    // Reject overlong forms, surrogates and code points past U+10FFFF.
-    if (ok && ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-               (cp >= 0xD800 && cp <= 0xDFFF))) {
-      ok = false;
-    }
-    if (ok) {
-      out.push_back(cp);
-      i += len;
-    } else {
-      out.push_back(kReplacement);
-      ++i;
-    }  // one replacement per bad byte
-  }
-  return out;
-}
-
-void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-std::string EncodeUtf8(const std::u32string& s) {
-  std::string out;
-  for (char32_t cp : s) AppendUtf8(cp, &out);
-  return out;
 }
 
 // Python's str.isspace set (what CLIP's whitespace_clean collapses).
@@ -171,7 +101,7 @@ bool IsLetterFallback(char32_t c) {
   if (c >= 0xFE00 && c <= 0xFE6F) return false;    // variation selectors, small forms
   if (c >= 0xFF00 && c <= 0xFF20) return false;    // fullwidth punctuation
   if (c >= 0x1F000 && c <= 0x1FAFF) return false;  // emoji and pictographs
-  if (c == kReplacement || (c >= 0xE000 && c <= 0xF8FF)) return false;
+  if (c == kUtf8Replacement || (c >= 0xE000 && c <= 0xF8FF)) return false;
   return true;
 }
 
@@ -208,36 +138,10 @@ char32_t ToLower(char32_t c) {
   return ToLowerFallback(c);
 }
 
-// GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
-// U+0100.. in byte order, so every byte is one printable, non-space character.
-struct ByteTable {
-  std::array<std::string, 256> symbol;  // byte -> UTF-8 of its character
-  std::array<int, 512> byte_of;         // character (< 512) -> byte, -1 if none
-};
-
-const ByteTable& Bytes() {
-  static const ByteTable table = [] {
-    ByteTable t;
-    t.byte_of.fill(-1);
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      const char32_t cp = printable ? static_cast<char32_t>(b) : next++;
-      AppendUtf8(cp, &t.symbol[b]);
-      t.byte_of[cp] = b;
-    }
-    return t;
-  }();
-  return table;
-}
-
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
-// Replaces invalid UTF-8 (e.g. a multi-byte character cut by truncation) with U+FFFD.
-std::string SanitizeUtf8(const std::string& s) { return EncodeUtf8(DecodeUtf8(s)); }
 
 StatusOr<std::string> ReadFile(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
@@ -373,7 +277,7 @@ void ClipTokenizer::EncodeWord(const std::string& word, std::vector<int64_t>* ou
       return;
     }
   }
-  const ByteTable& bytes = Bytes();
+  const ByteTable& bytes = ByteToUnicode();
   std::vector<std::string> symbols;
   symbols.reserve(word.size());
   for (unsigned char b : word) symbols.push_back(bytes.symbol[b]);
@@ -475,7 +379,7 @@ std::vector<int64_t> ClipTokenizer::EncodePadded(const std::string& text) const 
 }
 
 std::string ClipTokenizer::Decode(const std::vector<int64_t>& ids) const {
-  const ByteTable& bytes = Bytes();
+  const ByteTable& bytes = ByteToUnicode();
   std::string out;
   for (int64_t id : ids) {
     if (id == bos_id_ || id == eos_id_) continue;

@@ -2,7 +2,12 @@
 """Writes wgmma_ops.cuh: the register-A wgmma wrappers of the sm_90a quant_linear kernel.
 
 Each wrapper is one inline-asm statement with one operand per accumulator register (up to 128),
-which is tedious and error-prone to write by hand. Usage: python3 gen_wgmma_ops.py > wgmma_ops.cuh
+which is tedious and error-prone to write by hand. Edit this generator, not the header, and
+regenerate from the repository root:
+
+    python3 server/quant/sm90/gen_wgmma_ops.py > server/quant/sm90/wgmma_ops.cuh
+
+The ctest wgmma_ops_generated (label unit) fails when the committed header differs from the output.
 """
 
 NS = (64, 128, 256)
