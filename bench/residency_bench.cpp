@@ -26,7 +26,7 @@
 #include "bench_common.h"
 #include "config/model_repository.h"
 #include "memory/device_memory.h"
-#include "pipeline/sd_pipeline.h"
+#include "pipeline/pipeline_kinds.h"
 #include "util/clock.h"
 
 namespace qpool {
@@ -55,15 +55,16 @@ std::string Measure(const Options& options, const std::string& name, ArenaAlloca
                     BlockCopier& copier, DeviceMemory& memory) {
   const c10::Device device(options.device);
   torch::empty({1}, torch::TensorOptions().device(device));  // allocator stats need a first use
-  auto repository = ModelRepository::Open(options.repository);
+  const auto kinds = PipelineKinds::Builtin();
+  auto repository = ModelRepository::Open(options.repository, kinds->Catalog());
   if (!repository.ok()) throw std::runtime_error(repository.status().ToString());
   auto manifest = repository->LoadManifest(name);
   if (!manifest.ok()) throw std::runtime_error(manifest.status().ToString());
-  manifest->offload.policy = "model";
-  auto loaded = SdPipeline::Load(*manifest, device, c10::kHalf,
-                                 ResidencyContext{&arenas, &copier, &memory, nullptr});
+  manifest->offload.mode = OffloadMode::kModel;
+  auto loaded = kinds->Load(*manifest, device, c10::kHalf,
+                            ResidencyContext{&arenas, &copier, &memory, nullptr});
   if (!loaded.ok()) throw std::runtime_error(loaded.status().ToString());
-  SdPipeline& pipeline = **loaded;
+  Pipeline& pipeline = **loaded;
   PipelineResidency& residency = pipeline.residency();
   Component* component = nullptr;
   for (const auto& c : pipeline.components()) {
@@ -158,12 +159,18 @@ int Main(int argc, char** argv) {
   Options options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--repository") options.repository = value;
-    else if (flag == "--pipelines") options.pipelines = Split(value);
-    else if (flag == "--component") options.component = value;
-    else if (flag == "--device") options.device = value;
-    else if (flag == "--reps") options.reps = std::stoi(value);
-    else if (flag == "--out") options.out = value;
+    if (flag == "--repository")
+      options.repository = value;
+    else if (flag == "--pipelines")
+      options.pipelines = Split(value);
+    else if (flag == "--component")
+      options.component = value;
+    else if (flag == "--device")
+      options.device = value;
+    else if (flag == "--reps")
+      options.reps = std::stoi(value);
+    else if (flag == "--out")
+      options.out = value;
     else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;

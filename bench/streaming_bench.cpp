@@ -29,7 +29,7 @@
 #include "bench_common.h"
 #include "config/model_repository.h"
 #include "memory/device_memory.h"
-#include "pipeline/sd_pipeline.h"
+#include "pipeline/pipeline_kinds.h"
 #include "util/clock.h"
 
 namespace qpool {
@@ -71,20 +71,21 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
                                  bool all_policies, ArenaAllocator& arenas, BlockCopier& copier,
                                  DeviceMemory& memory, MemoryEventLog& events) {
   const c10::Device device(o.device);
-  auto repository = ModelRepository::Open(o.repository);
+  const auto kinds = PipelineKinds::Builtin();
+  auto repository = ModelRepository::Open(o.repository, kinds->Catalog());
   if (!repository.ok()) throw std::runtime_error(repository.status().ToString());
   auto manifest = repository->LoadManifest(name);
   if (!manifest.ok()) throw std::runtime_error(manifest.status().ToString());
-  manifest->offload.policy = "sequential";
-  manifest->offload.group_mib = group_mib;
-  manifest->offload.prefetch = o.prefetch;
-  manifest->offload.resident_mib = o.resident_mib;
+  manifest->offload.mode = OffloadMode::kSequential;
+  manifest->offload.stream.group_mib = group_mib;
+  manifest->offload.stream.prefetch = o.prefetch;
+  manifest->offload.stream.resident_mib = o.resident_mib;
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
   const uint64_t base = memory.Read(device).allocated_bytes;
-  auto loaded = SdPipeline::Load(*manifest, device, c10::kHalf,
-                                 ResidencyContext{&arenas, &copier, &memory, &events});
+  auto loaded = kinds->Load(*manifest, device, c10::kHalf,
+                            ResidencyContext{&arenas, &copier, &memory, &events});
   if (!loaded.ok()) throw std::runtime_error(loaded.status().ToString());
-  SdPipeline& pipeline = **loaded;
+  Pipeline& pipeline = **loaded;
   uint64_t pipeline_bytes = 0, unet_bytes = 0;
   for (const auto& c : pipeline.components()) {
     pipeline_bytes += c->Bytes().total();
@@ -102,8 +103,7 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
   std::map<std::string, Samples> samples;
   for (int round = 0; round < o.rounds; ++round) {
     for (const auto& policy_name : policies) {
-      auto policy =
-          MakeOffloadPolicy(policy_name, 300, {group_mib, o.prefetch, o.resident_mib});
+      auto policy = MakeOffloadPolicy(policy_name, 300, {group_mib, o.prefetch, o.resident_mib});
       if (!policy.ok()) throw std::runtime_error(policy.status().ToString());
       Status set = pipeline.residency().SetPolicy(*policy);
       if (!set.ok()) throw std::runtime_error(set.ToString());
@@ -137,12 +137,11 @@ std::vector<std::string> Measure(const Options& o, const std::string& name, doub
     std::ostringstream row;
     row << "{\"pipeline\": " << Json(name) << ", \"policy\": " << Json(policy)
         << ", \"group_mib\": " << group_mib << ", \"prefetch\": " << o.prefetch
-        << ", \"resident_mib\": " << o.resident_mib
-        << ", \"steps\": " << o.steps << ", \"size\": " << o.size
-        << ", \"requests\": " << s.seconds.size() << ", \"p50_seconds\": " << Median(s.seconds)
+        << ", \"resident_mib\": " << o.resident_mib << ", \"steps\": " << o.steps
+        << ", \"size\": " << o.size << ", \"requests\": " << s.seconds.size()
+        << ", \"p50_seconds\": " << Median(s.seconds)
         << ", \"min_seconds\": " << *std::min_element(s.seconds.begin(), s.seconds.end())
-        << ", \"denoise_p50_seconds\": " << Median(s.denoise)
-        << ", \"vs_none\": "
+        << ", \"denoise_p50_seconds\": " << Median(s.denoise) << ", \"vs_none\": "
         << (none_p50 > 0 ? std::to_string(Median(s.seconds) / none_p50) : std::string("null"))
         << ", \"peak_above_rest_mib\": " << Median(s.peak_mib)
         << ", \"pipeline_mib\": " << pipeline_bytes / double(1 << 20)

@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "api/grpc_server.h"
-#include "api/request_metrics.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
 #include "memory/arena_allocator.h"
@@ -20,11 +19,9 @@
 #include "memory/memory_metrics.h"
 #include "metrics/metrics_http_server.h"
 #include "metrics/metrics_registry.h"
+#include "pipeline/pipeline_kinds.h"
 #include "pool/device_pool.h"
-#include "pool/idle_offloader.h"
-#include "pool/pipeline_loader.h"
-#include "pool/pipeline_registry.h"
-#include "pool/pool_metrics.h"
+#include "pool/pipeline_pool.h"
 #include "residency/block_copy.h"
 #include "util/clock.h"
 #include "util/host_memory.h"
@@ -32,73 +29,41 @@
 
 namespace {
 
-// Loads each start-up pipeline (its replicas in turn, each on its device's worker) and waits;
-// failures are logged and the pipeline shows as FAILED in ListPipelines, the server still starts.
-void LoadAtStartup(const std::vector<std::string>& requested, qpool::PipelineRegistry& registry,
-                   qpool::DevicePool& devices, const qpool::ModelRepository& repository) {
-  std::vector<std::string> names = requested;
-  if (names.size() == 1 && names[0] == "all") names = repository.ListNames();
-  for (const auto& name : names) {
-    auto planned = registry.PlanLoad(name, "");
-    if (!planned.ok()) {
-      qpool::log::Error("cannot load '", name, "' at start-up: ", planned.status().message());
-      continue;
-    }
-    std::promise<void> done;
-    qpool::LoadReplicas(
-        registry, devices, name, *planned, nullptr, [&](const qpool::Status& status) {
-          // Load logs its own errors, not the ones before it.
-          if (status.code() == qpool::StatusCode::kResourceExhausted) {
-            qpool::log::Error("cannot load '", name, "' at start-up: ", status.message());
-          }
-          done.set_value();
-        });
-    done.get_future().wait();
-  }
-}
-
 // Note [Drain]
 // On SIGTERM/SIGINT the server drains, within --drain-seconds (default 25 s, inside Kubernetes'
 // default 30 s grace period):
 //   1. health (grpc.health.v1: "" and each service) goes NOT_SERVING and new Generate/Encode
-//      calls get UNAVAILABLE "the server is draining ..." from our own code (PipelineCall), while
+//      calls get UNAVAILABLE "the server is draining ..." from our own code (RequestRun), while
 //      the port stays open. gRPC's Shutdown is not the first step because it closes the listener
 //      and sends GOAWAY: a probe or a new call would then see only a refused connection
 //      (UNAVAILABLE with a transport message), never NOT_SERVING nor why. With the port open,
 //      readiness probes observe NOT_SERVING and clients get a retryable UNAVAILABLE that says
 //      what happens. WatchMemory streams, which never end by themselves, end with UNAVAILABLE.
-//   2. The requests in flight (queued or running: the registry's in-flight counts) run until
+//   2. The requests in flight (queued or running: PipelinePool::InFlight) run until
 //      none is left or the time is up.
 //   3. gRPC's Shutdown closes the port and waits, until the same deadline, for the calls still
 //      open (the last writes of a finished Generate, admin calls), then cancels the rest: a
 //      running Generate stops at its next denoising step and frees its memory, a queued one ends
 //      when the worker reaches it; its client sees UNAVAILABLE or CANCELLED.
-// main then stops the idle offloader, unloads every pipeline on its device's worker with the
+// main then unloads every pipeline (PipelinePool::UnloadAll, which stops the idle offloader
+// first), each replica on its device's worker, with the
 // usual leak check (the last memory events and logs say what was given back) and exits 0. A
 // health Watch stream that a client keeps open holds step 3 until the deadline.
 
-// Requests queued or running on every loaded pipeline.
-int InFlight(qpool::PipelineRegistry& registry) {
-  int n = 0;
-  for (const auto& [name, queued] : registry.Counters().queued) n += queued;
-  return n;
-}
-
-// Steps 1 to 3 of Note [Drain]; `draining` is the flag the services check.
-void Drain(qpool::api::GrpcServer& server, qpool::PipelineRegistry& registry,
-           std::atomic<bool>& draining, int drain_seconds) {
+// Steps 1 to 3 of Note [Drain].
+void Drain(qpool::api::GrpcServer& server, qpool::PipelinePool& pool, int drain_seconds) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::seconds(drain_seconds);
   // The same instant on the clock gRPC takes (steady time cannot jump while we wait).
   const auto grpc_deadline = std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds);
-  draining = true;
+  pool.BeginDrain();
   server.SetServing(false);
-  int left = InFlight(registry);
+  int left = pool.InFlight();
   qpool::log::Info("draining: health NOT_SERVING, new requests refused; ", left,
                    " request(s) in flight get up to ", drain_seconds, " s");
   while (left > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    left = InFlight(registry);
+    left = pool.InFlight();
   }
   if (left > 0) {
     qpool::log::Warn("drain time is up: cancelling ", left, " request(s) still in flight");
@@ -107,36 +72,6 @@ void Drain(qpool::api::GrpcServer& server, qpool::PipelineRegistry& registry,
   }
   server.Shutdown(grpc_deadline);
   qpool::log::Info("gRPC server stopped ", qpool::SecondsSince(start), " s after the signal");
-}
-
-// Unloads every loaded pipeline, each replica on its device's worker (Note [Leak check]), and
-// waits; failures are logged.
-void UnloadAll(qpool::PipelineRegistry& registry, qpool::DevicePool& devices) {
-  std::vector<std::string> unloaded;
-  for (const auto& pipeline : registry.ListLoaded()) {
-    const std::string& name = pipeline.name;
-    auto replicas = registry.BeginUnload(name);
-    if (!replicas.ok()) {
-      qpool::log::Warn("not unloading '", name, "' at exit: ", replicas.status().message());
-      continue;
-    }
-    std::promise<qpool::Status> done;
-    devices.RunInTurn(
-        *replicas,
-        [&](const c10::Device& device) { return registry.Unload(name, device).status(); },
-        [&](const qpool::Status& status) { done.set_value(status); });  // Unload logs each
-    const qpool::Status status = done.get_future().get();
-    registry.EndUnload(name);
-    if (status.ok()) {
-      unloaded.push_back(name);
-    } else {
-      qpool::log::Warn("unloading '", name, "' at exit failed: ", status.message());
-    }
-  }
-  std::string names;
-  for (const auto& name : unloaded) names += (names.empty() ? "" : ", ") + name;
-  qpool::log::Info("unloaded ", unloaded.size(), " pipeline(s) at exit",
-                   unloaded.empty() ? "" : ": ", names);
 }
 
 int Run(int argc, char** argv) {
@@ -159,15 +94,16 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto repository = qpool::ModelRepository::Open(options->model_repository);
+  const auto kinds = qpool::PipelineKinds::Builtin();
+  auto repository = qpool::ModelRepository::Open(options->model_repository, kinds->Catalog());
   if (!repository.ok()) {
     std::cerr << "qpool-server: " << repository.status().message() << "\n";
     return 2;
   }
-  qpool::DevicePoolOptions pool_options;
-  pool_options.default_device = options->device;
-  pool_options.max_queue = static_cast<size_t>(options->max_queue);
-  auto devices = qpool::DevicePool::Create(pool_options);
+  qpool::DevicePoolOptions device_options;
+  device_options.default_device = options->device;
+  device_options.max_queue = static_cast<size_t>(options->max_queue);
+  auto devices = qpool::DevicePool::Create(device_options);
   if (!devices.ok()) {
     std::cerr << "qpool-server: " << devices.status().message() << "\n";
     return 2;
@@ -185,19 +121,15 @@ int Run(int argc, char** argv) {
           : static_cast<uint64_t>(options->host_memory_budget *
                                   static_cast<double>(qpool::HostMemoryBytes()));
   qpool::log::Info("host memory budget: ", admission.host_budget_bytes, " bytes");
-  qpool::PipelineRegistry registry(*repository, **devices, residency, admission);
-  qpool::IdleOffloader idle(registry, **devices);
-  qpool::OnDemandLoader on_demand(registry, **devices);
-  registry.SetScaleOut([&on_demand](const std::string& name, const c10::Device& device) {
-    on_demand.AddReplica(name, device);
-  });
   qpool::MetricsRegistry metrics;
   metrics.AddGauge("qpool_build_info", "qpool build; the value is 1.", {"version", "torch"})
       .WithLabels({QPOOL_VERSION, TORCH_VERSION})
       .Set(1);
-  qpool::MemoryMetrics memory_metrics(metrics, memory, registry, events, (*devices)->devices());
-  qpool::api::RequestMetrics request_metrics(metrics);
-  qpool::PoolMetrics pool_metrics(metrics, registry, **devices);
+  qpool::MemoryMetrics memory_metrics(metrics, memory, events, (*devices)->devices());
+  qpool::PoolOptions pool_options;
+  pool_options.admission = admission;
+  pool_options.load_on_demand = options->load_on_demand;
+  qpool::PipelinePool pool(*repository, kinds, **devices, residency, &metrics, pool_options);
   std::unique_ptr<qpool::MetricsHttpServer> metrics_server;
   if (!options->metrics_listen.empty()) {
     auto started = qpool::MetricsHttpServer::Start(options->metrics_listen, metrics);
@@ -208,19 +140,15 @@ int Run(int argc, char** argv) {
     metrics_server = std::move(started).value();
   }
 
-  std::atomic<bool> draining{false};
   qpool::api::GrpcServerOptions grpc_options;
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
-  auto server = qpool::api::GrpcServer::Start(
-      grpc_options,
-      qpool::api::EngineRefs{&registry, devices->get(), &memory, &events, &request_metrics,
-                             &draining, options->load_on_demand ? &on_demand : nullptr});
+  auto server = qpool::api::GrpcServer::Start(grpc_options, pool);
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";
     return 1;
   }
-  LoadAtStartup(options->load, registry, **devices, *repository);
+  pool.LoadAtStartup(options->load);
   (*server)->SetServing(true);
   if (metrics_server) {
     std::cout << "qpool-server metrics on " << metrics_server->address() << std::endl;
@@ -231,9 +159,8 @@ int Run(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   qpool::log::Info(signal_number == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down");
-  Drain(**server, registry, draining, options->drain_seconds);
-  idle.Stop();
-  UnloadAll(registry, **devices);
+  Drain(**server, pool, options->drain_seconds);
+  pool.UnloadAll();
   (*devices)->Stop();
   if (metrics_server) metrics_server->Stop();
   qpool::log::Info("stopped");

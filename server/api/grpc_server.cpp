@@ -8,10 +8,10 @@
 namespace qpool::api {
 
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
-                                                        EngineRefs engine) {
+                                                        PipelinePool& pool) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<GrpcServer> server(new GrpcServer(engine));
+  std::unique_ptr<GrpcServer> server(new GrpcServer(pool));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
@@ -21,8 +21,8 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   builder.RegisterService(&server->models_);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || port == 0) {
-    return Unavailable(StrCat("cannot listen on ", options.listen,
-                              " (address in use or invalid?)"));
+    return Unavailable(
+        StrCat("cannot listen on ", options.listen, " (address in use or invalid?)"));
   }
   const auto colon = options.listen.rfind(':');
   server->address_ = options.listen.substr(0, colon) + ":" + std::to_string(port);

@@ -9,8 +9,7 @@
 
 #include "api/inference_service.h"
 #include "api/model_service.h"
-#include "pool/device_pool.h"
-#include "pool/pipeline_registry.h"
+#include "pool/pipeline_pool.h"
 
 namespace qpool::api {
 
@@ -21,9 +20,10 @@ struct GrpcServerOptions {
 
 class GrpcServer {
  public:
-  // Builds and starts the server. Unavailable if the address cannot be bound.
+  // Builds and starts the server on `pool` (which outlives it). Unavailable if the address
+  // cannot be bound.
   static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
-                                                     EngineRefs engine);
+                                                     PipelinePool& pool);
   // The address actually bound (the port filled in when 0 was asked).
   const std::string& address() const { return address_; }
   // Marks every service SERVING (or NOT_SERVING) in grpc.health.v1.
@@ -34,7 +34,7 @@ class GrpcServer {
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  explicit GrpcServer(EngineRefs engine) : inference_(engine), models_(engine) {}
+  explicit GrpcServer(PipelinePool& pool) : inference_(pool), models_(pool) {}
   InferenceService inference_;
   ModelService models_;
   std::unique_ptr<grpc::Server> server_;

@@ -7,14 +7,14 @@ namespace qpool::api {
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new GenerateReactor(engine_, *request, context->deadline());  // deletes itself in OnDone
+  return new GenerateReactor(pool_, *request, context->deadline());  // deletes itself in OnDone
 }
 
 grpc::ServerUnaryReactor* InferenceService::Encode(grpc::CallbackServerContext* context,
                                                    const v1::EncodeRequest* request,
                                                    v1::EncodeResponse* response) {
   // Deletes itself in OnDone.
-  return new EncodeReactor(engine_, *request, response, context->deadline());
+  return new EncodeReactor(pool_, *request, response, context->deadline());
 }
 
 }  // namespace qpool::api

@@ -2,17 +2,18 @@
 // policy); memory reports, events, cache release and allocator snapshots.
 #pragma once
 
-#include "api/engine_refs.h"
+#include "pool/pipeline_pool.h"
 #include "qpool/v1/qpool.grpc.pb.h"
 
 namespace qpool::api {
 
-// Loads, unloads and residency changes run on the worker of the device they allocate on (the
-// target), serialized with that device's requests; the other RPCs are cheap and answer on the
-// gRPC thread. WatchMemory streams from a thread of its own per call.
+// Every RPC is one PipelinePool verb. Loads, unloads and residency changes run on the workers of
+// the devices they touch and finish the call from there; the other RPCs are cheap and answer on
+// the gRPC thread. WatchMemory streams from a thread of its own per call.
 class ModelService final : public v1::ModelService::CallbackService {
  public:
-  explicit ModelService(EngineRefs engine) : engine_(engine) {}
+  // `pool` outlives the service.
+  explicit ModelService(PipelinePool& pool) : pool_(pool) {}
 
   grpc::ServerUnaryReactor* ListPipelines(grpc::CallbackServerContext* context,
                                           const v1::ListPipelinesRequest* request,
@@ -49,17 +50,12 @@ class ModelService final : public v1::ModelService::CallbackService {
                                                  v1::AllocatorSnapshot* response) override;
 
  private:
-  // Runs `work` on `device`'s worker and finishes `reactor` with its status (UNAVAILABLE when
-  // the worker stops first).
-  // Runs `step` on each device's worker in turn (DevicePool::RunInTurn), then `finish` on success,
-  // and finishes the reactor with the first error or OK.
-  void RunInTurn(std::vector<c10::Device> devices, grpc::ServerUnaryReactor* reactor,
-                 DevicePool::Step step, std::function<void()> finish = nullptr);
+  // OffloadPipeline, OnloadPipeline and MovePipeline.
   grpc::ServerUnaryReactor* Change(grpc::CallbackServerContext* context, const std::string& name,
-                                   PipelineRegistry::Change change, const std::string& device,
+                                   ResidencyChange change, const std::string& device,
                                    v1::ResidencyChange* response);
 
-  EngineRefs engine_;
+  PipelinePool& pool_;
 };
 
 }  // namespace qpool::api

@@ -7,18 +7,41 @@ namespace qpool::api {
 grpc::Status ToGrpc(const Status& status) {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
   switch (status.code()) {
-    case StatusCode::kOk: return grpc::Status::OK;
-    case StatusCode::kCancelled: code = grpc::StatusCode::CANCELLED; break;
-    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
-    case StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
-    case StatusCode::kAlreadyExists: code = grpc::StatusCode::ALREADY_EXISTS; break;
-    case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
-    case StatusCode::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
-    case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
-    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
-    case StatusCode::kInternal: code = grpc::StatusCode::INTERNAL; break;
-    case StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
-    case StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case StatusCode::kOk:
+      return grpc::Status::OK;
+    case StatusCode::kCancelled:
+      code = grpc::StatusCode::CANCELLED;
+      break;
+    case StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case StatusCode::kAlreadyExists:
+      code = grpc::StatusCode::ALREADY_EXISTS;
+      break;
+    case StatusCode::kPermissionDenied:
+      code = grpc::StatusCode::PERMISSION_DENIED;
+      break;
+    case StatusCode::kResourceExhausted:
+      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+      break;
+    case StatusCode::kFailedPrecondition:
+      code = grpc::StatusCode::FAILED_PRECONDITION;
+      break;
+    case StatusCode::kUnavailable:
+      code = grpc::StatusCode::UNAVAILABLE;
+      break;
+    case StatusCode::kInternal:
+      code = grpc::StatusCode::INTERNAL;
+      break;
+    case StatusCode::kUnauthenticated:
+      code = grpc::StatusCode::UNAUTHENTICATED;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+      break;
   }
   return grpc::Status(code, status.message());
 }
@@ -43,9 +66,15 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
   out->set_kind(s.kind);
   switch (s.state) {
     case PipelineState::kAvailable:
-    case PipelineState::kLoading: out->set_state(v1::PIPELINE_STATE_AVAILABLE); break;
-    case PipelineState::kLoaded: out->set_state(v1::PIPELINE_STATE_LOADED); break;
-    case PipelineState::kFailed: out->set_state(v1::PIPELINE_STATE_FAILED); break;
+    case PipelineState::kLoading:
+      out->set_state(v1::PIPELINE_STATE_AVAILABLE);
+      break;
+    case PipelineState::kLoaded:
+      out->set_state(v1::PIPELINE_STATE_LOADED);
+      break;
+    case PipelineState::kFailed:
+      out->set_state(v1::PIPELINE_STATE_FAILED);
+      break;
   }
   out->set_device(s.device);
   out->set_error(s.error);
@@ -137,14 +166,63 @@ void ToProto(const ResidencyReport& report, v1::ResidencyChange* out) {
   out->set_seconds(out->seconds() + report.seconds);
 }
 
+void ToProto(GenerateReply reply, v1::GenerateResult* out) {
+  for (auto& image : reply.images) {
+    auto* i = out->add_images();
+    i->set_png(std::move(image.png));
+    i->set_width(static_cast<uint32_t>(image.width));
+    i->set_height(static_cast<uint32_t>(image.height));
+  }
+  const GenerateParams& p = reply.params;
+  out->set_seed(p.seed);
+  out->set_device(reply.run.device);
+  out->set_scheduler(p.scheduler);
+  out->set_steps(static_cast<uint32_t>(p.steps));
+  out->set_guidance_scale(static_cast<float>(p.guidance_scale));
+  out->set_route(reply.run.route);
+  out->set_attempts(static_cast<uint32_t>(reply.run.attempts));
+  out->set_batch_size(static_cast<uint32_t>(reply.batch_size));
+  auto* timings = out->mutable_timings();
+  timings->set_queue_seconds(reply.run.queue_seconds);
+  timings->set_encode_seconds(reply.timings.encode_seconds);
+  timings->set_denoise_seconds(reply.timings.denoise_seconds);
+  timings->set_decode_seconds(reply.timings.decode_seconds);
+  timings->set_total_seconds(reply.run.total_seconds);
+}
+
+void ToProto(const MemoryReport& report, v1::MemoryReport* out) {
+  for (const auto& device : report.devices) {
+    auto* d = out->add_devices();
+    ToProto(device.stats, d);
+    d->set_pipeline_bytes(device.pipeline_bytes);
+  }
+  for (const auto& status : report.pipelines) ToProto(status, out->add_pipelines());
+  out->set_pinned_host_bytes(report.pinned_host_bytes);
+  out->set_leaked_bytes_total(report.leaked_bytes_total);
+  for (const auto& e : report.events) {
+    ToProto(e, report.first_event_available, out->add_events());
+  }
+  out->set_last_sequence(report.last_sequence);
+}
+
 void ToProto(const torch::Tensor& tensor, v1::Tensor* out) {
   const torch::Tensor t = tensor.contiguous();
   switch (t.scalar_type()) {
-    case torch::kFloat: out->set_dtype(v1::DTYPE_FLOAT32); break;
-    case torch::kHalf: out->set_dtype(v1::DTYPE_FLOAT16); break;
-    case torch::kBFloat16: out->set_dtype(v1::DTYPE_BFLOAT16); break;
-    case torch::kLong: out->set_dtype(v1::DTYPE_INT64); break;
-    default: out->set_dtype(v1::DTYPE_UNSPECIFIED); break;
+    case torch::kFloat:
+      out->set_dtype(v1::DTYPE_FLOAT32);
+      break;
+    case torch::kHalf:
+      out->set_dtype(v1::DTYPE_FLOAT16);
+      break;
+    case torch::kBFloat16:
+      out->set_dtype(v1::DTYPE_BFLOAT16);
+      break;
+    case torch::kLong:
+      out->set_dtype(v1::DTYPE_INT64);
+      break;
+    default:
+      out->set_dtype(v1::DTYPE_UNSPECIFIED);
+      break;
   }
   for (int64_t d : t.sizes()) out->add_shape(d);
   out->set_data(static_cast<const char*>(t.data_ptr()), t.nbytes());

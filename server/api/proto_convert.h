@@ -3,11 +3,10 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "pipeline/generate_request.h"
-#include "pipeline/sd_pipeline.h"
-#include "pool/pipeline_registry.h"
 #include "memory/device_memory.h"
 #include "memory/memory_event.h"
+#include "pipeline/generate_request.h"
+#include "pool/pipeline_pool.h"
 #include "qpool/v1/qpool.pb.h"
 #include "util/status.h"
 
@@ -22,6 +21,8 @@ void ToProto(const DeviceMemoryStats& stats, v1::DeviceMemory* out);
 // `first_available` is the oldest sequence the log still holds.
 void ToProto(const MemoryEvent& event, uint64_t first_available, v1::MemoryEvent* out);
 void ToProto(const ResidencyReport& report, v1::ResidencyChange* out);
+void ToProto(GenerateReply reply, v1::GenerateResult* out);
+void ToProto(const MemoryReport& report, v1::MemoryReport* out);
 // Copies a CPU tensor (float32, float16, bfloat16 or int64) into a Tensor message.
 void ToProto(const torch::Tensor& tensor, v1::Tensor* out);
 

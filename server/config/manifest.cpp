@@ -57,23 +57,19 @@ const ComponentSpec* PipelineManifest::FindComponent(const std::string& componen
   return nullptr;
 }
 
-std::vector<std::string> RequiredComponents(const std::string& kind) {
-  if (kind == "sd") return {"text_encoder", "unet", "vae_decoder"};
-  return {};
-}
-
 StatusOr<PipelineManifest> ParseManifest(const std::string& yaml_text,
-                                         const std::string& pipeline_dir) {
+                                         const std::string& pipeline_dir,
+                                         const KindCatalog& kinds) {
   const std::string dir = NormalizeDir(pipeline_dir);
   const std::string path = (fs::path(dir) / "pipeline.yaml").string();
   try {
-    return manifest_internal::Parser(dir, path).Parse(yaml_text);
+    return manifest_internal::Parser(dir, path, kinds).Parse(yaml_text);
   } catch (const std::exception& e) {  // yaml-cpp or filesystem surprises: still name the file.
     return InvalidArgument(StrCat(path, ": ", e.what()));
   }
 }
 
-StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir) {
+StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir, const KindCatalog& kinds) {
   const std::string path = (fs::path(NormalizeDir(pipeline_dir)) / "pipeline.yaml").string();
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -83,7 +79,7 @@ StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir) {
   if (!in) return InvalidArgument(StrCat(path, ": cannot be opened for reading"));
   std::ostringstream text;
   text << in.rdbuf();
-  return ParseManifest(text.str(), pipeline_dir);
+  return ParseManifest(text.str(), pipeline_dir, kinds);
 }
 
 }  // namespace qpool

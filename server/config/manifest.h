@@ -2,9 +2,11 @@
 // (format: docs/model-repository.md). Torch-free; parsed with yaml-cpp.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include "config/offload_policy.h"
 #include "config/scheduler_config.h"
 #include "util/status.h"
 
@@ -74,17 +76,6 @@ struct Placement {
   std::string dtype = "auto";  // auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
 };
 
-// How the pipeline's components use device memory between and during requests
-// (residency/offload_policy.h has the semantics).
-struct OffloadSpec {
-  std::string policy = "none";  // none | model | idle | sequential
-  double idle_seconds = 300;    // idle: offload after this long without requests
-  double group_mib = 64;        // sequential: largest group of tensors streamed together (0: per
-                                // module that holds tensors)
-  int prefetch = 2;             // sequential: groups copied ahead of the running one
-  double resident_mib = 0;      // sequential: groups kept on the device for a component's run
-};
-
 // Dynamic batching (Note [Dynamic batching] in pool/batch_queue.h): concurrent Generate requests
 // of one replica with the same size, steps, scheduler and guidance on/off run as one batch.
 struct BatchingSpec {
@@ -94,17 +85,17 @@ struct BatchingSpec {
 
 struct PipelineManifest {
   std::string name;                       // pipeline folder name
-  std::string kind;                       // "sd"
+  std::string kind;                       // a known kind (KindCatalog)
   std::string dir;                        // absolute pipeline folder
   std::string path;                       // absolute path of pipeline.yaml
-  std::vector<ComponentSpec> components;  // kind sd: text_encoder, unet, vae_decoder in this order
+  std::vector<ComponentSpec> components;  // the kind's, in its order
   TokenizerSpec tokenizer;
   SchedulerConfig scheduler;
   LatentSpec latent;
   GenerationDefaults defaults;
   RequestLimits limits;
   Placement placement;
-  OffloadSpec offload;
+  OffloadPolicy offload;  // offload.* (policy, idle_seconds, group_mib, prefetch, resident_mib)
   BatchingSpec batching;
 
   // The component called `name`, or nullptr if the pipeline has none.
@@ -114,17 +105,19 @@ struct PipelineManifest {
 // Whether `device` is a valid placement.device: auto, cpu, cuda, cuda:N or "cuda:N,cuda:M,...".
 bool IsValidDevice(const std::string& device);
 
-// Component names a pipeline of `kind` must have, in execution order; empty for unknown kinds.
-std::vector<std::string> RequiredComponents(const std::string& kind);
+// The pipeline kinds a parser accepts: kind name -> the component names its manifests must list,
+// in run order (the kinds themselves live in pipeline/: PipelineKinds::Catalog).
+using KindCatalog = std::map<std::string, std::vector<std::string>>;
 
-// Parses and validates <pipeline_dir>/pipeline.yaml. NotFound if the file is missing; every other
-// error is InvalidArgument whose message starts with the manifest's path and names the field by its
-// dotted path, e.g. "/m/tiny/pipeline.yaml: field 'components.unet.file' is required".
-StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir);
+// Parses and validates <pipeline_dir>/pipeline.yaml; its kind must be one of `kinds`. NotFound if
+// the file is missing; every other error is InvalidArgument whose message starts with the
+// manifest's path and names the field by its dotted path, e.g.
+// "/m/tiny/pipeline.yaml: field 'components.unet.file' is required".
+StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir, const KindCatalog& kinds);
 
 // Same as LoadManifest, from text; errors still name pipeline_dir/pipeline.yaml, and component and
 // tokenizer files are still resolved against (and must exist in) pipeline_dir.
 StatusOr<PipelineManifest> ParseManifest(const std::string& yaml_text,
-                                         const std::string& pipeline_dir);
+                                         const std::string& pipeline_dir, const KindCatalog& kinds);
 
 }  // namespace qpool

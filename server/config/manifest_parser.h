@@ -56,7 +56,8 @@ bool IsPowerOfTwo(int x);
 
 class Parser {
  public:
-  Parser(std::string dir, std::string path) : dir_(std::move(dir)), path_(std::move(path)) {}
+  Parser(std::string dir, std::string path, const KindCatalog& kinds)
+      : dir_(std::move(dir)), path_(std::move(path)), kinds_(kinds) {}
 
   StatusOr<PipelineManifest> Parse(const std::string& text);
 
@@ -101,11 +102,12 @@ class Parser {
   Status ParseDefaults(const YAML::Node& root, const LatentSpec& latent,
                        const RequestLimits& limits, GenerationDefaults* d) const;
   Status ParsePlacement(const YAML::Node& root, Placement* p) const;
-  Status ParseOffload(const YAML::Node& root, OffloadSpec* o) const;
+  Status ParseOffload(const YAML::Node& root, OffloadPolicy* o) const;
   Status ParseBatching(const YAML::Node& root, BatchingSpec* b) const;
 
   std::string dir_;
   std::string path_;
+  const KindCatalog& kinds_;
 };
 
 }  // namespace qpool::manifest_internal

@@ -31,7 +31,7 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
 }
 
 Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) const {
-  const std::vector<std::string> names = RequiredComponents(m->kind);
+  const std::vector<std::string>& names = kinds_.at(m->kind);
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "components", /*required=*/true, {}, &node));
   RETURN_IF_ERROR(
@@ -187,33 +187,37 @@ Status Parser::ParsePlacement(const YAML::Node& root, Placement* p) const {
   return CheckOneOf("placement.dtype", p->dtype, {"auto", "float32", "float16", "bfloat16"});
 }
 
-Status Parser::ParseOffload(const YAML::Node& root, OffloadSpec* o) const {
+Status Parser::ParseOffload(const YAML::Node& root, OffloadPolicy* o) const {
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "offload", false, kOffloadKeys, &node));
-  RETURN_IF_ERROR(ReadString(node, "offload", "policy", false, &o->policy));
-  if (o->policy == "group") {
+  std::string policy = OffloadModeName(o->mode);
+  RETURN_IF_ERROR(ReadString(node, "offload", "policy", false, &policy));
+  if (policy == "group") {
     return Got(
         "offload.policy",
         "is not a policy: use sequential, whose group_mib sets how much is streamed together",
-        "'" + o->policy + "'");
+        "'" + policy + "'");
   }
-  RETURN_IF_ERROR(CheckOneOf("offload.policy", o->policy, {"none", "model", "idle", "sequential"}));
+  RETURN_IF_ERROR(CheckOneOf("offload.policy", policy, {"none", "model", "idle", "sequential"}));
   RETURN_IF_ERROR(ReadNumber(node, "offload", "idle_seconds", &o->idle_seconds));
-  if (!(o->idle_seconds > 0) || o->idle_seconds > 7 * 24 * 3600) {
+  if (!(o->idle_seconds > 0) || o->idle_seconds > kMaxIdleSeconds) {
     return Got("offload.idle_seconds", "must be in (0, 604800]", o->idle_seconds);
   }
-  RETURN_IF_ERROR(ReadNumber(node, "offload", "group_mib", &o->group_mib));
-  if (!(o->group_mib >= 0) || o->group_mib > 65536) {
-    return Got("offload.group_mib", "must be in [0, 65536]", o->group_mib);
+  StreamSettings& s = o->stream;
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "group_mib", &s.group_mib));
+  if (!(s.group_mib >= 0) || s.group_mib > kMaxGroupMib) {
+    return Got("offload.group_mib", "must be in [0, 65536]", s.group_mib);
   }
-  RETURN_IF_ERROR(ReadNumber(node, "offload", "prefetch", &o->prefetch));
-  if (o->prefetch < 0 || o->prefetch > 16) {
-    return Got("offload.prefetch", "must be in [0, 16]", o->prefetch);
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "prefetch", &s.prefetch));
+  if (s.prefetch < 0 || s.prefetch > kMaxPrefetch) {
+    return Got("offload.prefetch", "must be in [0, 16]", s.prefetch);
   }
-  RETURN_IF_ERROR(ReadNumber(node, "offload", "resident_mib", &o->resident_mib));
-  if (!(o->resident_mib >= 0) || o->resident_mib > 1048576) {
-    return Got("offload.resident_mib", "must be in [0, 1048576]", o->resident_mib);
+  RETURN_IF_ERROR(ReadNumber(node, "offload", "resident_mib", &s.resident_mib));
+  if (!(s.resident_mib >= 0) || s.resident_mib > kMaxResidentMib) {
+    return Got("offload.resident_mib", "must be in [0, 1048576]", s.resident_mib);
   }
+  // The checks above are MakeOffloadPolicy's, with the manifest's field names.
+  ASSIGN_OR_RETURN(*o, MakeOffloadPolicy(policy, o->idle_seconds, s));
   return Status::Ok();
 }
 
@@ -255,8 +259,11 @@ StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   m.path = path_;
   m.name = fs::path(dir_).filename().string();
   RETURN_IF_ERROR(ReadString(root, "", "kind", /*required=*/true, &m.kind));
-  if (RequiredComponents(m.kind).empty()) {
-    return Got("kind", "names an unknown pipeline kind (supported: sd)", "'" + m.kind + "'");
+  if (kinds_.count(m.kind) == 0) {
+    std::vector<std::string> known;
+    for (const auto& [kind, components] : kinds_) known.push_back(kind);
+    return Got("kind", "names an unknown pipeline kind (supported: " + Join(known) + ")",
+               "'" + m.kind + "'");
   }
   RETURN_IF_ERROR(ParseComponents(root, &m));
   RETURN_IF_ERROR(ParseTokenizer(root, &m.tokenizer));

@@ -43,7 +43,7 @@ Status ValidatePipelineName(const std::string& name) {
   return InvalidArgument(StrCat("invalid pipeline name '", shown, "': ", kValidName));
 }
 
-StatusOr<ModelRepository> ModelRepository::Open(const std::string& root) {
+StatusOr<ModelRepository> ModelRepository::Open(const std::string& root, KindCatalog kinds) {
   std::error_code ec;
   fs::path path = fs::absolute(fs::path(root), ec);
   if (ec) return InvalidArgument(StrCat("model repository '", root, "': ", ec.message()));
@@ -55,7 +55,7 @@ StatusOr<ModelRepository> ModelRepository::Open(const std::string& root) {
   if (!fs::is_directory(st)) {
     return InvalidArgument(StrCat("model repository ", path.string(), " is not a directory"));
   }
-  return ModelRepository(path.string());
+  return ModelRepository(path.string(), std::move(kinds));
 }
 
 std::vector<std::string> ModelRepository::ListNames() const {
@@ -81,7 +81,7 @@ StatusOr<PipelineManifest> ModelRepository::LoadManifest(const std::string& name
   if (!fs::is_directory(dir, ec) || !IsRegularFile(dir / "pipeline.yaml")) {
     return NotFound(StrCat("no pipeline named '", name, "' in model repository ", root_));
   }
-  return qpool::LoadManifest(dir.string());
+  return qpool::LoadManifest(dir.string(), kinds_);
 }
 
 }  // namespace qpool

@@ -19,9 +19,9 @@ Status ValidatePipelineName(const std::string& name);
 // re-read on each call, so pipelines added or removed on disk are seen at once.
 class ModelRepository {
  public:
-  // Opens the repository at `root` (made absolute). NotFound if it does not exist,
-  // InvalidArgument if it is not a directory.
-  static StatusOr<ModelRepository> Open(const std::string& root);
+  // Opens the repository at `root` (made absolute), whose manifests may name the kinds of
+  // `kinds`. NotFound if it does not exist, InvalidArgument if it is not a directory.
+  static StatusOr<ModelRepository> Open(const std::string& root, KindCatalog kinds);
 
   // Absolute, normalized path of the repository.
   const std::string& root() const { return root_; }
@@ -32,13 +32,15 @@ class ModelRepository {
 
   // The manifest of pipeline `name`: InvalidArgument for an invalid name, NotFound "no pipeline
   // named 'x' in model repository <root>" when the folder or its pipeline.yaml is missing, else
-  // qpool::LoadManifest of the folder.
+  // qpool::LoadManifest of the folder with the repository's kinds.
   StatusOr<PipelineManifest> LoadManifest(const std::string& name) const;
 
  private:
-  explicit ModelRepository(std::string root) : root_(std::move(root)) {}
+  ModelRepository(std::string root, KindCatalog kinds)
+      : root_(std::move(root)), kinds_(std::move(kinds)) {}
 
   std::string root_;
+  KindCatalog kinds_;
 };
 
 }  // namespace qpool

@@ -37,6 +37,7 @@ struct MemoryEvent {
   uint64_t reserved_after = 0;
   int64_t attributed_delta = 0;  // change of the pipeline's attributed bytes on `device`
   uint64_t copied_bytes = 0;     // stream: bytes copied from the host copy during the run
+  uint64_t leaked_bytes = 0;     // leak: bytes the unload check found not given back
   double duration_seconds = 0;
   MemoryEventOutcome outcome = MemoryEventOutcome::kOk;
   std::string message;

@@ -1,13 +1,10 @@
 #include "memory/memory_metrics.h"
 
-#include <cstdlib>
-
 namespace qpool {
 
 MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memory,
-                             PipelineRegistry& registry, MemoryEventLog& events,
-                             std::vector<c10::Device> devices)
-    : metrics_(metrics), memory_(memory), registry_(registry), devices_(std::move(devices)) {
+                             MemoryEventLog& events, std::vector<c10::Device> devices)
+    : metrics_(metrics), memory_(memory), devices_(std::move(devices)) {
   auto& counts = metrics.AddCounter("qpool_memory_events_total",
                                     "Memory events (load, unload, offload, onload, move, stream, "
                                     "empty_cache, oom, leak) by outcome.",
@@ -27,8 +24,7 @@ MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memor
     counts.WithLabels({MemoryEventKindName(e.kind), MemoryEventOutcomeName(e.outcome)}).Inc();
     durations.WithLabels({MemoryEventKindName(e.kind)}).Observe(e.duration_seconds);
     if (e.kind == MemoryEventKind::kLeak) {
-      // The leak event's message starts with the byte count (PipelineRegistry::RecordEvent).
-      leaked.WithLabels({e.device}).Inc(std::strtod(e.message.c_str(), nullptr));
+      leaked.WithLabels({e.device}).Inc(static_cast<double>(e.leaked_bytes));
     }
     if (e.kind == MemoryEventKind::kStream && e.copied_bytes > 0) {
       streamed.WithLabels({e.pipeline, e.component, e.device})
@@ -72,28 +68,6 @@ void MemoryMetrics::Collect(SampleSink& sink) const {
   }
   sink.AddGauge("qpool_pinned_host_memory_bytes", "Pinned host memory held for offload copies.", {},
                 static_cast<double>(memory_.pinned_bytes()));
-  for (const auto& p : registry_.ListLoaded()) {
-    for (const auto& c : p.components) {
-      // c.device is where the component's tensors are: its GPU, or cpu when offloaded.
-      auto bytes = [&](const char* kind, uint64_t v) {
-        sink.AddGauge(
-            "qpool_pipeline_memory_bytes",
-            "Bytes a loaded pipeline's component holds where it is now, by kind "
-            "(weights, quant_state, other).",
-            {{"pipeline", p.name}, {"component", c.name}, {"device", c.device}, {"kind", kind}},
-            static_cast<double>(v));
-      };
-      bytes("weights", c.bytes.weight);
-      bytes("quant_state", c.bytes.quant_state);
-      bytes("other", c.bytes.other);
-      if (c.host_bytes > 0 && c.device != "cpu") {
-        sink.AddGauge("qpool_pipeline_host_copy_bytes",
-                      "Bytes of the pinned host copy kept while the component is on its GPU.",
-                      {{"pipeline", p.name}, {"component", c.name}},
-                      static_cast<double>(c.host_bytes));
-      }
-    }
-  }
 }
 
 }  // namespace qpool

@@ -1,5 +1,5 @@
-// MemoryMetrics: exports device memory, per-pipeline attribution and memory events to the
-// metrics registry.
+// MemoryMetrics: exports device memory and memory events to the metrics registry (the bytes of
+// each pipeline are the pool's: PoolMetrics).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -9,18 +9,17 @@
 #include "memory/device_memory.h"
 #include "memory/memory_event_log.h"
 #include "metrics/metrics_registry.h"
-#include "pool/pipeline_registry.h"
 
 namespace qpool {
 
-// Registers the memory families and a scrape-time collector (device counters and pipeline bytes
-// are read at each scrape, so /metrics is current after every load, unload and move), and counts
-// each memory event as it is appended. Removes its collector on destruction.
+// Registers the memory families and a scrape-time collector (device counters are read at each
+// scrape, so /metrics is current after every load, unload and move), and counts each memory
+// event as it is appended. Removes its collector on destruction.
 // Thread safety: built once on the main thread; the collector and listener run on any thread.
 class MemoryMetrics {
  public:
-  MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memory, PipelineRegistry& registry,
-                MemoryEventLog& events, std::vector<c10::Device> devices);
+  MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memory, MemoryEventLog& events,
+                std::vector<c10::Device> devices);
   ~MemoryMetrics();
   MemoryMetrics(const MemoryMetrics&) = delete;
   MemoryMetrics& operator=(const MemoryMetrics&) = delete;
@@ -30,7 +29,6 @@ class MemoryMetrics {
 
   MetricsRegistry& metrics_;
   const DeviceMemory& memory_;
-  PipelineRegistry& registry_;
   const std::vector<c10::Device> devices_;
   MetricsRegistry::CollectorId collector_ = 0;
 };

@@ -11,7 +11,7 @@
 
 #include "config/manifest.h"
 #include "pipeline/generate_request.h"
-#include "pipeline/sd_pipeline.h"
+#include "pipeline/pipeline.h"
 
 namespace qpool {
 
@@ -20,7 +20,7 @@ namespace qpool {
 // added there and one task is queued on the device worker for it. A task takes the oldest request
 // and the BatchCompatible ones queued behind it (same size, steps, scheduler, guidance on or off),
 // up to batching.max_batch images, waiting until batching.max_delay_ms after the oldest request
-// arrived for more to come, and runs them as one SdPipeline::GenerateBatch. A task that finds the
+// arrived for more to come, and runs them as one Pipeline::GenerateBatch. A task that finds the
 // queue empty does nothing (earlier tasks took its request), so each request runs in exactly one
 // batch; at shutdown each task ends one request. max_batch 1, the default, runs every request
 // alone and never waits.
@@ -41,7 +41,7 @@ class BatchMember {
   // Resolved and validated; constant while queued.
   virtual const GenerateParams& params() const = 0;
   // The replica it was queued on.
-  virtual SdPipeline& pipeline() = 0;
+  virtual Pipeline& pipeline() = 0;
   // On the worker, right before its batch of `batch_images` images runs; `run` false when the
   // worker is stopping. False when the member does not run: it has ended its call (shutdown,
   // deadline, no memory...) and the runner does not touch it again.

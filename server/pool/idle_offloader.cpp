@@ -26,19 +26,19 @@ void IdleOffloader::Run() {
     if (stopping_) break;
     lock.unlock();
     for (const auto& [name, device] : registry_.IdleOffloadsDue()) {
-      Status submitted = devices_.worker(device).Submit([this, name = name, device = device](
-                                                            bool run) {
-        if (!run) return;
-        auto report = registry_.ChangeResidency(name, device, PipelineRegistry::Change::kOffload,
-                                                device);
-        if (report.ok()) {
-          log::Info("pipeline '", name, "' offloaded from ", device.str(),
-                    " after its idle time (", report->bytes, " bytes copied)");
-        } else if (report.status().code() != StatusCode::kNotFound &&
-                   report.status().code() != StatusCode::kFailedPrecondition) {
-          log::Warn("idle offload of '", name, "' failed: ", report.status().message());
-        }
-      });
+      Status submitted =
+          devices_.worker(device).Submit([this, name = name, device = device](bool run) {
+            if (!run) return;
+            auto report =
+                registry_.ChangeResidency(name, device, ResidencyChange::kOffload, device);
+            if (report.ok()) {
+              log::Info("pipeline '", name, "' offloaded from ", device.str(),
+                        " after its idle time (", report->bytes, " bytes copied)");
+            } else if (report.status().code() != StatusCode::kNotFound &&
+                       report.status().code() != StatusCode::kFailedPrecondition) {
+              log::Warn("idle offload of '", name, "' failed: ", report.status().message());
+            }
+          });
       (void)submitted;  // a full queue means the pipeline is not idle for long; next period
     }
     lock.lock();

@@ -8,18 +8,20 @@
 namespace qpool {
 
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
-                  std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
+                  LoadPlan plan, std::function<void(const LoadResult&)> loaded,
                   std::function<void(const Status&)> done) {
-  auto plan = registry.PlanHostRoom(name, devices.size());
-  if (!plan.ok()) {
-    done(plan.status());
+  // A broken manifest needs no room: its load only records the error.
+  StatusOr<HostEvictionPlan> evictions = HostEvictionPlan{};
+  if (plan.manifest.ok()) evictions = registry.PlanHostRoom(**plan.manifest, plan.devices.size());
+  if (!evictions.ok()) {
+    done(evictions.status());
     return;
   }
   // Every unload of the victims' replicas, then every load, each on its device's worker.
   std::vector<c10::Device> order;
   std::vector<DevicePool::Step> steps;
   std::vector<std::string> victims;
-  for (const auto& [victim, victim_devices] : *plan) {
+  for (const auto& [victim, victim_devices] : *evictions) {
     victims.push_back(victim);
     for (const auto& device : victim_devices) {
       order.push_back(device);
@@ -28,10 +30,12 @@ void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::strin
       });
     }
   }
-  for (const auto& device : devices) {
+  auto manifest = std::make_shared<const StatusOr<std::shared_ptr<const PipelineManifest>>>(
+      std::move(plan.manifest));
+  for (const auto& device : plan.devices) {
     order.push_back(device);
-    steps.push_back([&registry, name, loaded](const c10::Device& d) -> Status {
-      ASSIGN_OR_RETURN(LoadResult result, registry.Load(name, d));
+    steps.push_back([&registry, name, manifest, loaded](const c10::Device& d) -> Status {
+      ASSIGN_OR_RETURN(LoadResult result, registry.Load(name, *manifest, d));
       if (loaded) loaded(result);
       return Status::Ok();
     });
@@ -58,25 +62,32 @@ void OnDemandLoader::AddReplica(const std::string& name, const c10::Device& devi
     }
     registry_.EndScaleOut(name);
   };
+  // The loaded replicas' manifest: a scale-out adds a copy of what is served.
+  auto loaded = registry_.Manifest(name);
+  if (!loaded.ok()) {
+    done(loaded.status());
+    return;
+  }
+  std::shared_ptr<const PipelineManifest> manifest = loaded->manifest;
   // Never at other pipelines' expense in host memory: it must fit as it is.
-  auto room = registry_.PlanHostRoom(name, 1, /*evict=*/false);
+  auto room = registry_.PlanHostRoom(*manifest, 1, /*evict=*/false);
   if (!room.ok()) {
     done(room.status());
     return;
   }
   pool_.RunInTurn(
       {device},
-      [this, name](const c10::Device& d) -> Status {
+      [this, name, manifest](const c10::Device& d) -> Status {
         // An unload may have come first: a scale-out does not load the pipeline back.
         RETURN_IF_ERROR(registry_.Manifest(name).status());
-        return registry_.Load(name, d).status();
+        return registry_.Load(name, manifest, d).status();
       },
       done);
 }
 
 void OnDemandLoader::EnsureLoaded(const std::string& name,
                                   std::function<void(const Status&)> then) {
-  StatusOr<std::vector<c10::Device>> devices = std::vector<c10::Device>{};
+  StatusOr<LoadPlan> plan = LoadPlan{};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto waiting = waiting_.find(name);
@@ -84,15 +95,15 @@ void OnDemandLoader::EnsureLoaded(const std::string& name,
       waiting->second.push_back(std::move(then));
       return;
     }
-    devices = registry_.PlanLoad(name, "");
-    if (devices.ok() && !devices->empty()) waiting_[name].push_back(std::move(then));
+    plan = registry_.PlanLoad(name, "");
+    if (plan.ok() && !plan->devices.empty()) waiting_[name].push_back(std::move(then));
   }
-  if (!devices.ok() || devices->empty()) {  // an error, or loaded already
-    then(devices.status());
+  if (!plan.ok() || plan->devices.empty()) {  // an error, or loaded already
+    then(plan.status());
     return;
   }
   log::Info("loading pipeline '", name, "' for a request (--load-on-demand)");
-  LoadReplicas(registry_, pool_, name, std::move(devices).value(), nullptr,
+  LoadReplicas(registry_, pool_, name, std::move(plan).value(), nullptr,
                [this, name](const Status& status) {
                  std::vector<std::function<void(const Status&)>> waiters;
                  {

@@ -16,18 +16,18 @@
 
 namespace qpool {
 
-// Loads `name` on `devices` (PlanLoad's answer), one device's worker after the other, first
+// Loads `name` as `plan` (PlanLoad's answer) says, one device's worker after the other, first
 // unloading the idle pipelines PipelineRegistry::PlanHostRoom picks. `loaded` runs after each
 // replica's load (on that worker), `done` once, with the first error or OK (on a worker, or on
 // the caller's thread when nothing could be queued). `registry` and `pool` must outlive it.
 void LoadReplicas(PipelineRegistry& registry, DevicePool& pool, const std::string& name,
-                  std::vector<c10::Device> devices, std::function<void(const LoadResult&)> loaded,
+                  LoadPlan plan, std::function<void(const LoadResult&)> loaded,
                   std::function<void(const Status&)> done);
 
-// Loads the pipelines requests ask for (--load-on-demand), and the replicas scale-outs ask for. The first request for a pipeline that
-// is not loaded starts its load (PlanLoad with its manifest's placement, then LoadReplicas);
-// requests arriving meanwhile wait for the same load.
-// Thread safety: EnsureLoaded may be called from any thread.
+// Loads the pipelines requests ask for (--load-on-demand), and the replicas scale-outs ask for.
+// The first request for a pipeline that is not loaded starts its load (PlanLoad with its manifest's
+// placement, then LoadReplicas); requests arriving meanwhile wait for the same load. Thread safety:
+// EnsureLoaded may be called from any thread.
 class OnDemandLoader {
  public:
   // `registry` and `pool` must outlive the loader and every load it started.

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "memory/leak_check.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -12,10 +13,14 @@ namespace qpool {
 
 const char* PipelineStateName(PipelineState state) {
   switch (state) {
-    case PipelineState::kAvailable: return "available";
-    case PipelineState::kLoading: return "loading";
-    case PipelineState::kLoaded: return "loaded";
-    case PipelineState::kFailed: return "failed";
+    case PipelineState::kAvailable:
+      return "available";
+    case PipelineState::kLoading:
+      return "loading";
+    case PipelineState::kLoaded:
+      return "loaded";
+    case PipelineState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -25,10 +30,14 @@ namespace {
 // The names the manifest uses (placement.dtype), not c10's "Float"/"Half".
 std::string DtypeName(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "float32";
-    case c10::kHalf: return "float16";
-    case c10::kBFloat16: return "bfloat16";
-    default: return c10::toString(t);
+    case c10::kFloat:
+      return "float32";
+    case c10::kHalf:
+      return "float16";
+    case c10::kBFloat16:
+      return "bfloat16";
+    default:
+      return c10::toString(t);
   }
 }
 
@@ -44,8 +53,7 @@ uint64_t PipelineRegistry::ComponentFileBytes(const PipelineManifest& manifest) 
   return bytes;
 }
 
-PipelineLease::PipelineLease(std::shared_ptr<SdPipeline> pipeline,
-                             std::shared_ptr<ReplicaLoad> load,
+PipelineLease::PipelineLease(std::shared_ptr<Pipeline> pipeline, std::shared_ptr<ReplicaLoad> load,
                              std::shared_ptr<BatchQueue> batches, DeviceWorker* worker,
                              RouteDecision route, int steps)
     : pipeline_(std::move(pipeline)),
@@ -68,9 +76,11 @@ void PipelineLease::StepDone() {
   load_->pending_steps.fetch_sub(1);
 }
 
-PipelineRegistry::PipelineRegistry(ModelRepository repository, DevicePool& devices,
+PipelineRegistry::PipelineRegistry(ModelRepository repository,
+                                   std::shared_ptr<const PipelineKinds> kinds, DevicePool& devices,
                                    ResidencyContext residency, AdmissionOptions admission)
     : repository_(std::move(repository)),
+      kinds_(std::move(kinds)),
       devices_(devices),
       residency_(residency),
       admission_(admission) {}
@@ -94,6 +104,7 @@ void PipelineRegistry::RecordEvent(MemoryEventKind kind, const std::string& name
   e.duration_seconds = seconds;
   e.outcome = !status.ok() ? MemoryEventOutcome::kError
                            : (leaked > 0 ? MemoryEventOutcome::kLeak : MemoryEventOutcome::kOk);
+  e.leaked_bytes = leaked;
   e.message = status.ok() ? (leaked > 0 ? StrCat(leaked, " bytes were not released") : "")
                           : status.message();
   residency_.events->Append(std::move(e));
@@ -103,12 +114,12 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
   PipelineStatus status;
   status.name = name;
   status.error = entry.error;
-  status.state = !entry.replicas.empty() ? PipelineState::kLoaded
+  status.state = !entry.replicas.empty()  ? PipelineState::kLoaded
                  : !entry.loading.empty() ? PipelineState::kLoading
                  : !entry.error.empty()   ? PipelineState::kFailed
                                           : PipelineState::kAvailable;
   for (const auto& replica : entry.replicas) {
-    const SdPipeline& p = *replica.pipeline;
+    const Pipeline& p = *replica.pipeline;
     ReplicaStatus rs;
     rs.device = p.device().str();
     rs.in_flight = static_cast<uint32_t>(replica.load->in_flight.load());
@@ -126,7 +137,7 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
     status.replicas.push_back(std::move(rs));
   }
   if (entry.replicas.empty()) return status;
-  const SdPipeline& p = *entry.replicas.front().pipeline;
+  const Pipeline& p = *entry.replicas.front().pipeline;
   status.kind = p.manifest().kind;
   status.device = p.device().str();
   status.defaults = p.manifest().defaults;
@@ -156,17 +167,22 @@ PipelineRegistry::Replica* PipelineRegistry::FindReplica(Entry& entry, const c10
   return nullptr;
 }
 
-StatusOr<std::vector<c10::Device>> PipelineRegistry::PlanLoad(const std::string& name,
-                                                              const std::string& device) {
+StatusOr<LoadPlan> PipelineRegistry::PlanLoad(const std::string& name, const std::string& device) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
+  LoadPlan plan;
   auto manifest = repository_.LoadManifest(name);
   if (!manifest.ok() && manifest.status().code() == StatusCode::kNotFound) {
     return manifest.status();
   }
+  if (manifest.ok()) {
+    plan.manifest = std::make_shared<const PipelineManifest>(std::move(manifest).value());
+  } else {
+    plan.manifest = manifest.status();
+  }
+  const PipelineManifest* m = plan.manifest.ok() ? plan.manifest->get() : nullptr;
   const bool automatic = device.empty() || device == "auto";
   // A broken manifest still "loads" (on the CPU worker) so that Load records its error.
-  const std::string wanted =
-      !automatic ? device : (manifest.ok() ? manifest->placement.device : "cpu");
+  const std::string wanted = !automatic ? device : (m != nullptr ? m->placement.device : "cpu");
   ASSIGN_OR_RETURN(std::vector<c10::Device> candidates, devices_.Candidates(wanted));
   if (!automatic && candidates.size() > 1) {
     return InvalidArgument(StrCat("name one device to load '", name, "' on (got '", device, "')"));
@@ -174,7 +190,7 @@ StatusOr<std::vector<c10::Device>> PipelineRegistry::PlanLoad(const std::string&
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   const bool loaded = it != entries_.end() && !it->second.replicas.empty();
-  if (automatic && loaded) return std::vector<c10::Device>{};
+  if (automatic && loaded) return plan;
   std::vector<c10::Device> free;  // candidates without a replica
   for (const auto& d : candidates) {
     if (it == entries_.end() || FindReplica(it->second, d) == nullptr) free.push_back(d);
@@ -189,22 +205,32 @@ StatusOr<std::vector<c10::Device>> PipelineRegistry::PlanLoad(const std::string&
   std::stable_sort(free.begin(), free.end(), [&](const c10::Device& a, const c10::Device& b) {
     return used[a.str()] < used[b.str()];
   });
-  const int replicas = manifest.ok() ? manifest->placement.replicas : 1;
+  const int replicas = m != nullptr ? m->placement.replicas : 1;
   if (automatic && replicas > 0 && free.size() > static_cast<size_t>(replicas)) {
     free.erase(free.begin() + replicas, free.end());
   }
-  return free;
+  plan.devices = std::move(free);
+  return plan;
 }
 
-StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::Device& target) {
+std::shared_ptr<WorkingMemoryModel> PipelineRegistry::NewWorkingModel(
+    const PipelineKind& kind) const {
+  const uint64_t rate = admission_.default_working_bytes_per_pixel;
+  return std::make_shared<WorkingMemoryModel>(rate > 0 ? static_cast<double>(rate)
+                                                       : kind.default_working_bytes_per_pixel());
+}
+
+StatusOr<LoadResult> PipelineRegistry::Load(
+    const std::string& name, const StatusOr<std::shared_ptr<const PipelineManifest>>& manifest,
+    const c10::Device& target) {
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(ValidatePipelineName(name));
   {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = entries_[name];
     if (entry.loading.count(target.str())) {
-      return FailedPrecondition(StrCat("pipeline '", name, "' is being loaded on ", target.str(),
-                                       "; retry shortly"));
+      return FailedPrecondition(
+          StrCat("pipeline '", name, "' is being loaded on ", target.str(), "; retry shortly"));
     }
     if (FindReplica(entry, target) != nullptr) return LoadResult{StatusOf(name, entry), 0.0, true};
     if (entry.unloading) {
@@ -222,28 +248,30 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::
     log::Error("loading pipeline '", name, "' on ", target.str(), " failed: ", status.message());
     return status;
   };
-  auto manifest = repository_.LoadManifest(name);
   if (!manifest.ok()) return fail(manifest.status());
-  auto dtype = ResolveDtype(manifest->placement.dtype, target);
+  const PipelineManifest& m = **manifest;
+  const PipelineKind* kind = kinds_->Find(m.kind);
+  if (kind == nullptr) {  // the repository parses with these kinds' catalog
+    return fail(InvalidArgument(StrCat(m.path, ": kind '", m.kind, "' is not served here")));
+  }
+  auto dtype = ResolveDtype(m.placement.dtype, target);
   if (!dtype.ok()) {
-    return fail(InvalidArgument(StrCat(manifest->path, ": field 'placement.dtype': ",
-                                       dtype.status().message())));
+    return fail(
+        InvalidArgument(StrCat(m.path, ": field 'placement.dtype': ", dtype.status().message())));
   }
   // Under model and sequential offload a load leaves everything in host memory: requests make
   // their own room (Admit), so a pipeline larger than the budget can still be served.
-  const bool rests_on_host =
-      manifest->offload.policy == "model" || manifest->offload.policy == "sequential";
-  if (target.is_cuda() && !rests_on_host) {
+  if (target.is_cuda() && !RestsOnHost(m.offload.mode)) {
     // The component files are what the load puts on the device (at most: load-time
     // quantization shrinks them); room for them is made before anything is allocated.
-    const uint64_t file_bytes = ComponentFileBytes(*manifest);
+    const uint64_t file_bytes = ComponentFileBytes(m);
     Status room = MakeRoom(target, file_bytes, name,
                            StrCat("loading '", name, "' (", file_bytes, " bytes of components)"));
     if (!room.ok()) return fail(room);
   }
   const DeviceMemoryStats before =
       residency_.memory ? residency_.memory->Read(target) : DeviceMemoryStats{};
-  auto pipeline = SdPipeline::Load(*manifest, target, *dtype, residency_);
+  auto pipeline = kind->Load(m, target, *dtype, residency_);
   const double seconds = SecondsSince(start);
   if (!pipeline.ok()) {
     RecordEvent(MemoryEventKind::kLoad, name, target, before, 0, seconds, pipeline.status());
@@ -262,20 +290,20 @@ StatusOr<LoadResult> PipelineRegistry::Load(const std::string& name, const c10::
   Entry& entry = entries_[name];
   entry.loading.erase(target.str());
   Replica replica;
-  replica.pipeline = std::shared_ptr<SdPipeline>(std::move(pipeline).value());
+  replica.pipeline = std::shared_ptr<Pipeline>(std::move(pipeline).value());
   replica.batches = std::make_shared<BatchQueue>(replica.pipeline->manifest().batching);
   replica.load->last_used_ns.store(SteadyNanos());
   if (entry.replicas.empty()) {
-    entry.manifest = std::make_shared<const PipelineManifest>(replica.pipeline->manifest());
-    entry.working = std::make_shared<WorkingMemoryModel>(
-        static_cast<double>(admission_.default_working_bytes_per_pixel));
+    entry.manifest = *manifest;
+    entry.kind = kind;
+    entry.working = NewWorkingModel(*kind);
   }
   entry.replicas.push_back(std::move(replica));
   result.pipeline = StatusOf(name, entry);
   uint64_t bytes = 0;
   for (const auto& c : result.pipeline.components) bytes += c.bytes.total();
-  log::Info("loaded pipeline '", name, "' on ", target.str(), " (", DtypeName(*dtype), ", ",
-            bytes, " bytes, replica ", entry.replicas.size(), ") in ", result.load_seconds, " s");
+  log::Info("loaded pipeline '", name, "' on ", target.str(), " (", DtypeName(*dtype), ", ", bytes,
+            " bytes, replica ", entry.replicas.size(), ") in ", result.load_seconds, " s");
   return result;
 }
 
@@ -311,7 +339,8 @@ StatusOr<std::vector<c10::Device>> PipelineRegistry::MarkUnloading(const std::st
   }
   int in_flight = 0;
   for (const auto& r : entry.replicas) {
-    if (r.changing) return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
+    if (r.changing)
+      return Unavailable(StrCat("pipeline '", name, "' is being moved; retry shortly"));
     in_flight += r.load->in_flight.load();
   }
   if (in_flight > 0) {
@@ -342,15 +371,14 @@ StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name,
                                                 const c10::Device& device) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
   const auto start = std::chrono::steady_clock::now();
-  std::shared_ptr<SdPipeline> dropped;
+  std::shared_ptr<Pipeline> dropped;
   UnloadResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
     Replica* replica = FindReplica(*entry, device);
     if (replica == nullptr) {
-      return FailedPrecondition(
-          StrCat("pipeline '", name, "' has no replica on ", device.str()));
+      return FailedPrecondition(StrCat("pipeline '", name, "' has no replica on ", device.str()));
     }
     const int in_flight = replica->load->in_flight.load();
     if (in_flight > 0) {
@@ -366,49 +394,25 @@ StatusOr<UnloadResult> PipelineRegistry::Unload(const std::string& name,
     if (entry->replicas.empty() && !entry->unloading) entries_.erase(name);
   }
   // Note [Leak check]
-  const auto blocks = dropped->residency().Blocks();
   const auto attributed = dropped->residency().BytesByDevice();
   for (const auto& [d, bytes] : attributed) result.freed_bytes += bytes;
-  std::map<std::string, uint64_t> expected;  // allocator bytes per GPU
-  for (const auto& b : blocks) {
-    if (b.device.is_cuda()) expected[b.device.str()] += b.allocator_bytes;
-  }
-  std::map<std::string, DeviceMemoryStats> before;
-  std::vector<c10::Device> counted = {c10::Device(c10::kCPU)};
-  for (const auto& [d, bytes] : expected) counted.emplace_back(d);
-  if (!device.is_cpu() && !expected.count(device.str())) counted.push_back(device);
-  if (residency_.memory) {
-    for (const auto& d : counted) before[d.str()] = residency_.memory->Read(d);
-  }
+  LeakCheck check(residency_.memory, dropped->residency().Blocks(), device);
   dropped.reset();  // the last reference: every block of every component is freed here
-  uint64_t retained = 0;
-  for (const auto& b : blocks) {
-    if (!b.storage.expired()) retained += b.bytes;
-  }
-  uint64_t shortfall = 0;
-  if (residency_.memory) {
-    for (const auto& [d, bytes] : expected) {
-      const auto after = residency_.memory->Read(c10::Device(d));
-      const uint64_t was = before[d].allocated_bytes;
-      const uint64_t drop = was > after.allocated_bytes ? was - after.allocated_bytes : 0;
-      if (drop < bytes) shortfall += bytes - drop;
-    }
-  }
-  result.leaked_bytes = std::max(retained, shortfall);
+  const LeakReport leak = check.Finish();
+  result.leaked_bytes = leak.leaked_bytes();
   const double seconds = SecondsSince(start);
-  for (const auto& d : counted) {
+  for (const auto& d : check.devices()) {
     auto it = attributed.find(d.str());
     const int64_t delta = it == attributed.end() ? 0 : -static_cast<int64_t>(it->second);
     if (delta == 0 && !(d == device)) continue;
-    RecordEvent(MemoryEventKind::kUnload, name, d, before[d.str()], delta, seconds, Status::Ok());
+    RecordEvent(MemoryEventKind::kUnload, name, d, check.before(d), delta, seconds, Status::Ok());
   }
   if (result.leaked_bytes > 0) {
     leaked_total_ += result.leaked_bytes;
-    log::Error("unloading pipeline '", name, "' from ", device.str(), " left ",
-               result.leaked_bytes, " bytes behind (", retained,
-               " in blocks something still references, ", shortfall,
-               " bytes the allocator did not get back)");
-    RecordEvent(MemoryEventKind::kLeak, name, device, before[device.str()], 0, seconds,
+    log::Error("unloading pipeline '", name, "' from ", device.str(), " left ", result.leaked_bytes,
+               " bytes behind (", leak.retained_bytes, " in blocks something still references, ",
+               leak.shortfall_bytes, " bytes the allocator did not get back)");
+    RecordEvent(MemoryEventKind::kLeak, name, device, check.before(device), 0, seconds,
                 Status::Ok(), result.leaked_bytes);
   }
   log::Info("unloaded pipeline '", name, "' from ", device.str(), " (", result.freed_bytes,

@@ -14,58 +14,18 @@
 #include <vector>
 
 #include "config/model_repository.h"
-#include "pipeline/sd_pipeline.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_kinds.h"
+#include "pool/admission_options.h"
 #include "pool/batch_queue.h"
 #include "pool/device_pool.h"
+#include "pool/pipeline_status.h"
 #include "pool/router.h"
 #include "pool/working_memory.h"
 #include "residency/pipeline_residency.h"
 #include "util/status.h"
 
 namespace qpool {
-
-enum class PipelineState { kAvailable, kLoading, kLoaded, kFailed };
-
-struct ComponentStatus {
-  std::string name;
-  std::string device;
-  std::string dtype;
-  std::string quantization;
-  ComponentBytes bytes;
-  std::string residency;    // "unloaded", "host" or "device"
-  uint64_t host_bytes = 0;  // host copy
-};
-
-// One copy of a pipeline on one device.
-struct ReplicaStatus {
-  std::string device;
-  std::string residency;  // "device", "host" or "partial" (some components on each)
-  uint32_t in_flight = 0;
-  uint64_t device_bytes = 0;  // attributed bytes on `device`
-  uint64_t host_bytes = 0;    // pinned host copies
-};
-
-// A snapshot for ListPipelines / GetMemoryReport.
-struct PipelineStatus {
-  std::string name;
-  std::string kind;
-  PipelineState state = PipelineState::kAvailable;
-  std::string device;  // the first replica's
-  std::string error;
-  uint32_t in_flight = 0;  // all replicas
-  std::vector<ComponentStatus> components;  // the first replica's
-  std::vector<ReplicaStatus> replicas;
-  GenerationDefaults defaults;
-  OffloadPolicy policy;
-  int max_queue = 0;  // limits.max_queue of a loaded pipeline
-  BatchingSpec batching;  // of a loaded pipeline
-};
-
-struct LoadResult {
-  PipelineStatus pipeline;
-  double load_seconds = 0;
-  bool already_loaded = false;
-};
 
 // What a replica's requests are doing, shared by the registry and the leases.
 struct ReplicaLoad {
@@ -76,10 +36,10 @@ struct ReplicaLoad {
 
 // What Acquire needs to know about a request to route it.
 struct RouteOptions {
-  int width = 0;   // output size, for the working-memory estimate (0 = the defaults)
+  int width = 0;  // output size, for the working-memory estimate (0 = the defaults)
   int height = 0;
   int images = 1;
-  int steps = 0;   // denoising steps it will run (0 for Encode)
+  int steps = 0;                     // denoising steps it will run (0 for Encode)
   std::vector<std::string> exclude;  // devices not to use: a retry after OOM there
 };
 
@@ -87,7 +47,7 @@ struct RouteOptions {
 // while a lease lives.
 class PipelineLease {
  public:
-  PipelineLease(std::shared_ptr<SdPipeline> pipeline, std::shared_ptr<ReplicaLoad> load,
+  PipelineLease(std::shared_ptr<Pipeline> pipeline, std::shared_ptr<ReplicaLoad> load,
                 std::shared_ptr<BatchQueue> batches, DeviceWorker* worker, RouteDecision route,
                 int steps);
   // Drops its reference before it stops counting, so an unload that sees no request in flight
@@ -96,7 +56,7 @@ class PipelineLease {
   PipelineLease(const PipelineLease&) = delete;
   PipelineLease& operator=(const PipelineLease&) = delete;
 
-  SdPipeline& pipeline() { return *pipeline_; }
+  Pipeline& pipeline() { return *pipeline_; }
   // The worker of the replica's device; the request runs there.
   DeviceWorker& worker() { return *worker_; }
   // The replica's Generate requests waiting for a batch (Note [Dynamic batching]).
@@ -107,30 +67,12 @@ class PipelineLease {
   void StepDone();
 
  private:
-  std::shared_ptr<SdPipeline> pipeline_;
+  std::shared_ptr<Pipeline> pipeline_;
   std::shared_ptr<ReplicaLoad> load_;
   std::shared_ptr<BatchQueue> batches_;
   DeviceWorker* worker_;
   RouteDecision route_;
   int steps_left_;
-};
-
-// What an unload freed and whether the device got it all back.
-struct UnloadResult {
-  uint64_t freed_bytes = 0;   // attributed bytes the replica held
-  uint64_t leaked_bytes = 0;  // Note [Leak check]
-};
-
-// Admission limits (Note [Memory budget]).
-struct AdmissionOptions {
-  // Fraction of each GPU's total memory that pipelines and the running request may use.
-  double memory_budget = 0.9;
-  // Working memory per output pixel assumed until a pipeline's first request on a GPU has been
-  // measured: ~1 GiB for one 512x512 image, what an fp16 SD 1.5 VAE decode needs.
-  uint64_t default_working_bytes_per_pixel = 4096;
-  // Host memory pipelines may hold, all devices together (Note [Host memory budget]); 0: no
-  // limit.
-  uint64_t host_budget_bytes = 0;
 };
 
 // Counters the pool's metrics export (PoolMetrics).
@@ -149,18 +91,25 @@ struct PoolCounters {
   std::map<std::pair<std::string, std::string>, uint64_t> scale_outs;
 };
 
+// A load's plan: the manifest, parsed once for the whole load, and the devices to load a replica
+// on, each on its own worker.
+struct LoadPlan {
+  // The manifest, or why it cannot be used: a broken manifest still "loads" (on the CPU's
+  // worker) so that Load records its error for ListPipelines.
+  StatusOr<std::shared_ptr<const PipelineManifest>> manifest = Internal("no manifest");
+  std::vector<c10::Device> devices;  // empty: loaded already where it was asked for
+};
+
+// A loaded pipeline's manifest and kind, to resolve a request against before Acquire.
+struct LoadedManifest {
+  std::shared_ptr<const PipelineManifest> manifest;
+  const PipelineKind* kind = nullptr;
+};
+
 // Idle pipelines a load must unload first, each marked as unloading (as BeginUnload does) with
 // the devices of its replicas; EndUnload each once done.
 using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Device>>>;
 
-// Note [Leak check]
-// Unload drops every tensor of the replica and then compares, per device, the drop of the
-// allocator's allocated bytes with what the replica's blocks held (as the allocator counted them
-// when they were allocated). Unload runs on the device's worker, so nothing else allocates on
-// that device meanwhile; a drop smaller than expected is a leak: an error log, a `leak` event and
-// qpool_vram_leaked_bytes_total. The CPU is checked the same way against the host bytes of
-// pipeline tensors (Note [Host memory accounting]).
-//
 // Note [Host memory budget]
 // Every replica keeps pinned host copies of its components, and a CPU replica computes from host
 // memory, so each load takes about its component files' bytes of host memory, for as long as it
@@ -187,49 +136,50 @@ using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Dev
 // (the replica is marked meanwhile). Do not call a public method from another one.
 class PipelineRegistry {
  public:
-  PipelineRegistry(ModelRepository repository, DevicePool& devices, ResidencyContext residency,
+  PipelineRegistry(ModelRepository repository, std::shared_ptr<const PipelineKinds> kinds,
+                   DevicePool& devices, ResidencyContext residency,
                    AdmissionOptions admission = {});
 
-  // The devices a load of `name` should load a replica on, each on its own worker. `device`
-  // "" or "auto": the manifest's placement and replica count, less the devices that have one
-  // already (empty when loaded); else that device (empty when a replica is there).
-  StatusOr<std::vector<c10::Device>> PlanLoad(const std::string& name, const std::string& device);
-  // The idle pipelines to unload before loading `replicas` replicas of `name` (Note [Host memory
-  // budget]), least recently used first, already marked as unloading; empty when it fits or
-  // without a budget. ResourceExhausted when even every idle pipeline is not enough.
+  // A load of `name` on `device`: "" or "auto" takes the manifest's placement and replica
+  // count, less the devices that have one already (no device when loaded); else that device (none
+  // when a replica is there). Parses the manifest once for the whole load.
+  StatusOr<LoadPlan> PlanLoad(const std::string& name, const std::string& device);
+  // The idle pipelines to unload before loading `replicas` replicas of `manifest` (Note [Host
+  // memory budget]), least recently used first, already marked as unloading; empty when it fits
+  // or without a budget. ResourceExhausted when even every idle pipeline is not enough.
   // With `evict` false nothing is unloaded: ResourceExhausted unless it fits as it is.
-  StatusOr<HostEvictionPlan> PlanHostRoom(const std::string& name, size_t replicas,
+  StatusOr<HostEvictionPlan> PlanHostRoom(const PipelineManifest& manifest, size_t replicas,
                                           bool evict = true);
-  // Loads one replica of `name` on `device`, making room under the budget first. Call it on
-  // `device`'s worker. already_loaded when a replica is there; FailedPrecondition while another
-  // load of it on that device runs; ResourceExhausted when it cannot fit.
-  StatusOr<LoadResult> Load(const std::string& name, const c10::Device& device);
+  // Loads one replica of `name` from `manifest` (PlanLoad's; its error is recorded as the load's)
+  // on `device`, making room under the budget first. Call it on `device`'s worker. already_loaded
+  // when a replica is there; FailedPrecondition while another load of it on that device runs;
+  // ResourceExhausted when it cannot fit.
+  StatusOr<LoadResult> Load(const std::string& name,
+                            const StatusOr<std::shared_ptr<const PipelineManifest>>& manifest,
+                            const c10::Device& device);
   // The devices of `name`'s replicas, marking them all as unloading so that no request is
   // routed to them (FailedPrecondition with requests in flight, NotFound, not loaded...). Then
   // Unload each on its worker; EndUnload clears the marks of replicas left (after an error).
   StatusOr<std::vector<c10::Device>> BeginUnload(const std::string& name);
   void EndUnload(const std::string& name);
   // Drops every tensor of the replica on `device` and checks that the memory came back (Note
-  // [Leak check]). Call it on that device's worker.
+  // [Leak check] in memory/leak_check.h). Call it on that device's worker.
   StatusOr<UnloadResult> Unload(const std::string& name, const c10::Device& device);
 
-  // Admin residency changes. OFFLOAD: every component to the host. ONLOAD: back to the
-  // replica's device, or to `device`. MOVE: to `device`.
-  enum class Change { kOffload, kOnload, kMove };
   // Which replica goes where: (replica's device, target). Every replica for OFFLOAD and ONLOAD
   // without a device; an explicit device needs a pipeline with one replica (FailedPrecondition)
   // and no other replica on the target. Run each change on the target's worker.
-  StatusOr<std::vector<std::pair<c10::Device, c10::Device>>> PlanChange(
-      const std::string& name, Change change, const std::string& device);
+  StatusOr<std::vector<std::pair<c10::Device, c10::Device>>> PlanChange(const std::string& name,
+                                                                        ResidencyChange change,
+                                                                        const std::string& device);
   // One replica's change from PlanChange. FailedPrecondition when not loaded, for a CPU
   // pipeline's offload, or (move and onload elsewhere) with requests in flight; Unavailable
   // while another change of it runs.
   StatusOr<ResidencyReport> ChangeResidency(const std::string& name, const c10::Device& replica,
-                                            Change change, const c10::Device& target);
+                                            ResidencyChange change, const c10::Device& target);
   // Sets the offload policy of the replica on `device`; it goes to its resting residency. Call
   // it on that device's worker.
-  Status SetPolicy(const std::string& name, const c10::Device& device,
-                   const OffloadPolicy& policy);
+  Status SetPolicy(const std::string& name, const c10::Device& device, const OffloadPolicy& policy);
 
   // A lease on the replica the router picks for a request (router.h). InvalidArgument for bad
   // names, NotFound for unknown ones, FailedPrecondition when not loaded, ResourceExhausted when
@@ -243,15 +193,14 @@ class PipelineRegistry {
   // ended, whichever way. One scale-out per pipeline at a time. Unset: no scale-out.
   void SetScaleOut(std::function<void(const std::string&, const c10::Device&)> load);
   void EndScaleOut(const std::string& name);
-  // The manifest of a loaded pipeline (its replicas share it), for resolving a request before
-  // Acquire. Errors as Acquire.
-  StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
+  // The manifest and kind of a loaded pipeline (its replicas share them), for resolving a request
+  // before Acquire. Errors as Acquire.
+  StatusOr<LoadedManifest> Manifest(const std::string& name);
   // On the worker, right before the leased request runs: makes room under the budget (Note
   // [Memory budget]). ResourceExhausted when it cannot.
   Status Admit(PipelineLease& lease, const RouteOptions& options);
   // A successful request on a GPU needed `bytes` of working memory (Note [Request memory]).
-  void ObserveWorkingMemory(const std::string& name, const RouteOptions& options,
-                            uint64_t bytes);
+  void ObserveWorkingMemory(const std::string& name, const RouteOptions& options, uint64_t bytes);
 
   // (pipeline, replica device) of replicas whose idle policy wants an offload now.
   std::vector<std::pair<std::string, c10::Device>> IdleOffloadsDue();
@@ -261,6 +210,8 @@ class PipelineRegistry {
   uint64_t leaked_bytes_total() const { return leaked_total_.load(); }
   // Every pipeline of the repository, loaded or not, sorted by name.
   std::vector<PipelineStatus> List();
+  // The names of the repository's pipelines, sorted.
+  std::vector<std::string> RepositoryNames() const { return repository_.ListNames(); }
   // Loaded pipelines only.
   std::vector<PipelineStatus> ListLoaded();
   // The status of `name` if it is loaded.
@@ -270,19 +221,20 @@ class PipelineRegistry {
 
  private:
   struct Replica {
-    std::shared_ptr<SdPipeline> pipeline;
+    std::shared_ptr<Pipeline> pipeline;
     std::shared_ptr<ReplicaLoad> load = std::make_shared<ReplicaLoad>();
     std::shared_ptr<BatchQueue> batches;
     bool changing = false;  // being moved, evicted or unloaded: nothing is routed to it
   };
   struct Entry {
-    std::string error;                  // of the last failed load
-    std::vector<Replica> replicas;      // loaded copies, one per device
-    std::set<std::string> loading;      // devices with a replica being loaded
-    bool unloading = false;             // BeginUnload..EndUnload
+    std::string error;                                 // of the last failed load
+    std::vector<Replica> replicas;                     // loaded copies, one per device
+    std::set<std::string> loading;                     // devices with a replica being loaded
+    bool unloading = false;                            // BeginUnload..EndUnload
     std::shared_ptr<const PipelineManifest> manifest;  // of the loaded replicas
+    const PipelineKind* kind = nullptr;                // of the loaded replicas
     std::shared_ptr<WorkingMemoryModel> working;       // learned per pipeline
-    bool scaling_out = false;  // a scale-out load was asked for and has not ended
+    bool scaling_out = false;    // a scale-out load was asked for and has not ended
     uint64_t replica_bytes = 0;  // ComponentFileBytes of the manifest (scale-out's estimate)
   };
   PipelineStatus StatusOf(const std::string& name, const Entry& entry) const;
@@ -308,8 +260,11 @@ class PipelineRegistry {
   void RecordEvent(MemoryEventKind kind, const std::string& name, const c10::Device& device,
                    const DeviceMemoryStats& before, int64_t delta, double seconds,
                    const Status& status, uint64_t leaked = 0);
+  // The working memory model a new pipeline of `kind` starts with.
+  std::shared_ptr<WorkingMemoryModel> NewWorkingModel(const PipelineKind& kind) const;
 
   const ModelRepository repository_;
+  const std::shared_ptr<const PipelineKinds> kinds_;
   DevicePool& devices_;
   const ResidencyContext residency_;
   const AdmissionOptions admission_;
@@ -319,7 +274,5 @@ class PipelineRegistry {
   PoolCounters counters_;  // `queued` is filled in by Counters()
   std::function<void(const std::string&, const c10::Device&)> scale_out_;  // SetScaleOut
 };
-
-const char* PipelineStateName(PipelineState state);
 
 }  // namespace qpool

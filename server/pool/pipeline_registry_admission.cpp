@@ -13,7 +13,7 @@ namespace {
 
 // Bytes of a replica not on its device: what an onload (or, under the sequential policy, the
 // groups streamed at once) must add before it can run.
-uint64_t OnloadBytes(const SdPipeline& pipeline) { return pipeline.residency().BytesToRun(); }
+uint64_t OnloadBytes(const Pipeline& pipeline) { return pipeline.residency().BytesToRun(); }
 
 // Width, height and images of `options`, sizes left at 0 taking the manifest's defaults.
 std::tuple<int, int, int> SizeOf(const RouteOptions& options, const GenerationDefaults& d) {
@@ -27,7 +27,7 @@ uint64_t Estimate(const WorkingMemoryModel& model, const RouteOptions& options,
   return model.Estimate(width, height, images);
 }
 
-uint64_t BytesOn(const SdPipeline& pipeline, const c10::Device& device) {
+uint64_t BytesOn(const Pipeline& pipeline, const c10::Device& device) {
   const auto bytes = pipeline.residency().BytesByDevice();
   auto it = bytes.find(device.str());
   return it == bytes.end() ? 0 : it->second;
@@ -56,12 +56,11 @@ DeviceSnapshot PipelineRegistry::SnapshotOf(const c10::Device& device, const std
   return s;
 }
 
-StatusOr<std::shared_ptr<const PipelineManifest>> PipelineRegistry::Manifest(
-    const std::string& name) {
+StatusOr<LoadedManifest> PipelineRegistry::Manifest(const std::string& name) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
-  return entry->manifest;
+  return LoadedManifest{entry->manifest, entry->kind};
 }
 
 StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::Acquire(const std::string& name,
@@ -155,13 +154,12 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::AcquireLocked(
                                          options.steps);
 }
 
-StatusOr<HostEvictionPlan> PipelineRegistry::PlanHostRoom(const std::string& name,
+StatusOr<HostEvictionPlan> PipelineRegistry::PlanHostRoom(const PipelineManifest& manifest,
                                                           size_t replicas, bool evict) {
   const uint64_t budget = admission_.host_budget_bytes;
   if (budget == 0 || replicas == 0) return HostEvictionPlan{};
-  auto manifest = repository_.LoadManifest(name);
-  if (!manifest.ok()) return HostEvictionPlan{};  // the load itself reports it
-  const uint64_t needed = ComponentFileBytes(*manifest) * replicas;
+  const std::string& name = manifest.name;
+  const uint64_t needed = ComponentFileBytes(manifest) * replicas;
   const c10::Device host(c10::kCPU);
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t used = 0, idle_bytes = 0;
@@ -203,7 +201,7 @@ StatusOr<HostEvictionPlan> PipelineRegistry::PlanHostRoom(const std::string& nam
 }
 
 Status PipelineRegistry::Admit(PipelineLease& lease, const RouteOptions& options) {
-  const SdPipeline& pipeline = lease.pipeline();
+  const Pipeline& pipeline = lease.pipeline();
   const c10::Device device = pipeline.device();
   if (!device.is_cuda()) return Status::Ok();
   uint64_t needed = OnloadBytes(pipeline);
@@ -250,7 +248,7 @@ Status PipelineRegistry::MakeRoom(const c10::Device& device, uint64_t needed,
                " in use) and idle pipelines hold ", snapshot.evictable_bytes, " of it"));
   }
   for (const EvictionCandidate& victim : *plan) {
-    auto offloaded = ChangeResidency(victim.pipeline, device, Change::kOffload, device);
+    auto offloaded = ChangeResidency(victim.pipeline, device, ResidencyChange::kOffload, device);
     if (!offloaded.ok()) {
       return ResourceExhausted(StrCat(what, " needs ", needed, " bytes on ", device.str(),
                                       "; offloading idle pipeline '", victim.pipeline,

@@ -7,29 +7,31 @@
 namespace qpool {
 
 StatusOr<std::vector<std::pair<c10::Device, c10::Device>>> PipelineRegistry::PlanChange(
-    const std::string& name, Change change, const std::string& device) {
+    const std::string& name, ResidencyChange change, const std::string& device) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
-  if (change == Change::kMove && device.empty()) {
+  if (change == ResidencyChange::kMove && device.empty()) {
     return InvalidArgument("MovePipeline needs a target device (cpu, cuda:N)");
   }
-  if (change != Change::kOffload && device == "auto") {
+  if (change != ResidencyChange::kOffload && device == "auto") {
     return InvalidArgument("name the target device (cpu, cuda:N); auto is for loads");
   }
   std::optional<c10::Device> target;
-  if (change != Change::kOffload && !device.empty()) {
+  if (change != ResidencyChange::kOffload && !device.empty()) {
     ASSIGN_OR_RETURN(target, devices_.Resolve(device, nullptr));
   }
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
   std::vector<std::pair<c10::Device, c10::Device>> plan;
   if (!target) {
-    for (const auto& r : entry->replicas) plan.emplace_back(r.pipeline->device(), r.pipeline->device());
+    for (const auto& r : entry->replicas)
+      plan.emplace_back(r.pipeline->device(), r.pipeline->device());
     return plan;
   }
   const c10::Device from = entry->replicas.front().pipeline->device();
   if (entry->replicas.size() > 1) {
     std::string where;
-    for (const auto& r : entry->replicas) where += (where.empty() ? "" : ", ") + r.pipeline->device().str();
+    for (const auto& r : entry->replicas)
+      where += (where.empty() ? "" : ", ") + r.pipeline->device().str();
     return FailedPrecondition(StrCat("pipeline '", name, "' has replicas on ", where,
                                      "; a change to one device needs a single replica (unload "
                                      "the others, or omit the device)"));
@@ -40,11 +42,11 @@ StatusOr<std::vector<std::pair<c10::Device, c10::Device>>> PipelineRegistry::Pla
 
 StatusOr<ResidencyReport> PipelineRegistry::ChangeResidency(const std::string& name,
                                                             const c10::Device& replica_device,
-                                                            Change change,
+                                                            ResidencyChange change,
                                                             const c10::Device& target) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
-  std::shared_ptr<SdPipeline> pipeline;
-  const bool elsewhere = change != Change::kOffload && replica_device != target;
+  std::shared_ptr<Pipeline> pipeline;
+  const bool elsewhere = change != ResidencyChange::kOffload && replica_device != target;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
@@ -71,7 +73,7 @@ StatusOr<ResidencyReport> PipelineRegistry::ChangeResidency(const std::string& n
     pipeline = replica->pipeline;
   }
   StatusOr<ResidencyReport> report = Status::Ok();
-  if (change != Change::kOffload && target.is_cuda()) {
+  if (change != ResidencyChange::kOffload && target.is_cuda()) {
     const auto bytes = pipeline->residency().BytesByDevice();
     uint64_t total = 0, there = 0;
     for (const auto& [d, b] : bytes) total += b;
@@ -82,9 +84,15 @@ StatusOr<ResidencyReport> PipelineRegistry::ChangeResidency(const std::string& n
   }
   if (report.ok()) {
     switch (change) {
-      case Change::kOffload: report = pipeline->residency().Offload(); break;
-      case Change::kOnload: report = pipeline->residency().Onload(target); break;
-      case Change::kMove: report = pipeline->residency().MoveTo(target); break;
+      case ResidencyChange::kOffload:
+        report = pipeline->residency().Offload();
+        break;
+      case ResidencyChange::kOnload:
+        report = pipeline->residency().Onload(target);
+        break;
+      case ResidencyChange::kMove:
+        report = pipeline->residency().MoveTo(target);
+        break;
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -100,7 +108,7 @@ StatusOr<ResidencyReport> PipelineRegistry::ChangeResidency(const std::string& n
 Status PipelineRegistry::SetPolicy(const std::string& name, const c10::Device& device,
                                    const OffloadPolicy& policy) {
   RETURN_IF_ERROR(ValidatePipelineName(name));
-  std::shared_ptr<SdPipeline> pipeline;
+  std::shared_ptr<Pipeline> pipeline;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));

@@ -2,8 +2,7 @@
 
 namespace qpool {
 
-PoolMetrics::PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry,
-                         DevicePool& devices)
+PoolMetrics::PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry, DevicePool& devices)
     : metrics_(metrics), registry_(registry), devices_(devices) {
   collector_ = metrics.AddCollector([this](SampleSink& sink) { Collect(sink); });
 }
@@ -53,6 +52,30 @@ void PoolMetrics::Collect(SampleSink& sink) const {
     sink.AddCounter("qpool_request_retries_total",
                     "Requests retried on another device after running out of memory.",
                     {{"pipeline", pipeline}}, static_cast<double>(n));
+  }
+  for (const auto& p : registry_.ListLoaded()) {
+    for (const auto& component : p.components) {
+      // component.device is where the component's tensors are: its GPU, or cpu when offloaded.
+      auto bytes = [&](const char* kind, uint64_t v) {
+        sink.AddGauge("qpool_pipeline_memory_bytes",
+                      "Bytes a loaded pipeline's component holds where it is now, by kind "
+                      "(weights, quant_state, other).",
+                      {{"pipeline", p.name},
+                       {"component", component.name},
+                       {"device", component.device},
+                       {"kind", kind}},
+                      static_cast<double>(v));
+      };
+      bytes("weights", component.bytes.weight);
+      bytes("quant_state", component.bytes.quant_state);
+      bytes("other", component.bytes.other);
+      if (component.host_bytes > 0 && component.device != "cpu") {
+        sink.AddGauge("qpool_pipeline_host_copy_bytes",
+                      "Bytes of the pinned host copy kept while the component is on its GPU.",
+                      {{"pipeline", p.name}, {"component", component.name}},
+                      static_cast<double>(component.host_bytes));
+      }
+    }
   }
 }
 

@@ -1,5 +1,6 @@
-// PoolMetrics: the /metrics families of the pool's scheduling: queue depth per device and
-// pipeline, requests routed per device and reason, evictions and out-of-memory retries.
+// PoolMetrics: the /metrics families of the pool: the bytes each loaded pipeline's components
+// hold and where, queue depth per device and pipeline, requests routed per device and reason,
+// evictions and out-of-memory retries.
 #pragma once
 
 #include "metrics/metrics_registry.h"

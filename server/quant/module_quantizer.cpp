@@ -5,15 +5,13 @@
 #include <array>
 #include <utility>
 
+#include "component/component.h"
 #include "quant/quant_format.h"
 #include "quant/quantizer.h"
 
 namespace qpool::quant {
 
 namespace {
-
-constexpr std::array<const char*, 5> kStateNames = {"absmax", "code", "nested_absmax",
-                                                    "nested_code", "offset"};
 
 struct Layer {
   std::string name;
@@ -52,18 +50,9 @@ bool Skipped(const std::string& name, const std::vector<std::string>& skip) {
 
 }  // namespace
 
-bool IsQuantStateName(const std::string& attr_name) {
-  const size_t dot = attr_name.rfind('.');
-  const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
-  for (const char* n : kStateNames) {
-    if (leaf == n) return true;
-  }
-  return false;
-}
-
 bool IsQuantLinear(const torch::jit::Module& module) {
   if (!module.hasattr("weight")) return false;
-  for (const char* n : kStateNames) {
+  for (const char* n : kQuantStateNames) {
     if (!module.hasattr(n)) return false;
   }
   return true;

@@ -48,8 +48,4 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
 // True when `module` has the attributes of a QuantLinear layer.
 bool IsQuantLinear(const torch::jit::Module& module);
 
-// True for the names of quant-state tensors (absmax, code, nested_absmax, nested_code, offset),
-// given either a plain attribute name or a qualified one ("up.0.proj.absmax").
-bool IsQuantStateName(const std::string& attr_name);
-
 }  // namespace qpool::quant

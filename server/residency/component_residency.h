@@ -7,8 +7,9 @@
 #include <optional>
 #include <string>
 
+#include "component/component.h"
 #include "memory/arena_allocator.h"
-#include "pipeline/component.h"
+#include "memory/leak_check.h"
 #include "residency/arena_layout.h"
 #include "residency/block_copy.h"
 #include "residency/component_streamer.h"
@@ -112,12 +113,7 @@ class ComponentResidency {
   uint64_t streaming_bytes() const { return stream_bytes_.load(); }
 
   // The blocks held now, weakly: after Unload each must be gone (Note [Leak check]).
-  struct BlockRef {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    c10::Device device{c10::kCPU};
-    uint64_t bytes = 0;            // block size
-    uint64_t allocator_bytes = 0;  // what the device's allocator counted for it
-  };
+  using BlockRef = HeldBlock;
   std::vector<BlockRef> Blocks() const;
 
  private:

@@ -9,11 +9,11 @@
 #include <optional>
 #include <vector>
 
+#include "component/component.h"
+#include "component/stream_ops.h"
 #include "memory/arena_allocator.h"
-#include "pipeline/component.h"
 #include "residency/arena_layout.h"
 #include "residency/block_copy.h"
-#include "residency/stream_ops.h"
 #include "residency/stream_plan.h"
 
 namespace qpool {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "config/offload_policy.h"
 #include "memory/device_memory.h"
 #include "memory/memory_event_log.h"
 #include "residency/component_residency.h"
-#include "residency/offload_policy.h"
 
 namespace qpool {
 
@@ -126,7 +126,8 @@ class PipelineResidency {
   c10::Device device_{c10::kCPU};
   OffloadPolicy policy_;
   bool in_request_ = false;
-  bool streamable_ = false;  // planned for streaming at load (policy sequential)  // counters and time when each streaming component began
+  bool streamable_ = false;  // planned for streaming at load (policy sequential)  // counters and
+                             // time when each streaming component began
   std::chrono::steady_clock::time_point last_used_ = std::chrono::steady_clock::now();
 };
 

@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "residency/stream_ops.h"
+#include "component/stream_ops.h"
 #include "util/log.h"
 
 namespace qpool {

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pipeline/component.h"
+#include "component/component.h"
 #include "residency/arena_layout.h"
 #include "util/status.h"
 
@@ -21,7 +21,7 @@ namespace qpool {
 // group_bytes is one group; a larger module's own tensors form a group and its children are split
 // the same way (group_bytes 0: one group per module that holds tensors). At load, qpool inserts
 // two ops into the forward of every module that brings a group: qpool::stream_enter(self) first
-// and qpool::stream_exit(self) before it returns (residency/stream_ops.h). While the component
+// and qpool::stream_exit(self) before it returns (component/stream_ops.h). While the component
 // runs, enter binds the group's tensors to a device copy (copied from the pinned host copy on the
 // copy stream unless it was prefetched) and starts copying the next groups; exit binds the host
 // tensors back and gives the device copy to the caching allocator, whose stream order keeps it

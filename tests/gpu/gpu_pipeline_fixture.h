@@ -10,7 +10,7 @@
 
 #include "config/model_repository.h"
 #include "memory/device_memory.h"
-#include "pipeline/sd_pipeline.h"
+#include "pipeline/pipeline_kinds.h"
 #include "testing/test_paths.h"
 
 namespace qpool::testing {
@@ -33,19 +33,23 @@ class GpuPipelineTest {
 
   // Loads `name` on `device`; `policy` overrides the manifest's offload policy when not empty,
   // `offload` the whole offload section when given.
-  std::unique_ptr<SdPipeline> Load(const std::string& name, const c10::Device& device,
-                                   const std::string& policy = "",
-                                   const OffloadSpec* offload = nullptr) {
-    auto repository = ModelRepository::Open(repo_);
+  std::unique_ptr<Pipeline> Load(const std::string& name, const c10::Device& device,
+                                 const std::string& policy = "",
+                                 const OffloadPolicy* offload = nullptr) {
+    auto repository = ModelRepository::Open(repo_, kinds_->Catalog());
     EXPECT_TRUE(repository.ok());
     auto manifest = repository->LoadManifest(name);
     if (!manifest.ok()) {
       ADD_FAILURE() << manifest.status().ToString();
       return nullptr;
     }
-    if (!policy.empty()) manifest->offload.policy = policy;
+    if (!policy.empty()) {
+      auto parsed = MakeOffloadPolicy(policy, manifest->offload.idle_seconds);
+      EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+      if (parsed.ok()) manifest->offload = *parsed;
+    }
     if (offload != nullptr) manifest->offload = *offload;
-    auto pipeline = SdPipeline::Load(*manifest, device, c10::kHalf, context());
+    auto pipeline = kinds_->Load(*manifest, device, c10::kHalf, context());
     if (!pipeline.ok()) {
       ADD_FAILURE() << pipeline.status().ToString();
       return nullptr;
@@ -79,6 +83,7 @@ class GpuPipelineTest {
   }
 
   std::string repo_;
+  const std::shared_ptr<const PipelineKinds> kinds_ = PipelineKinds::Builtin();
   ArenaAllocator arenas_;
   BlockCopier copier_;
   DeviceMemory memory_{arenas_};

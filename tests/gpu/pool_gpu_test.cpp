@@ -33,10 +33,18 @@ class PoolGpuTest : public ::testing::Test, protected testing::GpuPipelineTest {
   }
 
   std::unique_ptr<PipelineRegistry> MakeRegistry(AdmissionOptions admission = {}) {
-    auto repository = ModelRepository::Open(repo_);
+    auto repository = ModelRepository::Open(repo_, kinds_->Catalog());
     EXPECT_TRUE(repository.ok());
-    return std::make_unique<PipelineRegistry>(std::move(repository).value(), *devices_,
+    return std::make_unique<PipelineRegistry>(std::move(repository).value(), kinds_, *devices_,
                                               context(), admission);
+  }
+
+  // Loads a replica of `name` on `device`, on its worker, as a load of that device plans it.
+  StatusOr<LoadResult> LoadOn(PipelineRegistry& registry, const std::string& name,
+                              const c10::Device& device) {
+    auto plan = registry.PlanLoad(name, device.str());
+    if (!plan.ok()) return plan.status();
+    return OnWorker(device, [&] { return registry.Load(name, plan->manifest, device); });
   }
 
   // Runs `work` on `device`'s worker (with its stream current, as requests run) and waits.
@@ -91,7 +99,7 @@ TEST_F(PoolGpuTest, ReplicasOnTwoGpusServeConcurrentlyEachOnItsDevice) {
   const std::string name = Exported("tiny-nf4") ? "tiny-nf4" : "tiny";
   auto registry = MakeRegistry();
   for (const auto& device : {kGpu0, kGpu1}) {
-    auto loaded = OnWorker(device, [&] { return registry->Load(name, device); });
+    auto loaded = LoadOn(*registry, name, device);
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   }
   {  // A first run picks kernels and fills caches; outputs are compared from the second run on.
@@ -127,7 +135,8 @@ TEST_F(PoolGpuTest, ReplicasOnTwoGpusServeConcurrentlyEachOnItsDevice) {
     runs.push_back(done->get_future());
     ASSERT_TRUE(lease->worker()
                     .Submit([done, lease](bool run) {
-                      if (run) done->set_value(lease->pipeline().Generate(Params(), nullptr, nullptr));
+                      if (run)
+                        done->set_value(lease->pipeline().Generate(Params(), nullptr, nullptr));
                     })
                     .ok());
   }
@@ -154,8 +163,9 @@ TEST_F(PoolGpuTest, ReplicasOnTwoGpusServeConcurrentlyEachOnItsDevice) {
   second->reset();
 
   const auto counters = registry->Counters();
-  EXPECT_EQ(counters.routed.at({name, "cuda:0", "idle"}) + counters.routed.at({name, "cuda:1", "idle"}),
-            4u);
+  EXPECT_EQ(
+      counters.routed.at({name, "cuda:0", "idle"}) + counters.routed.at({name, "cuda:1", "idle"}),
+      4u);
   EXPECT_EQ(counters.queued.at(name), 0);
   for (const auto& device : {kGpu0, kGpu1}) {
     auto unloaded = OnWorker(device, [&] { return registry->Unload(name, device); });
@@ -167,7 +177,8 @@ TEST_F(PoolGpuTest, ReplicasOnTwoGpusServeConcurrentlyEachOnItsDevice) {
 }
 
 TEST_F(PoolGpuTest, ASmallBudgetEvictsTheLeastRecentlyUsedIdlePipeline) {
-  if (!Exported("tiny-nf4") || !Exported("tiny-int8")) GTEST_SKIP() << "quantized tiny not exported";
+  if (!Exported("tiny-nf4") || !Exported("tiny-int8"))
+    GTEST_SKIP() << "quantized tiny not exported";
   // The budget holds the larger pipeline's component files and no more: loading it evicts the
   // other one, which is idle.
   std::string small = "tiny-nf4", large = "tiny-int8";
@@ -179,10 +190,10 @@ TEST_F(PoolGpuTest, ASmallBudgetEvictsTheLeastRecentlyUsedIdlePipeline) {
   admission.default_working_bytes_per_pixel = 16;
   auto registry = MakeRegistry(admission);
 
-  auto loaded = OnWorker(kGpu0, [&] { return registry->Load(small, kGpu0); });
+  auto loaded = LoadOn(*registry, small, kGpu0);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   const uint64_t small_bytes = ReplicaOn(*registry, small, "cuda:0")->device_bytes;
-  loaded = OnWorker(kGpu0, [&] { return registry->Load(large, kGpu0); });
+  loaded = LoadOn(*registry, large, kGpu0);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   const uint64_t large_bytes = ReplicaOn(*registry, large, "cuda:0")->device_bytes;
   EXPECT_EQ(ReplicaOn(*registry, small, "cuda:0")->residency, "host");
@@ -208,7 +219,7 @@ TEST_F(PoolGpuTest, ASmallBudgetEvictsTheLeastRecentlyUsedIdlePipeline) {
   AdmissionOptions tiny_budget;
   tiny_budget.memory_budget = 1024.0 / static_cast<double>(total);
   auto refusing = MakeRegistry(tiny_budget);
-  auto refused = OnWorker(kGpu0, [&] { return refusing->Load(small, kGpu0); });
+  auto refused = LoadOn(*refusing, small, kGpu0);
   ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status().message().find("budget"), std::string::npos)
       << refused.status().message();
@@ -219,8 +230,8 @@ TEST_F(PoolGpuTest, ASmallBudgetEvictsTheLeastRecentlyUsedIdlePipeline) {
   }
   std::cout << "[ pool ] budget " << budget << " bytes on cuda:0: loading " << large << " ("
             << large_bytes << " bytes) evicted " << small << " (" << small_bytes
-            << " bytes); its next request onloaded it"
-            << (both_fit ? " next to " : " and evicted ") << large << std::endl;
+            << " bytes); its next request onloaded it" << (both_fit ? " next to " : " and evicted ")
+            << large << std::endl;
 }
 
 }  // namespace

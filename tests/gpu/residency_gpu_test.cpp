@@ -53,13 +53,12 @@ class ResidencyGpuTest : public ::testing::Test, protected testing::GpuPipelineT
 
 // Every tensor reachable from the component's module (parameters, buffers and plain tensor
 // attributes in every submodule) is on `device`; returns how many were checked.
-size_t CheckEveryTensorOn(SdPipeline& pipeline, const c10::Device& device) {
+size_t CheckEveryTensorOn(Pipeline& pipeline, const c10::Device& device) {
   size_t checked = 0;
   for (const auto& component : pipeline.components()) {
     for (const auto& named : component->module().named_attributes(/*recurse=*/true)) {
       if (!named.value.isTensor()) continue;
-      EXPECT_EQ(named.value.toTensor().device(), device)
-          << component->name() << "." << named.name;
+      EXPECT_EQ(named.value.toTensor().device(), device) << component->name() << "." << named.name;
       ++checked;
     }
   }
@@ -182,8 +181,8 @@ TEST_F(ResidencyGpuTest, ModelOffloadLeavesNothingOnTheGpuAfterEncodeOrGenerate)
   check_rested("Generate");
   // A request that fails half-way (cancelled after the first step) rests the same way.
   int steps = 0;
-  auto cancelled = pipeline->Generate(Params(), [&](int, int) { ++steps; },
-                                      [&] { return steps >= 1; });
+  auto cancelled = pipeline->Generate(
+      Params(), [&](int, int) { ++steps; }, [&] { return steps >= 1; });
   EXPECT_EQ(cancelled.status().code(), StatusCode::kCancelled);
   check_rested("a cancelled Generate");
 }
@@ -195,20 +194,22 @@ TEST_F(ResidencyGpuTest, LoadUnloadCyclesLeakNothing) {
   if (!Exported(name)) GTEST_SKIP() << name << " not exported";
   const char* env = std::getenv("QPOOL_LOAD_CYCLES");
   const int cycles = env != nullptr ? std::atoi(env) : 200;
-  auto repository = ModelRepository::Open(repo_);
+  auto repository = ModelRepository::Open(repo_, kinds_->Catalog());
   ASSERT_TRUE(repository.ok());
   DevicePoolOptions options;
   options.default_device = kGpu0.str();
   auto devices = DevicePool::Create(options);
   ASSERT_TRUE(devices.ok()) << devices.status().ToString();
-  PipelineRegistry registry(std::move(repository).value(), **devices, context());
+  PipelineRegistry registry(std::move(repository).value(), kinds_, **devices, context());
+  auto plan = registry.PlanLoad(name, kGpu0.str());
+  ASSERT_TRUE(plan.ok() && plan->manifest.ok()) << plan.status().ToString();
   c10::cuda::CUDACachingAllocator::emptyCache();
   const DeviceMemoryStats start = memory_.Read(kGpu0);
   int64_t max_rounding = 0;
   uint64_t attributed = 0;
   for (int i = 0; i < cycles; ++i) {
     const int64_t before = Allocated(kGpu0);
-    auto loaded = registry.Load(name, kGpu0);
+    auto loaded = registry.Load(name, plan->manifest, kGpu0);
     ASSERT_TRUE(loaded.ok()) << "cycle " << i << ": " << loaded.status().ToString();
     attributed = registry.AttributedBytes()[kGpu0.str()];
     const int64_t delta = Allocated(kGpu0) - before;

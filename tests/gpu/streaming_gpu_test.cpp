@@ -30,12 +30,12 @@ class StreamingGpuTest : public ::testing::Test, protected testing::GpuPipelineT
     c10::cuda::device_synchronize();
   }
 
-  static OffloadSpec Sequential() {
-    OffloadSpec spec;
-    spec.policy = "sequential";
-    spec.group_mib = 0;  // the finest groups: one per module that holds tensors
-    spec.prefetch = 2;
-    return spec;
+  static OffloadPolicy Sequential() {
+    OffloadPolicy policy;
+    policy.mode = OffloadMode::kSequential;
+    policy.stream.group_mib = 0;  // the finest groups: one per module that holds tensors
+    policy.stream.prefetch = 2;
+    return policy;
   }
 
   static std::vector<std::string> Pngs(const GenerateOutput& out) {
@@ -58,7 +58,7 @@ class StreamingGpuTest : public ::testing::Test, protected testing::GpuPipelineT
     }
     c10::cuda::CUDACachingAllocator::emptyCache();
     const int64_t base = Allocated(device);
-    const OffloadSpec spec = Sequential();
+    const OffloadPolicy spec = Sequential();
     auto pipeline = Load(name, device, "", &spec);
     ASSERT_NE(pipeline, nullptr);
     EXPECT_EQ(Allocated(device), base) << "a streamed pipeline rests on the host";

@@ -25,7 +25,7 @@ class FakeMember final : public BatchMember {
     params_.guidance_scale = 7.5;
   }
   const GenerateParams& params() const override { return params_; }
-  SdPipeline& pipeline() override { throw std::logic_error("not used by Take"); }
+  Pipeline& pipeline() override { throw std::logic_error("not used by Take"); }
   bool Start(bool, int) override { return false; }
   BatchItem Item(int, bool) override { return {}; }
   GenerateParams& mutable_params() { return params_; }

@@ -1,5 +1,5 @@
 // Component: every tensor slot is owned, moved, typed and accounted; tensor constants are refused.
-#include "pipeline/component.h"
+#include "component/component.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -157,8 +157,7 @@ TEST(Component, TorchErrorsMapToStatusesWithOneLineMessages) {
   } catch (const c10::Error& e) {
     Status s = TorchErrorStatus("c", e);
     EXPECT_EQ(s.code(), StatusCode::kInternal);
-    EXPECT_EQ(s.message().find("c: mat1 and mat2 shapes cannot be multiplied"), 0u)
-        << s.message();
+    EXPECT_EQ(s.message().find("c: mat1 and mat2 shapes cannot be multiplied"), 0u) << s.message();
   }
 }
 

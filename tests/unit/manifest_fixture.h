@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/manifest.h"
+#include "testing/kind_catalog.h"
 #include "testing/test_paths.h"
 
 namespace qpool::manifest_testing {
@@ -99,7 +100,9 @@ class ManifestTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  StatusOr<PipelineManifest> Parse(const std::string& text) { return ParseManifest(text, dir_); }
+  StatusOr<PipelineManifest> Parse(const std::string& text) {
+    return ParseManifest(text, dir_, testing::BuiltinKindCatalog());
+  }
 
   // The status is InvalidArgument, starts with the manifest path and holds every substring.
   void ExpectInvalid(const StatusOr<PipelineManifest>& r, const std::vector<std::string>& parts) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "testing/kind_catalog.h"
 #include "testing/test_paths.h"
 
 namespace qpool {
@@ -61,16 +62,16 @@ class ModelRepositoryTest : public ::testing::Test {
 };
 
 TEST_F(ModelRepositoryTest, OpenRefusesMissingRootAndFiles) {
-  auto missing = ModelRepository::Open(root_ + "/nope");
+  auto missing = ModelRepository::Open(root_ + "/nope", testing::BuiltinKindCatalog());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find(root_ + "/nope"), std::string::npos);
 
   WriteFile(root_ + "/file", "x");
-  auto file = ModelRepository::Open(root_ + "/file");
+  auto file = ModelRepository::Open(root_ + "/file", testing::BuiltinKindCatalog());
   EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(file.status().message().find("is not a directory"), std::string::npos);
 
-  auto ok = ModelRepository::Open(root_ + "/");
+  auto ok = ModelRepository::Open(root_ + "/", testing::BuiltinKindCatalog());
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->root(), root_);
 }
@@ -84,7 +85,7 @@ TEST_F(ModelRepositoryTest, ListsOnlyFoldersWithAManifestAndAValidName) {
   fs::create_directories(root_ + "/yaml-is-dir/pipeline.yaml");
   WriteFile(root_ + "/README.md", "x");
   WriteFile(root_ + "/pipeline.yaml", kManifest);
-  auto repo = ModelRepository::Open(root_);
+  auto repo = ModelRepository::Open(root_, testing::BuiltinKindCatalog());
   ASSERT_TRUE(repo.ok()) << repo.status().ToString();
   EXPECT_EQ(repo->ListNames(), (std::vector<std::string>{"other-1.5", "tiny"}));
 
@@ -96,7 +97,7 @@ TEST_F(ModelRepositoryTest, ListsOnlyFoldersWithAManifestAndAValidName) {
 
 TEST_F(ModelRepositoryTest, LoadsManifestsByName) {
   WritePipeline(root_, "tiny");
-  auto repo = ModelRepository::Open(root_);
+  auto repo = ModelRepository::Open(root_, testing::BuiltinKindCatalog());
   ASSERT_TRUE(repo.ok());
   auto m = repo->LoadManifest("tiny");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -110,7 +111,7 @@ TEST_F(ModelRepositoryTest, LoadsManifestsByName) {
 TEST_F(ModelRepositoryTest, RefusesBadNamesAndReportsMissingPipelines) {
   WritePipeline(root_, "tiny");
   fs::create_directories(root_ + "/empty");
-  auto repo = ModelRepository::Open(root_);
+  auto repo = ModelRepository::Open(root_, testing::BuiltinKindCatalog());
   ASSERT_TRUE(repo.ok());
   for (const std::string bad : {"../tiny", "/etc/passwd", "tiny/..", "a/b", "", ".."}) {
     auto r = repo->LoadManifest(bad);
@@ -128,7 +129,7 @@ TEST_F(ModelRepositoryTest, BrokenManifestFailsOnlyItsOwnLoad) {
   WritePipeline(root_, "tiny");
   WritePipeline(root_, "broken");
   WriteFile(root_ + "/broken/pipeline.yaml", "kind: sd\n");
-  auto repo = ModelRepository::Open(root_);
+  auto repo = ModelRepository::Open(root_, testing::BuiltinKindCatalog());
   ASSERT_TRUE(repo.ok());
   auto broken = repo->LoadManifest("broken");
   EXPECT_EQ(broken.status().code(), StatusCode::kInvalidArgument);

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "component/component.h"
 #include "quant/module_quantizer.h"
 #include "quant/quant_format.h"
 #include "quant/quant_linear_op.h"
@@ -294,10 +295,10 @@ TEST(ModuleQuantizer, RefusesBadSettingsAndPlainModules) {
 TEST(ModuleQuantizer, ClassifiesQuantStateNames) {
   for (const char* n :
        {"absmax", "code", "nested_absmax", "nested_code", "offset", "down.0.proj.absmax"}) {
-    EXPECT_TRUE(IsQuantStateName(n)) << n;
+    EXPECT_TRUE(qpool::IsQuantStateName(n)) << n;
   }
   for (const char* n : {"weight", "bias", "proj.weight", "running_mean", "codebook"}) {
-    EXPECT_FALSE(IsQuantStateName(n)) << n;
+    EXPECT_FALSE(qpool::IsQuantStateName(n)) << n;
   }
 }
 

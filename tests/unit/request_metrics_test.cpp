@@ -1,6 +1,6 @@
 // RequestMetrics: the request families as a scrape shows them: counts and durations by pipeline,
 // RPC and status, the "unknown" pipeline label, queue and memory histograms and their buckets.
-#include "api/request_metrics.h"
+#include "pool/request_metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include "metrics/text_exposition.h"
 #include "testing/metric_samples.h"
 
-namespace qpool::api {
+namespace qpool {
 namespace {
 
 using ::qpool::testing::SampleValue;
@@ -25,12 +25,12 @@ MetricLabels Bucket(MetricLabels labels, double bound) {
 TEST(RequestMetricsTest, CountsEachRequestUnderItsPipelineRpcAndStatus) {
   MetricsRegistry registry;
   RequestMetrics metrics(registry);
-  metrics.RecordFinished("tiny", RequestRpc::kGenerate, grpc::StatusCode::OK, 0.2);
-  metrics.RecordFinished("tiny", RequestRpc::kGenerate, grpc::StatusCode::OK, 3);
-  metrics.RecordFinished("tiny", RequestRpc::kEncode, grpc::StatusCode::OK, 0.004);
-  metrics.RecordFinished("tiny", RequestRpc::kGenerate, grpc::StatusCode::INVALID_ARGUMENT, 0.001);
+  metrics.RecordFinished("tiny", RequestRpc::kGenerate, StatusCode::kOk, 0.2);
+  metrics.RecordFinished("tiny", RequestRpc::kGenerate, StatusCode::kOk, 3);
+  metrics.RecordFinished("tiny", RequestRpc::kEncode, StatusCode::kOk, 0.004);
+  metrics.RecordFinished("tiny", RequestRpc::kGenerate, StatusCode::kInvalidArgument, 0.001);
   metrics.RecordFinished(RequestMetrics::kUnknownPipeline, RequestRpc::kGenerate,
-                         grpc::StatusCode::NOT_FOUND, 0.001);
+                         StatusCode::kNotFound, 0.001);
 
   const MetricLabels generate_ok = {{"pipeline", "tiny"}, {"rpc", "generate"}, {"status", "OK"}};
   const MetricLabels encode_ok = {{"pipeline", "tiny"}, {"rpc", "encode"}, {"status", "OK"}};
@@ -67,15 +67,14 @@ TEST(RequestMetricsTest, NamesTheRepositoryPipelineOrUnknown) {
 }
 
 TEST(RequestMetricsTest, StatusAndRpcLabelValues) {
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::OK), "OK");
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::CANCELLED), "CANCELLED");
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::INVALID_ARGUMENT), "INVALID_ARGUMENT");
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::UNAUTHENTICATED), "UNAUTHENTICATED");
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::DATA_LOSS), "DATA_LOSS");
-  // Values gRPC never sends still map to one fixed label.
-  EXPECT_STREQ(GrpcStatusCodeName(grpc::StatusCode::DO_NOT_USE), "UNKNOWN");
-  EXPECT_STREQ(GrpcStatusCodeName(static_cast<grpc::StatusCode>(99)), "UNKNOWN");
+  // The status label is the gRPC name of the code the call ends with.
+  EXPECT_STREQ(StatusCodeName(StatusCode::kOk), "OK");
+  EXPECT_STREQ(StatusCodeName(StatusCode::kCancelled), "CANCELLED");
+  EXPECT_STREQ(StatusCodeName(StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
+  EXPECT_STREQ(StatusCodeName(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+  EXPECT_STREQ(StatusCodeName(StatusCode::kUnauthenticated), "UNAUTHENTICATED");
+  // A value outside the enum still maps to one fixed label.
+  EXPECT_STREQ(StatusCodeName(static_cast<StatusCode>(99)), "UNKNOWN");
   EXPECT_STREQ(RequestRpcName(RequestRpc::kGenerate), "generate");
   EXPECT_STREQ(RequestRpcName(RequestRpc::kEncode), "encode");
 }
@@ -113,7 +112,7 @@ TEST(RequestMetricsTest, ExposesTypedFamiliesOnlyOnceUsed) {
   RequestMetrics metrics(registry);
   // No series yet: nothing to export (Prometheus treats an absent series as no requests).
   EXPECT_EQ(registry.Expose(), "");
-  metrics.RecordFinished("tiny", RequestRpc::kEncode, grpc::StatusCode::OK, 0.01);
+  metrics.RecordFinished("tiny", RequestRpc::kEncode, StatusCode::kOk, 0.01);
   const std::string text = registry.Expose();
   EXPECT_NE(text.find("# TYPE qpool_requests_total counter\n"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE qpool_request_duration_seconds histogram\n"), std::string::npos);
@@ -122,11 +121,11 @@ TEST(RequestMetricsTest, ExposesTypedFamiliesOnlyOnceUsed) {
       << text;
   // The second registration of the same families (a second RequestMetrics) shares them.
   RequestMetrics again(registry);
-  again.RecordFinished("tiny", RequestRpc::kEncode, grpc::StatusCode::OK, 0.01);
+  again.RecordFinished("tiny", RequestRpc::kEncode, StatusCode::kOk, 0.01);
   EXPECT_EQ(SampleValue(registry, "qpool_requests_total",
                         {{"pipeline", "tiny"}, {"rpc", "encode"}, {"status", "OK"}}),
             2);
 }
 
 }  // namespace
-}  // namespace qpool::api
+}  // namespace qpool

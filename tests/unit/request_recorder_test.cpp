@@ -1,7 +1,7 @@
 // RequestRecorder: one count per request, queue time, per-request GPU memory from the allocator's
 // peak, and an `oom` memory event when a run fails for lack of memory. A scripted DeviceMemory
 // stands in for the GPU.
-#include "api/request_recorder.h"
+#include "pool/request_recorder.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "memory/arena_allocator.h"
 #include "testing/metric_samples.h"
 
-namespace qpool::api {
+namespace qpool {
 namespace {
 
 using ::qpool::testing::SampleValue;
@@ -53,8 +53,8 @@ class ScriptedMemory final : public DeviceMemory {
 
 class RequestRecorderTest : public ::testing::Test {
  protected:
-  EngineRefs Engine() {
-    EngineRefs engine;
+  RequestContext Engine() {
+    RequestContext engine;
     engine.memory = &memory_;
     engine.events = &events_;
     engine.requests = &requests_;
@@ -79,8 +79,8 @@ TEST_F(RequestRecorderTest, SuccessfulGpuRunObservesPeakAndWorkingMemory) {
   EXPECT_GE(recorder.queue_seconds(), 0);
   memory_.Script(1 * kGiB, 4 * kGiB, /*peak=*/3 * kGiB);
   recorder.RunEnded(Status::Ok());
-  recorder.Finish(grpc::StatusCode::OK);
-  recorder.Finish(grpc::StatusCode::INTERNAL);  // ignored: a request is counted once
+  recorder.Finish(StatusCode::kOk);
+  recorder.Finish(StatusCode::kInternal);  // ignored: a request is counted once
 
   const MetricLabels memory = {{"pipeline", "tiny"}, {"rpc", "generate"}, {"device", "cuda:0"}};
   EXPECT_EQ(SampleValue(registry_, "qpool_request_peak_memory_bytes_sum", memory), 3.0 * kGiB);
@@ -104,7 +104,7 @@ TEST_F(RequestRecorderTest, OutOfMemoryIsAnOomEventAndNotAMemoryObservation) {
   recorder.RunStarted(gpu_);
   memory_.Script(1 * kGiB + 4096, 6 * kGiB, 5 * kGiB);
   recorder.RunEnded(ResourceExhausted("component 'unet' failed: CUDA out of memory"));
-  recorder.Finish(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  recorder.Finish(StatusCode::kResourceExhausted);
 
   const std::vector<MemoryEvent> events = events_.Since(0);
   ASSERT_EQ(events.size(), 1u);
@@ -133,12 +133,12 @@ TEST_F(RequestRecorderTest, CpuRunsAndOtherFailuresLeaveNoMemoryTrace) {
   ok.SetPipeline("tiny", Status::Ok());
   ok.RunStarted(cpu_);
   ok.RunEnded(Status::Ok());
-  ok.Finish(grpc::StatusCode::OK);
+  ok.Finish(StatusCode::kOk);
   RequestRecorder failed(Engine(), RequestRpc::kEncode);
   failed.SetPipeline("tiny", Status::Ok());
   failed.RunStarted(gpu_);
   failed.RunEnded(Internal("component 'text_encoder' failed"));
-  failed.Finish(grpc::StatusCode::INTERNAL);
+  failed.Finish(StatusCode::kInternal);
 
   EXPECT_EQ(events_.last_sequence(), 0u);
   for (const FamilySnapshot& family : registry_.Collect()) {
@@ -152,13 +152,13 @@ TEST_F(RequestRecorderTest, CpuRunsAndOtherFailuresLeaveNoMemoryTrace) {
 TEST_F(RequestRecorderTest, RefusedRequestsCountUnderTheirLabelWithoutQueueTime) {
   RequestRecorder unknown(Engine(), RequestRpc::kGenerate);
   unknown.SetPipeline("no-such-pipeline", NotFound("no pipeline named 'no-such-pipeline'"));
-  unknown.Finish(grpc::StatusCode::NOT_FOUND);
+  unknown.Finish(StatusCode::kNotFound);
   RequestRecorder not_loaded(Engine(), RequestRpc::kEncode);
   not_loaded.SetPipeline("spare", FailedPrecondition("pipeline 'spare' is not loaded"));
-  not_loaded.Finish(grpc::StatusCode::FAILED_PRECONDITION);
+  not_loaded.Finish(StatusCode::kFailedPrecondition);
   // Before SetPipeline (nothing known about the request yet) the label is "unknown" too.
   RequestRecorder early(Engine(), RequestRpc::kGenerate);
-  early.Finish(grpc::StatusCode::UNAVAILABLE);
+  early.Finish(StatusCode::kUnavailable);
 
   EXPECT_EQ(SampleValue(registry_, "qpool_requests_total",
                         {{"pipeline", "unknown"}, {"rpc", "generate"}, {"status", "NOT_FOUND"}}),
@@ -177,14 +177,14 @@ TEST_F(RequestRecorderTest, RefusedRequestsCountUnderTheirLabelWithoutQueueTime)
 }
 
 TEST_F(RequestRecorderTest, WorksWithoutMetricsMemoryOrEvents) {
-  RequestRecorder recorder(EngineRefs{}, RequestRpc::kGenerate);
+  RequestRecorder recorder(RequestContext{}, RequestRpc::kGenerate);
   recorder.SetPipeline("tiny", Status::Ok());
   recorder.RunStarted(gpu_);
   recorder.RunEnded(ResourceExhausted("out of memory"));
-  recorder.Finish(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  recorder.Finish(StatusCode::kResourceExhausted);
   EXPECT_EQ(registry_.Collect().size(), 0u);
   EXPECT_EQ(events_.last_sequence(), 0u);
 }
 
 }  // namespace
-}  // namespace qpool::api
+}  // namespace qpool

@@ -31,8 +31,8 @@ struct StreamSettings {
   // each): few enough that per-copy and per-op costs stay small, small enough that the groups in
   // flight take a few hundred MiB instead of the whole model.
   double group_mib = 64;
-  int prefetch = 2;          // groups copied ahead of the running one
-  double resident_mib = 0;   // groups kept on the device for a component's whole run
+  int prefetch = 2;         // groups copied ahead of the running one
+  double resident_mib = 0;  // groups kept on the device for a component's whole run
 };
 
 struct OffloadPolicy {
@@ -47,6 +47,7 @@ inline bool RestsOnHost(OffloadMode mode) {
 }
 
 // Limits of the sequential policy's settings.
+inline constexpr double kMaxIdleSeconds = 7 * 24 * 3600;  // a week
 inline constexpr double kMaxGroupMib = 65536;
 inline constexpr int kMaxPrefetch = 16;
 inline constexpr double kMaxResidentMib = 1 << 20;

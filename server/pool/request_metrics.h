@@ -2,28 +2,25 @@
 // per-request device memory of Generate and Encode calls).
 #pragma once
 
-#include <grpcpp/support/status_code_enum.h>
-
 #include <cstdint>
 #include <string>
 
 #include "metrics/metrics_registry.h"
 #include "util/status.h"
 
-namespace qpool::api {
+namespace qpool {
 
 // The RPCs that run a pipeline; their label values are "generate" and "encode".
 enum class RequestRpc { kGenerate, kEncode };
 
 // The `rpc` label value of `rpc`.
 const char* RequestRpcName(RequestRpc rpc);
-// The gRPC name of `code` ("OK", "INVALID_ARGUMENT", ...): the `status` label value.
-const char* GrpcStatusCodeName(grpc::StatusCode code);
 
 // Note [Request label values]
 // Label values come only from bounded sets, so a client cannot create series: `rpc` and `status`
-// are enums, `device` is one of the pool's devices, and `pipeline` is a name the model
-// repository holds, or kUnknownPipeline for any name it does not (invalid or not found).
+// (StatusCodeName: the gRPC code a call ends with) are enums, `device` is one of the pool's
+// devices, and `pipeline` is a name the model repository holds, or kUnknownPipeline for any name it
+// does not (invalid or not found).
 
 // Registers the request families in the constructor; the Record* methods update them.
 // Thread safety: every method may be called from any thread (series lookups take the family's
@@ -43,8 +40,7 @@ class RequestMetrics {
   static std::string PipelineLabel(const std::string& requested, const Status& acquired);
 
   // Counts one finished request and observes its duration (arrival to end).
-  void RecordFinished(const std::string& pipeline, RequestRpc rpc, grpc::StatusCode code,
-                      double seconds);
+  void RecordFinished(const std::string& pipeline, RequestRpc rpc, StatusCode code, double seconds);
   // Observes how long a request waited for its device worker.
   void RecordQueued(const std::string& pipeline, RequestRpc rpc, double seconds);
   // Observes a request's peak allocated bytes on `device` and its working memory (that peak
@@ -64,4 +60,4 @@ class RequestMetrics {
   HistogramFamily& batch_sizes_;
 };
 
-}  // namespace qpool::api
+}  // namespace qpool

@@ -15,7 +15,7 @@
 
 namespace qpool {
 
-class StreamHooks;  // residency/stream_ops.h
+class StreamHooks;  // component/stream_ops.h
 
 // What a tensor is for; accounting reports bytes per role.
 enum class TensorRole { kWeight, kQuantState, kOther };
@@ -48,7 +48,8 @@ class Component {
  public:
   // Loads a TorchScript file onto the CPU. InvalidArgument for unreadable files or graphs that
   // hold tensor constants; the message names the file.
-  static StatusOr<std::unique_ptr<Component>> Load(const std::string& name, const std::string& path);
+  static StatusOr<std::unique_ptr<Component>> Load(const std::string& name,
+                                                   const std::string& path);
 
   const std::string& name() const { return name_; }
   // Where the tensors are (the device of the last Rebind; the CPU after Load).
@@ -115,6 +116,15 @@ class Component {
   c10::ScalarType dtype_ = c10::kFloat;
   StreamHooks* stream_hooks_ = nullptr;
 };
+
+// The attribute names of a quantized linear layer's quant state (Note [Load-time quantization]
+// in quant/module_quantizer.h): what accounting counts as quant state and moves with the weight.
+inline constexpr const char* kQuantStateNames[] = {"absmax", "code", "nested_absmax", "nested_code",
+                                                   "offset"};
+
+// True for the names of quant-state tensors (kQuantStateNames), given either a plain attribute
+// name or a qualified one ("up.0.proj.absmax").
+bool IsQuantStateName(const std::string& attr_name);
 
 // The role of an attribute by its name: absmax/code/nested_*/offset are quant state, parameters
 // and weight/bias are weights, the rest are other buffers.

@@ -1,12 +1,12 @@
-#include "api/request_recorder.h"
+#include "pool/request_recorder.h"
 
 #include <utility>
 
 #include "util/clock.h"
 
-namespace qpool::api {
-RequestRecorder::RequestRecorder(const EngineRefs& engine, RequestRpc rpc)
-    : engine_(engine), rpc_(rpc), arrived_(std::chrono::steady_clock::now()) {}
+namespace qpool {
+RequestRecorder::RequestRecorder(const RequestContext& context, RequestRpc rpc)
+    : context_(context), rpc_(rpc), arrived_(std::chrono::steady_clock::now()) {}
 
 void RequestRecorder::SetPipeline(const std::string& requested, const Status& acquired) {
   pipeline_ = RequestMetrics::PipelineLabel(requested, acquired);
@@ -18,41 +18,41 @@ void RequestRecorder::RunStarted(const c10::Device& device) {
   if (!queued_recorded_) {
     queued_recorded_ = true;
     queue_seconds_ = std::chrono::duration<double>(run_started_ - arrived_).count();
-    if (engine_.requests != nullptr) {
-      engine_.requests->RecordQueued(pipeline_, rpc_, queue_seconds_);
+    if (context_.requests != nullptr) {
+      context_.requests->RecordQueued(pipeline_, rpc_, queue_seconds_);
     }
   }
   device_ = device;
-  if (engine_.memory != nullptr) {
-    engine_.memory->ResetPeak(device);
-    at_start_ = engine_.memory->Read(device);
+  if (context_.memory != nullptr) {
+    context_.memory->ResetPeak(device);
+    at_start_ = context_.memory->Read(device);
   }
 }
 
 double RequestRecorder::seconds_since_arrival() const { return SecondsSince(arrived_); }
 
 void RequestRecorder::RecordBatch(int size) {
-  if (engine_.requests != nullptr && device_) {
-    engine_.requests->RecordBatch(pipeline_, device_->str(), size);
+  if (context_.requests != nullptr && device_) {
+    context_.requests->RecordBatch(pipeline_, device_->str(), size);
   }
 }
 
 void RequestRecorder::RunEnded(const Status& status) {
   if (!device_) return;
   const DeviceMemoryStats after =
-      engine_.memory != nullptr ? engine_.memory->Read(*device_) : DeviceMemoryStats{};
+      context_.memory != nullptr ? context_.memory->Read(*device_) : DeviceMemoryStats{};
   if (status.code() == StatusCode::kResourceExhausted) AppendOomEvent(status, after);
-  if (status.ok() && device_->is_cuda() && engine_.memory != nullptr &&
-      engine_.requests != nullptr) {
+  if (status.ok() && device_->is_cuda() && context_.memory != nullptr &&
+      context_.requests != nullptr) {
     const uint64_t peak = after.peak_allocated_bytes;
     const uint64_t base = at_start_.allocated_bytes;
     working_bytes_ = peak > base ? peak - base : 0;
-    engine_.requests->RecordMemory(pipeline_, rpc_, device_->str(), peak, working_bytes_);
+    context_.requests->RecordMemory(pipeline_, rpc_, device_->str(), peak, working_bytes_);
   }
 }
 
 void RequestRecorder::AppendOomEvent(const Status& status, const DeviceMemoryStats& after) {
-  if (engine_.events == nullptr) return;
+  if (context_.events == nullptr) return;
   MemoryEvent e;
   e.kind = MemoryEventKind::kOom;
   e.pipeline = pipeline_;
@@ -64,15 +64,15 @@ void RequestRecorder::AppendOomEvent(const Status& status, const DeviceMemorySta
   e.duration_seconds = SecondsSince(run_started_);
   e.outcome = MemoryEventOutcome::kError;
   e.message = status.message();
-  engine_.events->Append(std::move(e));
+  context_.events->Append(std::move(e));
 }
 
-void RequestRecorder::Finish(grpc::StatusCode code) {
+void RequestRecorder::Finish(StatusCode code) {
   if (finished_) return;
   finished_ = true;
-  if (engine_.requests != nullptr) {
-    engine_.requests->RecordFinished(pipeline_, rpc_, code, SecondsSince(arrived_));
+  if (context_.requests != nullptr) {
+    context_.requests->RecordFinished(pipeline_, rpc_, code, SecondsSince(arrived_));
   }
 }
 
-}  // namespace qpool::api
+}  // namespace qpool

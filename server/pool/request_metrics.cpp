@@ -1,8 +1,8 @@
-#include "api/request_metrics.h"
+#include "pool/request_metrics.h"
 
 #include <vector>
 
-namespace qpool::api {
+namespace qpool {
 namespace {
 
 // Diffusion requests take from milliseconds (an Encode, a refusal) to minutes (a large batch on
@@ -31,49 +31,6 @@ const char* RequestRpcName(RequestRpc rpc) {
       return "encode";
   }
   return "unknown";
-}
-
-const char* GrpcStatusCodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK:
-      return "OK";
-    case grpc::StatusCode::CANCELLED:
-      return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN:
-      return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND:
-      return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS:
-      return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return "PERMISSION_DENIED";
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return "UNAUTHENTICATED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED:
-      return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL:
-      return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE:
-      return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS:
-      return "DATA_LOSS";
-    case grpc::StatusCode::DO_NOT_USE:
-      break;
-  }
-  // Any other value is not a code gRPC sends; one fixed label keeps the series bounded.
-  return "UNKNOWN";
 }
 
 RequestMetrics::RequestMetrics(MetricsRegistry& metrics)
@@ -109,9 +66,9 @@ std::string RequestMetrics::PipelineLabel(const std::string& requested, const St
   return requested;
 }
 
-void RequestMetrics::RecordFinished(const std::string& pipeline, RequestRpc rpc,
-                                    grpc::StatusCode code, double seconds) {
-  const std::vector<std::string> labels = {pipeline, RequestRpcName(rpc), GrpcStatusCodeName(code)};
+void RequestMetrics::RecordFinished(const std::string& pipeline, RequestRpc rpc, StatusCode code,
+                                    double seconds) {
+  const std::vector<std::string> labels = {pipeline, RequestRpcName(rpc), StatusCodeName(code)};
   requests_.WithLabels(labels).Inc();
   durations_.WithLabels(labels).Observe(seconds);
 }
@@ -128,9 +85,8 @@ void RequestMetrics::RecordMemory(const std::string& pipeline, RequestRpc rpc,
   working_memory_.WithLabels(labels).Observe(static_cast<double>(working_bytes));
 }
 
-void RequestMetrics::RecordBatch(const std::string& pipeline, const std::string& device,
-                                 int size) {
+void RequestMetrics::RecordBatch(const std::string& pipeline, const std::string& device, int size) {
   batch_sizes_.WithLabels({pipeline, device}).Observe(static_cast<double>(size));
 }
 
-}  // namespace qpool::api
+}  // namespace qpool

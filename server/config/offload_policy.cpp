@@ -1,4 +1,4 @@
-#include "residency/offload_policy.h"
+#include "config/offload_policy.h"
 
 #include "util/log.h"
 
@@ -13,7 +13,7 @@ StatusOr<OffloadPolicy> MakeOffloadPolicy(const std::string& name, double idle_s
     policy.mode = OffloadMode::kModel;
   } else if (name == "idle") {
     policy.mode = OffloadMode::kIdle;
-    if (!(idle_seconds > 0) || idle_seconds > 7 * 24 * 3600) {
+    if (!(idle_seconds > 0) || idle_seconds > kMaxIdleSeconds) {
       return InvalidArgument(StrCat("idle_seconds must be in (0, 604800] for the idle policy (got ",
                                     idle_seconds, ")"));
     }

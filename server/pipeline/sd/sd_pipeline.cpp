@@ -1,4 +1,4 @@
-#include "pipeline/sd_pipeline.h"
+#include "pipeline/sd/sd_pipeline.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -6,7 +6,6 @@
 #include <optional>
 
 #include "pipeline/scheduler/scheduler.h"
-#include "quant/module_quantizer.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/png_encoder.h"
@@ -16,92 +15,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const char* const kComponentNames[] = {"text_encoder", "unet", "vae_decoder"};
-
-Status CheckShape(const char* what, const torch::Tensor& t, c10::IntArrayRef expected) {
-  if (t.sizes() != expected) {
-    return Internal(StrCat(what, " returned shape ", t.sizes(), ", expected ", expected,
-                           "; the component does not follow the sd contract "
-                           "(docs/model-repository.md)"));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
-StatusOr<c10::ScalarType> ResolveDtype(const std::string& name, const c10::Device& device) {
-  if (name == "auto") return device.is_cuda() ? c10::kHalf : c10::kFloat;
-  if (name == "float32") return c10::kFloat;
-  if (name == "float16") return c10::kHalf;
-  if (name == "bfloat16") return c10::kBFloat16;
-  return InvalidArgument(
-      StrCat("unknown dtype '", name, "'; valid: auto, float32, float16, bfloat16"));
-}
+SdPipeline::SdPipeline(const PipelineKind& kind, PipelineManifest manifest, ClipTokenizer tokenizer,
+                       c10::ScalarType dtype)
+    : Pipeline(kind, std::move(manifest), dtype), tokenizer_(std::move(tokenizer)) {}
 
-SdPipeline::SdPipeline(PipelineManifest manifest, ClipTokenizer tokenizer, c10::ScalarType dtype)
-    : manifest_(std::move(manifest)), tokenizer_(std::move(tokenizer)), dtype_(dtype) {}
-
-SdPipeline::~SdPipeline() {
-  if (residency_) residency_->Unload();
-}
-
-StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineManifest& manifest,
+StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineKind& kind,
+                                                       const PipelineManifest& manifest,
                                                        const c10::Device& device,
                                                        c10::ScalarType dtype,
                                                        const ResidencyContext& residency) {
-  if (manifest.kind != "sd") {
-    return InvalidArgument(
-        StrCat(manifest.path, ": kind '", manifest.kind, "' is not served by the sd pipeline"));
-  }
   ASSIGN_OR_RETURN(ClipTokenizer tokenizer,
                    ClipTokenizer::Load(manifest.tokenizer.vocab, manifest.tokenizer.merges,
                                        manifest.tokenizer.max_length));
-  std::unique_ptr<SdPipeline> pipeline(new SdPipeline(manifest, std::move(tokenizer), dtype));
-  ASSIGN_OR_RETURN(OffloadPolicy policy,
-                   MakeOffloadPolicy(manifest.offload.policy, manifest.offload.idle_seconds,
-                                     {manifest.offload.group_mib, manifest.offload.prefetch,
-                                      manifest.offload.resident_mib}));
-  for (const char* name : kComponentNames) {
-    const ComponentSpec* spec = manifest.FindComponent(name);
-    if (spec == nullptr) {
-      return InvalidArgument(StrCat(manifest.path, ": field 'components.", name, "' is required"));
-    }
-    ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
-    const QuantizationSpec& q = spec->quantization;
-    if (q.format != "none" && component->quantization() == "none") {
-      quant::QuantSettings settings;
-      settings.format = q.format;
-      settings.blocksize = q.blocksize;
-      settings.double_quant = q.double_quant;
-      settings.skip = q.skip;
-      auto report = quant::QuantizeModule(component->module(), settings);
-      if (!report.ok()) {
-        return Status(report.status().code(), StrCat(manifest.path, ": components.", name,
-                                                     ".quantization: ", report.status().message()));
-      }
-      component->Refresh();
-      log::Info("pipeline '", manifest.name, "': quantized ", name, " to ", q.format,
-                " at load time");
-    }
-    pipeline->components_.push_back(std::move(component));
-  }
-  std::vector<Component*> components;
-  for (auto& c : pipeline->components_) components.push_back(c.get());
-  pipeline->residency_ =
-      std::make_unique<PipelineResidency>(manifest.name, components, residency, policy);
-  // All or nothing: on failure the caller drops the pipeline and with it every block.
-  Status placed = pipeline->residency_->Place(device, dtype);
-  if (!placed.ok()) {
-    return Status(placed.code(), StrCat(manifest.path, ": ", placed.message()));
-  }
+  std::unique_ptr<SdPipeline> pipeline(new SdPipeline(kind, manifest, std::move(tokenizer), dtype));
+  RETURN_IF_ERROR(pipeline->LoadComponents(device, residency));
   return pipeline;
-}
-
-Component& SdPipeline::component(const std::string& name) {
-  for (auto& c : components_) {
-    if (c->name() == name) return *c;
-  }
-  throw std::logic_error("sd pipeline without component " + name);  // Load guarantees all three
 }
 
 torch::Tensor SdPipeline::TokenIds(const std::vector<std::string>& texts) const {
@@ -216,10 +146,10 @@ struct SdPipeline::BatchRun {
 StatusOr<std::vector<torch::Tensor>> SdPipeline::EncodeTexts(
     const std::vector<std::vector<std::string>>& groups, Component* next) {
   Component& encoder = component("text_encoder");
-  RETURN_IF_ERROR(residency_->Use(encoder));
+  RETURN_IF_ERROR(residency().Use(encoder));
   // Queued on the copy stream after the encoder's own copy, so it overlaps the encoding instead
   // of delaying it.
-  if (next != nullptr) residency_->Prefetch(*next);
+  if (next != nullptr) residency().Prefetch(*next);
   std::vector<torch::Tensor> out;
   for (const auto& texts : groups) {
     torch::Tensor ids = TokenIds(texts).to(device());
@@ -230,21 +160,8 @@ StatusOr<std::vector<torch::Tensor>> SdPipeline::EncodeTexts(
     }
     out.push_back(std::move(hidden));
   }
-  residency_->Done(encoder);
+  residency().Done(encoder);
   return out;
-}
-
-StatusOr<GenerateOutput> SdPipeline::Generate(const GenerateParams& params,
-                                              const ProgressFn& progress,
-                                              const CancelledFn& cancelled) {
-  StatusOr<GenerateOutput> result = Internal("the pipeline returned no result");
-  std::vector<BatchItem> items(1);
-  items[0].params = &params;
-  items[0].progress = progress;
-  items[0].cancelled = cancelled;
-  items[0].done = [&result](StatusOr<GenerateOutput> out) { result = std::move(out); };
-  GenerateBatch(std::move(items));
-  return result;
 }
 
 void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
@@ -252,14 +169,14 @@ void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
   BatchRun run(std::move(items));
   {
     c10::InferenceMode inference;
-    RequestResidencyScope residency(*residency_);
+    RequestResidencyScope scope(residency());
     Status status;
     try {
       status = EncodeBatch(run);
       if (status.ok()) status = DenoiseBatch(run);
       if (status.ok()) status = DecodeBatch(run);
     } catch (const std::exception& e) {
-      status = TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);
+      status = TorchErrorStatus(StrCat("pipeline '", manifest().name, "'"), e);
     }
     if (!status.ok()) run.Fail(status);
   }
@@ -296,9 +213,9 @@ Status SdPipeline::EncodeBatch(BatchRun& run) {
 Status SdPipeline::DenoiseBatch(BatchRun& run) {
   const auto start = Clock::now();
   const GenerateParams& first = run.first();
-  ASSIGN_OR_RETURN(auto scheduler, MakeScheduler(first.scheduler, manifest_.scheduler));
+  ASSIGN_OR_RETURN(auto scheduler, MakeScheduler(first.scheduler, manifest().scheduler));
   RETURN_IF_ERROR(scheduler->SetTimesteps(first.steps));
-  const auto& latent = manifest_.latent;
+  const auto& latent = manifest().latent;
   const int64_t h = first.height / latent.downscale;
   const int64_t w = first.width / latent.downscale;
 
@@ -312,13 +229,13 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
     }
   }
   const c10::Device device = this->device();
-  torch::Tensor latents = (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype_);
+  torch::Tensor latents = (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype());
 
   const bool cfg = first.do_cfg();
   torch::Tensor context = run.Context(cfg);
   Component& unet = component("unet");
-  RETURN_IF_ERROR(residency_->Use(unet));
-  residency_->Prefetch(component("vae_decoder"));
+  RETURN_IF_ERROR(residency().Use(unet));
+  residency().Prefetch(component("vae_decoder"));
   const auto& timesteps = scheduler->timesteps();
   const int total = static_cast<int>(timesteps.size());
   for (int i = 0; i < total; ++i) {
@@ -329,7 +246,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
     torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     model_in = scheduler->ScaleModelInput(model_in, i);
     torch::Tensor t =
-        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype_).device(device));
+        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype()).device(device));
     ASSIGN_OR_RETURN(torch::Tensor eps, unet.Forward({model_in, t, context}));
     RETURN_IF_ERROR(CheckShape("unet", eps, model_in.sizes()));
     if (cfg) eps = run.Guide(eps);
@@ -338,7 +255,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
       if (r.running && r.item.progress) r.item.progress(i + 1, total);
     }
   }
-  residency_->Done(unet);
+  residency().Done(unet);
   const double seconds = SecondsSince(start);
   int64_t row = 0;
   for (auto& r : run.requests) {
@@ -354,7 +271,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
 Status SdPipeline::DecodeBatch(BatchRun& run) {
   if (run.running() == 0) return Status::Ok();  // all cancelled: the decoder stays where it is
   Component& decoder = component("vae_decoder");
-  RETURN_IF_ERROR(residency_->Use(decoder));
+  RETURN_IF_ERROR(residency().Use(decoder));
   for (auto& r : run.requests) {
     if (!r.running) continue;
     const auto start = Clock::now();
@@ -363,13 +280,13 @@ Status SdPipeline::DecodeBatch(BatchRun& run) {
     r.latents = torch::Tensor();
     run.End(r, std::move(r.output));
   }
-  residency_->Done(decoder);
+  residency().Done(decoder);
   return Status::Ok();
 }
 
 StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(Component& decoder,
                                                          const torch::Tensor& latents) {
-  const auto& latent = manifest_.latent;
+  const auto& latent = manifest().latent;
   ASSIGN_OR_RETURN(torch::Tensor image, decoder.Forward({latents / latent.scaling_factor}));
   const int64_t n = latents.size(0);
   const int64_t height = latents.size(2) * latent.downscale;
@@ -392,7 +309,7 @@ StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(Component& decoder,
 
 StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompts) {
   c10::InferenceMode inference;
-  RequestResidencyScope residency(*residency_);
+  RequestResidencyScope scope(residency());
   try {
     EncodeOutput out;
     out.input_ids = TokenIds(prompts);
@@ -400,7 +317,7 @@ StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompt
     out.embeddings = hidden[0].to(torch::kCPU, torch::kFloat).contiguous();
     return out;
   } catch (const std::exception& e) {
-    return TorchErrorStatus(StrCat("pipeline '", manifest_.name, "'"), e);
+    return TorchErrorStatus(StrCat("pipeline '", manifest().name, "'"), e);
   }
 }
 

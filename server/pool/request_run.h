@@ -1,37 +1,36 @@
-// PipelineCall: the engine side of one Generate or Encode call: its lease on the replica the pool
-// routed it to, the hand-off to that replica's device worker, one retry on another device after
-// running out of memory, and its RequestRecorder.
+// RequestRun: the pool's side of one Generate or Encode call: its lease on the replica the router
+// picked, the hand-off to that replica's device worker, admission under the device's memory
+// budget, one retry on another device after running out of memory, the working memory it teaches
+// the pool, and its RequestRecorder.
 #pragma once
-
-#include <grpcpp/support/status_code_enum.h>
 
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 
-#include "api/engine_refs.h"
-#include "api/request_recorder.h"
 #include "pool/batch_queue.h"
 #include "pool/device_worker.h"
 #include "pool/pipeline_registry.h"
+#include "pool/request_context.h"
+#include "pool/request_recorder.h"
 #include "util/status.h"
 
-namespace qpool::api {
+namespace qpool {
 
-// A reactor owns one and calls, in order: Manifest, Acquire and Submit (Encode) or Dispatch
-// (Generate) on the gRPC thread; Start, StepDone and End on the worker, then RetryElsewhere when
-// the run ran out of memory; Release when it finishes the call (a refused or cancelled call still
-// holds the lease), and Finish once the call has finished (its OnDone), whichever way it ended.
-// Thread safety: as RequestRecorder; the call's own hand-offs order the calls.
-class PipelineCall {
+// GenerateRun and EncodeRun own one and call, in order: Manifest, Acquire and Submit (Encode) or
+// Dispatch (Generate) on the gRPC thread; Start, StepDone and End on the worker, then
+// RetryElsewhere when the run ran out of memory; Release when it finishes the call (a refused or
+// cancelled call still holds the lease), and Finish once the call has finished whichever way it
+// ended. Thread safety: as RequestRecorder; the call's own hand-offs order the calls.
+class RequestRun {
  public:
-  // Starts the request's clock (RequestRecorder). `engine.registry` must be set.
-  PipelineCall(const EngineRefs& engine, RequestRpc rpc);
+  // Starts the request's clock (RequestRecorder).
+  RequestRun(const RequestContext& context, RequestRpc rpc);
 
   // The manifest of the loaded pipeline `name`, to resolve the request against; an error labels
   // the request as Acquire's would. Unavailable while the server drains.
-  StatusOr<std::shared_ptr<const PipelineManifest>> Manifest(const std::string& name);
+  StatusOr<LoadedManifest> Manifest(const std::string& name);
   // Runs `queue`, the reactor's own resolution, Acquire and hand-off to the worker. When it fails
   // because Manifest found the pipeline not loaded and the server loads on demand, runs it again
   // once the pipeline is loaded (OnDemandLoader). `fail` gets the error that ends the call.
@@ -40,7 +39,7 @@ class PipelineCall {
   // Leases the replica the pool routes the request to (PipelineRegistry::Acquire's errors).
   Status Acquire(const std::string& name, RouteOptions options);
   // The leased pipeline: valid from a successful Acquire until Release or End.
-  SdPipeline& pipeline() { return lease_->pipeline(); }
+  Pipeline& pipeline() { return lease_->pipeline(); }
   // Queues `task` on the replica's worker; ResourceExhausted (queue full) or Unavailable
   // (stopping) otherwise, and then the lease is released.
   Status Submit(DeviceWorker::Task task);
@@ -86,7 +85,7 @@ class PipelineCall {
   Status StoppedStatus(const std::string& where) const;
 
   // Records the call once, with the code it finished with.
-  void Finish(grpc::StatusCode code) { recorder_.Finish(code); }
+  void Finish(StatusCode code) { recorder_.Finish(code); }
 
  private:
   // RetryElsewhere: leases another device's replica, then `queue` hands the request to it.
@@ -106,4 +105,4 @@ class PipelineCall {
   std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
 };
 
-}  // namespace qpool::api
+}  // namespace qpool

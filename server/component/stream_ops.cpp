@@ -1,4 +1,4 @@
-#include "residency/stream_ops.h"
+#include "component/stream_ops.h"
 
 #include <torch/csrc/jit/runtime/custom_operator.h>
 

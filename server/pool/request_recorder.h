@@ -3,18 +3,17 @@
 #pragma once
 
 #include <c10/core/Device.h>
-#include <grpcpp/support/status_code_enum.h>
 
 #include <chrono>
 #include <optional>
 #include <string>
 
-#include "api/engine_refs.h"
-#include "api/request_metrics.h"
 #include "memory/device_memory.h"
+#include "pool/request_context.h"
+#include "pool/request_metrics.h"
 #include "util/status.h"
 
-namespace qpool::api {
+namespace qpool {
 
 // Note [Request memory]
 // A device worker runs one task at a time, so from RunStarted to RunEnded only this request
@@ -34,9 +33,9 @@ namespace qpool::api {
 // once the call has finished.
 class RequestRecorder {
  public:
-  // Starts the clock. `engine.requests`, `engine.memory` and `engine.events` may be null, which
+  // Starts the clock. `context.requests`, `context.memory` and `context.events` may be null, which
   // leaves out metrics, memory readings and events respectively.
-  RequestRecorder(const EngineRefs& engine, RequestRpc rpc);
+  RequestRecorder(const RequestContext& context, RequestRpc rpc);
 
   // Sets the pipeline label from the name asked for and Acquire's answer for it
   // (RequestMetrics::PipelineLabel). Until then the label is RequestMetrics::kUnknownPipeline.
@@ -56,12 +55,12 @@ class RequestRecorder {
   uint64_t working_bytes() const { return working_bytes_; }
   // Counts the request with its final `code` and observes its duration. Only the first call
   // records.
-  void Finish(grpc::StatusCode code);
+  void Finish(StatusCode code);
 
  private:
   void AppendOomEvent(const Status& status, const DeviceMemoryStats& after);
 
-  const EngineRefs engine_;
+  const RequestContext context_;
   const RequestRpc rpc_;
   const std::chrono::steady_clock::time_point arrived_;
   std::string pipeline_ = RequestMetrics::kUnknownPipeline;
@@ -70,8 +69,8 @@ class RequestRecorder {
   std::optional<c10::Device> device_;  // set by RunStarted
   bool queued_recorded_ = false;       // a retried request waits twice; its queue time is the first
   uint64_t working_bytes_ = 0;
-  DeviceMemoryStats at_start_;         // read by RunStarted, after the peak reset
+  DeviceMemoryStats at_start_;  // read by RunStarted, after the peak reset
   bool finished_ = false;
 };
 
-}  // namespace qpool::api
+}  // namespace qpool

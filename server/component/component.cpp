@@ -1,4 +1,4 @@
-#include "pipeline/component.h"
+#include "component/component.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -7,8 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "quant/module_quantizer.h"
-#include "residency/stream_ops.h"
+#include "component/stream_ops.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -61,8 +60,17 @@ void ConfigureExecutorOnce() {
 
 }  // namespace
 
+bool IsQuantStateName(const std::string& attr_name) {
+  const size_t dot = attr_name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
+  for (const char* n : kQuantStateNames) {
+    if (leaf == n) return true;
+  }
+  return false;
+}
+
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter) {
-  if (quant::IsQuantStateName(attr_name)) return TensorRole::kQuantState;
+  if (IsQuantStateName(attr_name)) return TensorRole::kQuantState;
   if (is_parameter || attr_name == "weight" || attr_name == "bias") return TensorRole::kWeight;
   return TensorRole::kOther;
 }
@@ -200,9 +208,15 @@ ComponentBytes Component::CountBytes() const {
   ComponentBytes bytes;
   auto add = [&bytes](TensorRole role, uint64_t n) {
     switch (role) {
-      case TensorRole::kWeight: bytes.weight += n; break;
-      case TensorRole::kQuantState: bytes.quant_state += n; break;
-      case TensorRole::kOther: bytes.other += n; break;
+      case TensorRole::kWeight:
+        bytes.weight += n;
+        break;
+      case TensorRole::kQuantState:
+        bytes.quant_state += n;
+        break;
+      case TensorRole::kOther:
+        bytes.other += n;
+        break;
     }
   };
   for (const auto& [impl, s] : storages) {
@@ -223,8 +237,8 @@ StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
     StreamHooksScope streaming(stream_hooks_);
     c10::IValue out = module_.forward(std::move(inputs));
     if (!out.isTensor()) {
-      return Internal(StrCat("component '", name_, "' returned ", out.tagKind(),
-                             ", expected a Tensor"));
+      return Internal(
+          StrCat("component '", name_, "' returned ", out.tagKind(), ", expected a Tensor"));
     }
     return out.toTensor();
   } catch (const std::exception& e) {

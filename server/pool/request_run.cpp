@@ -1,10 +1,11 @@
-#include "api/pipeline_call.h"
+#include "pool/request_run.h"
 
 #include <utility>
 
+#include "pool/pipeline_loader.h"
 #include "util/log.h"
 
-namespace qpool::api {
+namespace qpool {
 namespace {
 
 // `options` for a run of `batch_images` images in all (0: the request's own).
@@ -15,13 +16,13 @@ RouteOptions WithImages(RouteOptions options, int batch_images) {
 
 }  // namespace
 
-PipelineCall::PipelineCall(const EngineRefs& engine, RequestRpc rpc)
-    : registry_(*engine.registry),
-      draining_(engine.draining),
-      loader_(engine.loader),
-      recorder_(engine, rpc) {}
+RequestRun::RequestRun(const RequestContext& context, RequestRpc rpc)
+    : registry_(*context.registry),
+      draining_(context.draining),
+      loader_(context.loader),
+      recorder_(context, rpc) {}
 
-StatusOr<std::shared_ptr<const PipelineManifest>> PipelineCall::Manifest(const std::string& name) {
+StatusOr<LoadedManifest> RequestRun::Manifest(const std::string& name) {
   auto manifest = registry_.Manifest(name);
   recorder_.SetPipeline(name, manifest.status());  // labels from the registry's answer only
   not_loaded_ = manifest.status().code() == StatusCode::kFailedPrecondition;
@@ -33,8 +34,8 @@ StatusOr<std::shared_ptr<const PipelineManifest>> PipelineCall::Manifest(const s
   return manifest;
 }
 
-void PipelineCall::QueueWhenLoaded(const std::string& name, std::function<Status()> queue,
-                                   std::function<void(const Status&)> fail) {
+void RequestRun::QueueWhenLoaded(const std::string& name, std::function<Status()> queue,
+                                 std::function<void(const Status&)> fail) {
   Status queued = queue();
   if (queued.ok()) return;
   if (loader_ == nullptr || !not_loaded_ || (draining_ != nullptr && draining_->load())) {
@@ -48,7 +49,7 @@ void PipelineCall::QueueWhenLoaded(const std::string& name, std::function<Status
                         });
 }
 
-Status PipelineCall::Acquire(const std::string& name, RouteOptions options) {
+Status RequestRun::Acquire(const std::string& name, RouteOptions options) {
   name_ = name;
   options_ = std::move(options);
   auto lease = registry_.Acquire(name, options_);
@@ -59,13 +60,13 @@ Status PipelineCall::Acquire(const std::string& name, RouteOptions options) {
   return Status::Ok();
 }
 
-Status PipelineCall::Submit(DeviceWorker::Task task) {
+Status RequestRun::Submit(DeviceWorker::Task task) {
   Status submitted = lease_->worker().Submit(std::move(task));
   if (!submitted.ok()) lease_.reset();
   return submitted;
 }
 
-Status PipelineCall::Dispatch(const std::shared_ptr<BatchMember>& member) {
+Status RequestRun::Dispatch(const std::shared_ptr<BatchMember>& member) {
   std::shared_ptr<BatchQueue> batches = lease_->batches();
   batches->Add(member);
   Status submitted = lease_->worker().Submit([batches](bool run) { batches->RunNext(run); });
@@ -74,7 +75,7 @@ Status PipelineCall::Dispatch(const std::shared_ptr<BatchMember>& member) {
   return submitted;
 }
 
-Status PipelineCall::Start(bool run, int batch_images) {
+Status RequestRun::Start(bool run, int batch_images) {
   if (!run) {
     lease_.reset();
     return Unavailable("server is shutting down");
@@ -95,7 +96,7 @@ Status PipelineCall::Start(bool run, int batch_images) {
   return Status::Ok();
 }
 
-void PipelineCall::End(const Status& status, int batch_images) {
+void RequestRun::End(const Status& status, int batch_images) {
   recorder_.RunEnded(status);
   if (status.ok() && recorder_.working_bytes() > 0) {
     registry_.ObserveWorkingMemory(name_, WithImages(options_, batch_images),
@@ -104,7 +105,7 @@ void PipelineCall::End(const Status& status, int batch_images) {
   lease_.reset();
 }
 
-Status PipelineCall::StoppedStatus(const std::string& where) const {
+Status RequestRun::StoppedStatus(const std::string& where) const {
   if (DeadlinePassed()) return DeadlineExceeded(StrCat("the request's deadline passed ", where));
   if (draining_ != nullptr && draining_->load()) {
     return Cancelled(StrCat("request cancelled: the server's drain time ran out ", where));
@@ -112,16 +113,15 @@ Status PipelineCall::StoppedStatus(const std::string& where) const {
   return Cancelled(StrCat("request cancelled by the client ", where));
 }
 
-bool PipelineCall::RetryElsewhere(const Status& failure, DeviceWorker::Task task) {
+bool RequestRun::RetryElsewhere(const Status& failure, DeviceWorker::Task task) {
   return Reroute(failure, [this, &task] { return Submit(std::move(task)); });
 }
 
-bool PipelineCall::RetryElsewhere(const Status& failure,
-                                  const std::shared_ptr<BatchMember>& member) {
+bool RequestRun::RetryElsewhere(const Status& failure, const std::shared_ptr<BatchMember>& member) {
   return Reroute(failure, [this, &member] { return Dispatch(member); });
 }
 
-bool PipelineCall::Reroute(const Status& failure, const std::function<Status()>& queue) {
+bool RequestRun::Reroute(const Status& failure, const std::function<Status()>& queue) {
   if (failure.code() != StatusCode::kResourceExhausted || attempts_ != 1 || lease_) return false;
   // Both a run that ran out of memory and a Start whose budget could not make room mean this
   // device is short now; another device's replica may not be.
@@ -137,4 +137,4 @@ bool PipelineCall::Reroute(const Status& failure, const std::function<Status()>&
   return true;
 }
 
-}  // namespace qpool::api
+}  // namespace qpool

@@ -1,0 +1,122 @@
+// Pipeline: one loaded pipeline of any kind on one device: its manifest, its components (which
+// qpool owns) and their residency. Each kind (pipeline/<kind>/) implements the run.
+#pragma once
+
+#include <torch/script.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "component/component.h"
+#include "config/manifest.h"
+#include "pipeline/generate_request.h"
+#include "residency/pipeline_residency.h"
+#include "util/status.h"
+
+namespace qpool {
+
+class PipelineKind;
+
+struct GeneratedImage {
+  std::string png;
+  int width = 0;
+  int height = 0;
+};
+
+struct StageTimings {
+  double encode_seconds = 0;
+  double denoise_seconds = 0;
+  double decode_seconds = 0;
+};
+
+struct GenerateOutput {
+  std::vector<GeneratedImage> images;
+  StageTimings timings;
+  // Requests whose denoising loop ran together with this one's, itself included.
+  int batch_size = 1;
+};
+
+struct EncodeOutput {
+  torch::Tensor embeddings;  // float32, CPU, [n, max_length, hidden]
+  torch::Tensor input_ids;   // int64, CPU, [n, max_length]
+};
+
+// Called after each denoising step with (1-based step, total).
+using ProgressFn = std::function<void(int step, int total)>;
+// Polled between steps; returning true stops the request with CANCELLED.
+using CancelledFn = std::function<bool()>;
+
+// One request of a batch (Note [Dynamic batching] in pool/batch_queue.h).
+struct BatchItem {
+  const GenerateParams* params = nullptr;  // must outlive the GenerateBatch call
+  ProgressFn progress;                     // may be empty
+  CancelledFn cancelled;                   // may be empty
+  // Called exactly once, on the calling thread, as soon as the request's part ends: its images,
+  // or why it stopped (Cancelled at a step, or the batch's failure). Nothing of the item is used
+  // after it.
+  std::function<void(StatusOr<GenerateOutput>)> done;
+};
+
+// Thread safety: GenerateBatch and Encode may not run concurrently on one pipeline; the device
+// worker that owns it runs one request at a time. device(), the accessors and the residency's
+// snapshots may be read from any thread.
+class Pipeline {
+ public:
+  // Drops every tensor of every component.
+  virtual ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Runs requests that are BatchCompatible with the first one as one batch (the denoiser once
+  // per step for all of them). Every item's done is called exactly once, and the pipeline is back
+  // in its policy's residency (Note [Offload policies]) before the last one is. A batch of one is
+  // a single request. Noise is drawn on the CPU from seed + i for image i, so a seed gives
+  // identical images on the same device.
+  virtual void GenerateBatch(std::vector<BatchItem> items) = 0;
+  // Runs the text encoder(s) alone; under the model policy they go back to the host afterwards,
+  // like after every request.
+  virtual StatusOr<EncodeOutput> Encode(const std::vector<std::string>& prompts) = 0;
+
+  // A single request: GenerateBatch of one.
+  StatusOr<GenerateOutput> Generate(const GenerateParams& params, const ProgressFn& progress,
+                                    const CancelledFn& cancelled);
+
+  const PipelineKind& kind() const { return kind_; }
+  const PipelineManifest& manifest() const { return manifest_; }
+  // The device the pipeline computes on (its components may be offloaded to the host).
+  c10::Device device() const { return residency_->device(); }
+  c10::ScalarType dtype() const { return dtype_; }
+  // In the kind's component order.
+  const std::vector<std::unique_ptr<Component>>& components() const { return components_; }
+  PipelineResidency& residency() { return *residency_; }
+  const PipelineResidency& residency() const { return *residency_; }
+
+ protected:
+  Pipeline(const PipelineKind& kind, PipelineManifest manifest, c10::ScalarType dtype);
+
+  // Loads the kind's components from the manifest's files onto the CPU, in the kind's order,
+  // quantizes those whose manifest entry asks for it at load time, and places them all on
+  // `device` as the manifest's offload policy wants (host copies in dtype()). All or nothing: on
+  // failure the caller drops the pipeline, and with it every block. Errors name the manifest.
+  Status LoadComponents(const c10::Device& device, const ResidencyContext& residency);
+  // The component called `name`; the kind declared it, so LoadComponents loaded it.
+  Component& component(const std::string& name);
+
+ private:
+  const PipelineKind& kind_;
+  const PipelineManifest manifest_;
+  const c10::ScalarType dtype_;
+  std::vector<std::unique_ptr<Component>> components_;
+  std::unique_ptr<PipelineResidency> residency_;  // borrows components_
+};
+
+// Parses "float32"/"float16"/"bfloat16"; "auto" is float16 on CUDA, float32 on the CPU.
+StatusOr<c10::ScalarType> ResolveDtype(const std::string& name, const c10::Device& device);
+
+// The status of a component that returned `t` where `expected` was due: Internal, naming the
+// component and the contract of its kind (docs/model-repository.md).
+Status CheckShape(const std::string& what, const torch::Tensor& t, c10::IntArrayRef expected);
+
+}  // namespace qpool

@@ -1,0 +1,20 @@
+#include "pipeline/pipeline_kind.h"
+
+namespace qpool {
+
+StatusOr<GenerateParams> PipelineKind::ResolveGenerate(const GenerateRequestIn& in,
+                                                       const PipelineManifest& manifest) const {
+  return ResolveGenerateRequest(in, manifest);
+}
+
+Status PipelineKind::ValidateEncode(size_t num_prompts, const PipelineManifest& manifest) const {
+  return ValidateEncodePrompts(num_prompts, manifest);
+}
+
+std::vector<std::string> PipelineKind::ComponentNames() const {
+  std::vector<std::string> names;
+  for (const auto& c : components()) names.push_back(c.name);
+  return names;
+}
+
+}  // namespace qpool

@@ -1,0 +1,68 @@
+// PipelineKind: what one kind of pipeline (the manifest's `kind:`) declares and how it loads.
+// Each kind lives in pipeline/<kind>/; pool/ and api/ see kinds only through this interface.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/manifest.h"
+#include "pipeline/generate_request.h"
+#include "util/status.h"
+
+namespace qpool {
+
+class Pipeline;
+struct ResidencyContext;
+
+// What a component does in a run, in the order the stages run them.
+enum class ComponentRole { kTextEncoder, kDenoiser, kDecoder };
+
+// One component a kind requires: the manifest's components.<name>.
+struct ComponentDecl {
+  std::string name;
+  ComponentRole role;
+};
+
+// Note [Pipeline kinds]
+// A kind declares its components (names and roles, in the order its stages run them: encode
+// prompts, denoise, decode), checks requests against a manifest's limits, estimates the working
+// memory of a request before any has been measured, and loads a Pipeline whose GenerateBatch and
+// Encode run its stages. Everything else is the same for every kind and lives outside it: the
+// manifest's common sections (config/), the tensors and their residency (component/,
+// residency/), routing, admission and requests (pool/), the gRPC edge (api/). Kinds are
+// registered in one place (pipeline_kinds.cpp); adding one touches pipeline/<kind>/, that
+// registry, the exporter and the tests.
+//
+// Thread safety: kinds are immutable; every method may be called from any thread.
+class PipelineKind {
+ public:
+  virtual ~PipelineKind() = default;
+
+  // The manifest's `kind:` value.
+  virtual const std::string& name() const = 0;
+  // The components its manifests must list, in run order.
+  virtual const std::vector<ComponentDecl>& components() const = 0;
+  // Fills a Generate request's defaults from the manifest and checks it against its limits:
+  // InvalidArgument naming the field for anything out of range.
+  virtual StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,
+                                                   const PipelineManifest& manifest) const;
+  // Checks an Encode request of `num_prompts` prompts against the manifest's limits.
+  virtual Status ValidateEncode(size_t num_prompts, const PipelineManifest& manifest) const;
+  // Working memory per output pixel a request is assumed to need on a GPU until one has been
+  // measured (Note [Working memory] in pool/working_memory.h).
+  virtual double default_working_bytes_per_pixel() const = 0;
+  // Loads a pipeline of this kind from `manifest` (whose kind is this one) onto `device`, its
+  // floating-point tensors in `dtype`. All or nothing; errors name the manifest and field.
+  virtual StatusOr<std::unique_ptr<Pipeline>> Load(const PipelineManifest& manifest,
+                                                   const c10::Device& device, c10::ScalarType dtype,
+                                                   const ResidencyContext& residency) const = 0;
+
+  // The component names of components(), in order.
+  std::vector<std::string> ComponentNames() const;
+};
+
+}  // namespace qpool

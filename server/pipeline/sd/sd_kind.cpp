@@ -1,0 +1,19 @@
+#include "pipeline/sd/sd_kind.h"
+
+#include "pipeline/sd/sd_pipeline.h"
+
+namespace qpool {
+
+SdKind::SdKind()
+    : components_{{"text_encoder", ComponentRole::kTextEncoder},
+                  {"unet", ComponentRole::kDenoiser},
+                  {"vae_decoder", ComponentRole::kDecoder}} {}
+
+StatusOr<std::unique_ptr<Pipeline>> SdKind::Load(const PipelineManifest& manifest,
+                                                 const c10::Device& device, c10::ScalarType dtype,
+                                                 const ResidencyContext& residency) const {
+  ASSIGN_OR_RETURN(auto pipeline, SdPipeline::Load(*this, manifest, device, dtype, residency));
+  return std::unique_ptr<Pipeline>(std::move(pipeline));
+}
+
+}  // namespace qpool

@@ -1,0 +1,13 @@
+// The kind catalog of the kinds qpool ships, for torch-free tests of the manifest parser and the
+// model repository (the server takes it from PipelineKinds::Catalog; a test checks they agree).
+#pragma once
+
+#include "config/manifest.h"
+
+namespace qpool::testing {
+
+inline KindCatalog BuiltinKindCatalog() {
+  return {{"sd", {"text_encoder", "unet", "vae_decoder"}}};
+}
+
+}  // namespace qpool::testing
