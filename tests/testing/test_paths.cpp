@@ -1,5 +1,6 @@
 #include "testing/test_paths.h"
 
+#include <ftw.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,11 +15,20 @@ namespace qpool::testing {
 std::string SourceDir() { return QPOOL_SOURCE_DIR; }
 std::string BinaryDir() { return QPOOL_BINARY_DIR; }
 
+void RemoveTree(const std::string& path) {
+  // Not std::filesystem::remove_all: in a process with libtorch 2.11 loaded it resolves to a
+  // broken copy exported by libtorch.so and crashes.
+  nftw(
+      path.c_str(),
+      [](const char* file, const struct stat*, int, struct FTW*) { return ::remove(file); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
 std::string MakeTempDir(const std::string& tag) {
   static std::atomic<int> counter{0};
   fs::path dir = fs::temp_directory_path() /
                  ("qpool-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-  fs::remove_all(dir);
+  RemoveTree(dir.string());
   fs::create_directories(dir);
   return dir.string();
 }

@@ -11,6 +11,8 @@ std::string SourceDir();
 std::string BinaryDir();
 // A fresh, empty directory unique to this process and `tag`; removed by the caller if wanted.
 std::string MakeTempDir(const std::string& tag);
+// Removes `path` and everything under it (symbolic links are removed, not followed).
+void RemoveTree(const std::string& path);
 // Writes `contents` to `path`, creating parent directories.
 void WriteFile(const std::string& path, const std::string& contents);
 // The model repository with the exported tiny pipelines (built by the test scripts), or "" when
