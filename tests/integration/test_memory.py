@@ -132,8 +132,10 @@ def test_admin_errors(client):
     else:
         error = rpc_error(client.models.GetAllocatorSnapshot, pb2.GetAllocatorSnapshotRequest())
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "no CUDA" in error.details()
+    # Every device served: the CPU first, then each GPU (--devices auto).
     emptied = client.models.EmptyCache(pb2.EmptyCacheRequest(), timeout=30)
-    assert [d.device for d in emptied.after] == ["cpu"]
+    gpus = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    assert [d.device for d in emptied.after] == ["cpu"] + gpus
     error = rpc_error(client.models.EmptyCache, pb2.EmptyCacheRequest(device="cuda:9"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
