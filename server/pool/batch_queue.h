@@ -32,7 +32,7 @@ namespace qpool {
 // differences).
 // A request cancelled or past its deadline leaves the batch at the next step while the others go
 // on. A failure, such as running out of memory, ends every request of the batch; each may then be
-// retried on another device (PipelineCall::RetryElsewhere). Admission counts the batch's images.
+// retried on another device (RequestRun::RetryElsewhere). Admission counts the batch's images.
 
 // A queued Generate request, as the batch runner sees it.
 class BatchMember {
