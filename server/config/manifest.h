@@ -32,6 +32,8 @@ struct TokenizerSpec {
   std::string vocab;    // absolute path of vocab.json
   std::string merges;   // absolute path of merges.txt
   int max_length = 77;  // tokens per prompt, padded/truncated; in [2, 1024]
+  // What prompts are padded with: <|endoftext|> (SD 1.x's CLIP) or "!" (SD 2.x's OpenCLIP).
+  std::string pad_token = "<|endoftext|>";
 };
 
 // Latent space of the VAE.

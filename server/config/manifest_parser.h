@@ -29,7 +29,8 @@ inline const std::vector<std::string> kTopKeys = {"kind",    "components", "toke
                                                   "offload", "batching"};
 inline const std::vector<std::string> kComponentKeys = {"file", "quantization"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
-inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length"};
+inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
+                                                        "pad_token"};
 inline const std::vector<std::string> kSchedulerKeys = {
     "num_train_timesteps", "beta_start",   "beta_end",       "beta_schedule",
     "timestep_spacing",    "steps_offset", "prediction_type"};

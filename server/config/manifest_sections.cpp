@@ -58,6 +58,8 @@ Status Parser::ParseTokenizer(const YAML::Node& root, TokenizerSpec* t) const {
   if (t->max_length < 2 || t->max_length > 1024) {
     return Got("tokenizer.max_length", "must be between 2 and 1024", t->max_length);
   }
+  RETURN_IF_ERROR(ReadString(node, "tokenizer", "pad_token", false, &t->pad_token));
+  if (t->pad_token.empty()) return Error("tokenizer.pad_token", "must not be empty");
   return Status::Ok();
 }
 
@@ -92,7 +94,7 @@ Status Parser::ParseScheduler(const YAML::Node& root, SchedulerConfig* s) const 
                s->steps_offset);
   }
   RETURN_IF_ERROR(ReadString(node, p, "prediction_type", false, &s->prediction_type));
-  return CheckOneOf("scheduler.prediction_type", s->prediction_type, {"epsilon"});
+  return CheckOneOf("scheduler.prediction_type", s->prediction_type, {"epsilon", "v_prediction"});
 }
 
 Status Parser::ParseLatent(const YAML::Node& root, LatentSpec* l) const {

@@ -12,7 +12,9 @@ struct SchedulerConfig {
   std::string beta_schedule = "scaled_linear";  // scaled_linear | linear
   std::string timestep_spacing = "leading";     // leading | linspace | trailing
   int steps_offset = 1;                         // SD 1.x's scheduler_config.json value
-  std::string prediction_type = "epsilon";      // epsilon only
+  // What the denoiser predicts: epsilon (the noise) or v_prediction (v = sqrt(a) eps -
+  // sqrt(1 - a) x0, SD 2.x 768-v models).
+  std::string prediction_type = "epsilon";
 };
 
 }  // namespace qpool

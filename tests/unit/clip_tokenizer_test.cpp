@@ -202,6 +202,23 @@ TEST_F(ClipTokenizerTest, CustomMaxLength) {
   EXPECT_EQ(tok->EncodePadded("cat"), (Ids{kBos, 522, kEos, kEos}));
 }
 
+// SD 2.x's OpenCLIP tokenizer pads with "!" (its id 0 in the real vocabulary) instead of EOS.
+TEST_F(ClipTokenizerTest, PadsWithTheConfiguredToken) {
+  auto tok = ClipTokenizer::Load(vocab_, merges_, 5, "!");
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  // The vocabulary's "!" (id 0 here, as in OpenCLIP's), not "!</w>", the word a prompt's "!"
+  // becomes.
+  const int64_t bang = 0;
+  EXPECT_EQ(tok->pad_id(), bang);
+  EXPECT_NE(tok->Encode("!").at(0), bang);
+  EXPECT_EQ(tok->EncodePadded("cat"), (Ids{kBos, 522, kEos, bang, bang}));
+  auto missing = ClipTokenizer::Load(vocab_, merges_, 5, "<|pad|>");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("lacks the pad token '<|pad|>'"), std::string::npos)
+      << missing.status().message();
+}
+
 TEST_F(ClipTokenizerTest, RoundTripsToNormalizedText) {
   // CLIP marks word ends, so Decode yields the pre-tokens joined by spaces.
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -236,6 +236,41 @@ TEST(SchedulerDenoise, EulerWithOracleRecoversX0) {
   EXPECT_LT((x - x0).abs().max().item<double>(), 1e-4);
 }
 
+// A perfect v oracle (v = sqrt(a) eps - sqrt(1 - a) x0, diffusers' get_velocity) walks back to x0
+// as the epsilon oracle does, for both schedulers.
+TEST(SchedulerDenoise, VPredictionWithOracleRecoversX0) {
+  SchedulerConfig v = Sd15();
+  v.prediction_type = "v_prediction";
+  torch::manual_seed(3);
+  const torch::Tensor x0 = torch::randn({1, 4, 8, 8}, torch::kFloat64).clamp(-1, 1);
+  const torch::Tensor noise = torch::randn({1, 4, 8, 8}, torch::kFloat64);
+
+  auto ddim = Make("ddim", v, 20);
+  ASSERT_NE(ddim, nullptr);
+  const double a_T = ddim->alphas_cumprod()[static_cast<int>(ddim->timesteps()[0])];
+  torch::Tensor x = std::sqrt(a_T) * x0 + std::sqrt(1 - a_T) * noise;
+  for (int i = 0; i < ddim->num_steps(); ++i) {
+    const double a = ddim->alphas_cumprod()[static_cast<int>(ddim->timesteps()[i])];
+    x = ddim->Step(std::sqrt(a) * noise - std::sqrt(1 - a) * x0, i, x);
+  }
+  const torch::Tensor expected = std::sqrt(0.99915) * x0 + std::sqrt(0.00085) * noise;
+  EXPECT_LT((x - expected).abs().max().item<double>(), 1e-10);
+
+  for (const char* spacing : {"leading", "trailing"}) {
+    v.timestep_spacing = spacing;
+    auto s = Make("euler", v, 25);
+    ASSERT_NE(s, nullptr);
+    auto* euler = dynamic_cast<EulerScheduler*>(s.get());
+    torch::Tensor y = x0 + euler->sigmas()[0] * noise;
+    for (int i = 0; i < s->num_steps(); ++i) {
+      const double sigma = euler->sigmas()[i];
+      const double a = 1.0 / (sigma * sigma + 1.0);
+      y = s->Step(std::sqrt(a) * noise - std::sqrt(1 - a) * x0, i, y);
+    }
+    EXPECT_LT((y - x0).abs().max().item<double>(), 1e-9) << spacing;
+  }
+}
+
 TEST(SchedulerDtype, HalfInHalfOut) {
   for (const std::string& name : SchedulerNames()) {
     auto s = Make(name, Sd15(), 10);
@@ -288,7 +323,7 @@ TEST(SchedulerErrors, BadConfigNamesTheField) {
   const Case cases[] = {
       {[](SchedulerConfig& c) { c.beta_schedule = "cosine"; }, "beta_schedule"},
       {[](SchedulerConfig& c) { c.timestep_spacing = "middle"; }, "timestep_spacing"},
-      {[](SchedulerConfig& c) { c.prediction_type = "v_prediction"; }, "prediction_type"},
+      {[](SchedulerConfig& c) { c.prediction_type = "sample"; }, "prediction_type"},
       {[](SchedulerConfig& c) { c.beta_start = 0.0; }, "beta_start"},
       {[](SchedulerConfig& c) { c.beta_end = 1.0; }, "beta_end"},
       {[](SchedulerConfig& c) {

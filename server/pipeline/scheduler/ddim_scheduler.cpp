@@ -18,6 +18,10 @@ namespace qpool {
 // two scalars computed in double, so the tensor work is one multiply-add in the sample's dtype.
 // The previous timestep is t - N / n for every spacing, exactly as diffusers does, even where
 // "linspace"/"trailing" spacing makes it differ from the next timestep in the list.
+// With v_prediction the model predicts v, so x0 = sqrt(a_t) x - sqrt(1 - a_t) v and
+// eps = sqrt(a_t) v + sqrt(1 - a_t) x; the same expansion gives
+//   c_sample = sqrt(a_prev) sqrt(a_t) + sqrt(1 - a_prev) sqrt(1 - a_t),
+//   c_v      = sqrt(1 - a_prev) sqrt(a_t) - sqrt(a_prev) sqrt(1 - a_t).
 
 namespace {
 
@@ -57,6 +61,10 @@ std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const 
   const int prev = t - step_ratio_;
   const double a_t = alphas_cumprod_[t];
   const double a_prev = prev >= 0 ? alphas_cumprod_[prev] : alphas_cumprod_[0];
+  if (config_.prediction_type == "v_prediction") {
+    return {std::sqrt(a_prev) * std::sqrt(a_t) + std::sqrt(1.0 - a_prev) * std::sqrt(1.0 - a_t),
+            std::sqrt(1.0 - a_prev) * std::sqrt(a_t) - std::sqrt(a_prev) * std::sqrt(1.0 - a_t)};
+  }
   const double c_sample = std::sqrt(a_prev / a_t);
   const double c_eps =
       std::sqrt(1.0 - a_prev) - std::sqrt(a_prev) * std::sqrt(1.0 - a_t) / std::sqrt(a_t);

@@ -24,7 +24,8 @@ class DdimScheduler : public Scheduler {
   torch::Tensor Step(const torch::Tensor& model_output, int step_index,
                      const torch::Tensor& sample) const override;
 
-  // The two coefficients of Step at `step_index`: x_prev = c_sample * x + c_eps * eps.
+  // The two coefficients of Step at `step_index`: x_prev = c_sample * x + c_out * output, the
+  // model's output being eps or v (Note [DDIM step]).
   std::pair<double, double> StepCoefficients(int step_index) const;
 
  private:

@@ -16,6 +16,9 @@ namespace qpool {
 // sqrt(a) x0 + sqrt(1 - a) eps, gets x / sqrt(sigma^2 + 1), and one Euler step moves along
 // d = eps: x_next = x + eps * (sigma_next - sigma). diffusers keeps these sigmas in float32; we
 // keep double (differences ~1e-7 relative).
+// With v_prediction, x0 = x / (sigma^2 + 1) - v * sigma / sqrt(sigma^2 + 1) and the step moves
+// along d = (x - x0) / sigma: x_next = x * (1 + dt * sigma / (sigma^2 + 1)) + v * dt /
+// sqrt(sigma^2 + 1), with dt = sigma_next - sigma.
 
 namespace {
 
@@ -64,8 +67,15 @@ torch::Tensor EulerScheduler::ScaleModelInput(const torch::Tensor& sample, int s
 torch::Tensor EulerScheduler::Step(const torch::Tensor& model_output, int step_index,
                                    const torch::Tensor& sample) const {
   CheckStepIndex(step_index);
-  const double dt = sigmas_[step_index + 1] - sigmas_[step_index];
+  const double sigma = sigmas_[step_index];
+  const double dt = sigmas_[step_index + 1] - sigma;
   const auto type = ComputeType(sample);
+  if (config_.prediction_type == "v_prediction") {
+    const double s2 = sigma * sigma + 1.0;
+    torch::Tensor prev =
+        sample.to(type).mul(1.0 + dt * sigma / s2).add_(model_output.to(type), dt / std::sqrt(s2));
+    return prev.to(sample.scalar_type());
+  }
   torch::Tensor prev = sample.to(type).add(model_output.to(type), dt);
   return prev.to(sample.scalar_type());
 }

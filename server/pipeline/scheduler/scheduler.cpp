@@ -119,9 +119,9 @@ Status ValidateSchedulerConfig(const SchedulerConfig& c) {
   if (c.steps_offset < 0) {
     return InvalidArgument(StrCat("scheduler steps_offset must be >= 0, got ", c.steps_offset));
   }
-  if (c.prediction_type != "epsilon") {
+  if (c.prediction_type != "epsilon" && c.prediction_type != "v_prediction") {
     return InvalidArgument(StrCat("scheduler prediction_type '", c.prediction_type,
-                                  "' is not supported; valid: epsilon"));
+                                  "' is not supported; valid: epsilon, v_prediction"));
   }
   return Status::Ok();
 }

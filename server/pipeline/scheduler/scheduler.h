@@ -38,8 +38,8 @@ class Scheduler {
   virtual double init_noise_sigma() const = 0;
   // The UNet input for step `step_index` (throws c10::Error when the index is out of range).
   virtual torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const = 0;
-  // The previous (less noisy) sample from the model's epsilon prediction at `step_index`
-  // (throws c10::Error when the index is out of range).
+  // The previous (less noisy) sample from the model's prediction at `step_index`: epsilon, or v
+  // with prediction_type v_prediction (throws c10::Error when the index is out of range).
   virtual torch::Tensor Step(const torch::Tensor& model_output, int step_index,
                              const torch::Tensor& sample) const = 0;
 
@@ -68,7 +68,8 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
 // The names MakeScheduler accepts: {"ddim", "euler"}.
 const std::vector<std::string>& SchedulerNames();
 // OK, or InvalidArgument naming the bad field: betas in (0,1) with beta_start < beta_end,
-// known beta_schedule / timestep_spacing, prediction_type "epsilon", num_train_timesteps >= 1,
+// known beta_schedule / timestep_spacing, prediction_type epsilon or v_prediction,
+// num_train_timesteps >= 1,
 // steps_offset >= 0.
 Status ValidateSchedulerConfig(const SchedulerConfig& config);
 

@@ -26,9 +26,10 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineKind& kind,
                                                        const c10::Device& device,
                                                        c10::ScalarType dtype,
                                                        const ResidencyContext& residency) {
-  ASSIGN_OR_RETURN(ClipTokenizer tokenizer,
-                   ClipTokenizer::Load(manifest.tokenizer.vocab, manifest.tokenizer.merges,
-                                       manifest.tokenizer.max_length));
+  ASSIGN_OR_RETURN(
+      ClipTokenizer tokenizer,
+      ClipTokenizer::Load(manifest.tokenizer.vocab, manifest.tokenizer.merges,
+                          manifest.tokenizer.max_length, manifest.tokenizer.pad_token));
   std::unique_ptr<SdPipeline> pipeline(new SdPipeline(kind, manifest, std::move(tokenizer), dtype));
   RETURN_IF_ERROR(pipeline->LoadComponents(device, residency));
   return pipeline;

@@ -166,7 +166,8 @@ ClipTokenizer& ClipTokenizer::operator=(ClipTokenizer&&) noexcept = default;
 ClipTokenizer::~ClipTokenizer() = default;
 
 StatusOr<ClipTokenizer> ClipTokenizer::Load(const std::string& vocab_path,
-                                            const std::string& merges_path, int max_length) {
+                                            const std::string& merges_path, int max_length,
+                                            const std::string& pad_token) {
   if (max_length < 2) {
     return InvalidArgument(
         StrCat("tokenizer max_length must be >= 2 (room for BOS and EOS), got ", max_length));
@@ -200,6 +201,12 @@ StatusOr<ClipTokenizer> ClipTokenizer::Load(const std::string& vocab_path,
   }
   tok.bos_id_ = tok.encoder_.at(kBos);
   tok.eos_id_ = tok.encoder_.at(kEos);
+  auto pad = tok.encoder_.find(pad_token);
+  if (pad == tok.encoder_.end()) {
+    return InvalidArgument(
+        StrCat("vocab file '", vocab_path, "' lacks the pad token '", pad_token, "'"));
+  }
+  tok.pad_id_ = pad->second;
 
   ASSIGN_OR_RETURN(std::string merges_text, ReadFile(merges_path, "merges"));
   std::istringstream lines(merges_text);

@@ -20,10 +20,12 @@ namespace qpool {
 class ClipTokenizer {
  public:
   // Reads the standard CLIP vocab.json (token -> id) and merges.txt ("#version" header line
-  // optional). Needs <|startoftext|> and <|endoftext|> in the vocab and max_length >= 2.
-  // Errors (NOT_FOUND for a missing file, INVALID_ARGUMENT for bad contents) name the file.
+  // optional). Needs <|startoftext|>, <|endoftext|> and `pad_token` in the vocab and
+  // max_length >= 2. Errors (NOT_FOUND for a missing file, INVALID_ARGUMENT for bad contents)
+  // name the file.
   static StatusOr<ClipTokenizer> Load(const std::string& vocab_path, const std::string& merges_path,
-                                      int max_length = 77);
+                                      int max_length = 77,
+                                      const std::string& pad_token = "<|endoftext|>");
 
   ClipTokenizer(ClipTokenizer&&) noexcept;
   ClipTokenizer& operator=(ClipTokenizer&&) noexcept;
@@ -37,9 +39,10 @@ class ClipTokenizer {
   // the result is trimmed. Yields the normalized, pre-tokenized text ("hi , you").
   std::string Decode(const std::vector<int64_t>& ids) const;
 
-  int64_t bos_id() const { return bos_id_; }             // <|startoftext|>
-  int64_t eos_id() const { return eos_id_; }             // <|endoftext|>
-  int64_t pad_id() const { return eos_id_; }             // SD 1.x pads with <|endoftext|>
+  int64_t bos_id() const { return bos_id_; }  // <|startoftext|>
+  int64_t eos_id() const { return eos_id_; }  // <|endoftext|>
+  // What EncodePadded pads with: <|endoftext|> for SD 1.x's CLIP, "!" for SD 2.x's OpenCLIP.
+  int64_t pad_id() const { return pad_id_; }
   int max_length() const { return max_length_; }         // length of EncodePadded's output
   size_t vocab_size() const { return encoder_.size(); }  // entries of vocab.json
 
@@ -58,6 +61,7 @@ class ClipTokenizer {
   std::unordered_map<std::string, int> merge_ranks_;  // "a b" -> line order
   int64_t bos_id_ = 0;
   int64_t eos_id_ = 0;
+  int64_t pad_id_ = 0;
   int max_length_ = 77;
 
   // Note [BPE cache]: word -> ids, bounded; guarded by its own mutex so Encode stays const.
