@@ -44,13 +44,20 @@ fi
 venv="$root/.venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 want=("torch==$TORCH_VERSION" numpy pyyaml pytest grpcio grpcio-tools grpcio-health-checking
-      grpcio-reflection)
-if ! "$venv/bin/python" - "$TORCH_VERSION" <<'PY' 2>/dev/null
+      grpcio-reflection -r "$root/tools/qpool_export/requirements-import.txt")
+if ! "$venv/bin/python" - "$TORCH_VERSION" "$root/tools/qpool_export/requirements-import.txt" <<'PY' 2>/dev/null
 import sys, importlib
 import torch
 assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
 for m in ("numpy", "yaml", "pytest", "grpc", "grpc_tools", "grpc_health", "grpc_reflection"):
     importlib.import_module(m)
+# The importer's libraries, at the pinned versions.
+import importlib.metadata as md
+for line in open(sys.argv[2]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, version = line.split("==")
+        assert md.version(name) == version, (name, md.version(name))
 PY
 then
   echo "setup: installing Python packages into $venv: ${want[*]}"

@@ -303,7 +303,12 @@ def parse_args(argv: Optional[Sequence[str]]):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    opts = parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "from-diffusers":
+        from .from_diffusers import main as import_main
+
+        return import_main(args[1:])
+    opts = parse_args(args)
     if isinstance(opts, argparse.Namespace):  # --count-only
         preset = PRESETS[opts.preset]
         vocab = preset.vocab_size or len(bpe.build_vocab(_train_merges(preset.num_merges)))

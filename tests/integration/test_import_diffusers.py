@@ -1,0 +1,235 @@
+"""Bring your own model: small diffusers Stable Diffusion pipelines built here with random
+weights (no hub), saved with save_pretrained, imported with `python -m qpool_export
+from-diffusers`, served by the real server and compared with the same diffusers pipeline run in
+Python on the same weights and the same initial latents: the prompt embeddings, one denoising
+step and a few steps' decoded images, for epsilon and v-prediction, with DDIM and Euler.
+
+Tolerances: everything runs in float32 on the CPU in both, through the same operations
+(qpool's modules are diffusers' architecture with its parameter names, Note [Importing through
+qpool's modules]), so embeddings agree to float32 rounding (1e-5) and decoded 8-bit images to
+one level per pixel (a value on a rounding boundary may land on either side).
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from png_reader import read_png
+
+diffusers = pytest.importorskip("diffusers")
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXPORTER = ROOT / "tools" / "qpool_export"
+SIZE = 16  # pixels; the tiny VAE downscales by 2, so latents are 8 x 8
+
+
+def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed=0):
+    """A tiny SD-1.x-shaped diffusers pipeline with random weights, saved to `out`."""
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=SIZE // 2, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+        attention_head_dim=4, norm_num_groups=8)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32), latent_channels=4,
+        norm_num_groups=8, layers_per_block=1)
+    tokenizer = CLIPTokenizer(str(tokenizer_dir / "vocab.json"), str(tokenizer_dir / "merges.txt"),
+                              model_max_length=77)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=77, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False,
+                              prediction_type=prediction_type)
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                   unet=unet, scheduler=scheduler, safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.save_pretrained(out)
+    # What a user has: the pipeline as loaded from its folder (an in-memory config marks unset
+    # fields as defaults, which from_config would then replace by another class's defaults).
+    loaded = StableDiffusionPipeline.from_pretrained(out, safety_checker=None)
+    loaded.set_progress_bar_config(disable=True)
+    return loaded
+
+
+def run_import(src, out, *args):
+    env = dict(os.environ, PYTHONPATH=str(EXPORTER), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "qpool_export", "from-diffusers", str(src),
+                           "--out", str(out), *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, source_repository):
+    """{name: diffusers pipeline} of the pipelines imported into one repository, and its path."""
+    work = tmp_path_factory.mktemp("diffusers")
+    tokenizer_dir = pathlib.Path(source_repository) / "tiny" / "tokenizer"
+    repository = work / "imported"
+    pipes = {}
+    for name, prediction in (("sd-eps", "epsilon"), ("sd-v", "v_prediction")):
+        pipe = build_diffusers_pipeline(work / f"{name}-diffusers", tokenizer_dir, prediction)
+        done = run_import(work / f"{name}-diffusers", repository / name, "--dtype", "float32")
+        assert done.returncode == 0, done.stderr
+        assert "max diff vs diffusers" in done.stdout
+        pipes[name] = pipe
+    return pipes, repository
+
+
+@pytest.fixture(scope="module")
+def client(make_server, imported):
+    _, repository = imported
+
+    def setup(models):
+        for folder in repository.iterdir():
+            shutil.copytree(folder, models / folder.name)
+
+    return make_server(pipelines=(), load="all", setup=setup)
+
+
+def latents_for(seed):
+    """The noise qpool draws for image 0 of a request with `seed` (a CPU generator seeded with
+    it), which diffusers gets as its initial latents."""
+    return torch.randn((1, 4, SIZE // 2, SIZE // 2), generator=torch.Generator().manual_seed(seed))
+
+
+def diffusers_image(pipe, scheduler, steps, seed, prompt):
+    from diffusers import DDIMScheduler, EulerDiscreteScheduler
+
+    cls = {"ddim": DDIMScheduler, "euler": EulerDiscreteScheduler}[scheduler]
+    # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
+    pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False)
+    with torch.no_grad():
+        out = pipe(prompt, height=SIZE, width=SIZE, num_inference_steps=steps, guidance_scale=7.5,
+                   latents=latents_for(seed), output_type="np")
+    return np.round(out.images[0] * 255).astype(np.int16)
+
+
+def qpool_image(client, name, scheduler, steps, seed, prompt):
+    result = client.generate_one(pipeline=name, prompt=prompt, steps=steps, guidance_scale=7.5,
+                                 width=SIZE, height=SIZE, seed=seed, scheduler=scheduler)
+    png = read_png(result.images[0].png)
+    assert (png.width, png.height, png.channels) == (SIZE, SIZE, 3)
+    pixels = np.frombuffer(b"".join(png.rows), dtype=np.uint8).reshape(SIZE, SIZE, 3)
+    return pixels.astype(np.int16)
+
+
+def test_imported_pipelines_are_listed_with_their_scheduler(client, imported):
+    pipelines = client.pipelines()
+    for name in ("sd-eps", "sd-v"):
+        assert pipelines[name].kind == "sd"
+        assert pipelines[name].state == client.pb2.PIPELINE_STATE_LOADED, pipelines[name]
+
+
+def test_prompt_embeddings_match_diffusers(client, imported):
+    pipes, _ = imported
+    prompts = ["a red fox in the snow", "", "A photo of an astronaut, riding a horse!"]
+    reply = client.inference.Encode(
+        client.pb2.EncodeRequest(pipeline="sd-eps", prompts=prompts), timeout=60)
+    got = np.frombuffer(reply.embeddings.data, dtype=np.float32).reshape(tuple(reply.embeddings.shape))
+    ids = np.frombuffer(reply.input_ids.data, dtype=np.int64).reshape(tuple(reply.input_ids.shape))
+    pipe = pipes["sd-eps"]
+    tokens = pipe.tokenizer(prompts, padding="max_length", max_length=77, truncation=True,
+                            return_tensors="pt").input_ids
+    assert (ids == tokens.numpy()).all(), "qpool's CLIP tokenizer gave other ids than diffusers'"
+    with torch.no_grad():
+        want = pipe.text_encoder(tokens).last_hidden_state.numpy()
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["sd-eps", "sd-v"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler"])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_images_match_diffusers(client, imported, name, scheduler, steps):
+    pipes, _ = imported
+    prompt = "a red fox in the snow"
+    want = diffusers_image(pipes[name], scheduler, steps, seed=11, prompt=prompt)
+    got = qpool_image(client, name, scheduler, steps, seed=11, prompt=prompt)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1, f"max {diff.max()} levels, mean {diff.mean():.3f}"
+    # The images are not trivially equal: another seed gives another image.
+    other = qpool_image(client, name, scheduler, steps, seed=12, prompt=prompt)
+    assert np.abs(other - want).max() > 1
+
+
+# ------------------------------------------------------------------ what the importer refuses
+
+
+@pytest.fixture(scope="module")
+def good_source(tmp_path_factory, source_repository):
+    work = tmp_path_factory.mktemp("sources")
+    src = work / "sd"
+    build_diffusers_pipeline(src, pathlib.Path(source_repository) / "tiny" / "tokenizer")
+    return src
+
+
+def broken_copy(good_source, tmp_path, edit):
+    src = tmp_path / "broken"
+    shutil.copytree(good_source, src)
+    edit(src)
+    return src
+
+
+def edit_json(path, **changes):
+    value = json.loads(path.read_text())
+    value.update(changes)
+    path.write_text(json.dumps(value))
+
+
+CASES = {
+    "missing component folder": (lambda s: shutil.rmtree(s / "vae"), "vae: missing"),
+    "unknown pipeline class": (
+        lambda s: edit_json(s / "model_index.json", _class_name="FluxPipeline"),
+        "field '_class_name' is 'FluxPipeline'"),
+    "unknown component class": (
+        lambda s: edit_json(s / "model_index.json", unet=["diffusers", "UNet2DModel"]),
+        "field 'unet' names class 'UNet2DModel'"),
+    "unsupported scheduler option": (
+        lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
+                            rescale_betas_zero_snr=True),
+        "field 'rescale_betas_zero_snr' is True"),
+    "unsupported scheduler schedule": (
+        lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
+                            beta_schedule="squaredcos_cap_v2"),
+        "field 'beta_schedule' is 'squaredcos_cap_v2'"),
+    "weights that do not match the config": (
+        lambda s: edit_json(s / "unet" / "config.json", block_out_channels=[32, 96]),
+        "unet: cannot be loaded"),
+    "truncated safetensors": (
+        lambda s: (s / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(
+            (s / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()[:5000]),
+        "unet: cannot be loaded"),
+    "unsupported architecture field": (
+        lambda s: edit_json(s / "unet" / "config.json", upcast_attention=True),
+        "field 'upcast_attention' is True"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_import_failures_name_the_problem_and_leave_the_repository_untouched(
+        good_source, tmp_path, case):
+    edit, message = CASES[case]
+    src = broken_copy(good_source, tmp_path, edit)
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    (repository / "keep.txt").write_text("x")
+    done = run_import(src, repository / "model", "--dtype", "float32")
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in repository.iterdir()) == ["keep.txt"]

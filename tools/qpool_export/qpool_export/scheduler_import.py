@@ -1,0 +1,79 @@
+"""Translates a diffusers scheduler_config.json into the manifest's `scheduler:` section and the
+default sampler, refusing what qpool's schedulers (server/pipeline/scheduler/) do not compute.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from .import_error import ImportFailure
+
+# diffusers scheduler class -> the qpool sampler a request gets by default. PNDM (what SD 1.x
+# folders ship) has no qpool counterpart; DDIM runs the same schedule.
+DEFAULT_SAMPLER = {
+    "DDIMScheduler": "ddim",
+    "PNDMScheduler": "ddim",
+    "EulerDiscreteScheduler": "euler",
+}
+
+# Fields whose values qpool's schedulers compute, with the values accepted.
+ACCEPTED = {
+    "beta_schedule": ("scaled_linear", "linear"),
+    "prediction_type": ("epsilon", "v_prediction"),
+    "timestep_spacing": ("leading", "linspace", "trailing"),
+}
+# Fields that must have their neutral value (what diffusers does without them).
+NEUTRAL = {
+    "trained_betas": None,
+    "rescale_betas_zero_snr": False,
+    "thresholding": False,
+    "clip_sample": False,
+    "set_alpha_to_one": False,
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+    "timestep_type": "discrete",
+    "interpolation_type": "linear",
+    "final_sigmas_type": "zero",
+    "sigma_min": None,
+    "sigma_max": None,
+}
+# Fields that change nothing qpool computes.
+IGNORED = {"_class_name", "_diffusers_version", "skip_prk_steps", "dynamic_thresholding_ratio",
+           "sample_max_value", "clip_sample_range", "steps_offset", "num_train_timesteps",
+           "beta_start", "beta_end", "beta_schedule", "prediction_type", "timestep_spacing",
+           "_use_default_values"}
+
+
+def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:
+    """(the manifest's scheduler section, the default sampler name) for `config`, the parsed
+    scheduler_config.json at `where`."""
+    cls = config.get("_class_name")
+    if cls not in DEFAULT_SAMPLER:
+        raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; qpool imports "
+                            f"{', '.join(sorted(DEFAULT_SAMPLER))}")
+    # DDIMScheduler clips x0 and ends on alpha 1 unless told not to; PNDM and Euler read neither.
+    ddim_defaults = {"clip_sample": True, "set_alpha_to_one": True}
+    for field, neutral in NEUTRAL.items():
+        if field in ddim_defaults and cls != "DDIMScheduler":
+            continue
+        value = config.get(field, ddim_defaults.get(field, neutral))
+        if value != neutral:
+            raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's schedulers need "
+                                f"{neutral!r}")
+    section: Dict[str, object] = {
+        "num_train_timesteps": int(config.get("num_train_timesteps", 1000)),
+        "beta_start": float(config.get("beta_start", 0.0001)),
+        "beta_end": float(config.get("beta_end", 0.02)),
+        "beta_schedule": config.get("beta_schedule", "linear"),
+        # A field the file leaves out takes the class's default, as diffusers does.
+        "timestep_spacing": config.get(
+            "timestep_spacing", "linspace" if cls == "EulerDiscreteScheduler" else "leading"),
+        "steps_offset": int(config.get("steps_offset", 0)),
+        "prediction_type": config.get("prediction_type", "epsilon"),
+    }
+    for field, accepted in ACCEPTED.items():
+        if section[field] not in accepted:
+            raise ImportFailure(f"{where}: field '{field}' is {section[field]!r}; qpool imports "
+                                f"{', '.join(accepted)}")
+    return section, DEFAULT_SAMPLER[cls]
