@@ -31,8 +31,10 @@ EXPORTER = ROOT / "tools" / "qpool_export"
 SIZE = 16  # pixels; the tiny VAE downscales by 2, so latents are 8 x 8
 
 
-def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed=0):
-    """A tiny SD-1.x-shaped diffusers pipeline with random weights, saved to `out`."""
+def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed=0, sd2=False):
+    """A tiny diffusers pipeline with random weights, saved to `out` and loaded back: SD 1.x
+    shaped, or with `sd2` SD 2.x shaped (linear projections in the transformers, heads per block,
+    an OpenCLIP-like text encoder with gelu that pads prompts with "!")."""
     from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
@@ -42,16 +44,17 @@ def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed
         sample_size=SIZE // 2, in_channels=4, out_channels=4, layers_per_block=1,
         block_out_channels=(32, 64), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
-        attention_head_dim=4, norm_num_groups=8)
+        attention_head_dim=(2, 4) if sd2 else 4, use_linear_projection=sd2, norm_num_groups=8)
     vae = AutoencoderKL(
         in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
         up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32), latent_channels=4,
         norm_num_groups=8, layers_per_block=1)
     tokenizer = CLIPTokenizer(str(tokenizer_dir / "vocab.json"), str(tokenizer_dir / "merges.txt"),
-                              model_max_length=77)
+                              model_max_length=77, **({"pad_token": "!"} if sd2 else {}))
     text_encoder = CLIPTextModel(CLIPTextConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=77, bos_token_id=tokenizer.bos_token_id,
+        hidden_act="gelu" if sd2 else "quick_gelu",
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
     scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                               skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False,
@@ -81,13 +84,39 @@ def imported(tmp_path_factory, source_repository):
     tokenizer_dir = pathlib.Path(source_repository) / "tiny" / "tokenizer"
     repository = work / "imported"
     pipes = {}
-    for name, prediction in (("sd-eps", "epsilon"), ("sd-v", "v_prediction")):
-        pipe = build_diffusers_pipeline(work / f"{name}-diffusers", tokenizer_dir, prediction)
+    for name, prediction, sd2 in (("sd-eps", "epsilon", False), ("sd-v", "v_prediction", False),
+                                  ("sd2-v", "v_prediction", True)):
+        pipe = build_diffusers_pipeline(work / f"{name}-diffusers", tokenizer_dir, prediction,
+                                        sd2=sd2)
         done = run_import(work / f"{name}-diffusers", repository / name, "--dtype", "float32")
         assert done.returncode == 0, done.stderr
         assert "max diff vs diffusers" in done.stdout
         pipes[name] = pipe
+    # Quantized at import: compared with diffusers running on the dequantized weights.
+    done = run_import(work / "sd-eps-diffusers", repository / "sd-q", "--dtype", "float32",
+                      "--quantize", QUANTIZED_SPEC)
+    assert done.returncode == 0, done.stderr
+    assert "layers quantized" in done.stdout
+    pipes["sd-q"] = dequantized(build_diffusers_pipeline(work / "sd-q-diffusers", tokenizer_dir))
     return pipes, repository
+
+
+QUANTIZED_SPEC = "unet=nf4,text_encoder=int8"
+
+
+def dequantized(pipe):
+    """`pipe` with the weight of every linear layer of its UNet (NF4, blocksize 64) and text
+    encoder (int8) replaced by what qpool's quantized layers compute with: the same bytes
+    dequantized (qpool_export.quant, the Python reference of the server's op)."""
+    sys.path.insert(0, str(EXPORTER))
+    from qpool_export import quant
+
+    for component, fmt in (("unet", "nf4"), ("text_encoder", "int8")):
+        for layer in getattr(pipe, component).modules():
+            if isinstance(layer, torch.nn.Linear):
+                state = quant.quantize(layer.weight.data, fmt, blocksize=64)
+                layer.weight.data = quant.dequantize(state)
+    return pipe
 
 
 @pytest.fixture(scope="module")
@@ -130,29 +159,33 @@ def qpool_image(client, name, scheduler, steps, seed, prompt):
 
 def test_imported_pipelines_are_listed_with_their_scheduler(client, imported):
     pipelines = client.pipelines()
-    for name in ("sd-eps", "sd-v"):
+    for name in ("sd-eps", "sd-v", "sd2-v", "sd-q"):
         assert pipelines[name].kind == "sd"
         assert pipelines[name].state == client.pb2.PIPELINE_STATE_LOADED, pipelines[name]
+    quantization = {c.name: c.quantization for c in pipelines["sd-q"].components}
+    assert quantization == {"text_encoder": "int8", "unet": "nf4", "vae_decoder": "none"}
 
 
-def test_prompt_embeddings_match_diffusers(client, imported):
+@pytest.mark.parametrize("name", ["sd-eps", "sd2-v"])
+def test_prompt_embeddings_match_diffusers(client, imported, name):
     pipes, _ = imported
     prompts = ["a red fox in the snow", "", "A photo of an astronaut, riding a horse!"]
     reply = client.inference.Encode(
-        client.pb2.EncodeRequest(pipeline="sd-eps", prompts=prompts), timeout=60)
+        client.pb2.EncodeRequest(pipeline=name, prompts=prompts), timeout=60)
     got = np.frombuffer(reply.embeddings.data, dtype=np.float32).reshape(tuple(reply.embeddings.shape))
     ids = np.frombuffer(reply.input_ids.data, dtype=np.int64).reshape(tuple(reply.input_ids.shape))
-    pipe = pipes["sd-eps"]
+    pipe = pipes[name]
     tokens = pipe.tokenizer(prompts, padding="max_length", max_length=77, truncation=True,
                             return_tensors="pt").input_ids
-    assert (ids == tokens.numpy()).all(), "qpool's CLIP tokenizer gave other ids than diffusers'"
+    mismatch = np.argwhere(ids != tokens.numpy())
+    assert len(mismatch) == 0, [(tuple(i), ids[tuple(i)], tokens.numpy()[tuple(i)]) for i in mismatch[:5]]
     with torch.no_grad():
         want = pipe.text_encoder(tokens).last_hidden_state.numpy()
     assert got.shape == want.shape
     assert np.abs(got - want).max() < 1e-5
 
 
-@pytest.mark.parametrize("name", ["sd-eps", "sd-v"])
+@pytest.mark.parametrize("name", ["sd-eps", "sd-v", "sd2-v", "sd-q"])
 @pytest.mark.parametrize("scheduler", ["ddim", "euler"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_images_match_diffusers(client, imported, name, scheduler, steps):

@@ -210,8 +210,12 @@ TEST_F(ClipTokenizerTest, PadsWithTheConfiguredToken) {
   // becomes.
   const int64_t bang = 0;
   EXPECT_EQ(tok->pad_id(), bang);
-  EXPECT_NE(tok->Encode("!").at(0), bang);
+  auto plain = ClipTokenizer::Load(vocab_, merges_, 5);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(plain->Encode("!").at(0), bang);
   EXPECT_EQ(tok->EncodePadded("cat"), (Ids{kBos, 522, kEos, bang, bang}));
+  // ... and a special token in prompts (Note [Pad token in prompts]).
+  EXPECT_EQ(tok->Encode("cat!!"), (Ids{522, bang, bang}));
   auto missing = ClipTokenizer::Load(vocab_, merges_, 5, "<|pad|>");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);

@@ -207,6 +207,7 @@ StatusOr<ClipTokenizer> ClipTokenizer::Load(const std::string& vocab_path,
         StrCat("vocab file '", vocab_path, "' lacks the pad token '", pad_token, "'"));
   }
   tok.pad_id_ = pad->second;
+  if (pad_token != kEos) tok.pad_special_ = DecodeUtf8(pad_token);
 
   ASSIGN_OR_RETURN(std::string merges_text, ReadFile(merges_path, "merges"));
   std::istringstream lines(merges_text);
@@ -314,6 +315,11 @@ void ClipTokenizer::EncodeWord(const std::string& word, std::vector<int64_t>* ou
   cache_->entries.emplace(word, std::move(ids));
 }
 
+// Note [Pad token in prompts]
+// SD 2.x's tokenizer pads with "!" and declares it a special token, so the transformers
+// tokenizer that diffusers runs matches "!" in a prompt as that token (id 0) instead of the word
+// "!</w>" that OpenCLIP's own tokenizer yields. qpool does what diffusers does, so that an
+// imported pipeline gives diffusers' images for prompts with a "!".
 std::vector<int64_t> ClipTokenizer::Encode(const std::string& text) const {
   // Normalize: collapse whitespace, strip, lowercase.
   const std::u32string raw = DecodeUtf8(text);
@@ -345,6 +351,12 @@ std::vector<int64_t> ClipTokenizer::Encode(const std::string& text) const {
       const bool bos = MatchesAt(norm, i, kBos);
       ids.push_back(bos ? bos_id_ : eos_id_);
       i += std::char_traits<char>::length(bos ? kBos : kEos);
+      continue;
+    }
+    // Note [Pad token in prompts]
+    if (!pad_special_.empty() && norm.compare(i, pad_special_.size(), pad_special_) == 0) {
+      ids.push_back(pad_id_);
+      i += pad_special_.size();
       continue;
     }
     if (c == U'\'' && i + 1 < norm.size()) {

@@ -42,6 +42,7 @@ class ClipTokenizer {
   int64_t bos_id() const { return bos_id_; }  // <|startoftext|>
   int64_t eos_id() const { return eos_id_; }  // <|endoftext|>
   // What EncodePadded pads with: <|endoftext|> for SD 1.x's CLIP, "!" for SD 2.x's OpenCLIP.
+  // A pad token other than <|endoftext|> is a special token in prompts too.
   int64_t pad_id() const { return pad_id_; }
   int max_length() const { return max_length_; }         // length of EncodePadded's output
   size_t vocab_size() const { return encoder_.size(); }  // entries of vocab.json
@@ -62,6 +63,9 @@ class ClipTokenizer {
   int64_t bos_id_ = 0;
   int64_t eos_id_ = 0;
   int64_t pad_id_ = 0;
+  // The pad token when it is not <|endoftext|>: a special token in prompts too (Note [Pad token
+  // in prompts] in clip_tokenizer.cpp).
+  std::u32string pad_special_;
   int max_length_ = 77;
 
   // Note [BPE cache]: word -> ids, bounded; guarded by its own mutex so Encode stays const.
