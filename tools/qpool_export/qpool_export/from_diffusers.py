@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import bnb_import
 from . import manifest as manifest_io
 from . import scheduler_import, tracing
 from .clip_text import ClipTextConfig, ClipTextEncoder
@@ -145,19 +146,47 @@ def _check_same(what: str, want: torch.Tensor, got: torch.Tensor) -> float:
 @dataclass
 class Built:
     """One component ready to trace: qpool's module, example inputs for the trace and for the
-    second-shape check, and what the checks found."""
+    second-shape check, what the checks found, and the layers a bitsandbytes checkpoint had
+    quantized (installed after the checks, which run on their dequantized weights)."""
     name: str
     module: torch.nn.Module
     trace_inputs: Tuple[torch.Tensor, ...]
     check_inputs: Tuple[torch.Tensor, ...]
     max_diff: float
+    prequantized: Dict[str, object] = field(default_factory=dict)
+
+
+def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
+                   from_config: Callable[[Dict[str, object]], torch.nn.Module]
+                   ) -> Tuple[torch.nn.Module, Dict[str, object]]:
+    """The component as diffusers / transformers build it, and the layers of a bitsandbytes
+    checkpoint converted to qpool's formats (Note [bitsandbytes checkpoints] in bnb_import.py):
+    then the component is built from its config and gets the dequantized weights, so that the
+    checks compare float math with float math."""
+    config = _read_json(os.path.join(where, "config.json"))
+    if not bnb_import.is_bnb_config(config):
+        return _load(where, from_pretrained), {}
+    floats, layers = bnb_import.convert(bnb_import.read_state_dict(where), where)
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    original = _load(where, lambda: from_config(plain))
+    own = set(original.state_dict())
+    if not set(floats) <= own:  # transformers 4 checkpoints name CLIP's tensors text_model.*
+        floats = {k[len("text_model."):] if k.startswith("text_model.") else k: v
+                  for k, v in floats.items()}
+        layers = {k[len("text_model."):] if k.startswith("text_model.") else k: v
+                  for k, v in layers.items()}
+    floats = {k: v for k, v in floats.items() if k in own or not k.endswith("position_ids")}
+    _load_strict(original, floats, where)
+    return original.eval().float(), layers
 
 
 def build_text_encoder(src: str, max_length: int, clip_skip: int, gen: torch.Generator) -> Built:
-    from transformers import CLIPTextModel
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     where = os.path.join(src, "text_encoder")
-    original = _load(where, lambda: CLIPTextModel.from_pretrained(where))
+    original, prequantized = _load_original(
+        where, lambda: CLIPTextModel.from_pretrained(where),
+        lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c)))
     cfg = ClipTextConfig.from_transformers(original.config.to_dict(),
                                            os.path.join(where, "config.json"))
     if max_length > cfg.max_position_embeddings:
@@ -181,14 +210,16 @@ def build_text_encoder(src: str, max_length: int, clip_skip: int, gen: torch.Gen
     del mirror.encoder.layers[len(mirror.encoder.layers) - clip_skip:]
     mirror.skip = 0
     second = (torch.randint(0, cfg.vocab_size, (3, max_length), generator=gen),)
-    return Built("text_encoder", mirror, (ids,), second, diff)
+    return Built("text_encoder", mirror, (ids,), second, diff, prequantized)
 
 
 def build_unet(src: str, context: Tuple[int, int], gen: torch.Generator) -> Built:
     from diffusers import UNet2DConditionModel
 
     where = os.path.join(src, "unet")
-    original = _load(where, lambda: UNet2DConditionModel.from_pretrained(where))
+    original, prequantized = _load_original(
+        where, lambda: UNet2DConditionModel.from_pretrained(where),
+        UNet2DConditionModel.from_config)
     cfg = SdUNetConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
     mirror = SdUNet(cfg)
     _load_strict(mirror, original.state_dict(), where)
@@ -211,14 +242,16 @@ def build_unet(src: str, context: Tuple[int, int], gen: torch.Generator) -> Buil
         diff = _check_same(where, original(*trace_inputs).sample, mirror(*trace_inputs))
         even = inputs(1, levels * 2, levels * 2)
         diff = max(diff, _check_same(where, original(*even).sample, mirror(*even)))
-    return Built("unet", mirror, trace_inputs, inputs(1, levels * 3, levels * 2 + 3), diff)
+    return Built("unet", mirror, trace_inputs, inputs(1, levels * 3, levels * 2 + 3), diff,
+                 prequantized)
 
 
 def build_vae_decoder(src: str, gen: torch.Generator) -> Tuple[Built, SdVaeConfig]:
     from diffusers import AutoencoderKL
 
     where = os.path.join(src, "vae")
-    original = _load(where, lambda: AutoencoderKL.from_pretrained(where))
+    original, prequantized = _load_original(where, lambda: AutoencoderKL.from_pretrained(where),
+                                            AutoencoderKL.from_config)
     cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
     if cfg.shift_factor != 0.0:
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
@@ -231,7 +264,9 @@ def build_vae_decoder(src: str, gen: torch.Generator) -> Tuple[Built, SdVaeConfi
     with torch.no_grad():
         diff = _check_same(where, original.decode(z).sample, mirror(z))
     second = (torch.randn(2, cfg.latent_channels, 4, 7, generator=gen),)
-    return Built("vae_decoder", mirror, (z,), second, diff), cfg
+    layers = {k: v for k, v in prequantized.items() if k.startswith("decoder.")
+              or k.startswith("post_quant_conv.")}
+    return Built("vae_decoder", mirror, (z,), second, diff, layers), cfg
 
 
 def _quantize(built: Built, opts: ImportOptions) -> int:
@@ -257,7 +292,8 @@ def _to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
 
 
 def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
-    quantized = _quantize(built, opts)
+    converted = bnb_import.install(built.module, built.prequantized, built.name)
+    quantized = _quantize(built, opts) + converted
     traced = tracing.trace(built.module, built.trace_inputs)
     tracing.check_no_tensor_constants(built.name, traced)
     tracing.check_matches_eager(built.name, built.module, traced, built.check_inputs)
@@ -265,8 +301,10 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
     path = os.path.join(stage, f"{built.name}.pt")
     with tracing.quiet_torchscript():
         torch.jit.save(traced, path)
+    formats = sorted({q["format"] for q in built.prequantized.values()})
     return {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
             "bytes": _tensor_bytes(traced), "quantized_layers": quantized,
+            "converted_layers": converted, "converted_formats": formats,
             "max_diff": built.max_diff}
 
 
@@ -387,6 +425,9 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         reports.append(_save(vae, opts, stage))
         quant = {c: manifest_io.quantization_section(f, opts.blocksize, opts.double_quant)
                  for c, f in opts.quantize.items() if f != "none"}
+        for r in reports:  # bitsandbytes checkpoints: the format their bytes were converted to
+            if r["converted_formats"] and r["name"] not in quant:
+                quant[r["name"]] = {"format": r["converted_formats"][0]}
         manifest = build_manifest(kind, scheduler, sampler, unet_cfg, vae_cfg, max_length,
                                   pad_token, quant)
         import diffusers
@@ -446,6 +487,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if opts.verbose:
         for r in result["components"]:
             extra = f"  ({r['quantized_layers']} layers quantized)" if r["quantized_layers"] else ""
+            if r["converted_layers"]:
+                extra += (f"  ({r['converted_layers']} bitsandbytes layers converted to "
+                          f"{'/'.join(r['converted_formats'])})")
             print(f"{r['name']:<13} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
                   f"max diff vs diffusers {r['max_diff']:.2g}{extra}", flush=True)
         print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
