@@ -92,6 +92,11 @@ def imported(tmp_path_factory, source_repository):
         assert done.returncode == 0, done.stderr
         assert "max diff vs diffusers" in done.stdout
         pipes[name] = pipe
+    # CLIP skip: the text encoder's second-to-last layer, as diffusers' clip_skip=1.
+    done = run_import(work / "sd-eps-diffusers", repository / "sd-skip", "--dtype", "float32",
+                      "--clip-skip", "1")
+    assert done.returncode == 0, done.stderr
+    pipes["sd-skip"] = pipes["sd-eps"]
     # Quantized at import: compared with diffusers running on the dequantized weights.
     done = run_import(work / "sd-eps-diffusers", repository / "sd-q", "--dtype", "float32",
                       "--quantize", QUANTIZED_SPEC)
@@ -136,15 +141,31 @@ def latents_for(seed):
     return torch.randn((1, 4, SIZE // 2, SIZE // 2), generator=torch.Generator().manual_seed(seed))
 
 
-def diffusers_image(pipe, scheduler, steps, seed, prompt):
+def clip_skip_embeddings(pipe, texts, skip):
+    """diffusers' clip_skip: layer -(skip + 1) of the text encoder, then its final layer norm
+    (computed here: diffusers 0.42 reaches the norm as text_encoder.text_model, which
+    transformers 5 no longer has)."""
+    ids = pipe.tokenizer(texts, padding="max_length", max_length=77, truncation=True,
+                         return_tensors="pt").input_ids
+    encoder = pipe.text_encoder
+    hidden = encoder(ids, output_hidden_states=True).hidden_states[-(skip + 1)]
+    return getattr(encoder, "text_model", encoder).final_layer_norm(hidden)
+
+
+def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
     from diffusers import DDIMScheduler, EulerDiscreteScheduler
 
     cls = {"ddim": DDIMScheduler, "euler": EulerDiscreteScheduler}[scheduler]
     # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
     pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False)
     with torch.no_grad():
-        out = pipe(prompt, height=SIZE, width=SIZE, num_inference_steps=steps, guidance_scale=7.5,
-                   latents=latents_for(seed), output_type="np")
+        if clip_skip:
+            embeds = {"prompt_embeds": clip_skip_embeddings(pipe, [prompt], clip_skip),
+                      "negative_prompt_embeds": clip_skip_embeddings(pipe, [""], clip_skip)}
+        else:
+            embeds = {"prompt": prompt}
+        out = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=steps,
+                   guidance_scale=7.5, latents=latents_for(seed), output_type="np")
     return np.round(out.images[0] * 255).astype(np.int16)
 
 
@@ -198,6 +219,16 @@ def test_images_match_diffusers(client, imported, name, scheduler, steps):
     # The images are not trivially equal: another seed gives another image.
     other = qpool_image(client, name, scheduler, steps, seed=12, prompt=prompt)
     assert np.abs(other - want).max() > 1
+
+
+def test_clip_skip_matches_diffusers(client, imported):
+    pipes, _ = imported
+    prompt = "a red fox in the snow"
+    want = diffusers_image(pipes["sd-eps"], "ddim", 4, seed=3, prompt=prompt, clip_skip=1)
+    got = qpool_image(client, "sd-skip", "ddim", 4, seed=3, prompt=prompt)
+    assert np.abs(got - want).max() <= 1
+    # ... and it is another image than without the skip.
+    assert np.abs(qpool_image(client, "sd-eps", "ddim", 4, seed=3, prompt=prompt) - want).max() > 1
 
 
 # ------------------------------------------------------------------ what the importer refuses

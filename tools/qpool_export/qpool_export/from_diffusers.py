@@ -57,6 +57,7 @@ class ImportOptions:
     blocksize: int = 64
     double_quant: bool = False
     clip_skip: int = 0
+    variant: Optional[str] = None  # e.g. "fp16": read *.fp16.safetensors weight files
     verbose: bool = True
 
 
@@ -180,12 +181,13 @@ def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
     return original.eval().float(), layers
 
 
-def build_text_encoder(src: str, max_length: int, clip_skip: int, gen: torch.Generator) -> Built:
+def build_text_encoder(src: str, max_length: int, clip_skip: int, gen: torch.Generator,
+                       variant: Optional[str] = None) -> Built:
     from transformers import CLIPTextConfig, CLIPTextModel
 
     where = os.path.join(src, "text_encoder")
     original, prequantized = _load_original(
-        where, lambda: CLIPTextModel.from_pretrained(where),
+        where, lambda: CLIPTextModel.from_pretrained(where, variant=variant),
         lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c)))
     cfg = ClipTextConfig.from_transformers(original.config.to_dict(),
                                            os.path.join(where, "config.json"))
@@ -203,8 +205,9 @@ def build_text_encoder(src: str, max_length: int, clip_skip: int, gen: torch.Gen
     ids = torch.randint(0, cfg.vocab_size, (2, max_length), generator=gen)
     with torch.no_grad():
         out = original(ids, output_hidden_states=clip_skip > 0)
+        final_norm = getattr(original, "text_model", original).final_layer_norm
         want = (out.last_hidden_state if clip_skip == 0 else
-                original.text_model.final_layer_norm(out.hidden_states[-(clip_skip + 1)]))
+                final_norm(out.hidden_states[-(clip_skip + 1)]))
         diff = _check_same(where, want, mirror(ids))
     # Layers past the skipped ones never run: drop their weights.
     del mirror.encoder.layers[len(mirror.encoder.layers) - clip_skip:]
@@ -213,12 +216,13 @@ def build_text_encoder(src: str, max_length: int, clip_skip: int, gen: torch.Gen
     return Built("text_encoder", mirror, (ids,), second, diff, prequantized)
 
 
-def build_unet(src: str, context: Tuple[int, int], gen: torch.Generator) -> Built:
+def build_unet(src: str, context: Tuple[int, int], gen: torch.Generator,
+               variant: Optional[str] = None) -> Built:
     from diffusers import UNet2DConditionModel
 
     where = os.path.join(src, "unet")
     original, prequantized = _load_original(
-        where, lambda: UNet2DConditionModel.from_pretrained(where),
+        where, lambda: UNet2DConditionModel.from_pretrained(where, variant=variant),
         UNet2DConditionModel.from_config)
     cfg = SdUNetConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
     mirror = SdUNet(cfg)
@@ -246,12 +250,14 @@ def build_unet(src: str, context: Tuple[int, int], gen: torch.Generator) -> Buil
                  prequantized)
 
 
-def build_vae_decoder(src: str, gen: torch.Generator) -> Tuple[Built, SdVaeConfig]:
+def build_vae_decoder(src: str, gen: torch.Generator,
+                      variant: Optional[str] = None) -> Tuple[Built, SdVaeConfig]:
     from diffusers import AutoencoderKL
 
     where = os.path.join(src, "vae")
-    original, prequantized = _load_original(where, lambda: AutoencoderKL.from_pretrained(where),
-                                            AutoencoderKL.from_config)
+    original, prequantized = _load_original(
+        where, lambda: AutoencoderKL.from_pretrained(where, variant=variant),
+        AutoencoderKL.from_config)
     cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
     if cfg.shift_factor != 0.0:
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
@@ -409,15 +415,15 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         gen = torch.Generator().manual_seed(0)
         max_length, pad_token = _copy_tokenizer(src, stage)
         reports: List[Dict[str, object]] = []
-        text = build_text_encoder(src, max_length, opts.clip_skip, gen)
+        text = build_text_encoder(src, max_length, opts.clip_skip, gen, opts.variant)
         hidden = text.module.config.hidden_size
         reports.append(_save(text, opts, stage))
         del text
-        unet = build_unet(src, (max_length, hidden), gen)
+        unet = build_unet(src, (max_length, hidden), gen, opts.variant)
         unet_cfg = unet.module.config
         reports.append(_save(unet, opts, stage))
         del unet
-        vae, vae_cfg = build_vae_decoder(src, gen)
+        vae, vae_cfg = build_vae_decoder(src, gen, opts.variant)
         if vae_cfg.latent_channels != unet_cfg.in_channels:
             raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                                 f"{vae_cfg.latent_channels}; the UNet takes "
@@ -474,11 +480,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--clip-skip", type=int, default=0,
                    help="use the text encoder's layer -(N+1) (with its final layer norm), as "
                         "diffusers' clip_skip (default 0: the last layer)")
+    p.add_argument("--variant", default=None,
+                   help="weight files of this variant, e.g. fp16 (diffusion_pytorch_model.fp16."
+                        "safetensors)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
                          quantize=_parse_quantize(a.quantize, p), blocksize=a.blocksize,
-                         double_quant=a.double_quant, clip_skip=a.clip_skip, verbose=not a.quiet)
+                         double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
+                         verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
