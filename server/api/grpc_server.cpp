@@ -14,6 +14,9 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   std::unique_ptr<GrpcServer> server(new GrpcServer(pool));
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC sets SO_REUSEPORT by default, so a second server on a port in use would start and
+  // clients would reach either at random: refuse the port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);

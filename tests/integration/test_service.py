@@ -1,6 +1,7 @@
 """Health, reflection and the ModelService (list, load, unload, memory report)."""
 
 import os
+import subprocess
 
 import grpc
 import pytest
@@ -151,3 +152,18 @@ def test_load_on_another_device_than_the_loaded_one_is_refused(client):
     error = rpc_error(load, client, "spare", device="cpu")
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"already loaded on {device}" in error.details()
+
+
+def test_a_second_server_on_a_port_in_use_refuses_to_start(make_server, server_bin, tmp_path):
+    """gRPC's SO_REUSEPORT would let both bind and answer clients at random."""
+    first = make_server()
+    port = first.address.rsplit(":", 1)[1]
+    repository = tmp_path / "models"
+    repository.mkdir()
+    done = subprocess.run([str(server_bin), "--model-repository", str(repository), "--listen",
+                           f"127.0.0.1:{port}", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+    # The first server still answers.
+    assert "tiny" in first.pipelines()
