@@ -1,6 +1,7 @@
 #include "api/proto_convert.h"
 
 #include "pipeline/scheduler/scheduler.h"
+#include "pipeline/tokenizer/utf8.h"
 
 namespace qpool::api {
 
@@ -43,7 +44,7 @@ grpc::Status ToGrpc(const Status& status) {
       code = grpc::StatusCode::DEADLINE_EXCEEDED;
       break;
   }
-  return grpc::Status(code, status.message());
+  return grpc::Status(code, SanitizeUtf8(status.message()));
 }
 
 GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
@@ -62,8 +63,8 @@ GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
 }
 
 void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
-  out->set_name(s.name);
-  out->set_kind(s.kind);
+  out->set_name(SanitizeUtf8(s.name));
+  out->set_kind(SanitizeUtf8(s.kind));
   switch (s.state) {
     case PipelineState::kAvailable:
     case PipelineState::kLoading:
@@ -76,25 +77,25 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
       out->set_state(v1::PIPELINE_STATE_FAILED);
       break;
   }
-  out->set_device(s.device);
-  out->set_error(s.error);
+  out->set_device(SanitizeUtf8(s.device));
+  out->set_error(SanitizeUtf8(s.error));
   out->set_in_flight(s.in_flight);
   for (const auto& c : s.components) {
     auto* info = out->add_components();
-    info->set_name(c.name);
-    info->set_device(c.device);
-    info->set_dtype(c.dtype);
-    info->set_quantization(c.quantization);
+    info->set_name(SanitizeUtf8(c.name));
+    info->set_device(SanitizeUtf8(c.device));
+    info->set_dtype(SanitizeUtf8(c.dtype));
+    info->set_quantization(SanitizeUtf8(c.quantization));
     info->set_weight_bytes(c.bytes.weight);
     info->set_quant_state_bytes(c.bytes.quant_state);
     info->set_other_bytes(c.bytes.other);
-    info->set_residency(c.residency);
+    info->set_residency(SanitizeUtf8(c.residency));
     info->set_host_bytes(c.host_bytes);
   }
   for (const auto& r : s.replicas) {
     auto* info = out->add_replicas();
-    info->set_device(r.device);
-    info->set_residency(r.residency);
+    info->set_device(SanitizeUtf8(r.device));
+    info->set_residency(SanitizeUtf8(r.residency));
     info->set_in_flight(r.in_flight);
     info->set_device_bytes(r.device_bytes);
     info->set_host_bytes(r.host_bytes);
@@ -118,7 +119,7 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
 }
 
 void ToProto(const DeviceMemoryStats& s, v1::DeviceMemory* out) {
-  out->set_device(s.device);
+  out->set_device(SanitizeUtf8(s.device));
   out->set_allocated_bytes(s.allocated_bytes);
   out->set_reserved_bytes(s.reserved_bytes);
   out->set_total_bytes(s.total_bytes);
@@ -135,11 +136,11 @@ void ToProto(const MemoryEvent& e, uint64_t first_available, v1::MemoryEvent* ou
   out->set_sequence(e.sequence);
   out->set_unix_nanos(e.unix_nanos);
   out->set_kind(MemoryEventKindName(e.kind));
-  out->set_pipeline(e.pipeline);
-  out->set_component(e.component);
-  out->set_device(e.device);
-  out->set_from_device(e.from_device);
-  out->set_to_device(e.to_device);
+  out->set_pipeline(SanitizeUtf8(e.pipeline));
+  out->set_component(SanitizeUtf8(e.component));
+  out->set_device(SanitizeUtf8(e.device));
+  out->set_from_device(SanitizeUtf8(e.from_device));
+  out->set_to_device(SanitizeUtf8(e.to_device));
   out->set_allocated_before(e.allocated_before);
   out->set_allocated_after(e.allocated_after);
   out->set_reserved_before(e.reserved_before);
@@ -147,7 +148,7 @@ void ToProto(const MemoryEvent& e, uint64_t first_available, v1::MemoryEvent* ou
   out->set_attributed_delta_bytes(e.attributed_delta);
   out->set_duration_seconds(e.duration_seconds);
   out->set_outcome(MemoryEventOutcomeName(e.outcome));
-  out->set_message(e.message);
+  out->set_message(SanitizeUtf8(e.message));
   out->set_first_available_sequence(first_available);
   out->set_copied_bytes(e.copied_bytes);
 }
@@ -155,9 +156,9 @@ void ToProto(const MemoryEvent& e, uint64_t first_available, v1::MemoryEvent* ou
 void ToProto(const ResidencyReport& report, v1::ResidencyChange* out) {
   for (const auto& m : report.moves) {
     auto* move = out->add_moves();
-    move->set_component(m.component);
-    move->set_from(m.from);
-    move->set_to(m.to);
+    move->set_component(SanitizeUtf8(m.component));
+    move->set_from(SanitizeUtf8(m.from));
+    move->set_to(SanitizeUtf8(m.to));
     move->set_bytes(m.bytes);
     move->set_seconds(m.seconds);
     move->set_tensors_checked(static_cast<uint32_t>(m.tensors_checked));

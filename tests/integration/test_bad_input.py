@@ -3,6 +3,7 @@ keeps serving afterwards; a broken manifest fails only its own pipeline; unloadi
 pipeline is refused while its request completes."""
 
 import math
+import subprocess
 import threading
 import time
 
@@ -154,3 +155,27 @@ def test_concurrent_requests_all_complete(client):
     while client.pipelines()["tiny"].in_flight and time.monotonic() < deadline:
         time.sleep(0.1)
     assert client.pipelines()["tiny"].in_flight == 0
+
+
+def test_manifest_bytes_that_are_not_utf8_never_break_a_reply(make_server, cli_bin):
+    """A manifest's value that is not UTF-8 reaches replies through the load's error; proto3
+    strings must be UTF-8, or every ListPipelines fails for every client."""
+    def setup(models):
+        bad = models / "bad-bytes"
+        bad.mkdir()
+        (bad / "pipeline.yaml").write_bytes(b"kind: \"sd\xff\xfe\"\ncomponents: {}\n")
+
+    client = make_server(setup=setup)
+    pipelines = client.pipelines()  # grpcio fails to parse a reply with invalid UTF-8
+    assert pipelines["tiny"].state == client.pb2.PIPELINE_STATE_LOADED
+    bad = pipelines["bad-bytes"]
+    assert bad.state == client.pb2.PIPELINE_STATE_FAILED
+    assert "field 'kind'" in bad.error and "\ufffd" in bad.error, bad.error
+    # The load's error, returned to the client that asks for it, is UTF-8 too.
+    error = rpc_error(client.models.LoadPipeline, client.pb2.LoadPipelineRequest(name="bad-bytes"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "\ufffd" in error.details()
+    listed = subprocess.run([str(cli_bin), "--server", client.address, "list"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert "bad-bytes" in listed.stdout
