@@ -9,9 +9,6 @@
 namespace qpool {
 namespace {
 
-// Prompt bytes beyond this are refused: the tokenizer keeps 75 tokens anyway.
-constexpr size_t kMaxPromptBytes = 16 * 1024;
-
 // Request integers are uint32; anything past 2^30 is out of every limit anyway.
 int Clamp(uint32_t v) { return static_cast<int>(std::min<uint32_t>(v, 1u << 30)); }
 
@@ -21,8 +18,8 @@ Status CheckSize(const char* field, int value, int limit, int multiple) {
         StrCat(field, " must be a positive multiple of ", multiple, " (got ", value, ")"));
   }
   if (value > limit) {
-    return InvalidArgument(StrCat(field, " must be at most ", limit, " for this pipeline (got ",
-                                  value, ")"));
+    return InvalidArgument(
+        StrCat(field, " must be at most ", limit, " for this pipeline (got ", value, ")"));
   }
   return Status::Ok();
 }
@@ -37,8 +34,8 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   const auto& limits = manifest.limits;
   GenerateParams p;
   if (in.prompt.size() > kMaxPromptBytes || in.negative_prompt.size() > kMaxPromptBytes) {
-    return InvalidArgument(StrCat("prompt and negative_prompt must be at most ", kMaxPromptBytes,
-                                  " bytes"));
+    return InvalidArgument(
+        StrCat("prompt and negative_prompt must be at most ", kMaxPromptBytes, " bytes"));
   }
   p.prompt = in.prompt;
   p.negative_prompt = in.negative_prompt;
@@ -71,8 +68,7 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   p.num_images = in.num_images ? Clamp(*in.num_images) : 1;
   if (p.num_images < 1 || p.num_images > limits.max_images) {
     return InvalidArgument(StrCat("num_images must be between 1 and ", limits.max_images,
-                                  " for pipeline '", manifest.name, "' (got ", p.num_images,
-                                  ")"));
+                                  " for pipeline '", manifest.name, "' (got ", p.num_images, ")"));
   }
 
   p.scheduler = in.scheduler.empty() ? defaults.scheduler : in.scheduler;
@@ -91,12 +87,20 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   return p;
 }
 
-Status ValidateEncodePrompts(size_t num_prompts, const PipelineManifest& manifest) {
+Status ValidateEncodePrompts(const std::vector<std::string>& prompts,
+                             const PipelineManifest& manifest) {
+  const size_t num_prompts = prompts.size();
   if (num_prompts == 0) return InvalidArgument("prompts must hold at least one prompt");
   if (num_prompts > static_cast<size_t>(manifest.limits.max_prompts)) {
     return InvalidArgument(StrCat("at most ", manifest.limits.max_prompts,
                                   " prompts per Encode request for pipeline '", manifest.name,
                                   "' (got ", num_prompts, ")"));
+  }
+  for (size_t i = 0; i < num_prompts; ++i) {
+    if (prompts[i].size() > kMaxPromptBytes) {
+      return InvalidArgument(StrCat("prompts[", i, "] must be at most ", kMaxPromptBytes,
+                                    " bytes (got ", prompts[i].size(), ")"));
+    }
   }
   return Status::Ok();
 }

@@ -49,7 +49,13 @@ bool BatchCompatible(const GenerateParams& a, const GenerateParams& b);
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
                                                 const PipelineManifest& manifest);
 
-// Checks an Encode request's prompt count against the manifest's limits.
-Status ValidateEncodePrompts(size_t num_prompts, const PipelineManifest& manifest);
+// Prompt bytes beyond this are refused, for every RPC that takes prompts: the tokenizer keeps
+// max_length - 2 tokens anyway, and a huge prompt would hold its device worker while it is
+// tokenized.
+inline constexpr size_t kMaxPromptBytes = 16 * 1024;
+
+// Checks an Encode request's prompts against the manifest's limits (count) and kMaxPromptBytes.
+Status ValidateEncodePrompts(const std::vector<std::string>& prompts,
+                             const PipelineManifest& manifest);
 
 }  // namespace qpool

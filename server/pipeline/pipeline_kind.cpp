@@ -7,8 +7,9 @@ StatusOr<GenerateParams> PipelineKind::ResolveGenerate(const GenerateRequestIn& 
   return ResolveGenerateRequest(in, manifest);
 }
 
-Status PipelineKind::ValidateEncode(size_t num_prompts, const PipelineManifest& manifest) const {
-  return ValidateEncodePrompts(num_prompts, manifest);
+Status PipelineKind::ValidateEncode(const std::vector<std::string>& prompts,
+                                    const PipelineManifest& manifest) const {
+  return ValidateEncodePrompts(prompts, manifest);
 }
 
 std::vector<std::string> PipelineKind::ComponentNames() const {

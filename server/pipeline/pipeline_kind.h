@@ -50,8 +50,9 @@ class PipelineKind {
   // InvalidArgument naming the field for anything out of range.
   virtual StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,
                                                    const PipelineManifest& manifest) const;
-  // Checks an Encode request of `num_prompts` prompts against the manifest's limits.
-  virtual Status ValidateEncode(size_t num_prompts, const PipelineManifest& manifest) const;
+  // Checks an Encode request's prompts against the manifest's limits and kMaxPromptBytes.
+  virtual Status ValidateEncode(const std::vector<std::string>& prompts,
+                                const PipelineManifest& manifest) const;
   // Working memory per output pixel a request is assumed to need on a GPU until one has been
   // measured (Note [Working memory] in pool/working_memory.h).
   virtual double default_working_bytes_per_pixel() const = 0;

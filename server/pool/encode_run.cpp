@@ -16,7 +16,7 @@ EncodeRun::EncodeRun(const RequestContext& context, EncodeCall call, EncodeListe
 
 Status EncodeRun::Queue() {
   ASSIGN_OR_RETURN(LoadedManifest loaded, run_.Manifest(call_.pipeline));
-  RETURN_IF_ERROR(loaded.kind->ValidateEncode(call_.prompts.size(), *loaded.manifest));
+  RETURN_IF_ERROR(loaded.kind->ValidateEncode(call_.prompts, *loaded.manifest));
   RETURN_IF_ERROR(run_.Acquire(call_.pipeline, RouteOptions{}));
   return run_.Submit([self = shared_from_this()](bool run) { self->Run(run); });
 }

@@ -3,6 +3,7 @@
 import math
 import struct
 
+import grpc
 import pytest
 
 from conftest import rpc_error
@@ -127,3 +128,16 @@ def test_server_tokens_and_embeddings_match_the_python_reference(client, source_
         expected = encoder(ids).float()
     got = torch.tensor(floats(response.embeddings)).view(expected.shape)
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (got - expected).abs().max()
+
+
+def test_prompts_larger_than_generate_allows_are_refused_before_any_work(client):
+    """One prompt size limit for every RPC: Generate's 16 KiB, checked before the request is
+    queued (a 60 MiB prompt used to be tokenized on the worker, delaying other requests)."""
+    huge = "a fox " * (200 * 1024)  # 1.2 MB
+    error = rpc_error(client.inference.Encode,
+                      client.pb2.EncodeRequest(pipeline="tiny", prompts=["ok", huge]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompts[1] must be at most 16384 bytes" in error.details()
+    edge = client.inference.Encode(
+        client.pb2.EncodeRequest(pipeline="tiny", prompts=["x" * 16384]), timeout=60)
+    assert edge.embeddings.shape[0] == 1

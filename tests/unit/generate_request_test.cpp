@@ -117,9 +117,17 @@ TEST(GenerateRequest, BadFieldsNameTheField) {
 }
 
 TEST(GenerateRequest, EncodePromptCount) {
-  EXPECT_EQ(ValidateEncodePrompts(0, TinyManifest()).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(ValidateEncodePrompts(3, TinyManifest()).ok());
-  Status s = ValidateEncodePrompts(4, TinyManifest());
+  using Prompts = std::vector<std::string>;
+  EXPECT_EQ(ValidateEncodePrompts({}, TinyManifest()).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateEncodePrompts(Prompts(3, "a fox"), TinyManifest()).ok());
+  // One prompt size limit for Generate and Encode.
+  Status big =
+      ValidateEncodePrompts({"a fox", std::string(kMaxPromptBytes + 1, 'x')}, TinyManifest());
+  EXPECT_EQ(big.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(big.message().find("prompts[1] must be at most 16384 bytes"), std::string::npos)
+      << big.message();
+  EXPECT_TRUE(ValidateEncodePrompts({std::string(kMaxPromptBytes, 'x')}, TinyManifest()).ok());
+  Status s = ValidateEncodePrompts(Prompts(4, "a fox"), TinyManifest());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("at most 3 prompts"), std::string::npos) << s.message();
 }
