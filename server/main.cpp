@@ -75,7 +75,7 @@ void Drain(qpool::api::GrpcServer& server, qpool::PipelinePool& pool, int drain_
 }
 
 int Run(int argc, char** argv) {
-  auto options = qpool::ParseServerOptions(argc, argv);
+  auto options = qpool::ParseServerOptions(argc, argv, QPOOL_VERSION);
   if (!options.ok()) {
     if (options.status().code() == qpool::StatusCode::kCancelled) {
       std::cout << options.status().message();

@@ -1,5 +1,8 @@
 #include "config/manifest.h"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -57,11 +60,71 @@ const ComponentSpec* PipelineManifest::FindComponent(const std::string& componen
   return nullptr;
 }
 
+namespace {
+
+// Note [Manifests without aliases]
+// YAML aliases (`*name`) repeat what an anchor (`&name`) names; nested, a few KB of them expand
+// into gigabytes (a 1 MB manifest of aliases took seconds and GBs of memory per parse). No
+// pipeline.yaml needs them, so a streaming pass over the events (which sees an alias without
+// expanding it) refuses any before the document is built, and a manifest larger than
+// kMaxManifestBytes is refused before it is read.
+class AliasFinder final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    if (!found) {
+      found = true;
+      line = mark.line + 1;
+    }
+  }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  bool found = false;
+  int line = 0;
+};
+
+// InvalidArgument naming `path` and the line of the first alias of `text`; OK without one (a
+// text that does not parse is left to the parser, which names the error).
+Status CheckNoAliases(const std::string& text, const std::string& path) {
+  std::istringstream in(text);
+  AliasFinder finder;
+  try {
+    YAML::Parser parser(in);
+    while (!finder.found && parser.HandleNextDocument(finder)) {
+    }
+  } catch (const YAML::Exception&) {
+    return Status::Ok();
+  }
+  if (finder.found) {
+    return InvalidArgument(StrCat(path, ": line ", finder.line,
+                                  ": YAML aliases (*name) are not accepted in a manifest"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<PipelineManifest> ParseManifest(const std::string& yaml_text,
                                          const std::string& pipeline_dir,
                                          const KindCatalog& kinds) {
   const std::string dir = NormalizeDir(pipeline_dir);
   const std::string path = (fs::path(dir) / "pipeline.yaml").string();
+  if (yaml_text.size() > kMaxManifestBytes) {
+    return InvalidArgument(StrCat(path, ": is ", yaml_text.size(),
+                                  " bytes; a manifest may have "
+                                  "at most ",
+                                  kMaxManifestBytes));
+  }
+  RETURN_IF_ERROR(CheckNoAliases(yaml_text, path));
   try {
     return manifest_internal::Parser(dir, path, kinds).Parse(yaml_text);
   } catch (const std::exception& e) {  // yaml-cpp or filesystem surprises: still name the file.
@@ -75,6 +138,11 @@ StatusOr<PipelineManifest> LoadManifest(const std::string& pipeline_dir, const K
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) return NotFound(StrCat(path, ": manifest not found"));
   if (!fs::is_regular_file(st)) return InvalidArgument(StrCat(path, ": is not a regular file"));
+  const auto size = fs::file_size(path, ec);
+  if (!ec && size > kMaxManifestBytes) {
+    return InvalidArgument(
+        StrCat(path, ": is ", size, " bytes; a manifest may have at most ", kMaxManifestBytes));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return InvalidArgument(StrCat(path, ": cannot be opened for reading"));
   std::ostringstream text;

@@ -2,6 +2,7 @@
 // (format: docs/model-repository.md). Torch-free; parsed with yaml-cpp.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -111,7 +112,12 @@ bool IsValidDevice(const std::string& device);
 // in run order (the kinds themselves live in pipeline/: PipelineKinds::Catalog).
 using KindCatalog = std::map<std::string, std::vector<std::string>>;
 
-// Parses and validates <pipeline_dir>/pipeline.yaml; its kind must be one of `kinds`. NotFound if
+// Manifests larger than this are refused unread; a real one is a few KB (Note [Manifests without
+// aliases] in manifest.cpp).
+inline constexpr size_t kMaxManifestBytes = 64 * 1024;
+
+// Parses and validates <pipeline_dir>/pipeline.yaml; its kind must be one of `kinds`. YAML
+// aliases and files over kMaxManifestBytes are InvalidArgument. NotFound if
 // the file is missing; every other error is InvalidArgument whose message starts with the
 // manifest's path and names the field by its dotted path, e.g.
 // "/m/tiny/pipeline.yaml: field 'components.unet.file' is required".

@@ -1,5 +1,6 @@
 #include "config/server_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <utility>
@@ -103,21 +104,34 @@ std::string ServerUsage() {
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
   --log-level LEVEL        debug | info | warn | error (default info)
   --help                   this text
+  --version                the version
 )";
 }
 
-StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv) {
+StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::string& version) {
+  // Every flag takes a value; knowing them first makes a typo "unknown", not "needs a value".
+  static const char* const kFlags[] = {
+      "--model-repository", "--listen",    "--metrics-listen", "--load",
+      "--devices",          "--device",    "--memory-budget",  "--host-memory-budget",
+      "--load-on-demand",   "--max-queue", "--max-message-mb", "--drain-seconds",
+      "--cpu-threads",      "--log-level"};
   ServerOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     std::string value;
     const auto eq = flag.find('=');
     if (flag == "--help" || flag == "-h") return Status(StatusCode::kCancelled, ServerUsage());
+    if (flag == "--version")
+      return Status(StatusCode::kCancelled, "qpool-server " + version + "\n");
     if (flag.rfind("--", 0) != 0)
       return InvalidArgument(StrCat("unexpected argument '", flag, "'"));
+    const std::string name = flag.substr(0, eq);
+    if (std::find(std::begin(kFlags), std::end(kFlags), name) == std::end(kFlags)) {
+      return InvalidArgument(StrCat("unknown flag '", name, "' (see --help)"));
+    }
     if (eq != std::string::npos) {
       value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
+      flag = name;
     } else {
       if (i + 1 >= argc) return InvalidArgument(StrCat(flag, " needs a value"));
       value = argv[++i];

@@ -46,9 +46,11 @@ struct ServerOptions {
   std::string log_level = "info";
 };
 
-// Parses argv. Returns InvalidArgument naming the flag; "--help" yields kCancelled with the usage
-// text as message so the caller can print it and exit 0.
-StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv);
+// Parses argv. Returns InvalidArgument naming the flag; "--help" and "--version" yield kCancelled
+// with the usage text, or "qpool-server <version>", as message so the caller can print it and
+// exit 0.
+StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv,
+                                           const std::string& version = "unknown");
 // The --help text.
 std::string ServerUsage();
 

@@ -12,14 +12,19 @@ namespace {
 // Request integers are uint32; anything past 2^30 is out of every limit anyway.
 int Clamp(uint32_t v) { return static_cast<int>(std::min<uint32_t>(v, 1u << 30)); }
 
-Status CheckSize(const char* field, int value, int limit, int multiple) {
+// What the client sent for a field (its own value, not the clamped one), for error messages.
+int64_t Sent(const std::optional<uint32_t>& raw, int resolved) {
+  return raw ? static_cast<int64_t>(*raw) : resolved;
+}
+
+Status CheckSize(const char* field, int value, int64_t sent, int limit, int multiple) {
   if (value < multiple || value % multiple != 0) {
     return InvalidArgument(
-        StrCat(field, " must be a positive multiple of ", multiple, " (got ", value, ")"));
+        StrCat(field, " must be a positive multiple of ", multiple, " (got ", sent, ")"));
   }
   if (value > limit) {
     return InvalidArgument(
-        StrCat(field, " must be at most ", limit, " for this pipeline (got ", value, ")"));
+        StrCat(field, " must be at most ", limit, " for this pipeline (got ", sent, ")"));
   }
   return Status::Ok();
 }
@@ -43,7 +48,8 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   p.steps = in.steps ? Clamp(*in.steps) : defaults.steps;
   if (p.steps < 1 || p.steps > limits.max_steps) {
     return InvalidArgument(StrCat("steps must be between 1 and ", limits.max_steps,
-                                  " for pipeline '", manifest.name, "' (got ", p.steps, ")"));
+                                  " for pipeline '", manifest.name, "' (got ",
+                                  Sent(in.steps, p.steps), ")"));
   }
 
   if (in.guidance_scale.has_value()) {
@@ -62,13 +68,15 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   const int multiple = std::max(8, manifest.latent.downscale);
   p.width = in.width ? Clamp(*in.width) : defaults.width;
   p.height = in.height ? Clamp(*in.height) : defaults.height;
-  RETURN_IF_ERROR(CheckSize("width", p.width, limits.max_width, multiple));
-  RETURN_IF_ERROR(CheckSize("height", p.height, limits.max_height, multiple));
+  RETURN_IF_ERROR(CheckSize("width", p.width, Sent(in.width, p.width), limits.max_width, multiple));
+  RETURN_IF_ERROR(
+      CheckSize("height", p.height, Sent(in.height, p.height), limits.max_height, multiple));
 
   p.num_images = in.num_images ? Clamp(*in.num_images) : 1;
   if (p.num_images < 1 || p.num_images > limits.max_images) {
     return InvalidArgument(StrCat("num_images must be between 1 and ", limits.max_images,
-                                  " for pipeline '", manifest.name, "' (got ", p.num_images, ")"));
+                                  " for pipeline '", manifest.name, "' (got ",
+                                  Sent(in.num_images, p.num_images), ")"));
   }
 
   p.scheduler = in.scheduler.empty() ? defaults.scheduler : in.scheduler;

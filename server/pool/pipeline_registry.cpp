@@ -443,13 +443,19 @@ std::vector<PipelineStatus> PipelineRegistry::List() {
       out.push_back(std::move(status));
     }
   }
-  // Not loaded: show what the manifest says, if it parses (file reads without the mutex).
+  // Not loaded: show what the manifest says (file reads without the mutex), or, when it does not
+  // parse, the pipeline as failed with the manifest's error.
   for (auto& status : out) {
-    if (status.state == PipelineState::kLoaded) continue;
+    if (status.state == PipelineState::kLoaded || status.state == PipelineState::kLoading) {
+      continue;
+    }
     auto manifest = repository_.LoadManifest(status.name);
     if (manifest.ok()) {
       status.kind = manifest->kind;
       status.defaults = manifest->defaults;
+    } else if (status.error.empty()) {
+      status.state = PipelineState::kFailed;
+      status.error = manifest.status().message();
     }
   }
   return out;

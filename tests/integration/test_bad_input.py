@@ -179,3 +179,16 @@ def test_manifest_bytes_that_are_not_utf8_never_break_a_reply(make_server, cli_b
                             capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert "bad-bytes" in listed.stdout
+
+
+def test_a_broken_manifest_is_listed_as_failed_before_any_load(make_server, cli_bin):
+    """Not only after a load tried it: ListPipelines shows a pipeline whose manifest does not
+    parse as failed, with the manifest's error, not as available with an empty kind."""
+    client = make_server(load="tiny", setup=add_broken)
+    broken = client.pipelines()["broken"]
+    assert broken.state == client.pb2.PIPELINE_STATE_FAILED
+    assert "components.unet.file" in broken.error
+    listed = subprocess.run([str(cli_bin), "--server", client.address, "list"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert "failed" in next(line for line in listed.stdout.splitlines() if "broken" in line)

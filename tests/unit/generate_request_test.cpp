@@ -114,6 +114,14 @@ TEST(GenerateRequest, BadFieldsNameTheField) {
   in = Request();
   in.steps = 4000000000u;  // beyond int: still a clear range error, no overflow
   ExpectInvalid(in, "steps must be between 1 and 50");
+  // ... that says what the client sent, not the clamped value.
+  ExpectInvalid(in, "(got 4000000000)");
+  in.steps.reset();
+  in.width = 2147483647u;
+  ExpectInvalid(in, "width must be at most 256 for this pipeline (got 2147483647)");
+  in.width.reset();
+  in.num_images = 4294967295u;
+  ExpectInvalid(in, "(got 4294967295)");
 }
 
 TEST(GenerateRequest, EncodePromptCount) {

@@ -1,6 +1,8 @@
 // pipeline.yaml parsing and validation (docs/model-repository.md): values, defaults, and an error
 // that names the file and the dotted field for missing and malformed sections (the per-rule
 // messages are in manifest_rules_test.cpp).
+#include <chrono>
+
 #include "manifest_fixture.h"
 
 namespace qpool::manifest_testing {
@@ -164,6 +166,30 @@ TEST_F(ManifestTest, EmptyOptionalSectionsGetDefaults) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->defaults.width, 512);
   EXPECT_EQ(r->placement.device, "auto");
+}
+
+// A "billion laughs" of aliases expands exponentially: refused from the event stream, unexpanded,
+// in a moment (it took seconds and GBs per parse; Note [Manifests without aliases]).
+TEST_F(ManifestTest, AliasesAreRefusedWithoutExpandingThem) {
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  std::string prev = "a";
+  for (char c = 'b'; c <= 'z'; ++c) {
+    bomb += std::string(1, c) + ": &" + c + " [*" + prev + ", *" + prev + ", *" + prev + ", *" +
+            prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + "]\n";
+    prev = std::string(1, c);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto r = Parse("kind: sd\n" + bomb);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  ExpectInvalid(r, {"line 3", "YAML aliases (*name) are not accepted"});
+}
+
+TEST_F(ManifestTest, OversizedManifestsAreRefused) {
+  std::string big = "kind: sd\n# " + std::string(kMaxManifestBytes, 'x') + "\n";
+  ExpectInvalid(Parse(big), {"bytes; a manifest may have at most 65536"});
+  WriteFile(path_, big);
+  ExpectInvalid(LoadManifest(dir_, testing::BuiltinKindCatalog()),
+                {"bytes; a manifest may have at most 65536"});
 }
 
 TEST_F(ManifestTest, ComponentsKeepExecutionOrderWhateverTheFileOrder) {
