@@ -143,6 +143,7 @@ int Run(int argc, char** argv) {
   qpool::api::GrpcServerOptions grpc_options;
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
+  grpc_options.max_watchers = static_cast<size_t>(options->max_watchers);
   auto server = qpool::api::GrpcServer::Start(grpc_options, pool);
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";

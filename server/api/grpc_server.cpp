@@ -11,7 +11,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
                                                         PipelinePool& pool) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<GrpcServer> server(new GrpcServer(pool));
+  std::unique_ptr<GrpcServer> server(new GrpcServer(pool, options.max_watchers));
   grpc::ServerBuilder builder;
   int port = 0;
   // gRPC sets SO_REUSEPORT by default, so a second server on a port in use would start and
@@ -34,6 +34,12 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
 }
 
 void GrpcServer::SetServing(bool serving) {
+  if (serving) {
+    watchers_.Open();
+  } else {
+    watchers_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "the server is draining before it stops; watch another replica"));
+  }
   if (auto* health = server_->GetHealthCheckService()) {
     health->SetServingStatus(serving);
     for (const char* service : {"qpool.v1.InferenceService", "qpool.v1.ModelService"}) {
@@ -43,7 +49,7 @@ void GrpcServer::SetServing(bool serving) {
 }
 
 void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
-  SetServing(false);
+  SetServing(false);  // also ends every WatchMemory stream, which gRPC would otherwise wait for
   server_->Shutdown(deadline);
 }
 

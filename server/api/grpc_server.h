@@ -9,6 +9,7 @@
 
 #include "api/inference_service.h"
 #include "api/model_service.h"
+#include "api/watch_hub.h"
 #include "pool/pipeline_pool.h"
 
 namespace qpool::api {
@@ -16,6 +17,9 @@ namespace qpool::api {
 struct GrpcServerOptions {
   std::string listen = "0.0.0.0:50051";
   int max_message_bytes = 64 << 20;
+  // Open WatchMemory streams beyond this get RESOURCE_EXHAUSTED (Note [Watchers without
+  // threads]): a dashboard or two per operator, with room to spare.
+  size_t max_watchers = 256;
 };
 
 class GrpcServer {
@@ -26,7 +30,8 @@ class GrpcServer {
                                                      PipelinePool& pool);
   // The address actually bound (the port filled in when 0 was asked).
   const std::string& address() const { return address_; }
-  // Marks every service SERVING (or NOT_SERVING) in grpc.health.v1.
+  // Marks every service SERVING (or NOT_SERVING) in grpc.health.v1; NOT_SERVING also ends the
+  // WatchMemory streams (UNAVAILABLE) and refuses new ones until SERVING again.
   void SetServing(bool serving);
   // Marks every service NOT_SERVING, closes the port and lets the calls in flight finish until
   // `deadline`, then cancels the rest (a Generate stops at its next denoising step). Returns
@@ -34,7 +39,9 @@ class GrpcServer {
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  explicit GrpcServer(PipelinePool& pool) : inference_(pool), models_(pool) {}
+  GrpcServer(PipelinePool& pool, size_t max_watchers)
+      : watchers_(pool.events(), max_watchers), inference_(pool), models_(pool, watchers_) {}
+  WatchHub watchers_;
   InferenceService inference_;
   ModelService models_;
   std::unique_ptr<grpc::Server> server_;

@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* ModelService::GetMemoryReport(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::MemoryEvent>* ModelService::WatchMemory(
     grpc::CallbackServerContext* context, const v1::WatchMemoryRequest* request) {
-  return new WatchMemoryReactor(pool_.events(), request->after_sequence(), pool_.draining_flag());
+  return new WatchMemoryReactor(watchers_, request->after_sequence());  // deletes itself
 }
 
 }  // namespace qpool::api

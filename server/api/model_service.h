@@ -2,6 +2,7 @@
 // policy); memory reports, events, cache release and allocator snapshots.
 #pragma once
 
+#include "api/watch_hub.h"
 #include "pool/pipeline_pool.h"
 #include "qpool/v1/qpool.grpc.pb.h"
 
@@ -9,11 +10,11 @@ namespace qpool::api {
 
 // Every RPC is one PipelinePool verb. Loads, unloads and residency changes run on the workers of
 // the devices they touch and finish the call from there; the other RPCs are cheap and answer on
-// the gRPC thread. WatchMemory streams from a thread of its own per call.
+// the gRPC thread. WatchMemory streams hold no thread (Note [Watchers without threads]).
 class ModelService final : public v1::ModelService::CallbackService {
  public:
-  // `pool` outlives the service.
-  explicit ModelService(PipelinePool& pool) : pool_(pool) {}
+  // `pool` and `watchers` outlive the service.
+  ModelService(PipelinePool& pool, WatchHub& watchers) : pool_(pool), watchers_(watchers) {}
 
   grpc::ServerUnaryReactor* ListPipelines(grpc::CallbackServerContext* context,
                                           const v1::ListPipelinesRequest* request,
@@ -56,6 +57,7 @@ class ModelService final : public v1::ModelService::CallbackService {
                                    v1::ResidencyChange* response);
 
   PipelinePool& pool_;
+  WatchHub& watchers_;
 };
 
 }  // namespace qpool::api

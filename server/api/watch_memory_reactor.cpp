@@ -4,54 +4,84 @@
 
 namespace qpool::api {
 
-WatchMemoryReactor::WatchMemoryReactor(const MemoryEventLog& log, uint64_t after_sequence,
-                                       const std::atomic<bool>* draining)
-    : log_(log), after_(after_sequence), draining_(draining) {
-  thread_ = std::thread([this] { Run(); });
-}
-
-void WatchMemoryReactor::Run() {
-  // 0 = only events from now on.
-  uint64_t after = after_ == 0 ? log_.last_sequence() : after_;
-  auto draining = [this] { return draining_ != nullptr && draining_->load(); };
-  auto stop = [this, &draining] { return stopped_.load() || draining(); };
-  while (!stop()) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    if (!log_.WaitFor(after, deadline, stop)) continue;
-    const uint64_t first = log_.first_available();
-    for (const auto& event : log_.Since(after, 64)) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return !writing_ || stopped_; });
-      if (stopped_) break;
-      message_.Clear();
-      ToProto(event, first, &message_);
-      writing_ = true;
-      StartWrite(&message_);
-      after = event.sequence;
+WatchMemoryReactor::WatchMemoryReactor(WatchHub& hub, uint64_t after_sequence) : hub_(hub) {
+  const MemoryEventLog& log = hub.log();
+  // Registered first, then the backlog read: an event appended in between arrives twice and is
+  // queued once (Push skips sequences already queued).
+  std::lock_guard<std::mutex> lock(mu_);
+  last_queued_ = after_sequence == 0 ? log.last_sequence() : after_sequence;
+  first_available_ = log.first_available();
+  if (!hub.Add(this)) {
+    ending_ = true;
+    final_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "too many WatchMemory streams are open (or the server is "
+                                 "draining); retry later");
+    WriteNextLocked();
+    return;
+  }
+  registered_ = true;
+  if (after_sequence != 0) {
+    for (auto& event : log.Since(after_sequence, kMaxQueued)) {
+      queue_.push_back(std::move(event));
+      last_queued_ = queue_.back().sequence;
     }
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !writing_; });
-  Finish(draining() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                   "the server is draining before it stops; watch another replica")
-                    : grpc::Status(grpc::StatusCode::CANCELLED, "watch ended"));
+  WriteNextLocked();
+}
+
+void WatchMemoryReactor::Push(const MemoryEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ending_ || event.sequence <= last_queued_) return;
+  if (queue_.size() >= kMaxQueued) {
+    ending_ = true;
+    final_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "this WatchMemory stream fell " + std::to_string(kMaxQueued) +
+                                     " events behind; watch again with after_sequence " +
+                                     std::to_string(last_queued_ - queue_.size()));
+    queue_.clear();
+  } else {
+    queue_.push_back(event);
+    last_queued_ = event.sequence;
+  }
+  WriteNextLocked();
+}
+
+void WatchMemoryReactor::End(const grpc::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ending_) return;
+  ending_ = true;
+  final_status_ = status;
+  queue_.clear();
+  WriteNextLocked();
+}
+
+void WatchMemoryReactor::WriteNextLocked() {
+  if (writing_ || finished_) return;
+  if (ending_) {
+    finished_ = true;
+    Finish(final_status_);
+    return;
+  }
+  if (queue_.empty()) return;
+  message_.Clear();
+  ToProto(queue_.front(), first_available_, &message_);
+  queue_.pop_front();
+  writing_ = true;
+  StartWrite(&message_);
 }
 
 void WatchMemoryReactor::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
   writing_ = false;
-  if (!ok) stopped_ = true;
-  cv_.notify_all();
-}
-
-void WatchMemoryReactor::OnCancel() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stopped_ = true;
-  cv_.notify_all();
+  if (!ok && !ending_) {
+    ending_ = true;
+    final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "watch ended");
+  }
+  WriteNextLocked();
 }
 
 void WatchMemoryReactor::OnDone() {
-  if (thread_.joinable()) thread_.join();
+  if (registered_) hub_.Remove(this);
   delete this;
 }
 

@@ -1,44 +1,56 @@
-// WatchMemoryReactor: streams memory events to one WatchMemory caller.
+// WatchMemoryReactor: streams memory events to one WatchMemory caller, without a thread of its
+// own (Note [Watchers without threads] in api/watch_hub.h).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
-#include <condition_variable>
+#include <cstdint>
+#include <deque>
 #include <mutex>
-#include <thread>
 
-#include "memory/memory_event_log.h"
+#include "api/watch_hub.h"
+#include "memory/memory_event.h"
 #include "qpool/v1/qpool.pb.h"
 
 namespace qpool::api {
 
-// A thread per call waits on the log and writes one event at a time (gRPC allows one write in
-// flight). It ends when the client cancels, a write fails, the server shuts down or, within
-// 100 ms, when the server starts draining (UNAVAILABLE: Note [Drain] in main.cpp); it deletes
-// itself in OnDone after joining its thread.
+// Owns itself: deleted in OnDone, after Finish, which is called exactly once (by the hub's
+// Close, a failed or fallen-behind stream, a cancel, or at once when the hub refuses it).
+// Thread safety: Push, End and the gRPC callbacks take mu_; StartWrite and Finish are called
+// with it held (gRPC's reactor calls do not call back synchronously).
 class WatchMemoryReactor final : public grpc::ServerWriteReactor<v1::MemoryEvent> {
  public:
-  // `draining` may be null (never drains); it outlives the call.
-  WatchMemoryReactor(const MemoryEventLog& log, uint64_t after_sequence,
-                     const std::atomic<bool>* draining);
+  // The queue of events a stream may be behind before it ends.
+  static constexpr size_t kMaxQueued = 1024;
+
+  // Streams the events after `after_sequence` (0: only new ones) of `hub`'s log; `hub` outlives
+  // the call.
+  WatchMemoryReactor(WatchHub& hub, uint64_t after_sequence);
+
+  // Queues `event` (from the hub) and writes it when no write is in flight.
+  void Push(const MemoryEvent& event);
+  // Finishes the stream with `status` once the write in flight, if any, completes.
+  void End(const grpc::Status& status);
 
   void OnWriteDone(bool ok) override;
-  void OnCancel() override;
+  void OnCancel() override { End(grpc::Status(grpc::StatusCode::CANCELLED, "watch ended")); }
   void OnDone() override;
 
  private:
-  void Run();
+  // Writes the next queued event, or finishes when asked to; mu_ held.
+  void WriteNextLocked();
 
-  const MemoryEventLog& log_;
-  const uint64_t after_;
-  const std::atomic<bool>* const draining_;
+  WatchHub& hub_;
+  bool registered_ = false;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::deque<MemoryEvent> queue_;
+  uint64_t last_queued_ = 0;  // the newest sequence queued (events are queued once, in order)
+  uint64_t first_available_ = 0;
   bool writing_ = false;
-  std::atomic<bool> stopped_{false};
+  bool ending_ = false;
+  bool finished_ = false;
+  grpc::Status final_status_;
   v1::MemoryEvent message_;
-  std::thread thread_;
 };
 
 }  // namespace qpool::api

@@ -101,6 +101,8 @@ std::string ServerUsage() {
                            in-flight ones get N s to finish and are cancelled after that;
                            then pipelines are unloaded and the server exits 0 (default 25:
                            inside Kubernetes' default 30 s grace period)
+  --max-watchers N         open WatchMemory streams before RESOURCE_EXHAUSTED (default 256;
+                           a stream holds no thread)
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
   --log-level LEVEL        debug | info | warn | error (default info)
   --help                   this text
@@ -111,10 +113,10 @@ std::string ServerUsage() {
 StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::string& version) {
   // Every flag takes a value; knowing them first makes a typo "unknown", not "needs a value".
   static const char* const kFlags[] = {
-      "--model-repository", "--listen",    "--metrics-listen", "--load",
-      "--devices",          "--device",    "--memory-budget",  "--host-memory-budget",
-      "--load-on-demand",   "--max-queue", "--max-message-mb", "--drain-seconds",
-      "--cpu-threads",      "--log-level"};
+      "--model-repository", "--listen",      "--metrics-listen", "--load",
+      "--devices",          "--device",      "--memory-budget",  "--host-memory-budget",
+      "--load-on-demand",   "--max-queue",   "--max-message-mb", "--max-watchers",
+      "--drain-seconds",    "--cpu-threads", "--log-level"};
   ServerOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
@@ -162,6 +164,8 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
       ASSIGN_OR_RETURN(o.max_queue, ParseInt(flag, value, 1, 100000));
     } else if (flag == "--max-message-mb") {
       ASSIGN_OR_RETURN(o.max_message_mb, ParseInt(flag, value, 1, 2047));
+    } else if (flag == "--max-watchers") {
+      ASSIGN_OR_RETURN(o.max_watchers, ParseInt(flag, value, 0, 100000));
     } else if (flag == "--drain-seconds") {
       ASSIGN_OR_RETURN(o.drain_seconds, ParseInt(flag, value, 0, 3600));
     } else if (flag == "--cpu-threads") {

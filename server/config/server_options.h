@@ -37,6 +37,8 @@ struct ServerOptions {
   int max_queue = 64;
   // Largest request/response in MiB: a few 1024x1024 PNGs fit in the default.
   int max_message_mb = 64;
+  // Open WatchMemory streams before RESOURCE_EXHAUSTED.
+  int max_watchers = 256;
   // Seconds in-flight requests get to finish on SIGTERM/SIGINT (Note [Drain] in main.cpp). 25
   // stays inside Kubernetes' default 30 s grace period, leaving time to unload and exit.
   int drain_seconds = 25;

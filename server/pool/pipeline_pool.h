@@ -135,8 +135,6 @@ class PipelinePool {
   // From now on new requests get Unavailable.
   void BeginDrain() { draining_ = true; }
   bool draining() const { return draining_.load(); }
-  // The flag BeginDrain sets, for watchers that poll it.
-  const std::atomic<bool>* draining_flag() const { return &draining_; }
   // Requests queued or running, every pipeline.
   int InFlight();
   // Stops the idle offloader, then unloads every pipeline (each with its leak check) and waits.

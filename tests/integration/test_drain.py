@@ -3,6 +3,7 @@ NOT_SERVING and new requests get UNAVAILABLE while the port stays open, requests
 finish (or are cancelled at --drain-seconds), every pipeline is unloaded and the process exits 0.
 Each test starts its own server and stops it itself."""
 
+import collections
 import math
 import signal
 import subprocess
@@ -161,3 +162,53 @@ def test_help_documents_the_drain(server_bin):
     bad = subprocess.run([str(server_bin), "--drain-seconds", "-1"], capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode == 2 and "--drain-seconds" in bad.stderr, bad.stderr
+
+
+def server_threads(server):
+    with open(f"/proc/{server.process.pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+
+
+def test_watch_memory_streams_are_bounded_and_hold_no_thread(make_server):
+    """Note [Watchers without threads]: 1000 streams took a server from 14 to 1015 threads, and
+    300 starved health and Generate and hung SIGTERM. Now a stream holds no thread, streams past
+    --max-watchers get RESOURCE_EXHAUSTED, and the drain ends the open ones at once."""
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    from grpc_health.v1 import health_pb2_grpc
+
+    client = make_server(pipelines=("tiny",), load="tiny", extra_args=("--max-watchers", "300"))
+    server = client.server
+    before = server_threads(server)
+    streams = [client.models.WatchMemory(client.pb2.WatchMemoryRequest(), timeout=120)
+               for _ in range(310)]
+    client.pipelines()  # the streams are open once a later call on the channel answers
+    deadline = time.monotonic() + 30
+    while sum(s.done() for s in streams) < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    refused = [s for s in streams if s.done()]
+    assert len(refused) == 10, len(refused)
+    assert all(s.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for s in refused), \
+        [(s.code(), s.details()) for s in refused[:3]]
+    assert server_threads(server) < before + 20, (before, server_threads(server))
+
+    # Health and Generate are served meanwhile, and the open streams get the memory events.
+    health = health_pb2_grpc.HealthStub(client.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
+        health_pb2.HealthCheckResponse.SERVING
+    assert len(client.generate_one(pipeline="tiny", prompt="a fox", steps=1, seed=1).images) == 1
+    client.models.EmptyCache(client.pb2.EmptyCacheRequest(), timeout=30)
+    client.models.UnloadPipeline(client.pb2.UnloadPipelineRequest(name="tiny"), timeout=60)
+    first = next(s for s in streams if not s.done())
+    assert next(first).kind == "unload"
+
+    server.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    code = server.wait(timeout=30)
+    took = time.monotonic() - signalled
+    assert code == 0, server.stderr_text()
+    assert took < 5, f"{took:.1f} s from SIGTERM to exit with 300 WatchMemory streams open"
+    # Each open stream, read to its end (its status follows the events it was sent), ended with
+    # the drain's UNAVAILABLE.
+    codes = collections.Counter(rpc_error(list, s).code() for s in streams
+                                if not any(s is r for r in refused))
+    assert codes == {grpc.StatusCode.UNAVAILABLE: 300}, codes
