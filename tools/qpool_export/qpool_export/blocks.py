@@ -100,12 +100,14 @@ class GEGLU(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """GEGLU, (dropout), linear: diffusers' FeedForward, whose output linear is net.2."""
+
     def __init__(self, dim: int, mult: int = 4):
         super().__init__()
-        self.net = nn.ModuleList([GEGLU(dim, dim * mult), nn.Linear(dim * mult, dim)])
+        self.net = nn.ModuleList([GEGLU(dim, dim * mult), nn.Identity(), nn.Linear(dim * mult, dim)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[1](self.net[0](x))
+        return self.net[2](self.net[0](x))
 
 
 class BasicTransformerBlock(nn.Module):

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import Attention, Downsample2D, GEGLU, ResnetBlock2D
+from .blocks import BasicTransformerBlock, Downsample2D, ResnetBlock2D
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection, UpsampleToSkip
 
@@ -119,34 +119,6 @@ class SdUNetConfig:
             norm_num_groups=config.get("norm_num_groups", 32),
             norm_eps=float(config.get("norm_eps", 1e-5)),
             sample_size=config.get("sample_size", 64) or 64)
-
-
-class FeedForward(nn.Module):
-    """GEGLU, (dropout), linear: diffusers' FeedForward, whose output linear is net.2."""
-
-    def __init__(self, dim: int, mult: int = 4):
-        super().__init__()
-        self.net = nn.ModuleList([GEGLU(dim, dim * mult), nn.Identity(), nn.Linear(dim * mult, dim)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](self.net[0](x))
-
-
-class BasicTransformerBlock(nn.Module):
-    def __init__(self, dim: int, cross_dim: int, heads: int):
-        super().__init__()
-        head_dim = dim // heads
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn1 = Attention(dim, None, heads, head_dim, qkv_bias=False)
-        self.norm2 = nn.LayerNorm(dim)
-        self.attn2 = Attention(dim, cross_dim, heads, head_dim, qkv_bias=False)
-        self.norm3 = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim)
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x))
-        x = x + self.attn2(self.norm2(x), context)
-        return x + self.ff(self.norm3(x))
 
 
 class Transformer2D(nn.Module):
