@@ -115,6 +115,7 @@ class FakeKind final : public PipelineKind {
   StatusOr<std::unique_ptr<Pipeline>> Load(const PipelineManifest& manifest,
                                            const c10::Device& device, c10::ScalarType dtype,
                                            const ResidencyContext& residency) const override {
+    gate_.Pass();
     auto pipeline = std::make_unique<FakePipeline>(*this, manifest, gate_);
     RETURN_IF_ERROR(pipeline->Place(device, residency));
     return std::unique_ptr<Pipeline>(std::move(pipeline));
@@ -281,6 +282,26 @@ TEST_F(PipelinePoolTest, LoadListAndUnloadAPipeline) {
   EXPECT_EQ(unloaded->leaked_bytes, 0u);
   EXPECT_EQ(Find(pool.List(), "alpha")->state, PipelineState::kAvailable);
   EXPECT_EQ(Unload("alpha").status().code(), StatusCode::kFailedPrecondition);
+}
+
+// The second of two concurrent loads runs after the first on the device's worker and finds the
+// replica there: already_loaded (the gRPC layer once answered false to both).
+TEST_F(PipelinePoolTest, ConcurrentLoadsOfOnePipelineReportWhichOneLoadedIt) {
+  Pool();
+  gate_.Close();
+  Result<LoadResult> first, second;
+  pool_->Load("alpha", "", first.callback());
+  gate_.AwaitArrivals(1);  // the first load runs, held in the kind's Load
+  pool_->Load("alpha", "", second.callback());
+  gate_.Open();
+  auto a = first.Get();
+  auto b = second.Get();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_FALSE(a->already_loaded);
+  EXPECT_TRUE(b->already_loaded);
+  EXPECT_EQ(b->pipeline.state, PipelineState::kLoaded);
+  EXPECT_EQ(b->pipeline.replicas.size(), 1u);
 }
 
 TEST_F(PipelinePoolTest, VerbsRefuseBadAndUnknownNames) {
