@@ -148,6 +148,16 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     return ComponentReport(component, params, _tensor_bytes(traced), path, quantized, diff)
 
 
+def _make_stage(out: str) -> str:
+    """A fresh, empty hidden staging folder next to `out` (Note [Export is all-or-nothing])."""
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    stage = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(stage)
+    return stage
+
+
 def _install(stage: str, out: str) -> None:
     """Moves the staged folder to `out`, replacing a previous export there."""
     if not os.path.exists(out):
@@ -174,11 +184,7 @@ def export(opts: ExportOptions) -> ExportResult:
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
 
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    stage = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
-    os.makedirs(stage)
+    stage = _make_stage(out)
     try:
         merges = _train_merges(preset.num_merges)
         vocab = bpe.write_tokenizer(os.path.join(stage, "tokenizer"), merges)

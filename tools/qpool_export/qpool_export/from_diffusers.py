@@ -28,7 +28,7 @@ from . import bnb_import
 from . import manifest as manifest_io
 from . import scheduler_import, tracing
 from .clip_text import ClipTextConfig, ClipTextEncoder
-from .export import _install, _tensor_bytes, validate_name
+from .export import _install, _make_stage, _tensor_bytes, validate_name
 from .import_error import ImportFailure
 from .sd_unet import SdUNet, SdUNetConfig
 from .sd_vae import SdVaeConfig, SdVaeDecoder
@@ -406,11 +406,7 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     scheduler, sampler = scheduler_import.translate(_read_json(sched_path), sched_path)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a folder on disk; never the network
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    stage = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
-    os.makedirs(stage)
+    stage = _make_stage(out)
     try:
         gen = torch.Generator().manual_seed(0)
         max_length, pad_token = _copy_tokenizer(src, stage)
