@@ -95,6 +95,7 @@ StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
 }
 
 void Component::Refresh() {
+  graphs_.Clear();
   std::lock_guard<std::mutex> lock(mu_);
   bytes_.reset();
   slots_.clear();
@@ -156,6 +157,7 @@ void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Dev
                        c10::ScalarType dtype) {
   TORCH_CHECK(tensors.size() == slots_.size(), "Component::Rebind: ", tensors.size(),
               " tensors for ", slots_.size(), " slots");
+  graphs_.Clear();  // they read the tensors being replaced
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].owner->setSlot(slots_[i].index, c10::IValue(tensors[i]));
@@ -166,6 +168,7 @@ void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Dev
 }
 
 void Component::RebindOne(size_t i, const torch::Tensor& tensor) {
+  graphs_.Clear();
   std::lock_guard<std::mutex> lock(mu_);
   slots_.at(i).owner->setSlot(slots_[i].index, c10::IValue(tensor));
   bytes_.reset();
@@ -180,7 +183,9 @@ void Component::RebindOne(size_t i, const torch::Tensor& tensor) {
 ComponentBytes Component::Bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!bytes_) bytes_ = CountBytes();
-  return *bytes_;
+  ComponentBytes bytes = *bytes_;
+  bytes.graph = graphs_.bytes();
+  return bytes;
 }
 
 ComponentBytes Component::CountBytes() const {
@@ -234,6 +239,12 @@ ComponentBytes Component::CountBytes() const {
 
 StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
   try {
+    // Streaming binds tensors during the forward, which a graph cannot follow.
+    if (stream_hooks_ == nullptr && graphs_.capacity() > 0 && device().is_cuda()) {
+      auto replayed = graphs_.Run(
+          inputs, [this](std::vector<c10::IValue> in) { return module_.forward(std::move(in)); });
+      if (replayed) return *std::move(replayed);
+    }
     StreamHooksScope streaming(stream_hooks_);
     c10::IValue out = module_.forward(std::move(inputs));
     if (!out.isTensor()) {

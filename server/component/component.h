@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "component/graph_cache.h"
 #include "util/status.h"
 
 namespace qpool {
@@ -25,7 +26,9 @@ struct ComponentBytes {
   uint64_t weight = 0;
   uint64_t quant_state = 0;
   uint64_t other = 0;
-  uint64_t total() const { return weight + quant_state + other; }
+  // CUDA graphs of the forward: their memory pools and static inputs (Note [Forward graphs]).
+  uint64_t graph = 0;
+  uint64_t total() const { return weight + quant_state + other + graph; }
 };
 
 // Note [qpool owns the tensors]
@@ -42,8 +45,9 @@ struct ComponentBytes {
 // the node.
 //
 // Thread safety: Tensors, Rebind, Bytes and device take an internal mutex, so snapshots may be
-// read from any thread while the owning worker rebinds. Forward and module() are the owning
-// worker's only: a component belongs to one pipeline, which one device worker runs at a time.
+// read from any thread while the owning worker rebinds. Forward, module() and EnableGraphs are
+// the owning worker's only: a component belongs to one pipeline, which one device worker runs at
+// a time. Rebind, RebindOne and Refresh drop the forward's CUDA graphs (Note [Forward graphs]).
 class Component {
  public:
   // Loads a TorchScript file onto the CPU. InvalidArgument for unreadable files or graphs that
@@ -61,7 +65,8 @@ class Component {
 
   // Bytes held now, by role. Each storage is counted once; several slots viewing one storage (an
   // arena) count their own bytes, and the storage's remainder goes to its largest view's role.
-  // Counted once per change of the slots' tensors (Note [Cached byte counts]).
+  // Counted once per change of the slots' tensors (Note [Cached byte counts]); the forward's CUDA
+  // graphs count as `graph`.
   ComponentBytes Bytes() const;
   // Number of tensor slots (parameters, buffers, attributes).
   size_t num_tensors() const { return slots_.size(); }
@@ -85,10 +90,20 @@ class Component {
   // residency/stream_plan.h) while Forward runs; null: none. The owning worker's only.
   void set_stream_hooks(StreamHooks* hooks) { stream_hooks_ = hooks; }
 
-  // Runs `forward`. Catches its errors (c10's and the TorchScript interpreter's): an
-  // allocation failure is ResourceExhausted; anything else is Internal with the component's
-  // name (shape/device problems are not distinguishable from bugs here).
+  // Runs `forward`, through a CUDA graph where EnableGraphs allows one (Note [Forward graphs]):
+  // on a GPU, on a stream other than the default one, without stream hooks. Catches its errors
+  // (c10's and the TorchScript interpreter's): an allocation failure is ResourceExhausted;
+  // anything else is Internal with the component's name (shape/device problems are not
+  // distinguishable from bugs here).
   StatusOr<torch::Tensor> Forward(std::vector<c10::IValue> inputs);
+
+  // Lets Forward replay CUDA graphs of up to `max_graphs` input signatures (least recently used
+  // dropped first); 0 (the default) turns graphs off and frees those held.
+  void EnableGraphs(size_t max_graphs) { graphs_.set_capacity(max_graphs); }
+  // Drops the forward's graphs and frees their memory; later forwards capture again.
+  void DropGraphs() { graphs_.Clear(); }
+  // What the forward's graphs did and hold now; any thread.
+  GraphStats graph_stats() const { return graphs_.stats(); }
 
   // The executable, for load-time quantization (which rebinds buffers); call Refresh() after.
   torch::jit::Module& module() { return module_; }
@@ -115,6 +130,7 @@ class Component {
   c10::Device device_{c10::kCPU};
   c10::ScalarType dtype_ = c10::kFloat;
   StreamHooks* stream_hooks_ = nullptr;
+  GraphCache graphs_{name_, 0};  // the owning worker's; after module_, which its graphs read
 };
 
 // The attribute names of a quantized linear layer's quant state (Note [Load-time quantization]
