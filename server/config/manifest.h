@@ -86,6 +86,17 @@ struct BatchingSpec {
   double max_delay_ms = 0;  // how long the oldest request may wait for others to join it
 };
 
+// How the pipeline's components run on a GPU.
+struct ExecutionSpec {
+  // The denoiser's forward is captured once per input shape in a CUDA graph and replayed at
+  // every step (Note [Forward graphs] in component/graph_cache.h): a denoising loop is otherwise
+  // bound by kernel launches. Off: every forward launches its kernels one by one.
+  bool cuda_graphs = true;
+  // Input shapes (sizes, batch) whose graphs the denoiser keeps, least recently used dropped
+  // first: each holds the activation memory of one forward.
+  int max_graphs = 4;
+};
+
 struct PipelineManifest {
   std::string name;                       // pipeline folder name
   std::string kind;                       // a known kind (KindCatalog)
@@ -100,6 +111,7 @@ struct PipelineManifest {
   Placement placement;
   OffloadPolicy offload;  // offload.* (policy, idle_seconds, group_mib, prefetch, resident_mib)
   BatchingSpec batching;
+  ExecutionSpec execution;
 
   // The component called `name`, or nullptr if the pipeline has none.
   const ComponentSpec* FindComponent(const std::string& name) const;

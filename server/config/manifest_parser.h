@@ -26,7 +26,7 @@ namespace qpool::manifest_internal {
 // The keys each section accepts, in the order of docs/model-repository.md.
 inline const std::vector<std::string> kTopKeys = {"kind",    "components", "tokenizer", "scheduler",
                                                   "latent",  "defaults",   "limits",    "placement",
-                                                  "offload", "batching"};
+                                                  "offload", "batching",   "execution"};
 inline const std::vector<std::string> kComponentKeys = {"file", "quantization"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
@@ -44,6 +44,7 @@ inline const std::vector<std::string> kPlacementKeys = {"device", "dtype", "repl
 inline const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds", "group_mib",
                                                       "prefetch", "resident_mib"};
 inline const std::vector<std::string> kBatchingKeys = {"max_batch", "max_delay_ms"};
+inline const std::vector<std::string> kExecutionKeys = {"cuda_graphs", "max_graphs"};
 
 // Helpers of the readers and the section parsers.
 std::string Join(const std::vector<std::string>& items);
@@ -105,6 +106,7 @@ class Parser {
   Status ParsePlacement(const YAML::Node& root, Placement* p) const;
   Status ParseOffload(const YAML::Node& root, OffloadPolicy* o) const;
   Status ParseBatching(const YAML::Node& root, BatchingSpec* b) const;
+  Status ParseExecution(const YAML::Node& root, ExecutionSpec* e) const;
 
   std::string dir_;
   std::string path_;

@@ -237,6 +237,17 @@ Status Parser::ParseBatching(const YAML::Node& root, BatchingSpec* b) const {
   return Status::Ok();
 }
 
+Status Parser::ParseExecution(const YAML::Node& root, ExecutionSpec* e) const {
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(root, "", "execution", false, kExecutionKeys, &node));
+  RETURN_IF_ERROR(ReadBool(node, "execution", "cuda_graphs", &e->cuda_graphs));
+  RETURN_IF_ERROR(ReadNumber(node, "execution", "max_graphs", &e->max_graphs));
+  if (e->max_graphs < 1 || e->max_graphs > 16) {
+    return Got("execution.max_graphs", "must be between 1 and 16", e->max_graphs);
+  }
+  return Status::Ok();
+}
+
 StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   std::vector<YAML::Node> docs;
   try {
@@ -276,6 +287,7 @@ StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
   RETURN_IF_ERROR(ParsePlacement(root, &m.placement));
   RETURN_IF_ERROR(ParseOffload(root, &m.offload));
   RETURN_IF_ERROR(ParseBatching(root, &m.batching));
+  RETURN_IF_ERROR(ParseExecution(root, &m.execution));
   return m;
 }
 

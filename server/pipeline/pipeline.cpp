@@ -74,6 +74,11 @@ Component& Pipeline::component(const std::string& name) {
   throw std::logic_error("pipeline '" + manifest_.name + "' has no component " + name);
 }
 
+void Pipeline::UseForwardGraphs(const std::string& name) {
+  const ExecutionSpec& e = manifest_.execution;
+  component(name).EnableGraphs(e.cuda_graphs ? static_cast<size_t>(e.max_graphs) : 0);
+}
+
 StatusOr<GenerateOutput> Pipeline::Generate(const GenerateParams& params,
                                             const ProgressFn& progress,
                                             const CancelledFn& cancelled) {

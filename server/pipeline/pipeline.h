@@ -103,6 +103,10 @@ class Pipeline {
   Status LoadComponents(const c10::Device& device, const ResidencyContext& residency);
   // The component called `name`; the kind declared it, so LoadComponents loaded it.
   Component& component(const std::string& name);
+  // Lets `name` (the denoiser, whose forward runs at every step) replay CUDA graphs of its
+  // forward when it runs on a GPU, unless the manifest's execution.cuda_graphs is off
+  // (Note [Forward graphs] in component/graph_cache.h).
+  void UseForwardGraphs(const std::string& name);
 
  private:
   const PipelineKind& kind_;

@@ -130,7 +130,10 @@ using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Dev
 // When it does not fit, idle replicas of other pipelines on that device are offloaded to pinned
 // host memory, least recently used first; if even that is not enough, RESOURCE_EXHAUSTED says
 // what was needed and what the budget had. The working memory of a request is learned per
-// pipeline from the peaks measured on the GPU (WorkingMemoryModel).
+// pipeline from the peaks measured on the GPU (WorkingMemoryModel). CUDA graphs a request
+// captures (Note [Forward graphs] in component/graph_cache.h) stay with its pipeline and count
+// against the budget from then on; when they do not fit, the request drops them as it ends
+// (FitGraphs): graphs are a cache, worth less than another pipeline's weights.
 
 // Thread safety: all public methods take the mutex; loading, unloading and moving run without it
 // (the replica is marked meanwhile). Do not call a public method from another one.
@@ -199,6 +202,9 @@ class PipelineRegistry {
   // On the worker, right before the leased request runs: makes room under the budget (Note
   // [Memory budget]). ResourceExhausted when it cannot.
   Status Admit(PipelineLease& lease, const RouteOptions& options);
+  // On the worker, as a leased request ends: when the pipelines on its GPU now hold more than the
+  // budget, the pipeline's CUDA graphs go (Note [Memory budget]).
+  void FitGraphs(PipelineLease& lease);
   // A successful request on a GPU needed `bytes` of working memory (Note [Request memory]).
   void ObserveWorkingMemory(const std::string& name, const RouteOptions& options, uint64_t bytes);
 

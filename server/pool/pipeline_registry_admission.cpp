@@ -216,6 +216,28 @@ Status PipelineRegistry::Admit(PipelineLease& lease, const RouteOptions& options
                   StrCat("a request of '", pipeline.manifest().name, "'"));
 }
 
+void PipelineRegistry::FitGraphs(PipelineLease& lease) {
+  Pipeline& pipeline = lease.pipeline();
+  const c10::Device device = pipeline.device();
+  if (!device.is_cuda() || residency_.memory == nullptr) return;
+  DeviceSnapshot snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot = SnapshotOf(device, pipeline.manifest().name);
+  }
+  if (snapshot.used_bytes <= snapshot.budget_bytes) return;
+  uint64_t dropped = 0;
+  for (const auto& component : pipeline.components()) {
+    dropped += component->Bytes().graph;
+    component->DropGraphs();
+  }
+  if (dropped > 0) {
+    log::Info("pipeline '", pipeline.manifest().name, "' on ", device.str(), ": dropped ", dropped,
+              " bytes of CUDA graphs to stay under the memory budget (", snapshot.used_bytes,
+              " bytes held, budget ", snapshot.budget_bytes, ")");
+  }
+}
+
 Status PipelineRegistry::MakeRoom(const c10::Device& device, uint64_t needed,
                                   const std::string& except, const std::string& what) {
   if (!device.is_cuda() || residency_.memory == nullptr || needed == 0) return Status::Ok();

@@ -102,6 +102,7 @@ void RequestRun::End(const Status& status, int batch_images) {
     registry_.ObserveWorkingMemory(name_, WithImages(options_, batch_images),
                                    recorder_.working_bytes());
   }
+  if (lease_) registry_.FitGraphs(*lease_);
   lease_.reset();
 }
 

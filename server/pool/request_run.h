@@ -58,7 +58,8 @@ class RequestRun {
   // One denoising step done (routing counts the steps a replica still has to run).
   void StepDone() { lease_->StepDone(); }
   // After the pipeline run that returned `status`: records its end, learns its working memory
-  // (of `batch_images` images in all, 0: the request's own) and releases the lease.
+  // (of `batch_images` images in all, 0: the request's own), drops the pipeline's CUDA graphs
+  // if they no longer fit the memory budget (PipelineRegistry::FitGraphs) and releases the lease.
   void End(const Status& status, int batch_images = 0);
   // Counts the batch of `size` requests that this call led (Note [Dynamic batching]).
   void RecordBatch(int size) { recorder_.RecordBatch(size); }

@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,10 +33,11 @@ class GpuPipelineTest {
   }
 
   // Loads `name` on `device`; `policy` overrides the manifest's offload policy when not empty,
-  // `offload` the whole offload section when given.
+  // `offload` the whole offload section when given; `edit` may change the manifest further.
   std::unique_ptr<Pipeline> Load(const std::string& name, const c10::Device& device,
                                  const std::string& policy = "",
-                                 const OffloadPolicy* offload = nullptr) {
+                                 const OffloadPolicy* offload = nullptr,
+                                 const std::function<void(PipelineManifest&)>& edit = nullptr) {
     auto repository = ModelRepository::Open(repo_, kinds_->Catalog());
     EXPECT_TRUE(repository.ok());
     auto manifest = repository->LoadManifest(name);
@@ -49,6 +51,7 @@ class GpuPipelineTest {
       if (parsed.ok()) manifest->offload = *parsed;
     }
     if (offload != nullptr) manifest->offload = *offload;
+    if (edit) edit(*manifest);
     auto pipeline = kinds_->Load(*manifest, device, c10::kHalf, context());
     if (!pipeline.ok()) {
       ADD_FAILURE() << pipeline.status().ToString();

@@ -176,6 +176,17 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
       {"batching unknown key",
        Parts().Extra("batching:\n  max_size: 4\n"),
        {"field 'batching.max_size' is not a known field", "max_batch, max_delay_ms"}},
+      // execution
+      {"cuda_graphs type",
+       Parts().Extra("execution:\n  cuda_graphs: sometimes\n"),
+       {"field 'execution.cuda_graphs' must be a boolean (true or false)", "'sometimes'"}},
+      {"max_graphs zero",
+       Parts().Extra("execution:\n  max_graphs: 0\n"),
+       {"field 'execution.max_graphs' must be between 1 and 16 (got 0)"}},
+      {"max_graphs large", Parts().Extra("execution:\n  max_graphs: 17\n"), {"(got 17)"}},
+      {"execution unknown key",
+       Parts().Extra("execution:\n  graphs: true\n"),
+       {"field 'execution.graphs' is not a known field", "cuda_graphs, max_graphs"}},
       // limits
       {"max_steps",
        Parts().Extra("limits:\n  max_steps: 0\n"),

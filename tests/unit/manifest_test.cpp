@@ -59,6 +59,9 @@ placement:
 batching:
   max_batch: 8
   max_delay_ms: 12.5
+execution:
+  cuda_graphs: false
+  max_graphs: 2
 )";
 
 TEST_F(ManifestTest, FullManifestParsesEveryValue) {
@@ -114,6 +117,8 @@ TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   EXPECT_EQ(m.placement.replicas, 2);
   EXPECT_EQ(m.batching.max_batch, 8);
   EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 12.5);
+  EXPECT_FALSE(m.execution.cuda_graphs);
+  EXPECT_EQ(m.execution.max_graphs, 2);
   ASSERT_NE(m.FindComponent("unet"), nullptr);
   EXPECT_EQ(m.FindComponent("unet")->file, dir_ + "/unet.pt");
   EXPECT_EQ(m.FindComponent("refiner"), nullptr);
@@ -158,6 +163,8 @@ TEST_F(ManifestTest, MinimalManifestGetsEveryDefault) {
   EXPECT_EQ(m.placement.max_replicas, 1) << "no scale-out unless asked for";
   EXPECT_EQ(m.batching.max_batch, 1) << "batching is off unless the manifest asks for it";
   EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 0);
+  EXPECT_TRUE(m.execution.cuda_graphs) << "the denoiser replays CUDA graphs unless turned off";
+  EXPECT_EQ(m.execution.max_graphs, 4);
 }
 
 TEST_F(ManifestTest, EmptyOptionalSectionsGetDefaults) {

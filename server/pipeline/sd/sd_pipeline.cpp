@@ -32,6 +32,7 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineKind& kind,
                           manifest.tokenizer.max_length, manifest.tokenizer.pad_token));
   std::unique_ptr<SdPipeline> pipeline(new SdPipeline(kind, manifest, std::move(tokenizer), dtype));
   RETURN_IF_ERROR(pipeline->LoadComponents(device, residency));
+  pipeline->UseForwardGraphs("unet");
   return pipeline;
 }
 

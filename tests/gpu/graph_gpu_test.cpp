@@ -1,0 +1,254 @@
+// CUDA graphs of the denoiser's forward (Note [Forward graphs]): a replay returns the eager
+// forward's bytes (fp16, int8 and nf4, whose quant_linear kernels run inside the graph); a move,
+// an offload or an unload drops the graphs and their memory; the cache stays bounded; and the
+// default stream and streamed components never capture.
+#include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <optional>
+
+#include "gpu/gpu_pipeline_fixture.h"
+#include "memory/leak_check.h"
+
+namespace qpool {
+namespace {
+
+const c10::Device kGpu(c10::kCUDA, 0);
+
+class GraphGpuTest : public ::testing::Test, protected testing::GpuPipelineTest {
+ protected:
+  void SetUp() override {
+    std::string skip;
+    if (!Prepare(&skip)) GTEST_SKIP() << skip;
+    torch::empty({1}, torch::TensorOptions().device(kGpu));  // allocator stats need a first use
+    // The device worker's situation: a pool stream of its own is current.
+    stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, kGpu.index()));
+  }
+
+  static Component& Find(Pipeline& pipeline, const std::string& name) {
+    for (const auto& c : pipeline.components()) {
+      if (c->name() == name) return *c;
+    }
+    throw std::logic_error("no component " + name);
+  }
+
+  // UNet inputs of `batch` rows: random latents at `size`, a timestep, the text encoder's states.
+  static std::vector<c10::IValue> UnetInputs(Pipeline& pipeline, int64_t batch, int64_t size,
+                                             uint64_t seed) {
+    torch::manual_seed(seed);
+    auto ids = torch::randint(1, 400, {batch, pipeline.manifest().tokenizer.max_length},
+                              torch::TensorOptions().dtype(torch::kLong).device(kGpu));
+    auto hidden = Find(pipeline, "text_encoder").Forward({ids});
+    EXPECT_TRUE(hidden.ok()) << hidden.status().ToString();
+    const auto half = torch::TensorOptions().dtype(torch::kHalf).device(kGpu);
+    auto sample = torch::randn({batch, pipeline.manifest().latent.channels, size, size}, half);
+    auto t = torch::full({batch}, 500.0 + static_cast<double>(seed), half);
+    return {sample, t, hidden.ok() ? *hidden : torch::Tensor()};
+  }
+
+  static torch::Tensor Run(Component& c, const std::vector<c10::IValue>& inputs) {
+    auto out = c.Forward(inputs);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? *out : torch::Tensor();
+  }
+
+  static void Sync() { c10::cuda::device_synchronize(); }
+
+  std::optional<c10::cuda::CUDAStreamGuard> stream_;
+  c10::InferenceMode inference_;
+};
+
+// The first forward of a shape is the eager warm-up, the second captures and replays, later ones
+// replay: each returns exactly the eager bytes, and a returned tensor is the caller's (the next
+// replay does not overwrite it).
+TEST_F(GraphGpuTest, ReplayEqualsEagerBitForBit) {
+  for (const std::string name : {"tiny", "tiny-int8", "tiny-nf4"}) {
+    if (!Exported(name)) {
+      ADD_FAILURE() << name << " not exported";
+      continue;
+    }
+    auto pipeline = Load(name, kGpu, "none");
+    ASSERT_NE(pipeline, nullptr);
+    Component& unet = Find(*pipeline, "unet");
+    const auto a = UnetInputs(*pipeline, 2, 8, 1);
+    const auto b = UnetInputs(*pipeline, 2, 8, 2);
+    unet.EnableGraphs(0);
+    const torch::Tensor eager_a = Run(unet, a);
+    const torch::Tensor eager_b = Run(unet, b);
+    ASSERT_FALSE(torch::equal(eager_a, eager_b));
+
+    unet.EnableGraphs(2);
+    EXPECT_TRUE(torch::equal(Run(unet, a), eager_a)) << name << ": warm-up";
+    EXPECT_EQ(unet.graph_stats().captures, 0u);
+    const torch::Tensor captured_b = Run(unet, b);
+    const torch::Tensor replayed_a = Run(unet, a);
+    const torch::Tensor replayed_b = Run(unet, b);
+    Sync();
+    EXPECT_TRUE(torch::equal(captured_b, eager_b)) << name << ": the capturing call";
+    EXPECT_TRUE(torch::equal(replayed_a, eager_a)) << name << ": a replay";
+    EXPECT_TRUE(torch::equal(replayed_b, eager_b)) << name << ": a replay";
+    EXPECT_TRUE(torch::equal(captured_b, eager_b)) << name << ": overwritten by a later replay";
+    const GraphStats stats = unet.graph_stats();
+    EXPECT_EQ(stats.captures, 1u) << name;
+    EXPECT_EQ(stats.replays, 3u) << name;
+    EXPECT_EQ(stats.failures, 0u) << name;
+    EXPECT_EQ(stats.graphs, 1u) << name;
+    EXPECT_GT(unet.Bytes().graph, 0u) << name << ": graph memory is the component's";
+    EXPECT_EQ(unet.Bytes().graph, stats.bytes);
+  }
+}
+
+// A request's images are the same bytes with the denoiser's graphs on and off; the loop of three
+// steps warms up, captures, and replays.
+TEST_F(GraphGpuTest, GenerateGivesTheSameImagesWithAndWithoutGraphs) {
+  for (const std::string name : {"tiny", "tiny-nf4"}) {
+    if (!Exported(name)) continue;
+    auto off = Load(name, kGpu, "none", nullptr,
+                    [](PipelineManifest& m) { m.execution.cuda_graphs = false; });
+    auto on = Load(name, kGpu, "none");
+    ASSERT_NE(off, nullptr);
+    ASSERT_NE(on, nullptr);
+    auto expected = off->Generate(Params(), nullptr, nullptr);
+    auto got = on->Generate(Params(), nullptr, nullptr);
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->images.size(), expected->images.size());
+    for (size_t i = 0; i < got->images.size(); ++i) {
+      EXPECT_EQ(got->images[i].png, expected->images[i].png) << name << " image " << i;
+    }
+    EXPECT_EQ(Find(*off, "unet").graph_stats().captures, 0u);
+    const GraphStats stats = Find(*on, "unet").graph_stats();
+    EXPECT_EQ(stats.captures, 1u) << name;
+    EXPECT_EQ(stats.replays, 2u) << name;
+  }
+}
+
+// An offload rebinds the UNet's tensors: its graphs go, with their memory pools (reserved bytes
+// fall by as much), and the next request captures again on the device.
+TEST_F(GraphGpuTest, OffloadDropsTheGraphsAndTheirMemory) {
+  auto pipeline = Load("tiny", kGpu, "none");
+  ASSERT_NE(pipeline, nullptr);
+  Component& unet = Find(*pipeline, "unet");
+  ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+  Sync();
+  const uint64_t graph_bytes = unet.Bytes().graph;
+  ASSERT_GT(graph_bytes, 0u);
+  const uint64_t reserved = memory_.Read(kGpu).reserved_bytes;
+
+  auto offloaded = pipeline->residency().Offload();
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status().ToString();
+  Sync();
+  EXPECT_EQ(unet.Bytes().graph, 0u);
+  EXPECT_EQ(unet.graph_stats().graphs, 0u);
+  const uint64_t reserved_after = memory_.Read(kGpu).reserved_bytes;
+  // The static inputs sit in the ordinary pool (small blocks of one 2 MiB segment at most).
+  EXPECT_GE(reserved - reserved_after + (2u << 20), graph_bytes)
+      << "the graphs' pools went back to the driver";
+
+  auto onloaded = pipeline->residency().Onload(kGpu);
+  ASSERT_TRUE(onloaded.ok()) << onloaded.status().ToString();
+  ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+  EXPECT_EQ(unet.graph_stats().captures, 2u) << "captured again after the move";
+  EXPECT_GT(unet.Bytes().graph, 0u);
+}
+
+// Under the model policy the UNet goes back to the host after the loop: no graph survives the
+// request, and the device holds nothing of the pipeline afterwards.
+TEST_F(GraphGpuTest, ModelPolicyLeavesNoGraphBehind) {
+  auto warm = Load("tiny", kGpu, "none");  // cuBLAS keeps a workspace per stream for good
+  ASSERT_NE(warm, nullptr);
+  ASSERT_TRUE(warm->Generate(Params(), nullptr, nullptr).ok());
+  warm.reset();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const int64_t base = Allocated(kGpu);
+  auto pipeline = Load("tiny", kGpu, "model");
+  ASSERT_NE(pipeline, nullptr);
+  ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+  Sync();
+  Component& unet = Find(*pipeline, "unet");
+  EXPECT_EQ(unet.graph_stats().captures, 1u);
+  EXPECT_EQ(unet.Bytes().graph, 0u);
+  EXPECT_EQ(Allocated(kGpu), base);
+}
+
+// Unloading a pipeline whose UNet holds graphs gives every byte back: the leak check finds
+// nothing and the allocator's allocated bytes return to the baseline.
+TEST_F(GraphGpuTest, UnloadWithGraphsLeavesNothing) {
+  for (const std::string name : {"tiny", "tiny-int8"}) {
+    if (!Exported(name)) continue;
+    {
+      auto warm = Load(name, kGpu, "none");
+      ASSERT_NE(warm, nullptr);
+      ASSERT_TRUE(warm->Generate(Params(), nullptr, nullptr).ok());
+    }
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    const int64_t base = Allocated(kGpu);
+    auto pipeline = Load(name, kGpu, "none");
+    ASSERT_NE(pipeline, nullptr);
+    ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+    ASSERT_GT(Find(*pipeline, "unet").Bytes().graph, 0u);
+    Sync();
+    LeakCheck check(&memory_, pipeline->residency().Blocks(), kGpu);
+    pipeline.reset();
+    EXPECT_EQ(check.Finish().leaked_bytes(), 0u) << name;
+    EXPECT_EQ(Allocated(kGpu), base) << name;
+  }
+}
+
+// At most max_graphs shapes keep a graph; the least recently used goes first.
+TEST_F(GraphGpuTest, TheCacheIsBounded) {
+  auto pipeline = Load("tiny", kGpu, "none");
+  ASSERT_NE(pipeline, nullptr);
+  Component& unet = Find(*pipeline, "unet");
+  unet.EnableGraphs(2);
+  for (int64_t batch : {1, 2, 4}) {
+    const auto in = UnetInputs(*pipeline, batch, 8, static_cast<uint64_t>(batch));
+    for (int i = 0; i < 3; ++i) Run(unet, in);
+  }
+  GraphStats stats = unet.graph_stats();
+  EXPECT_EQ(stats.captures, 3u);
+  EXPECT_EQ(stats.graphs, 2u);
+  // Batch 1 was dropped: it warms up no more, but captures again.
+  Run(unet, UnetInputs(*pipeline, 1, 8, 1));
+  EXPECT_EQ(unet.graph_stats().captures, 4u);
+  unet.EnableGraphs(0);
+  EXPECT_EQ(unet.graph_stats().graphs, 0u);
+  EXPECT_EQ(unet.Bytes().graph, 0u);
+}
+
+// A streamed UNet rebinds its tensors during its forward: it never captures, and its images are
+// the resident pipeline's.
+TEST_F(GraphGpuTest, StreamingNeverCaptures) {
+  OffloadPolicy sequential;
+  sequential.mode = OffloadMode::kSequential;
+  sequential.stream.group_mib = 0;
+  auto resident = Load("tiny", kGpu, "none");
+  auto streamed = Load("tiny", kGpu, "", &sequential);
+  ASSERT_NE(resident, nullptr);
+  ASSERT_NE(streamed, nullptr);
+  auto expected = resident->Generate(Params(), nullptr, nullptr);
+  auto got = streamed->Generate(Params(), nullptr, nullptr);
+  ASSERT_TRUE(expected.ok() && got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->images[0].png, expected->images[0].png);
+  EXPECT_EQ(Find(*streamed, "unet").graph_stats().captures, 0u);
+  EXPECT_EQ(Find(*streamed, "unet").graph_stats().failures, 0u);
+}
+
+// A capture needs a stream of its own: on the default stream the forward runs eagerly.
+TEST_F(GraphGpuTest, TheDefaultStreamNeverCaptures) {
+  stream_.reset();
+  ASSERT_EQ(c10::cuda::getCurrentCUDAStream(), c10::cuda::getDefaultCUDAStream());
+  auto pipeline = Load("tiny", kGpu, "none");
+  ASSERT_NE(pipeline, nullptr);
+  ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+  EXPECT_EQ(Find(*pipeline, "unet").graph_stats().captures, 0u);
+  EXPECT_EQ(Find(*pipeline, "unet").graph_stats().failures, 0u);
+}
+
+}  // namespace
+}  // namespace qpool
