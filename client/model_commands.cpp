@@ -30,7 +30,8 @@ json ComponentJson(const v1::ComponentInfo& c) {
           {"quantization", c.quantization()},
           {"weight_bytes", c.weight_bytes()},
           {"quant_state_bytes", c.quant_state_bytes()},
-          {"other_bytes", c.other_bytes()}};
+          {"other_bytes", c.other_bytes()},
+          {"graph_bytes", c.graph_bytes()}};
 }
 
 // Every replica's device, "cuda:0,cuda:1"; the pipeline's device when it reports no replicas.
@@ -88,7 +89,9 @@ std::string OffloadText(const v1::OffloadPolicy& o) {
 
 uint64_t PipelineBytes(const v1::PipelineInfo& p) {
   uint64_t total = 0;
-  for (const auto& c : p.components()) total += c.weight_bytes() + c.quant_state_bytes() + c.other_bytes();
+  for (const auto& c : p.components()) {
+    total += c.weight_bytes() + c.quant_state_bytes() + c.other_bytes() + c.graph_bytes();
+  }
   return total;
 }
 
@@ -214,12 +217,13 @@ int RunMemory(const ParsedArgs& args, const Connection& connection) {
     std::cout << "\nno pipeline loaded\n";
     return kExitOk;
   }
-  Table components({"PIPELINE", "COMPONENT", "DEVICE", "DTYPE", "QUANT", "WEIGHTS", "QUANT_STATE", "OTHER"});
+  Table components({"PIPELINE", "COMPONENT", "DEVICE", "DTYPE", "QUANT", "WEIGHTS", "QUANT_STATE",
+                    "OTHER", "GRAPHS"});
   for (const auto& p : report.pipelines()) {
     for (const auto& c : p.components()) {
       components.AddRow({p.name(), c.name(), c.device(), c.dtype(), c.quantization(),
                          FormatBytes(c.weight_bytes()), FormatBytes(c.quant_state_bytes()),
-                         FormatBytes(c.other_bytes())});
+                         FormatBytes(c.other_bytes()), FormatBytes(c.graph_bytes())});
     }
   }
   std::cout << "\n" << components.ToString();

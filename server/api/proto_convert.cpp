@@ -89,6 +89,7 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
     info->set_weight_bytes(c.bytes.weight);
     info->set_quant_state_bytes(c.bytes.quant_state);
     info->set_other_bytes(c.bytes.other);
+    info->set_graph_bytes(c.bytes.graph);
     info->set_residency(SanitizeUtf8(c.residency));
     info->set_host_bytes(c.host_bytes);
   }

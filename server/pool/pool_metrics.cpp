@@ -59,7 +59,7 @@ void PoolMetrics::Collect(SampleSink& sink) const {
       auto bytes = [&](const char* kind, uint64_t v) {
         sink.AddGauge("qpool_pipeline_memory_bytes",
                       "Bytes a loaded pipeline's component holds where it is now, by kind "
-                      "(weights, quant_state, other).",
+                      "(weights, quant_state, other, graph).",
                       {{"pipeline", p.name},
                        {"component", component.name},
                        {"device", component.device},
@@ -69,6 +69,7 @@ void PoolMetrics::Collect(SampleSink& sink) const {
       bytes("weights", component.bytes.weight);
       bytes("quant_state", component.bytes.quant_state);
       bytes("other", component.bytes.other);
+      bytes("graph", component.bytes.graph);
       if (component.host_bytes > 0 && component.device != "cpu") {
         sink.AddGauge("qpool_pipeline_host_copy_bytes",
                       "Bytes of the pinned host copy kept while the component is on its GPU.",

@@ -187,7 +187,7 @@ def test_a_real_prometheus_scrapes_the_server(client, tmp_path):
         assert result, "Prometheus returned no qpool_pipeline_memory_bytes series in 60 s:\n" + \
             (tmp_path / "prometheus.log").read_text()[-3000:]
         by_component = {r["metric"]["component"]: float(r["value"][1]) for r in result}
-        listed = {c.name: c.weight_bytes + c.quant_state_bytes + c.other_bytes
+        listed = {c.name: c.weight_bytes + c.quant_state_bytes + c.other_bytes + c.graph_bytes
                   for c in client.pipelines()["tiny"].components}
         assert by_component == listed
     finally:

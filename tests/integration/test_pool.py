@@ -76,8 +76,9 @@ def test_list_shows_replicas_and_queue_bound(client):
     assert [r.device for r in info.replicas] == ["cpu"]
     replica = info.replicas[0]
     assert replica.residency == "device"
-    assert replica.device_bytes == sum(c.weight_bytes + c.quant_state_bytes + c.other_bytes
-                                       for c in info.components)
+    assert replica.device_bytes == sum(
+        c.weight_bytes + c.quant_state_bytes + c.other_bytes + c.graph_bytes
+        for c in info.components)
     assert client.pipelines()["short"].max_queue == 2
 
 
