@@ -6,6 +6,8 @@ imports it with `qpool_export from-diffusers` (fp16, and the variants --quantize
 serves the imports with qpool-server and times Generate through the qpool CLI, then times the
 same diffusers pipeline (fp16, eager, and with its UNet under torch.compile when --compile) in the
 same run: same size, steps, scheduler (DDIM) and guidance. Prints and writes one JSON document.
+--graphs-off adds a twin of every pipeline with execution.cuda_graphs off ("<name>-eager"); the
+pipelines take turns request by request, so drift on a shared host hits them alike.
 
   python3 bench/import_bench.py --server build/server/qpool-server --client build/client/qpool \\
       --tokenizer build/test-models/tiny/tokenizer --work /tmp/import-bench --out result.json
@@ -71,6 +73,25 @@ def run_import(src: str, out: str, *args: str) -> float:
     return time.monotonic() - start
 
 
+def add_variant(repo: str, base: str, name: str, edit) -> str:
+    """A pipeline folder `name` beside `base` sharing its files (hard links) with the manifest
+    changed by edit(manifest dict)."""
+    import shutil
+
+    import yaml
+
+    src, dst = os.path.join(repo, base), os.path.join(repo, name)
+    shutil.copytree(src, dst, copy_function=os.link)
+    path = os.path.join(dst, "pipeline.yaml")
+    with open(path) as f:
+        manifest = yaml.safe_load(f)
+    edit(manifest)
+    os.remove(path)  # a hard link to the base's manifest
+    with open(path, "w") as f:
+        yaml.safe_dump(manifest, f, sort_keys=False)
+    return name
+
+
 def summary(seconds):
     seconds = sorted(seconds)
     return {"n": len(seconds), "median_s": statistics.median(seconds),
@@ -80,29 +101,46 @@ def summary(seconds):
 
 def time_qpool(server_bin: str, client_bin: str, repo: str, names, a) -> dict:
     port = 50600
+    log_path = os.path.join(a.work, "qpool-server.log")
+    log = open(log_path, "w")
     proc = subprocess.Popen([server_bin, "--model-repository", repo, "--listen",
                              f"127.0.0.1:{port}", "--load", "all"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=log, text=True)
     try:
         for line in proc.stdout:
             if "listening on" in line:
                 break
+        def generate(name, i):
+            done = subprocess.run(
+                [client_bin, "--server", f"127.0.0.1:{port}", "--json", "generate",
+                 "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
+                 str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
+                 str(i), "--scheduler", "ddim", "--guidance", "7.5", "--out",
+                 os.path.join(a.work, "qpool-{seed}-{i}.png")],
+                capture_output=True, text=True)
+            if done.returncode != 0:
+                with open(log_path) as f:
+                    server_log = f.read()[-3000:]
+                sys.exit(f"qpool generate --pipeline {name} failed: {done.stderr.strip()}\n"
+                         f"server log:\n{server_log}")
+            return json.loads(done.stdout)["timings"]
+
+        times = {name: [] for name in names}
+        denoise = {name: [] for name in names}
+        for name in names:
+            for i in range(a.warmup):
+                generate(name, i)
+        # Request by request in turn: drift on a shared host hits every pipeline alike.
+        for i in range(a.warmup, a.warmup + a.runs):
+            for name in names:
+                timings = generate(name, i)
+                times[name].append(timings["total_seconds"])
+                denoise[name].append(timings["denoise_seconds"])
+        memory = subprocess.run([client_bin, "--server", f"127.0.0.1:{port}", "--json",
+                                 "memory"], check=True, capture_output=True, text=True)
         results = {}
         for name in names:
-            times = []
-            for i in range(a.warmup + a.runs):
-                done = subprocess.run(
-                    [client_bin, "--server", f"127.0.0.1:{port}", "--json", "generate",
-                     "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
-                     str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
-                     str(i), "--scheduler", "ddim", "--guidance", "7.5", "--out",
-                     os.path.join(a.work, "qpool-{seed}-{i}.png")],
-                    check=True, capture_output=True, text=True)
-                if i >= a.warmup:
-                    times.append(json.loads(done.stdout)["timings"]["total_seconds"])
-            memory = subprocess.run([client_bin, "--server", f"127.0.0.1:{port}", "--json",
-                                     "memory"], check=True, capture_output=True, text=True)
-            results[name] = {"latency": summary(times)}
+            results[name] = {"latency": summary(times[name]), "denoise": summary(denoise[name])}
             for p in json.loads(memory.stdout).get("pipelines", []):
                 if p.get("name") == name:
                     results[name]["pipeline"] = p
@@ -110,6 +148,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, names, a) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        log.close()
 
 
 def time_diffusers(src: str, a, compile_unet: bool) -> dict:
@@ -151,6 +190,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--graphs-off", action="store_true",
+                   help="add a twin of every pipeline with execution.cuda_graphs off")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     src = os.path.join(a.work, "sd15-diffusers")
@@ -173,6 +214,10 @@ def main() -> int:
             src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quantize",
             f"unet={fmt},text_encoder={fmt}")
         names.append(name)
+    if a.graphs_off:
+        def eager(m):
+            m["execution"] = {"cuda_graphs": False}
+        names += [add_variant(repo, name, f"{name}-eager", eager) for name in list(names)]
     print(json.dumps(result), flush=True)
     result["qpool"] = time_qpool(a.server, a.client, repo, names, a)
     print(json.dumps(result["qpool"]), flush=True)
