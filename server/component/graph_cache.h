@@ -34,9 +34,9 @@ std::optional<std::string> GraphSignature(const std::vector<c10::IValue>& inputs
 
 // Note [Forward graphs]
 // A denoising loop runs the same forward on inputs of the same shapes at every step; launching
-// its kernels one by one from the TorchScript interpreter leaves the GPU waiting on the CPU (an
-// SD 1.5 UNet step at batch 2 is mostly launch overhead on a Hopper GPU). The cache records the
-// forward once per input signature as a CUDA graph and then launches the whole graph at once:
+// its kernels one by one from the TorchScript interpreter leaves the GPU waiting on the CPU
+// whenever the kernels are short (small batches on a large GPU). The cache records the forward
+// once per input signature as a CUDA graph and then launches the whole graph at once:
 // - The first forward of a signature runs eagerly: it is the warm-up that makes every lazy
 //   initialization (library handles and workspaces, kernel attributes, module loading) happen
 //   outside a capture. The second captures on the caller's current stream (never the default
