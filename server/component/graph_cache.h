@@ -39,11 +39,12 @@ std::optional<std::string> GraphSignature(const std::vector<c10::IValue>& inputs
 // once per input signature as a CUDA graph and then launches the whole graph at once:
 // - The first forward of a signature runs eagerly: it is the warm-up that makes every lazy
 //   initialization (library handles and workspaces, kernel attributes, module loading) happen
-//   outside a capture. The second captures on the caller's current stream (never the default
-//   stream; the worker's own is a pool stream) into a private memory pool, with the inputs
-//   copied into static buffers; it and every later forward of the signature copy their inputs
-//   into those buffers, replay, and return a clone of the static output, so callers own what
-//   they get and a replay never overwrites a result still in use.
+//   outside a capture; signatures stay warm when graphs are dropped. The next forward of the
+//   signature captures on the caller's current stream (never the default stream; the worker's
+//   own is a pool stream) into a private memory pool, with the inputs copied into static
+//   buffers; it and every later forward of the signature copy their inputs into those buffers,
+//   replay, and return a clone of the static output, so callers own what they get and a replay
+//   never overwrites a result still in use.
 // - The capture runs in thread-local capture mode: other device workers allocating or
 //   synchronizing on their own GPUs meanwhile do not break it.
 // - A graph bakes in the addresses of every tensor it reads, weights included, so any change of
