@@ -211,6 +211,16 @@ cuda::MmaPlan MmaPlanFor(const at::Tensor& x, const QuantState& s) {
                              ElemTypeOf(x.scalar_type()), MmaDeviceOf({}));
 }
 
+// Note [Capture-safe kernels]
+// The denoiser's forward is captured in CUDA graphs (Note [Forward graphs] in
+// component/graph_cache.h), with these kernels in it, so every path here must stay capturable:
+// launches (and the stream-K flags' cudaMemsetAsync) go to the current stream only; outputs and
+// workspaces come from the caching allocator (at::empty), which routes a capture's allocations
+// to the graph's pool; nothing synchronizes, reads a device value on the host or copies from
+// pageable memory. The one-time, per-device setup (kernel attributes, occupancy, the driver's
+// tensor-map entry point, device properties) is host-only and runs in the eager warm-up call
+// that precedes every capture. Tensor maps are built on the host per call and passed by value,
+// so a graph keeps the addresses it was captured with, as it does for every other kernel.
 at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
                            const std::optional<at::Tensor>& bias, CudaPath path,
                            cuda::MmaShape mma_shape) {
