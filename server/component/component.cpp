@@ -232,18 +232,39 @@ ComponentBytes Component::CountBytes() const {
   return bytes;
 }
 
-StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
+StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {
   try {
     StreamHooksScope streaming(stream_hooks_);
-    c10::IValue out = module_.forward(std::move(inputs));
-    if (!out.isTensor()) {
-      return Internal(
-          StrCat("component '", name_, "' returned ", out.tagKind(), ", expected a Tensor"));
-    }
-    return out.toTensor();
+    return module_.forward(std::move(inputs));
   } catch (const std::exception& e) {
     return TorchErrorStatus(StrCat("component '", name_, "' failed"), e);
   }
+}
+
+StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
+  ASSIGN_OR_RETURN(c10::IValue out, Run(std::move(inputs)));
+  if (!out.isTensor()) {
+    return Internal(
+        StrCat("component '", name_, "' returned ", out.tagKind(), ", expected a Tensor"));
+  }
+  return out.toTensor();
+}
+
+StatusOr<std::vector<torch::Tensor>> Component::ForwardTuple(std::vector<c10::IValue> inputs,
+                                                             size_t count) {
+  ASSIGN_OR_RETURN(c10::IValue out, Run(std::move(inputs)));
+  std::vector<torch::Tensor> tensors;
+  if (out.isTuple()) {
+    for (const c10::IValue& v : out.toTupleRef().elements()) {
+      if (!v.isTensor()) break;
+      tensors.push_back(v.toTensor());
+    }
+  }
+  if (tensors.size() != count || (out.isTuple() && out.toTupleRef().elements().size() != count)) {
+    return Internal(StrCat("component '", name_, "' returned ", out.tagKind(),
+                           ", expected a tuple of ", count, " tensors"));
+  }
+  return tensors;
 }
 
 // Note [Interpreter errors]

@@ -89,6 +89,9 @@ class Component {
   // allocation failure is ResourceExhausted; anything else is Internal with the component's
   // name (shape/device problems are not distinguishable from bugs here).
   StatusOr<torch::Tensor> Forward(std::vector<c10::IValue> inputs);
+  // Forward for a component whose forward returns a tuple of `count` tensors (sdxl's second
+  // text encoder: hidden states and pooled embeddings); anything else is Internal.
+  StatusOr<std::vector<torch::Tensor>> ForwardTuple(std::vector<c10::IValue> inputs, size_t count);
 
   // The executable, for load-time quantization (which rebinds buffers); call Refresh() after.
   torch::jit::Module& module() { return module_; }
@@ -104,6 +107,7 @@ class Component {
   };
 
   Component(std::string name, torch::jit::Module module);
+  StatusOr<c10::IValue> Run(std::vector<c10::IValue> inputs);
   torch::Tensor TensorAt(const Slot& slot) const;
   ComponentBytes CountBytes() const;  // with mu_ held
 
