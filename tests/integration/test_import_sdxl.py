@@ -22,7 +22,6 @@ import copy
 import json
 import math
 import os
-import pathlib
 import shutil
 import sys
 from unittest import mock
@@ -36,7 +35,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 yaml = pytest.importorskip("yaml")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+pytest.importorskip("safetensors.torch")  # the bitsandbytes checkpoint
 
 import test_import_diffusers as sd_tests  # noqa: E402 - after the skips
 from test_import_bnb import quantize_component, write_int8, write_nf4  # noqa: E402
@@ -278,9 +277,7 @@ def test_clip_skip_takes_diffusers_layer(source, imported_fp16_skip):
     assert (unskipped - context).abs().max() > 1e-2, "clip skip changed nothing"
 
 
-def edit_json(path, **changes):
-    sd_tests.edit_json(path, **changes)
-
+edit_json = sd_tests.edit_json
 
 FAILURES = {
     "text_encoder_2 missing": (lambda s: shutil.rmtree(s / "text_encoder_2"),
