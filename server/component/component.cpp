@@ -69,6 +69,16 @@ bool IsQuantStateName(const std::string& attr_name) {
   return false;
 }
 
+bool KeepsSavedDtype(const std::string& attr_name) {
+  if (IsQuantStateName(attr_name)) return true;
+  const size_t dot = attr_name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
+  for (const char* n : kFloat32BufferNames) {
+    if (leaf == n) return true;
+  }
+  return false;
+}
+
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter) {
   if (IsQuantStateName(attr_name)) return TensorRole::kQuantState;
   if (is_parameter || attr_name == "weight" || attr_name == "bias") return TensorRole::kWeight;

@@ -254,9 +254,13 @@ def test_float16_import_keeps_the_vae_decoder_in_float32(imported_fp16_skip):
         if name != "vae_decoder":
             assert manifest["components"][name] == {"file": f"{name}.pt"}
         module = torch.jit.load(str(imported_fp16_skip / f"{name}.pt"))
-        dtypes = {t.dtype for t in list(module.parameters()) + list(module.buffers())
-                  if t.is_floating_point()}
+        dtypes = {t.dtype for n, t in list(module.named_parameters()) +
+                  list(module.named_buffers())
+                  if t.is_floating_point() and not n.endswith(".freqs")}
         assert dtypes == {dtype}, name
+        # Frequency tables stay float32 (Note [Tensors that keep their dtype]).
+        assert {t.dtype for n, t in module.named_buffers() if n.endswith(".freqs")} <= {
+            torch.float32}, name
 
 
 def test_clip_skip_takes_diffusers_layer(source, imported_fp16_skip):

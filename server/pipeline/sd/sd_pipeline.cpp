@@ -266,7 +266,7 @@ Status SdPipeline::EncodeBatch(BatchRun& run) {
       if (p.do_cfg()) r.uncond = r.cond.Zeros();
     }
     for (const torch::Tensor& row : RequestInputs(p)) {
-      r.inputs.push_back(ExpandRows(row.to(device(), dtype()), n));
+      r.inputs.push_back(ExpandRows(row.to(device()), n));
     }
   }
   const double seconds = SecondsSince(start);
@@ -310,7 +310,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
     torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     model_in = scheduler->ScaleModelInput(model_in, i);
     torch::Tensor t =
-        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype()).device(device));
+        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(torch::kFloat).device(device));
     std::vector<c10::IValue> inputs{model_in, t};
     inputs.insert(inputs.end(), conditioning.begin(), conditioning.end());
     ASSIGN_OR_RETURN(torch::Tensor eps, unet.Forward(std::move(inputs)));

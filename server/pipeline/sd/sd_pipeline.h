@@ -62,7 +62,8 @@ class SdPipeline : public Pipeline {
   virtual StatusOr<std::vector<Conditioning>> EncodeTexts(
       const std::vector<std::vector<std::string>>& groups, Component* next);
   // The denoiser's inputs after the conditioning that depend on the request alone, one row
-  // each (sdxl: the size conditioning's time ids); none for kind sd.
+  // each, passed in their own dtype (sdxl: the size conditioning's time ids, float32: Note
+  // [Tensors that keep their dtype]); none for kind sd.
   virtual std::vector<torch::Tensor> RequestInputs(const GenerateParams& params) const;
 
   const ClipTokenizer& tokenizer() const { return tokenizer_; }

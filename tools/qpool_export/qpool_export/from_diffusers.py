@@ -114,11 +114,11 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
 
 def _to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
     """Floating weights and buffers to `dtype`; the quant state (absmax, code, ...) of quantized
-    layers keeps float32, as the server expects."""
-    from .quant import STATE_NAMES
+    layers and the frequency tables keep float32, as the server expects."""
+    from .quant import FLOAT32_BUFFERS, STATE_NAMES
 
     for name, t in list(traced.named_parameters()) + list(traced.named_buffers()):
-        if name.rpartition(".")[2] in STATE_NAMES:
+        if name.rpartition(".")[2] in STATE_NAMES + FLOAT32_BUFFERS:
             continue
         if t.dtype == torch.float32 and dtype != torch.float32:
             t.data = t.data.to(dtype)
