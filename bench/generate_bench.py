@@ -131,7 +131,7 @@ class GrpcClient:
         components = {c.name: {"quantization": c.quantization, "dtype": c.dtype,
                                "weight_bytes": c.weight_bytes,
                                "quant_state_bytes": c.quant_state_bytes,
-                               "other_bytes": c.other_bytes}
+                               "other_bytes": c.other_bytes, "graph_bytes": c.graph_bytes}
                       for p in report.pipelines if p.name == name for c in p.components}
         devices = [{"device": d.device, "allocated_bytes": d.allocated_bytes,
                     "reserved_bytes": d.reserved_bytes} for d in report.devices]

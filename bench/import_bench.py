@@ -1,16 +1,20 @@
 """Imported diffusers pipelines against diffusers itself, side by side on one GPU.
 
-Builds a diffusers Stable Diffusion 1.5-shaped pipeline from its published configs with random
-weights (no hub; the tokenizer files come from --tokenizer), saves it with save_pretrained,
-imports it with `qpool_export from-diffusers` (fp16, and the variants --quantize asks for),
-serves the imports with qpool-server and times Generate through the qpool CLI, then times the
-same diffusers pipeline (fp16, eager, and with its UNet under torch.compile when --compile) in the
-same run: same size, steps, scheduler (DDIM) and guidance. Prints and writes one JSON document.
---graphs-off adds a twin of every pipeline with execution.cuda_graphs off ("<name>-eager"); the
-pipelines take turns request by request, so drift on a shared host hits them alike.
+Builds a diffusers Stable Diffusion 1.5- or SDXL-shaped pipeline (--model) from its published
+configs with random weights (no hub; the tokenizer files come from --tokenizer), saves it with
+save_pretrained, imports it with `qpool_export from-diffusers` (fp16, and the variants --quantize
+asks for: imported quantized, or with --load-time-quant the fp16 import quantized when loaded),
+serves each with its own qpool-server and times Generate through the qpool CLI, and reads the
+device's peak allocated bytes. Then it times the same diffusers pipeline (fp16, eager, and with
+its UNet under torch.compile when --compile) in the same run: same size, steps, scheduler (DDIM)
+and guidance. With --encode-check, the first pipeline is switched to the `model` offload policy
+and runs an Encode-only request, after which nothing of it may be on the GPU. --graphs-off adds
+a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
+execution.cuda_graphs: false). Prints and writes one JSON document.
 
-  python3 bench/import_bench.py --server build/server/qpool-server --client build/client/qpool \\
-      --tokenizer build/test-models/tiny/tokenizer --work /tmp/import-bench --out result.json
+  python3 bench/import_bench.py --model sdxl --server build/server/qpool-server \\
+      --client build/client/qpool --tokenizer build/test-models/tiny/tokenizer \\
+      --work /tmp/import-bench --out result.json
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +32,8 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from generate_bench import GrpcClient, start_server, stop_server  # noqa: E402
 
 SD15_UNET = dict(
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -39,29 +47,99 @@ SD15_VAE = dict(
     in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2, norm_num_groups=32,
     block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
     up_block_types=("UpDecoderBlock2D",) * 4, sample_size=512, scaling_factor=0.18215)
-SD15_TEXT = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                 num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu")
+CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+              num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu")
+# stabilityai/stable-diffusion-xl-base-1.0's configs.
+SDXL_UNET = dict(
+    sample_size=128, in_channels=4, out_channels=4, layers_per_block=2,
+    block_out_channels=(320, 640, 1280),
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=(5, 10, 20), cross_attention_dim=2048, transformer_layers_per_block=(1, 2, 10),
+    use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816, norm_num_groups=32)
+SDXL_VAE = dict(SD15_VAE, sample_size=1024, scaling_factor=0.13025, force_upcast=True)
+CLIP_BIGG = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                 num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu",
+                 projection_dim=1280)
+MODELS = {
+    "sd15": {"size": 512, "quantize": ("unet", "text_encoder")},
+    "sdxl": {"size": 1024, "quantize": ("unet", "text_encoder", "text_encoder_2")},
+}
 
 
-def build(src: str, tokenizer_dir: str) -> None:
-    from diffusers import (AutoencoderKL, PNDMScheduler, StableDiffusionPipeline,
+def _clip(config: dict, tokenizer, projection: bool = False):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cls = CLIPTextModelWithProjection if projection else CLIPTextModel
+    return cls(CLIPTextConfig(**config, bos_token_id=tokenizer.bos_token_id,
+                              eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id))
+
+
+def build(model: str, src: str, tokenizer_dir: str) -> None:
+    """Random weights (initialized on the GPU, which is much faster), saved in float16."""
+    from diffusers import (AutoencoderKL, EulerDiscreteScheduler, PNDMScheduler,
+                           StableDiffusionPipeline, StableDiffusionXLPipeline,
                            UNet2DConditionModel)
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTokenizer
 
     torch.manual_seed(0)
-    tokenizer = CLIPTokenizer(os.path.join(tokenizer_dir, "vocab.json"),
-                              os.path.join(tokenizer_dir, "merges.txt"), model_max_length=77)
-    text = CLIPTextModel(CLIPTextConfig(**SD15_TEXT, bos_token_id=tokenizer.bos_token_id,
-                                        eos_token_id=tokenizer.eos_token_id,
-                                        pad_token_id=tokenizer.pad_token_id))
-    pipe = StableDiffusionPipeline(
-        vae=AutoencoderKL(**SD15_VAE), text_encoder=text, tokenizer=tokenizer,
-        unet=UNet2DConditionModel(**SD15_UNET),
-        scheduler=PNDMScheduler(beta_start=0.00085, beta_end=0.012,
-                                beta_schedule="scaled_linear", skip_prk_steps=True,
-                                steps_offset=1, set_alpha_to_one=False),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    files = (os.path.join(tokenizer_dir, "vocab.json"), os.path.join(tokenizer_dir, "merges.txt"))
+    tokenizer = CLIPTokenizer(*files, model_max_length=77)
+    with torch.device("cuda"):
+        if model == "sd15":
+            pipe = StableDiffusionPipeline(
+                vae=AutoencoderKL(**SD15_VAE), text_encoder=_clip(CLIP_L, tokenizer),
+                tokenizer=tokenizer, unet=UNet2DConditionModel(**SD15_UNET),
+                scheduler=PNDMScheduler(beta_start=0.00085, beta_end=0.012,
+                                        beta_schedule="scaled_linear", skip_prk_steps=True,
+                                        steps_offset=1, set_alpha_to_one=False),
+                safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        else:
+            tokenizer_2 = CLIPTokenizer(*files, model_max_length=77, pad_token="!")
+            pipe = StableDiffusionXLPipeline(
+                vae=AutoencoderKL(**SDXL_VAE), text_encoder=_clip(CLIP_L, tokenizer),
+                text_encoder_2=_clip(CLIP_BIGG, tokenizer_2, projection=True),
+                tokenizer=tokenizer, tokenizer_2=tokenizer_2,
+                unet=UNet2DConditionModel(**SDXL_UNET),
+                scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
+                                                 beta_schedule="scaled_linear", steps_offset=1),
+                force_zeros_for_empty_prompt=True)
     pipe.to(torch.float16).save_pretrained(src)
+    del pipe
+    torch.cuda.empty_cache()
+
+
+def variant(repo: str, base: str, name: str, edit) -> None:
+    """A copy of the import `base` (weights hard-linked) whose manifest is edit(text, path)."""
+    dest = os.path.join(repo, name)
+    shutil.copytree(os.path.join(repo, base), dest, copy_function=os.link)
+    path = os.path.join(dest, "pipeline.yaml")
+    os.unlink(path)  # a link to the base's manifest: write a new file
+    with open(os.path.join(repo, base, "pipeline.yaml")) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(edit(text, path))
+
+
+def load_time_variant(repo: str, base: str, name: str, fmt: str, components) -> None:
+    """A copy of the import `base` whose manifest quantizes `components` to `fmt` when the
+    pipeline loads."""
+    def quantize(text, path):
+        for c in components:
+            text, n = re.subn(rf"(\n  {c}:\n    file: [^\n]+\n)",
+                              rf"\1    quantization:\n      format: {fmt}\n", text)
+            if n != 1:
+                sys.exit(f"{path}: no components.{c}.file line to add quantization after")
+        return text
+
+    variant(repo, base, name, quantize)
+
+
+def graphs_off_variant(repo: str, base: str, name: str) -> None:
+    """A copy of the pipeline `base` whose denoiser runs without CUDA graphs."""
+    variant(repo, base, name, lambda text, path: text + "execution:\n  cuda_graphs: false\n")
 
 
 def run_import(src: str, out: str, *args: str) -> float:
@@ -73,25 +151,6 @@ def run_import(src: str, out: str, *args: str) -> float:
     return time.monotonic() - start
 
 
-def add_variant(repo: str, base: str, name: str, edit) -> str:
-    """A pipeline folder `name` beside `base` sharing its files (hard links) with the manifest
-    changed by edit(manifest dict)."""
-    import shutil
-
-    import yaml
-
-    src, dst = os.path.join(repo, base), os.path.join(repo, name)
-    shutil.copytree(src, dst, copy_function=os.link)
-    path = os.path.join(dst, "pipeline.yaml")
-    with open(path) as f:
-        manifest = yaml.safe_load(f)
-    edit(manifest)
-    os.remove(path)  # a hard link to the base's manifest
-    with open(path, "w") as f:
-        yaml.safe_dump(manifest, f, sort_keys=False)
-    return name
-
-
 def summary(seconds):
     seconds = sorted(seconds)
     return {"n": len(seconds), "median_s": statistics.median(seconds),
@@ -99,63 +158,66 @@ def summary(seconds):
             "max_s": seconds[-1]}
 
 
-def time_qpool(server_bin: str, client_bin: str, repo: str, names, a) -> dict:
-    port = 50600
-    log_path = os.path.join(a.work, "qpool-server.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen([server_bin, "--model-repository", repo, "--listen",
-                             f"127.0.0.1:{port}", "--load", "all"], stdout=subprocess.PIPE,
-                            stderr=log, text=True)
+def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a) -> dict:
+    """Generate latency through the CLI, then the memory report, with `name` alone loaded."""
+    proc, address, _ = start_server(server_bin, repo, "cuda:0", 0, ["--load", name])
     try:
-        for line in proc.stdout:
-            if "listening on" in line:
-                break
-        def generate(name, i):
+        client = GrpcClient(address)
+        times, denoise = [], []
+        for i in range(a.warmup + a.runs):
             done = subprocess.run(
-                [client_bin, "--server", f"127.0.0.1:{port}", "--json", "generate",
+                [client_bin, "--server", address, "--json", "generate",
                  "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
-                 str(i), "--scheduler", "ddim", "--guidance", "7.5", "--out",
+                 str(i), "--scheduler", "ddim", "--guidance", str(a.guidance), "--out",
                  os.path.join(a.work, "qpool-{seed}-{i}.png")],
-                capture_output=True, text=True)
-            if done.returncode != 0:
-                with open(log_path) as f:
-                    server_log = f.read()[-3000:]
-                sys.exit(f"qpool generate --pipeline {name} failed: {done.stderr.strip()}\n"
-                         f"server log:\n{server_log}")
-            return json.loads(done.stdout)["timings"]
-
-        times = {name: [] for name in names}
-        denoise = {name: [] for name in names}
-        for name in names:
-            for i in range(a.warmup):
-                generate(name, i)
-        # Request by request in turn: drift on a shared host hits every pipeline alike.
-        for i in range(a.warmup, a.warmup + a.runs):
-            for name in names:
-                timings = generate(name, i)
-                times[name].append(timings["total_seconds"])
-                denoise[name].append(timings["denoise_seconds"])
-        memory = subprocess.run([client_bin, "--server", f"127.0.0.1:{port}", "--json",
-                                 "memory"], check=True, capture_output=True, text=True)
-        results = {}
-        for name in names:
-            results[name] = {"latency": summary(times[name]), "denoise": summary(denoise[name])}
-            for p in json.loads(memory.stdout).get("pipelines", []):
-                if p.get("name") == name:
-                    results[name]["pipeline"] = p
-        return results
+                check=True, capture_output=True, text=True)
+            if i >= a.warmup:
+                timings = json.loads(done.stdout)["timings"]
+                times.append(timings["total_seconds"])
+                denoise.append(timings["denoise_seconds"])
+        pb = client.pb
+        report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
+        device = next(d for d in report.devices if d.device == "cuda:0")
+        components, _ = client.memory(name)
+        result = {"latency": summary(times), "denoise": summary(denoise),
+                  "peak_allocated_bytes": device.peak_allocated_bytes,
+                  "pipeline_bytes": device.pipeline_bytes, "components": components}
+        if a.encode_check and not a.encode_checked:
+            result["encode_only_model_offload"] = encode_check(client, name)
+            a.encode_checked = True
+        return result
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
+        stop_server(proc)
 
 
-def time_diffusers(src: str, a, compile_unet: bool) -> dict:
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
+def encode_check(client: GrpcClient, name: str) -> dict:
+    """Under `model` offload, an Encode-only request must leave nothing of `name` on the GPU."""
+    pb = client.pb
+    client.set_policy(name, "model")
+    client.models.EmptyCache(pb.EmptyCacheRequest())
+    before = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
+    base = next(d for d in before.devices if d.device == "cuda:0")
+    response = client.inference.Encode(pb.EncodeRequest(
+        pipeline=name, prompts=["a red fox in the snow", "a lighthouse at dusk"]))
+    after = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
+    dev = next(d for d in after.devices if d.device == "cuda:0")
+    pipeline = next(p for p in after.pipelines if p.name == name)
+    on_gpu = sum(c.weight_bytes + c.quant_state_bytes + c.other_bytes
+                 for c in pipeline.components if c.device.startswith("cuda"))
+    return {"embeddings_shape": list(response.embeddings.shape),
+            "pooled_shape": list(response.pooled_embeddings.shape),
+            "allocated_before": base.allocated_bytes, "allocated_after": dev.allocated_bytes,
+            "pipeline_bytes_on_gpu_after": on_gpu, "pipeline_bytes_reported": dev.pipeline_bytes,
+            "component_devices": {c.name: c.device for c in pipeline.components}}
 
-    pipe = StableDiffusionPipeline.from_pretrained(src, torch_dtype=torch.float16,
-                                                   safety_checker=None).to("cuda")
+
+def time_diffusers(model: str, src: str, a, compile_unet: bool) -> dict:
+    from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
+
+    cls = StableDiffusionXLPipeline if model == "sdxl" else StableDiffusionPipeline
+    extra = {} if model == "sdxl" else {"safety_checker": None}
+    pipe = cls.from_pretrained(src, torch_dtype=torch.float16, **extra).to("cuda")
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     if compile_unet:
@@ -166,7 +228,7 @@ def time_diffusers(src: str, a, compile_unet: bool) -> dict:
         torch.cuda.synchronize()
         start = time.perf_counter()
         pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
-             guidance_scale=7.5, generator=torch.Generator("cuda").manual_seed(i))
+             guidance_scale=a.guidance, generator=torch.Generator("cuda").manual_seed(i))
         torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(time.perf_counter() - start)
@@ -179,51 +241,77 @@ def time_diffusers(src: str, a, compile_unet: bool) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=sorted(MODELS), default="sd15")
     p.add_argument("--server", required=True)
     p.add_argument("--client", required=True)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--quantize", default="nf4", help="comma list of int8, nf4 variants to import")
-    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--load-time-quant", action="store_true",
+                   help="make the --quantize variants not imported before from the fp16 import, "
+                        "quantized at load")
+    p.add_argument("--size", type=int, default=0, help="default: the model's (512, 1024)")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--guidance", type=float, default=7.5)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--encode-check", action="store_true")
+    p.add_argument("--skip-diffusers", action="store_true")
     p.add_argument("--graphs-off", action="store_true",
                    help="add a twin of every pipeline with execution.cuda_graphs off")
     a = p.parse_args()
+    a.encode_checked = False
+    model = MODELS[a.model]
+    a.size = a.size or model["size"]
     os.makedirs(a.work, exist_ok=True)
-    src = os.path.join(a.work, "sd15-diffusers")
+    src = os.path.join(a.work, f"{a.model}-diffusers")
     repo = os.path.join(a.work, "repo")
     start = time.monotonic()
-    build(src, a.tokenizer)
+    if not os.path.exists(os.path.join(src, "model_index.json")):
+        build(a.model, src, a.tokenizer)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "size": a.size, "steps": a.steps, "scheduler": "ddim", "guidance": 7.5,
-              "build_seconds": time.monotonic() - start, "import_seconds": {}}
+              "model": a.model, "size": a.size, "steps": a.steps, "scheduler": "ddim",
+              "guidance": a.guidance, "build_seconds": time.monotonic() - start,
+              "import_seconds": {}}
     import diffusers
     import transformers
 
     result["diffusers"], result["transformers"] = diffusers.__version__, transformers.__version__
-    names = ["sd15"]
-    result["import_seconds"]["sd15"] = run_import(src, os.path.join(repo, "sd15"), "--dtype",
-                                                  "float16", "-q")
+    base = a.model
+    names = [base]
+    if not os.path.exists(os.path.join(repo, base, "pipeline.yaml")):
+        result["import_seconds"][base] = run_import(src, os.path.join(repo, base), "--dtype",
+                                                    "float16", "-q")
     for fmt in (f for f in a.quantize.split(",") if f):
-        name = f"sd15-{fmt}"
-        result["import_seconds"][name] = run_import(
-            src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quantize",
-            f"unet={fmt},text_encoder={fmt}")
+        name = f"{base}-{fmt}"
+        if a.load_time_quant and not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
+            name += "-load"  # an import quantized before (by the same name) is used as it is
         names.append(name)
+        if os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
+            continue
+        if a.load_time_quant:
+            load_time_variant(repo, base, name, fmt, model["quantize"])
+        else:
+            result["import_seconds"][name] = run_import(
+                src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quantize",
+                ",".join(f"{c}={fmt}" for c in model["quantize"]))
     if a.graphs_off:
-        def eager(m):
-            m["execution"] = {"cuda_graphs": False}
-        names += [add_variant(repo, name, f"{name}-eager", eager) for name in list(names)]
+        for name in list(names):
+            eager = f"{name}-eager"
+            if not os.path.exists(os.path.join(repo, eager, "pipeline.yaml")):
+                graphs_off_variant(repo, name, eager)
+            names.append(eager)
     print(json.dumps(result), flush=True)
-    result["qpool"] = time_qpool(a.server, a.client, repo, names, a)
-    print(json.dumps(result["qpool"]), flush=True)
-    result["diffusers_eager"] = time_diffusers(src, a, compile_unet=False)
-    if a.compile:
-        result["diffusers_compiled"] = time_diffusers(src, a, compile_unet=True)
+    result["qpool"] = {}
+    for name in names:
+        result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a)
+        print(name, json.dumps(result["qpool"][name]), flush=True)
+    if not a.skip_diffusers:
+        result["diffusers_eager"] = time_diffusers(a.model, src, a, compile_unet=False)
+        if a.compile:
+            result["diffusers_compiled"] = time_diffusers(a.model, src, a, compile_unet=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))

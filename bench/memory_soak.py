@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--oom-headroom-gib", type=float, default=1.0)
+    ap.add_argument("--skip-oom", action="store_true", help="only the load/unload soak")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -113,7 +114,7 @@ def main():
         }
         print(json.dumps(results["soak"], indent=1), flush=True)
 
-        if device.startswith("cuda"):
+        if device.startswith("cuda") and not args.skip_oom:
             models.LoadPipeline(pb.LoadPipelineRequest(name=name, device=device))
             ok = generate(inference, pb, pipeline=name, prompt="a lighthouse at dusk", seed=1)
             filler = subprocess.Popen(

@@ -23,7 +23,7 @@ struct CommandSpec {
   const char* name;
   const char* positional;  // usage text of the positional arguments, "" if none
   int min_positional;
-  int max_positional;      // -1 = unlimited
+  int max_positional;  // -1 = unlimited
   const char* summary;
   std::vector<FlagSpec> flags;
 };
@@ -41,27 +41,56 @@ const std::vector<FlagSpec>& GlobalFlags() {
 
 const std::vector<CommandSpec>& Commands() {
   static const std::vector<CommandSpec> commands = {
-      {"generate", "", 0, 0, "generate images from a prompt and write them as PNG files",
+      {"generate",
+       "",
+       0,
+       0,
+       "generate images from a prompt and write them as PNG files",
        {{"pipeline", "NAME", "pipeline to run (required)", FlagType::kString, true},
         {"prompt", "TEXT", "the prompt (required)", FlagType::kString, true},
         {"negative", "TEXT", "negative prompt"},
         {"steps", "N", "denoising steps (default: the pipeline's)", FlagType::kUint32},
-        {"guidance", "F", "guidance scale; <= 1 disables classifier-free guidance", FlagType::kNumber},
+        {"guidance", "F", "guidance scale; <= 1 disables classifier-free guidance",
+         FlagType::kNumber},
         {"width", "W", "image width, a multiple of 8", FlagType::kUint32},
         {"height", "H", "image height, a multiple of 8", FlagType::kUint32},
         {"num-images", "N", "number of images (default 1)", FlagType::kUint32},
         {"seed", "S", "seed of the first image (default: random, printed)", FlagType::kUint},
         {"scheduler", "NAME", "ddim or euler (default: the pipeline's)"},
-        {"out", "PATH", "directory, or file pattern with {seed} and {i} (default ./qpool-{seed}-{i}.png)"}}},
-      {"encode", "PROMPT...", 1, -1, "run the text encoder and print the embeddings' shape and stats",
-       {{"pipeline", "NAME", "pipeline whose text encoder runs (required)", FlagType::kString, true},
+        {"original-width", "W", "sdxl size conditioning: original width (default: --width)",
+         FlagType::kUint32},
+        {"original-height", "H", "sdxl size conditioning: original height (default: --height)",
+         FlagType::kUint32},
+        {"target-width", "W", "sdxl size conditioning: target width (default: --width)",
+         FlagType::kUint32},
+        {"target-height", "H", "sdxl size conditioning: target height (default: --height)",
+         FlagType::kUint32},
+        {"crop-top", "N", "sdxl size conditioning: crop top (default 0)", FlagType::kUint32},
+        {"crop-left", "N", "sdxl size conditioning: crop left (default 0)", FlagType::kUint32},
+        {"out", "PATH",
+         "directory, or file pattern with {seed} and {i} (default ./qpool-{seed}-{i}.png)"}}},
+      {"encode",
+       "PROMPT...",
+       1,
+       -1,
+       "run the text encoder and print the embeddings' shape and stats",
+       {{"pipeline", "NAME", "pipeline whose text encoder runs (required)", FlagType::kString,
+         true},
         {"out", "FILE", "also write the raw embedding bytes (row-major, little-endian)"}}},
       {"list", "", 0, 0, "list the pipelines of the model repository", {}},
-      {"load", "NAME", 1, 1, "load a pipeline",
+      {"load",
+       "NAME",
+       1,
+       1,
+       "load a pipeline",
        {{"device", "D", "device to load on, e.g. cpu or cuda:1 (default: the server's choice)"}}},
       {"unload", "NAME", 1, 1, "unload a pipeline and free its memory", {}},
       {"memory", "", 0, 0, "show device memory and per-component bytes of loaded pipelines", {}},
-      {"health", "", 0, 0, "check the server's health (grpc.health.v1)",
+      {"health",
+       "",
+       0,
+       0,
+       "check the server's health (grpc.health.v1)",
        {{"service", "NAME", "service to check (default: the whole server)"}}},
   };
   return commands;
@@ -105,7 +134,8 @@ std::string CheckValue(const FlagSpec& flag, const std::string& value) {
   uint64_t u = 0;
   double d = 0;
   if ((flag.type == FlagType::kUint || flag.type == FlagType::kUint32) && !ToUint(value, &u)) {
-    return std::string("option '--") + flag.name + "' wants a non-negative integer, got '" + value + "'";
+    return std::string("option '--") + flag.name + "' wants a non-negative integer, got '" + value +
+           "'";
   }
   if (flag.type == FlagType::kUint32 && u > 0xffffffffu) {
     return std::string("option '--") + flag.name + "' is too large: " + value;
@@ -169,7 +199,8 @@ ParseResult Parse(int argc, const char* const* argv) {
   ParseResult result;
   ParsedArgs args;
   const char* env_server = std::getenv("QPOOL_SERVER");
-  args.global.server = (env_server != nullptr && *env_server != '\0') ? env_server : "127.0.0.1:50051";
+  args.global.server =
+      (env_server != nullptr && *env_server != '\0') ? env_server : "127.0.0.1:50051";
   const CommandSpec* spec = nullptr;
   bool options_done = false;
 
@@ -186,7 +217,8 @@ ParseResult Parse(int argc, const char* const* argv) {
         continue;
       }
       if (spec == nullptr) {
-        if (!arg.empty() && arg[0] == '-' && !options_done) return fail("unknown option '" + arg + "'");
+        if (!arg.empty() && arg[0] == '-' && !options_done)
+          return fail("unknown option '" + arg + "'");
         spec = FindCommand(arg);
         if (spec == nullptr) return fail("unknown command '" + arg + "'");
         args.command = spec->name;
@@ -239,7 +271,8 @@ ParseResult Parse(int argc, const char* const* argv) {
       if (!ParseSeconds(value, &seconds)) {
         return fail("option '--" + name + "' wants a number of seconds >= 0, got '" + value + "'");
       }
-      (name == "timeout" ? args.global.timeout_seconds : args.global.connect_timeout_seconds) = seconds;
+      (name == "timeout" ? args.global.timeout_seconds : args.global.connect_timeout_seconds) =
+          seconds;
     }
   }
 
@@ -289,7 +322,8 @@ std::optional<double> GetDouble(const ParsedArgs& args, const std::string& flag)
   const std::optional<std::string> text = GetString(args, flag);
   if (!text) return std::nullopt;
   double v = 0;
-  if (!ToDouble(*text, &v)) throw UsageError{"option '--" + flag + "' wants a number, got '" + *text + "'"};
+  if (!ToDouble(*text, &v))
+    throw UsageError{"option '--" + flag + "' wants a number, got '" + *text + "'"};
   return v;
 }
 

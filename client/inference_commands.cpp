@@ -38,32 +38,49 @@ v1::GenerateRequest BuildGenerateRequest(const ParsedArgs& args) {
   if (auto v = GetUint32(args, "num-images")) request.set_num_images(*v);
   if (auto v = GetUint(args, "seed")) request.set_seed(*v);
   if (auto v = GetString(args, "scheduler")) request.set_scheduler(*v);
+  if (auto v = GetUint32(args, "original-width")) request.set_original_width(*v);
+  if (auto v = GetUint32(args, "original-height")) request.set_original_height(*v);
+  if (auto v = GetUint32(args, "target-width")) request.set_target_width(*v);
+  if (auto v = GetUint32(args, "target-height")) request.set_target_height(*v);
+  if (auto v = GetUint32(args, "crop-top")) request.set_crop_top(*v);
+  if (auto v = GetUint32(args, "crop-left")) request.set_crop_left(*v);
   return request;
 }
 
 json TimingsJson(const v1::Timings& t) {
-  return {{"queue_seconds", t.queue_seconds()},     {"encode_seconds", t.encode_seconds()},
-          {"denoise_seconds", t.denoise_seconds()}, {"decode_seconds", t.decode_seconds()},
+  return {{"queue_seconds", t.queue_seconds()},
+          {"encode_seconds", t.encode_seconds()},
+          {"denoise_seconds", t.denoise_seconds()},
+          {"decode_seconds", t.decode_seconds()},
           {"total_seconds", t.total_seconds()}};
 }
 
 const char* DTypeName(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: return "float32";
-    case v1::DTYPE_FLOAT16: return "float16";
-    case v1::DTYPE_BFLOAT16: return "bfloat16";
-    case v1::DTYPE_INT64: return "int64";
-    default: return "unspecified";
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    case v1::DTYPE_INT64:
+      return "int64";
+    default:
+      return "unspecified";
   }
 }
 
 size_t DTypeSize(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: return 4;
+    case v1::DTYPE_FLOAT32:
+      return 4;
     case v1::DTYPE_FLOAT16:
-    case v1::DTYPE_BFLOAT16: return 2;
-    case v1::DTYPE_INT64: return 8;
-    default: return 0;
+    case v1::DTYPE_BFLOAT16:
+      return 2;
+    case v1::DTYPE_INT64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -75,7 +92,8 @@ float HalfToFloat(uint16_t h) {
   if (exponent == 0) {
     value = std::ldexp(static_cast<float>(mantissa), -24);
   } else if (exponent == 31) {
-    value = mantissa == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+    value = mantissa == 0 ? std::numeric_limits<float>::infinity()
+                          : std::numeric_limits<float>::quiet_NaN();
   } else {
     value = std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
   }
@@ -125,7 +143,8 @@ std::vector<double> TensorValues(const v1::Tensor& tensor) {
 
 std::string ShapeString(const v1::Tensor& tensor) {
   std::string s = "[";
-  for (int i = 0; i < tensor.shape_size(); ++i) s += (i ? ", " : "") + std::to_string(tensor.shape(i));
+  for (int i = 0; i < tensor.shape_size(); ++i)
+    s += (i ? ", " : "") + std::to_string(tensor.shape(i));
   return s + "]";
 }
 
@@ -164,10 +183,12 @@ int RunGenerate(const ParsedArgs& args, const Connection& connection) {
     if (!status.ok()) return connection.Fail(status);
   }
   if (!result) {
-    return connection.Fail(grpc::Status(grpc::StatusCode::INTERNAL, "the stream ended without a result"));
+    return connection.Fail(
+        grpc::Status(grpc::StatusCode::INTERNAL, "the stream ended without a result"));
   }
 
-  if (!out.empty() && out.back() == '/') mkdir(out.c_str(), 0777);  // best effort; write reports errors
+  if (!out.empty() && out.back() == '/')
+    mkdir(out.c_str(), 0777);  // best effort; write reports errors
   json files = json::array();
   std::vector<std::string> paths;
   const size_t count = static_cast<size_t>(result->images_size());
@@ -180,8 +201,11 @@ int RunGenerate(const ParsedArgs& args, const Connection& connection) {
       return kExitRpcError;
     }
     paths.push_back(path);
-    files.push_back({{"path", path}, {"width", image.width()}, {"height", image.height()},
-                     {"seed", result->seed() + i}, {"bytes", image.png().size()}});
+    files.push_back({{"path", path},
+                     {"width", image.width()},
+                     {"height", image.height()},
+                     {"seed", result->seed() + i},
+                     {"bytes", image.png().size()}});
   }
 
   if (!args.global.json) {
@@ -194,15 +218,15 @@ int RunGenerate(const ParsedArgs& args, const Connection& connection) {
     std::cout << "seed " << result->seed() << "  steps " << result->steps() << "  scheduler "
               << result->scheduler() << "  guidance " << FormatFixed(result->guidance_scale(), 2)
               << "  device " << result->device() << " (" << result->route() << ")"
-              << (result->batch_size() > 1
-                      ? "  batch of " + std::to_string(result->batch_size())
-                      : std::string())
+              << (result->batch_size() > 1 ? "  batch of " + std::to_string(result->batch_size())
+                                           : std::string())
               << (result->attempts() > 1 ? "  attempts " + std::to_string(result->attempts())
                                          : std::string())
               << "\n"
               << "time " << FormatFixed(t.total_seconds(), 3) << " s (queue "
-              << FormatFixed(t.queue_seconds(), 3) << ", encode " << FormatFixed(t.encode_seconds(), 3)
-              << ", denoise " << FormatFixed(t.denoise_seconds(), 3) << ", decode "
+              << FormatFixed(t.queue_seconds(), 3) << ", encode "
+              << FormatFixed(t.encode_seconds(), 3) << ", denoise "
+              << FormatFixed(t.denoise_seconds(), 3) << ", decode "
               << FormatFixed(t.decode_seconds(), 3) << ")\n";
     return kExitOk;
   }
@@ -250,8 +274,10 @@ int RunEncode(const ParsedArgs& args, const Connection& connection) {
   for (double v : values) mean += v;
   if (!values.empty()) mean /= static_cast<double>(values.size());
   for (double v : values) var += (v - mean) * (v - mean);
-  const double std_dev = values.size() > 1 ? std::sqrt(var / static_cast<double>(values.size() - 1)) : 0;
-  const std::vector<double> first(values.begin(), values.begin() + std::min<size_t>(8, values.size()));
+  const double std_dev =
+      values.size() > 1 ? std::sqrt(var / static_cast<double>(values.size() - 1)) : 0;
+  const std::vector<double> first(values.begin(),
+                                  values.begin() + std::min<size_t>(8, values.size()));
 
   // input_ids rows, each cut after the last non-zero token for readability.
   const std::vector<double> id_values = TensorValues(ids);
@@ -259,7 +285,8 @@ int RunEncode(const ParsedArgs& args, const Connection& connection) {
   const size_t row_len = rows > 0 ? id_values.size() / rows : 0;
   std::vector<std::vector<int64_t>> id_rows(rows);
   for (size_t r = 0; r < rows; ++r) {
-    for (size_t c = 0; c < row_len; ++c) id_rows[r].push_back(static_cast<int64_t>(id_values[r * row_len + c]));
+    for (size_t c = 0; c < row_len; ++c)
+      id_rows[r].push_back(static_cast<int64_t>(id_values[r * row_len + c]));
   }
 
   if (args.global.json) {
@@ -276,15 +303,27 @@ int RunEncode(const ParsedArgs& args, const Connection& connection) {
                  {{"dtype", DTypeName(ids.dtype())},
                   {"shape", json(std::vector<int64_t>(ids.shape().begin(), ids.shape().end()))},
                   {"values", id_rows}}}};
+    if (response.has_pooled_embeddings()) {
+      const v1::Tensor& pooled = response.pooled_embeddings();
+      doc["pooled_embeddings"] = {
+          {"dtype", DTypeName(pooled.dtype())},
+          {"shape", json(std::vector<int64_t>(pooled.shape().begin(), pooled.shape().end()))}};
+    }
     if (out) doc["out"] = *out;
     std::cout << doc.dump(2) << "\n";
     return kExitOk;
   }
   std::cout << "embeddings  " << DTypeName(emb.dtype()) << " " << ShapeString(emb) << "  device "
             << response.device() << "\n"
-            << "  mean " << FormatFixed(mean, 6) << "  std " << FormatFixed(std_dev, 6) << "\n  first";
+            << "  mean " << FormatFixed(mean, 6) << "  std " << FormatFixed(std_dev, 6)
+            << "\n  first";
   for (double v : first) std::cout << " " << FormatFixed(v, 4);
-  std::cout << "\ninput_ids   " << DTypeName(ids.dtype()) << " " << ShapeString(ids) << "\n";
+  std::cout << "\n";
+  if (response.has_pooled_embeddings()) {
+    const v1::Tensor& pooled = response.pooled_embeddings();
+    std::cout << "pooled      " << DTypeName(pooled.dtype()) << " " << ShapeString(pooled) << "\n";
+  }
+  std::cout << "input_ids   " << DTypeName(ids.dtype()) << " " << ShapeString(ids) << "\n";
   for (size_t r = 0; r < rows; ++r) {
     size_t end = id_rows[r].size();
     while (end > 1 && id_rows[r][end - 1] == id_rows[r][end - 2]) --end;  // drop padding repeats

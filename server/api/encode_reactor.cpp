@@ -22,6 +22,9 @@ void EncodeReactor::OnReply(StatusOr<EncodeReply> reply) {
   }
   ToProto(reply->output.embeddings, response_->mutable_embeddings());
   ToProto(reply->output.input_ids, response_->mutable_input_ids());
+  if (reply->output.pooled.defined()) {
+    ToProto(reply->output.pooled, response_->mutable_pooled_embeddings());
+  }
   response_->set_device(reply->run.device);
   response_->set_route(reply->run.route);
   Finish(grpc::Status::OK);

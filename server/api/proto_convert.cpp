@@ -59,6 +59,12 @@ GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
   if (r.has_num_images()) in.num_images = r.num_images();
   if (r.has_seed()) in.seed = r.seed();
   in.scheduler = r.scheduler();
+  if (r.has_original_width()) in.original_width = r.original_width();
+  if (r.has_original_height()) in.original_height = r.original_height();
+  if (r.has_target_width()) in.target_width = r.target_width();
+  if (r.has_target_height()) in.target_height = r.target_height();
+  if (r.has_crop_top()) in.crop_top = r.crop_top();
+  if (r.has_crop_left()) in.crop_left = r.crop_left();
   return in;
 }
 

@@ -69,6 +69,16 @@ bool IsQuantStateName(const std::string& attr_name) {
   return false;
 }
 
+bool KeepsSavedDtype(const std::string& attr_name) {
+  if (IsQuantStateName(attr_name)) return true;
+  const size_t dot = attr_name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
+  for (const char* n : kFloat32BufferNames) {
+    if (leaf == n) return true;
+  }
+  return false;
+}
+
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter) {
   if (IsQuantStateName(attr_name)) return TensorRole::kQuantState;
   if (is_parameter || attr_name == "weight" || attr_name == "bias") return TensorRole::kWeight;
@@ -237,24 +247,45 @@ ComponentBytes Component::CountBytes() const {
   return bytes;
 }
 
-StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
+StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {
   try {
     // Streaming binds tensors during the forward, which a graph cannot follow.
     if (stream_hooks_ == nullptr && graphs_.capacity() > 0 && device().is_cuda()) {
       auto replayed = graphs_.Run(
           inputs, [this](std::vector<c10::IValue> in) { return module_.forward(std::move(in)); });
-      if (replayed) return *std::move(replayed);
+      if (replayed) return c10::IValue(*std::move(replayed));
     }
     StreamHooksScope streaming(stream_hooks_);
-    c10::IValue out = module_.forward(std::move(inputs));
-    if (!out.isTensor()) {
-      return Internal(
-          StrCat("component '", name_, "' returned ", out.tagKind(), ", expected a Tensor"));
-    }
-    return out.toTensor();
+    return module_.forward(std::move(inputs));
   } catch (const std::exception& e) {
     return TorchErrorStatus(StrCat("component '", name_, "' failed"), e);
   }
+}
+
+StatusOr<torch::Tensor> Component::Forward(std::vector<c10::IValue> inputs) {
+  ASSIGN_OR_RETURN(c10::IValue out, Run(std::move(inputs)));
+  if (!out.isTensor()) {
+    return Internal(
+        StrCat("component '", name_, "' returned ", out.tagKind(), ", expected a Tensor"));
+  }
+  return out.toTensor();
+}
+
+StatusOr<std::vector<torch::Tensor>> Component::ForwardTuple(std::vector<c10::IValue> inputs,
+                                                             size_t count) {
+  ASSIGN_OR_RETURN(c10::IValue out, Run(std::move(inputs)));
+  std::vector<torch::Tensor> tensors;
+  if (out.isTuple()) {
+    for (const c10::IValue& v : out.toTupleRef().elements()) {
+      if (!v.isTensor()) break;
+      tensors.push_back(v.toTensor());
+    }
+  }
+  if (tensors.size() != count || (out.isTuple() && out.toTupleRef().elements().size() != count)) {
+    return Internal(StrCat("component '", name_, "' returned ", out.tagKind(),
+                           ", expected a tuple of ", count, " tensors"));
+  }
+  return tensors;
 }
 
 // Note [Interpreter errors]

@@ -36,8 +36,8 @@ struct ComponentBytes {
 // it converts integer buffers when asked for a dtype. qpool therefore keeps its own table of
 // every tensor slot (parameters, buffers and attributes of every submodule); the residency layer
 // (residency/component_residency.h) moves them itself and checks afterwards that every one of
-// them is on the target device. Quant state (absmax, code tables) keeps its dtype; floating
-// weights and buffers take the compute dtype.
+// them is on the target device. Floating weights and buffers take the compute dtype, except
+// those of Note [Tensors that keep their dtype].
 //
 // Note [No tensor constants]
 // torch.jit.trace bakes tensors computed during tracing into the graph as constants. No mover
@@ -96,6 +96,9 @@ class Component {
   // anything else is Internal with the component's name (shape/device problems are not
   // distinguishable from bugs here).
   StatusOr<torch::Tensor> Forward(std::vector<c10::IValue> inputs);
+  // Forward for a component whose forward returns a tuple of `count` tensors (sdxl's second
+  // text encoder: hidden states and pooled embeddings); anything else is Internal.
+  StatusOr<std::vector<torch::Tensor>> ForwardTuple(std::vector<c10::IValue> inputs, size_t count);
 
   // Lets Forward replay CUDA graphs of up to `max_graphs` input signatures (least recently used
   // dropped first); 0 (the default) turns graphs off and frees those held.
@@ -119,6 +122,7 @@ class Component {
   };
 
   Component(std::string name, torch::jit::Module module);
+  StatusOr<c10::IValue> Run(std::vector<c10::IValue> inputs);
   torch::Tensor TensorAt(const Slot& slot) const;
   ComponentBytes CountBytes() const;  // with mu_ held
 
@@ -141,6 +145,20 @@ inline constexpr const char* kQuantStateNames[] = {"absmax", "code", "nested_abs
 // True for the names of quant-state tensors (kQuantStateNames), given either a plain attribute
 // name or a qualified one ("up.0.proj.absmax").
 bool IsQuantStateName(const std::string& attr_name);
+
+// Note [Tensors that keep their dtype]
+// A component's floating-point tensors take its compute dtype when it is placed, except quant
+// state (absmax, code tables: their formats define them in float32) and sinusoidal frequency
+// tables (`freqs`): a UNet multiplies them by timesteps up to 1000 and, in SDXL, by sizes up to
+// thousands, and in float16 or bfloat16 those products lose whole units of phase (diffusers
+// computes them in float32). The modules compute the product in the table's dtype and cast the
+// embedding back to the compute dtype, and the pipelines pass timesteps and size conditioning in
+// float32 (docs/model-repository.md).
+inline constexpr const char* kFloat32BufferNames[] = {"freqs"};
+
+// True for tensors that keep the dtype they were saved in (Note [Tensors that keep their dtype]),
+// given a plain attribute name or a qualified one.
+bool KeepsSavedDtype(const std::string& attr_name);
 
 // The role of an attribute by its name: absmax/code/nested_*/offset are quant state, parameters
 // and weight/bias are weights, the rest are other buffers.

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct ComponentSpec {
   std::string name;  // e.g. "unet"
   std::string file;  // absolute, lexically normalized path inside the pipeline folder
   QuantizationSpec quantization;
+  // The component's floating-point dtype where it differs from the pipeline's (e.g. float32 for
+  // a VAE that overflows in float16); empty: placement.dtype.
+  std::string dtype;
 };
 
 // CLIP byte-level BPE tokenizer files.
@@ -35,6 +39,13 @@ struct TokenizerSpec {
   int max_length = 77;  // tokens per prompt, padded/truncated; in [2, 1024]
   // What prompts are padded with: <|endoftext|> (SD 1.x's CLIP) or "!" (SD 2.x's OpenCLIP).
   std::string pad_token = "<|endoftext|>";
+};
+
+// How prompts condition the denoiser, for kinds that read it (the `conditioning` section).
+struct ConditioningSpec {
+  // With classifier-free guidance and an empty negative prompt, the negative conditioning is
+  // zeros instead of the encoded empty prompt (diffusers' force_zeros_for_empty_prompt).
+  bool force_zeros_for_empty_prompt = false;
 };
 
 // Latent space of the VAE.
@@ -104,6 +115,8 @@ struct PipelineManifest {
   std::string path;                       // absolute path of pipeline.yaml
   std::vector<ComponentSpec> components;  // the kind's, in its order
   TokenizerSpec tokenizer;
+  std::optional<TokenizerSpec> tokenizer_2;  // kinds with a second text encoder (sdxl)
+  ConditioningSpec conditioning;
   SchedulerConfig scheduler;
   LatentSpec latent;
   GenerationDefaults defaults;
@@ -120,9 +133,21 @@ struct PipelineManifest {
 // Whether `device` is a valid placement.device: auto, cpu, cuda, cuda:N or "cuda:N,cuda:M,...".
 bool IsValidDevice(const std::string& device);
 
-// The pipeline kinds a parser accepts: kind name -> the component names its manifests must list,
-// in run order (the kinds themselves live in pipeline/: PipelineKinds::Catalog).
-using KindCatalog = std::map<std::string, std::vector<std::string>>;
+// What a kind's manifests hold besides the sections every kind has.
+struct KindManifestSpec {
+  std::vector<std::string> components;  // the component names its manifests must list, run order
+  // The kind-specific top-level sections it reads: "tokenizer_2" (then required),
+  // "conditioning". Manifests of other kinds may not have them.
+  std::vector<std::string> sections;
+
+  bool operator==(const KindManifestSpec& o) const {
+    return components == o.components && sections == o.sections;
+  }
+};
+
+// The pipeline kinds a parser accepts, by name (the kinds themselves live in pipeline/:
+// PipelineKinds::Catalog).
+using KindCatalog = std::map<std::string, KindManifestSpec>;
 
 // Manifests larger than this are refused unread; a real one is a few KB (Note [Manifests without
 // aliases] in manifest.cpp).

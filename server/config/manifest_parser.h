@@ -24,10 +24,13 @@ namespace qpool::manifest_internal {
 // produces the same message.
 
 // The keys each section accepts, in the order of docs/model-repository.md.
-inline const std::vector<std::string> kTopKeys = {"kind",    "components", "tokenizer", "scheduler",
-                                                  "latent",  "defaults",   "limits",    "placement",
-                                                  "offload", "batching",   "execution"};
-inline const std::vector<std::string> kComponentKeys = {"file", "quantization"};
+inline const std::vector<std::string> kTopKeys = {
+    "kind",     "components", "tokenizer", "tokenizer_2", "conditioning", "scheduler", "latent",
+    "defaults", "limits",     "placement", "offload",     "batching",     "execution"};
+// The top-level keys only some kinds read (KindManifestSpec::sections).
+inline const std::vector<std::string> kKindSectionKeys = {"tokenizer_2", "conditioning"};
+inline const std::vector<std::string> kComponentKeys = {"file", "dtype", "quantization"};
+inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
                                                         "pad_token"};
@@ -97,7 +100,10 @@ class Parser {
   Status ParseComponents(const YAML::Node& root, PipelineManifest* m) const;
   Status ParseQuantization(const YAML::Node& comp, const std::string& prefix,
                            QuantizationSpec* q) const;
-  Status ParseTokenizer(const YAML::Node& root, TokenizerSpec* t) const;
+  // The tokenizer section called `key` (tokenizer, tokenizer_2).
+  Status ParseTokenizer(const YAML::Node& root, const std::string& key, TokenizerSpec* t) const;
+  // tokenizer_2 and conditioning: refused for kinds that do not read them.
+  Status ParseKindSections(const YAML::Node& root, PipelineManifest* m) const;
   Status ParseScheduler(const YAML::Node& root, SchedulerConfig* s) const;
   Status ParseLatent(const YAML::Node& root, LatentSpec* l) const;
   Status ParseLimits(const YAML::Node& root, const SchedulerConfig& s, RequestLimits* l) const;

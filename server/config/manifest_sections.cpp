@@ -31,7 +31,7 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
 }
 
 Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) const {
-  const std::vector<std::string>& names = kinds_.at(m->kind);
+  const std::vector<std::string>& names = kinds_.at(m->kind).components;
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "components", /*required=*/true, {}, &node));
   RETURN_IF_ERROR(
@@ -43,23 +43,48 @@ Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) cons
     ComponentSpec spec;
     spec.name = name;
     RETURN_IF_ERROR(ResolveFile(comp, field, "file", &spec.file));
+    RETURN_IF_ERROR(ReadString(comp, field, "dtype", false, &spec.dtype));
+    if (comp["dtype"].IsDefined()) {
+      RETURN_IF_ERROR(CheckOneOf(field + ".dtype", spec.dtype, {"float32", "float16", "bfloat16"}));
+    }
     RETURN_IF_ERROR(ParseQuantization(comp, field, &spec.quantization));
     m->components.push_back(std::move(spec));
   }
   return Status::Ok();
 }
 
-Status Parser::ParseTokenizer(const YAML::Node& root, TokenizerSpec* t) const {
+Status Parser::ParseTokenizer(const YAML::Node& root, const std::string& key,
+                              TokenizerSpec* t) const {
   YAML::Node node;
-  RETURN_IF_ERROR(GetSection(root, "", "tokenizer", /*required=*/true, kTokenizerKeys, &node));
-  RETURN_IF_ERROR(ResolveFile(node, "tokenizer", "vocab", &t->vocab));
-  RETURN_IF_ERROR(ResolveFile(node, "tokenizer", "merges", &t->merges));
-  RETURN_IF_ERROR(ReadNumber(node, "tokenizer", "max_length", &t->max_length));
+  RETURN_IF_ERROR(GetSection(root, "", key, /*required=*/true, kTokenizerKeys, &node));
+  RETURN_IF_ERROR(ResolveFile(node, key, "vocab", &t->vocab));
+  RETURN_IF_ERROR(ResolveFile(node, key, "merges", &t->merges));
+  RETURN_IF_ERROR(ReadNumber(node, key, "max_length", &t->max_length));
   if (t->max_length < 2 || t->max_length > 1024) {
-    return Got("tokenizer.max_length", "must be between 2 and 1024", t->max_length);
+    return Got(Dotted(key, "max_length"), "must be between 2 and 1024", t->max_length);
   }
-  RETURN_IF_ERROR(ReadString(node, "tokenizer", "pad_token", false, &t->pad_token));
-  if (t->pad_token.empty()) return Error("tokenizer.pad_token", "must not be empty");
+  RETURN_IF_ERROR(ReadString(node, key, "pad_token", false, &t->pad_token));
+  if (t->pad_token.empty()) return Error(Dotted(key, "pad_token"), "must not be empty");
+  return Status::Ok();
+}
+
+Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) const {
+  const std::vector<std::string>& own = kinds_.at(m->kind).sections;
+  for (const auto& key : kKindSectionKeys) {
+    if (root[key].IsDefined() && !Contains(own, key)) {
+      return Error(key, "is not read by pipelines of kind '" + m->kind + "'");
+    }
+  }
+  if (Contains(own, "tokenizer_2")) {
+    m->tokenizer_2.emplace();
+    RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer_2", &*m->tokenizer_2));
+  }
+  if (Contains(own, "conditioning")) {
+    YAML::Node node;
+    RETURN_IF_ERROR(GetSection(root, "", "conditioning", false, kConditioningKeys, &node));
+    RETURN_IF_ERROR(ReadBool(node, "conditioning", "force_zeros_for_empty_prompt",
+                             &m->conditioning.force_zeros_for_empty_prompt));
+  }
   return Status::Ok();
 }
 
@@ -279,7 +304,8 @@ StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
                "'" + m.kind + "'");
   }
   RETURN_IF_ERROR(ParseComponents(root, &m));
-  RETURN_IF_ERROR(ParseTokenizer(root, &m.tokenizer));
+  RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer", &m.tokenizer));
+  RETURN_IF_ERROR(ParseKindSections(root, &m));
   RETURN_IF_ERROR(ParseScheduler(root, &m.scheduler));
   RETURN_IF_ERROR(ParseLatent(root, &m.latent));
   RETURN_IF_ERROR(ParseLimits(root, m.scheduler, &m.limits));

@@ -1,8 +1,12 @@
 #include "config/model_repository.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <system_error>
+#include <tuple>
 
 #include "util/log.h"
 
@@ -28,7 +32,62 @@ bool IsRegularFile(const fs::path& path) {
   return fs::is_regular_file(path, ec);
 }
 
+// What tells one version of a file from another without reading it.
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  off_t size = 0;
+  int64_t modified_ns = 0;
+  int64_t changed_ns = 0;
+
+  bool operator==(const FileIdentity& o) const {
+    return std::tie(device, inode, size, modified_ns, changed_ns) ==
+           std::tie(o.device, o.inode, o.size, o.modified_ns, o.changed_ns);
+  }
+};
+
+std::optional<FileIdentity> IdentityOf(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  FileIdentity id;
+  id.device = st.st_dev;
+  id.inode = st.st_ino;
+  id.size = st.st_size;
+  id.modified_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  id.changed_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+  return id;
+}
+
+// Whether every file `m` names is still a regular file.
+bool FilesPresent(const PipelineManifest& m) {
+  for (const auto& c : m.components) {
+    if (!IsRegularFile(c.file)) return false;
+  }
+  for (const TokenizerSpec* t : {&m.tokenizer, m.tokenizer_2 ? &*m.tokenizer_2 : nullptr}) {
+    if (t != nullptr && (!IsRegularFile(t->vocab) || !IsRegularFile(t->merges))) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+struct ModelRepository::Cache {
+  struct Entry {
+    FileIdentity identity;
+    PipelineManifest manifest;
+  };
+  std::mutex mu;
+  std::map<std::string, Entry> entries;  // by pipeline name; guarded by mu
+  uint64_t parsed = 0;                   // guarded by mu
+};
+
+ModelRepository::ModelRepository(std::string root, KindCatalog kinds)
+    : root_(std::move(root)), kinds_(std::move(kinds)), cache_(std::make_shared<Cache>()) {}
+
+uint64_t ModelRepository::manifests_parsed() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->parsed;
+}
 
 Status ValidatePipelineName(const std::string& name) {
   bool ok = !name.empty() && name.size() <= kMaxNameLength && name[0] != '.' &&
@@ -81,7 +140,26 @@ StatusOr<PipelineManifest> ModelRepository::LoadManifest(const std::string& name
   if (!fs::is_directory(dir, ec) || !IsRegularFile(dir / "pipeline.yaml")) {
     return NotFound(StrCat("no pipeline named '", name, "' in model repository ", root_));
   }
-  return qpool::LoadManifest(dir.string(), kinds_);
+  const std::optional<FileIdentity> identity = IdentityOf(dir / "pipeline.yaml");
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->entries.find(name);
+    if (it != cache_->entries.end()) {
+      if (identity && it->second.identity == *identity && FilesPresent(it->second.manifest)) {
+        return it->second.manifest;
+      }
+      cache_->entries.erase(it);
+    }
+    ++cache_->parsed;
+  }
+  // Parsed without the lock: a slow disk delays only this pipeline's callers.
+  StatusOr<PipelineManifest> parsed = qpool::LoadManifest(dir.string(), kinds_);
+  // The identity is the one read before parsing: an edit during the parse is seen next time.
+  if (parsed.ok() && identity) {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    cache_->entries[name] = Cache::Entry{*identity, *parsed};
+  }
+  return parsed;
 }
 
 }  // namespace qpool

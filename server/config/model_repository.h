@@ -2,6 +2,9 @@
 // Clients name pipelines only; this is where a name becomes a folder, after validation.
 #pragma once
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,8 +18,17 @@ namespace qpool {
 // name is, so no client string can reach outside the repository.
 Status ValidatePipelineName(const std::string& name);
 
-// Thread-safety: immutable after Open; every method may be called from any thread. The folder is
-// re-read on each call, so pipelines added or removed on disk are seen at once.
+// Note [Manifest cache]
+// ListPipelines reads every manifest of the repository, and clients list often. A parsed manifest
+// is kept with the identity of its pipeline.yaml (device, inode, size, modification and change
+// times) and reused while the file keeps that identity and every file it names (components,
+// tokenizers) is still there; an edit, a replacement (rename over it) or a removed component file
+// makes the next call parse again. Only valid manifests are kept: a broken one is parsed on every
+// call (parsing is bounded: kMaxManifestBytes, no aliases), so fixing a file it names is seen at
+// once.
+//
+// Thread-safety: every method may be called from any thread; copies share one cache. The folder
+// is re-read on each call, so pipelines added or removed on disk are seen at once.
 class ModelRepository {
  public:
   // Opens the repository at `root` (made absolute), whose manifests may name the kinds of
@@ -32,15 +44,19 @@ class ModelRepository {
 
   // The manifest of pipeline `name`: InvalidArgument for an invalid name, NotFound "no pipeline
   // named 'x' in model repository <root>" when the folder or its pipeline.yaml is missing, else
-  // qpool::LoadManifest of the folder with the repository's kinds.
+  // qpool::LoadManifest of the folder with the repository's kinds (Note [Manifest cache]).
   StatusOr<PipelineManifest> LoadManifest(const std::string& name) const;
 
+  // Manifests parsed since Open (cache misses), for tests and diagnostics.
+  uint64_t manifests_parsed() const;
+
  private:
-  ModelRepository(std::string root, KindCatalog kinds)
-      : root_(std::move(root)), kinds_(std::move(kinds)) {}
+  struct Cache;
+  ModelRepository(std::string root, KindCatalog kinds);
 
   std::string root_;
   KindCatalog kinds_;
+  std::shared_ptr<Cache> cache_;
 };
 
 }  // namespace qpool

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "util/log.h"
 
@@ -31,10 +32,38 @@ Status CheckSize(const char* field, int value, int64_t sent, int limit, int mult
 
 bool KnownScheduler(const std::string& name) { return name == "ddim" || name == "euler"; }
 
+Status ResolveSizeConditioning(const GenerateRequestIn& in, const PipelineManifest& manifest,
+                               bool accepted, GenerateParams* p) {
+  const std::tuple<const char*, const std::optional<uint32_t>&, int*, int, int> fields[] = {
+      {"original_width", in.original_width, &p->size.original_width, p->width, 1},
+      {"original_height", in.original_height, &p->size.original_height, p->height, 1},
+      {"target_width", in.target_width, &p->size.target_width, p->width, 1},
+      {"target_height", in.target_height, &p->size.target_height, p->height, 1},
+      {"crop_top", in.crop_top, &p->size.crop_top, 0, 0},
+      {"crop_left", in.crop_left, &p->size.crop_left, 0, 0}};
+  for (const auto& [name, sent, out, fallback, min] : fields) {
+    if (!sent.has_value()) {
+      *out = fallback;
+      continue;
+    }
+    if (!accepted) {
+      return InvalidArgument(StrCat(name, " is size conditioning, which pipeline '", manifest.name,
+                                    "' (kind ", manifest.kind, ") does not take"));
+    }
+    if (*sent < static_cast<uint32_t>(min) || *sent > static_cast<uint32_t>(kMaxConditioningSize)) {
+      return InvalidArgument(StrCat(name, " must be between ", min, " and ", kMaxConditioningSize,
+                                    " (got ", *sent, ")"));
+    }
+    *out = static_cast<int>(*sent);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
-                                                const PipelineManifest& manifest) {
+                                                const PipelineManifest& manifest,
+                                                bool size_conditioning) {
   const auto& defaults = manifest.defaults;
   const auto& limits = manifest.limits;
   GenerateParams p;
@@ -71,6 +100,8 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   RETURN_IF_ERROR(CheckSize("width", p.width, Sent(in.width, p.width), limits.max_width, multiple));
   RETURN_IF_ERROR(
       CheckSize("height", p.height, Sent(in.height, p.height), limits.max_height, multiple));
+
+  RETURN_IF_ERROR(ResolveSizeConditioning(in, manifest, size_conditioning, &p));
 
   p.num_images = in.num_images ? Clamp(*in.num_images) : 1;
   if (p.num_images < 1 || p.num_images > limits.max_images) {

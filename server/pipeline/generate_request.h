@@ -22,7 +22,30 @@ struct GenerateRequestIn {
   std::optional<uint32_t> num_images;
   std::optional<uint64_t> seed;
   std::string scheduler;
+  // Size conditioning (SizeConditioning); only kinds that take it accept them.
+  std::optional<uint32_t> original_width;
+  std::optional<uint32_t> original_height;
+  std::optional<uint32_t> target_width;
+  std::optional<uint32_t> target_height;
+  std::optional<uint32_t> crop_top;
+  std::optional<uint32_t> crop_left;
 };
+
+// What an SDXL-style denoiser is told about the image's size (diffusers' original_size,
+// crops_coords_top_left and target_size, the "micro-conditioning" its training saw): by default
+// original and target are the image's size and the crop is (0, 0). The negative half of a CFG
+// batch gets the same values.
+struct SizeConditioning {
+  int original_width = 0;
+  int original_height = 0;
+  int crop_top = 0;
+  int crop_left = 0;
+  int target_width = 0;
+  int target_height = 0;
+};
+
+// The largest size or crop offset a request may condition on.
+inline constexpr int kMaxConditioningSize = 16384;
 
 // Every field resolved against the pipeline's defaults and checked against its limits.
 struct GenerateParams {
@@ -35,6 +58,7 @@ struct GenerateParams {
   int num_images = 1;
   uint64_t seed = 0;  // image i uses seed + i
   std::string scheduler;
+  SizeConditioning size;  // resolved whether or not the kind reads it
   // Classifier-free guidance runs the UNet on both prompts; off when guidance_scale <= 1.
   bool do_cfg() const { return guidance_scale > 1.0; }
 };
@@ -45,9 +69,11 @@ struct GenerateParams {
 bool BatchCompatible(const GenerateParams& a, const GenerateParams& b);
 
 // Fills defaults from the manifest, draws a random seed when none is given, and returns
-// InvalidArgument naming the field for anything out of range.
+// InvalidArgument naming the field for anything out of range. The size-conditioning fields are
+// InvalidArgument unless `size_conditioning` (the kind reads them).
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
-                                                const PipelineManifest& manifest);
+                                                const PipelineManifest& manifest,
+                                                bool size_conditioning = false);
 
 // Prompt bytes beyond this are refused, for every RPC that takes prompts: the tokenizer keeps
 // max_length - 2 tokens anyway, and a huge prompt would hold its device worker while it is

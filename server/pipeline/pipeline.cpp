@@ -32,11 +32,18 @@ Pipeline::~Pipeline() {
 }
 
 Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContext& residency) {
+  std::vector<c10::ScalarType> dtypes;
   for (const ComponentDecl& decl : kind_.components()) {
     const std::string& name = decl.name;
     const ComponentSpec* spec = manifest_.FindComponent(name);
     if (spec == nullptr) {
       return InvalidArgument(StrCat(manifest_.path, ": field 'components.", name, "' is required"));
+    }
+    if (spec->dtype.empty()) {
+      dtypes.push_back(dtype_);
+    } else {
+      ASSIGN_OR_RETURN(c10::ScalarType own, ResolveDtype(spec->dtype, device));
+      dtypes.push_back(own);
     }
     ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
     const QuantizationSpec& q = spec->quantization;
@@ -61,7 +68,7 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
   for (auto& c : components_) components.push_back(c.get());
   residency_ =
       std::make_unique<PipelineResidency>(manifest_.name, components, residency, manifest_.offload);
-  Status placed = residency_->Place(device, dtype_);
+  Status placed = residency_->Place(device, dtypes);
   if (!placed.ok()) return Status(placed.code(), StrCat(manifest_.path, ": ", placed.message()));
   return Status::Ok();
 }

@@ -40,7 +40,8 @@ struct GenerateOutput {
 
 struct EncodeOutput {
   torch::Tensor embeddings;  // float32, CPU, [n, max_length, hidden]
-  torch::Tensor input_ids;   // int64, CPU, [n, max_length]
+  torch::Tensor input_ids;   // int64, CPU, [n, max_length] (of the first tokenizer)
+  torch::Tensor pooled;  // float32, CPU, [n, dim] for kinds with pooled embeddings; else undefined
 };
 
 // Called after each denoising step with (1-based step, total).

@@ -12,6 +12,15 @@ Status PipelineKind::ValidateEncode(const std::vector<std::string>& prompts,
   return ValidateEncodePrompts(prompts, manifest);
 }
 
+const std::vector<std::string>& PipelineKind::manifest_sections() const {
+  static const std::vector<std::string> kNone;
+  return kNone;
+}
+
+KindManifestSpec PipelineKind::ManifestSpec() const {
+  return {ComponentNames(), manifest_sections()};
+}
+
 std::vector<std::string> PipelineKind::ComponentNames() const {
   std::vector<std::string> names;
   for (const auto& c : components()) names.push_back(c.name);

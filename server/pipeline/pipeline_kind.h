@@ -46,6 +46,8 @@ class PipelineKind {
   virtual const std::string& name() const = 0;
   // The components its manifests must list, in run order.
   virtual const std::vector<ComponentDecl>& components() const = 0;
+  // The kind-specific manifest sections it reads (KindManifestSpec::sections); none by default.
+  virtual const std::vector<std::string>& manifest_sections() const;
   // Fills a Generate request's defaults from the manifest and checks it against its limits:
   // InvalidArgument naming the field for anything out of range.
   virtual StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,
@@ -64,6 +66,8 @@ class PipelineKind {
 
   // The component names of components(), in order.
   std::vector<std::string> ComponentNames() const;
+  // What the manifest parser needs to know of the kind.
+  KindManifestSpec ManifestSpec() const;
 };
 
 }  // namespace qpool

@@ -1,12 +1,14 @@
 #include "pipeline/pipeline_kinds.h"
 
 #include "pipeline/sd/sd_kind.h"
+#include "pipeline/sdxl/sdxl_kind.h"
 
 namespace qpool {
 
 std::shared_ptr<const PipelineKinds> PipelineKinds::Builtin() {
   std::vector<std::unique_ptr<PipelineKind>> kinds;
   kinds.push_back(std::make_unique<SdKind>());
+  kinds.push_back(std::make_unique<SdxlKind>());
   return std::make_shared<const PipelineKinds>(std::move(kinds));
 }
 
@@ -34,7 +36,7 @@ StatusOr<std::unique_ptr<Pipeline>> PipelineKinds::Load(const PipelineManifest& 
 
 KindCatalog PipelineKinds::Catalog() const {
   KindCatalog catalog;
-  for (const auto& kind : kinds_) catalog[kind->name()] = kind->ComponentNames();
+  for (const auto& kind : kinds_) catalog[kind->name()] = kind->ManifestSpec();
   return catalog;
 }
 

@@ -44,7 +44,8 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
   std::vector<bool> convert;
   for (size_t i = 0; i < originals.size(); ++i) {
     const auto& t = originals[i];
-    const bool c = t.is_floating_point() && component_.slot_role(i) != TensorRole::kQuantState;
+    // Note [Tensors that keep their dtype].
+    const bool c = t.is_floating_point() && !KeepsSavedDtype(component_.slot_name(i));
     convert.push_back(c);
     like.push_back(
         torch::empty(t.sizes(), t.options().dtype(c ? dtype : t.scalar_type()).device(c10::kMeta)));
@@ -210,10 +211,9 @@ Status ComponentResidency::BeginStreaming(const c10::Device& device, int prefetc
                                      "' was not loaded for streaming (offload policy sequential)"));
   }
   if (state() == Residency::kStreaming) return Status::Ok();
-  streamer_ =
-      std::make_unique<ComponentStreamer>(component_, *plan_, *layout_, host_->bytes, device,
-                                          prefetch, resident_bytes, arenas_, copier_, stream_order_,
-                                          stream_bytes_);
+  streamer_ = std::make_unique<ComponentStreamer>(component_, *plan_, *layout_, host_->bytes,
+                                                  device, prefetch, resident_bytes, arenas_,
+                                                  copier_, stream_order_, stream_bytes_);
   if (warm) {
     try {
       streamer_->Warm();

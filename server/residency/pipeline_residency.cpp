@@ -85,6 +85,15 @@ void PipelineResidency::Record(MemoryEventKind kind, const std::string& componen
 }
 
 Status PipelineResidency::Place(const c10::Device& device, c10::ScalarType dtype) {
+  return Place(device, std::vector<c10::ScalarType>(components_.size(), dtype));
+}
+
+Status PipelineResidency::Place(const c10::Device& device,
+                                const std::vector<c10::ScalarType>& dtypes) {
+  if (dtypes.size() != components_.size()) {
+    return Internal(StrCat("pipeline '", pipeline_, "': ", dtypes.size(), " dtypes for ",
+                           components_.size(), " components"));
+  }
   const OffloadPolicy p = policy();
   const OffloadMode mode = p.mode;
   // Note [The host copy is the master]: pinned only when it will be used again.
@@ -93,7 +102,9 @@ Status PipelineResidency::Place(const c10::Device& device, c10::ScalarType dtype
   if (mode == OffloadMode::kSequential) {
     group_bytes = static_cast<uint64_t>(p.stream.group_mib * 1024 * 1024);
   }
-  for (auto& c : components_) RETURN_IF_ERROR(c->Place(dtype, pinned, group_bytes));
+  for (size_t i = 0; i < components_.size(); ++i) {
+    RETURN_IF_ERROR(components_[i]->Place(dtypes[i], pinned, group_bytes));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     device_ = device;

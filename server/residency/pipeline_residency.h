@@ -52,6 +52,8 @@ class PipelineResidency {
   // Load: host copies in `dtype` (pinned when `device` is a GPU and the policy offloads), then
   // the policy's resting residency on `device`. All or nothing.
   Status Place(const c10::Device& device, c10::ScalarType dtype);
+  // Place with each component's own dtype (one per component, in order).
+  Status Place(const c10::Device& device, const std::vector<c10::ScalarType>& dtypes);
 
   // The device the pipeline computes on.
   c10::Device device() const;

@@ -47,7 +47,8 @@ class GraphGpuTest : public ::testing::Test, protected testing::GpuPipelineTest 
     EXPECT_TRUE(hidden.ok()) << hidden.status().ToString();
     const auto half = torch::TensorOptions().dtype(torch::kHalf).device(kGpu);
     auto sample = torch::randn({batch, pipeline.manifest().latent.channels, size, size}, half);
-    auto t = torch::full({batch}, 500.0 + static_cast<double>(seed), half);
+    auto t = torch::full({batch}, 500.0 + static_cast<double>(seed),
+                         torch::TensorOptions().dtype(torch::kFloat).device(kGpu));
     return {sample, t, hidden.ok() ? *hidden : torch::Tensor()};
   }
 

@@ -160,6 +160,16 @@ def test_generate_invalid_argument_exit_1(qpool, tmp_path):
     assert "error: INVALID_ARGUMENT:" in r.stderr and "width" in r.stderr
 
 
+def test_generate_size_conditioning_reaches_the_server(qpool, tmp_path):
+    # The tiny pipeline is of kind sd, which takes no size conditioning: the server names the
+    # flag's field (an sdxl pipeline takes it: tests/integration/test_import_sdxl.py).
+    r = qpool("generate", "--pipeline", "tiny", "--prompt", "x", "--crop-top", "16", cwd=tmp_path)
+    assert r.returncode == EXIT_RPC
+    assert ("error: INVALID_ARGUMENT: crop_top is size conditioning, which pipeline 'tiny' "
+            "(kind sd) does not take") in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_encode(qpool, tmp_path):
     out = tmp_path / "emb.bin"
     r = qpool("--json", "encode", "--pipeline", "tiny", "--out", str(out), "a cat", "a dog")

@@ -7,7 +7,10 @@
 namespace qpool::testing {
 
 inline KindCatalog BuiltinKindCatalog() {
-  return {{"sd", {"text_encoder", "unet", "vae_decoder"}}};
+  return {{"sd", {{"text_encoder", "unet", "vae_decoder"}, {}}},
+          {"sdxl",
+           {{"text_encoder", "text_encoder_2", "unet", "vae_decoder"},
+            {"tokenizer_2", "conditioning"}}}};
 }
 
 }  // namespace qpool::testing

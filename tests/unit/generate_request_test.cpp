@@ -73,6 +73,54 @@ TEST(GenerateRequest, ExplicitValuesAreKept) {
   EXPECT_EQ(p->scheduler, "euler");
 }
 
+TEST(GenerateRequest, SizeConditioningDefaultsToTheImageSize) {
+  auto in = Request();
+  in.width = 128;
+  auto p = ResolveGenerateRequest(in, TinyManifest(), /*size_conditioning=*/true);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->size.original_width, 128);
+  EXPECT_EQ(p->size.original_height, 48);
+  EXPECT_EQ(p->size.target_width, 128);
+  EXPECT_EQ(p->size.target_height, 48);
+  EXPECT_EQ(p->size.crop_top, 0);
+  EXPECT_EQ(p->size.crop_left, 0);
+
+  in.original_width = 4096;
+  in.original_height = 2048;
+  in.target_width = 1;
+  in.target_height = 16384;
+  in.crop_top = 0;
+  in.crop_left = 300;
+  p = ResolveGenerateRequest(in, TinyManifest(), true);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->size.original_width, 4096);
+  EXPECT_EQ(p->size.original_height, 2048);
+  EXPECT_EQ(p->size.target_width, 1);
+  EXPECT_EQ(p->size.target_height, 16384);
+  EXPECT_EQ(p->size.crop_left, 300);
+}
+
+TEST(GenerateRequest, SizeConditioningIsCheckedAndRefusedByKindsWithoutIt) {
+  auto in = Request();
+  in.crop_top = 16;
+  auto p = ResolveGenerateRequest(in, TinyManifest());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.status().message(),
+            "crop_top is size conditioning, which pipeline 'tiny' (kind sd) does not take");
+
+  in = Request();
+  in.original_width = 0;
+  p = ResolveGenerateRequest(in, TinyManifest(), true);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message(), "original_width must be between 1 and 16384 (got 0)");
+  in = Request();
+  in.crop_left = 4000000000u;
+  p = ResolveGenerateRequest(in, TinyManifest(), true);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message(), "crop_left must be between 0 and 16384 (got 4000000000)");
+}
+
 TEST(GenerateRequest, RandomSeedsDiffer) {
   auto a = ResolveGenerateRequest(Request(), TinyManifest());
   auto b = ResolveGenerateRequest(Request(), TinyManifest());

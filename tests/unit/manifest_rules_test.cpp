@@ -15,7 +15,7 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
   const std::string q = "    quantization:\n";
   const std::vector<Case> cases = {
       // kind and components
-      {"unknown kind", Parts().Kind("sdxl"), {"field 'kind'", "'sdxl'", "supported: sd"}},
+      {"unknown kind", Parts().Kind("sd3"), {"field 'kind'", "'sd3'", "supported: sd, sdxl"}},
       {"kind type", Parts().Kind("[sd]"), {"field 'kind' must be a string (got a list)"}},
       {"unknown component",
        Parts().ComponentsExtra("  refiner:\n    file: unet.pt\n"),
@@ -23,7 +23,16 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
         "text_encoder, unet, vae_decoder"}},
       {"component unknown key",
        Parts().UnetExtra("    flie: x\n"),
-       {"field 'components.unet.flie' is not a known field", "file, quantization"}},
+       {"field 'components.unet.flie' is not a known field", "file, dtype, quantization"}},
+      {"component dtype",
+       Parts().UnetExtra("    dtype: int8\n"),
+       {"field 'components.unet.dtype' must be one of: float32, float16, bfloat16 (got 'int8')"}},
+      {"second tokenizer of another kind",
+       Parts().Extra("tokenizer_2:\n  vocab: tokenizer/vocab.json\n"),
+       {"field 'tokenizer_2' is not read by pipelines of kind 'sd'"}},
+      {"conditioning of another kind",
+       Parts().Extra("conditioning:\n  force_zeros_for_empty_prompt: true\n"),
+       {"field 'conditioning' is not read by pipelines of kind 'sd'"}},
       {"duplicate component",
        Parts().ComponentsExtra("  vae_decoder: {file: unet.pt}\n"),
        {"field 'components.vae_decoder' appears more than once"}},

@@ -64,6 +64,50 @@ execution:
   max_graphs: 2
 )";
 
+// Kind sdxl: a second tokenizer, the conditioning section and a component in its own dtype.
+const char kSdxl[] = R"(kind: sdxl
+components:
+  text_encoder: {file: text_encoder.pt}
+  text_encoder_2: {file: unet.pt}
+  unet: {file: unet.pt}
+  vae_decoder: {file: vae_decoder.pt, dtype: float32}
+tokenizer:
+  vocab: tokenizer/vocab.json
+  merges: tokenizer/merges.txt
+tokenizer_2:
+  vocab: tokenizer/vocab.json
+  merges: tokenizer/merges.txt
+  pad_token: "!"
+conditioning:
+  force_zeros_for_empty_prompt: true
+)";
+
+TEST_F(ManifestTest, SdxlManifestParsesItsOwnSections) {
+  auto r = Parse(kSdxl);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->kind, "sdxl");
+  ASSERT_EQ(r->components.size(), 4u);
+  EXPECT_EQ(r->components[1].name, "text_encoder_2");
+  EXPECT_EQ(r->components[2].dtype, "");
+  EXPECT_EQ(r->components[3].dtype, "float32");
+  ASSERT_TRUE(r->tokenizer_2.has_value());
+  EXPECT_EQ(r->tokenizer_2->pad_token, "!");
+  EXPECT_EQ(r->tokenizer_2->vocab, dir_ + "/tokenizer/vocab.json");
+  EXPECT_EQ(r->tokenizer.pad_token, "<|endoftext|>");
+  EXPECT_TRUE(r->conditioning.force_zeros_for_empty_prompt);
+
+  // The second tokenizer is required, and is checked as the first one.
+  ExpectInvalid(Parse(RemoveField(kSdxl, "tokenizer_2")), {"field 'tokenizer_2' is required"});
+  std::string bad = kSdxl;
+  bad.replace(bad.find("pad_token: \"!\""), 14, "max_length: 1");
+  ExpectInvalid(Parse(bad), {"field 'tokenizer_2.max_length' must be between 2 and 1024 (got 1)"});
+  // conditioning is optional; its flag defaults to off.
+  auto plain = Parse(RemoveField(kSdxl, "conditioning"));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->conditioning.force_zeros_for_empty_prompt);
+  EXPECT_FALSE(Parse(kMinimal)->tokenizer_2.has_value());
+}
+
 TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   WriteFile(path_, kFull);
   auto r = LoadManifest(dir_, testing::BuiltinKindCatalog());

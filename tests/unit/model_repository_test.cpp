@@ -139,5 +139,46 @@ TEST_F(ModelRepositoryTest, BrokenManifestFailsOnlyItsOwnLoad) {
   EXPECT_EQ(repo->ListNames(), (std::vector<std::string>{"broken", "tiny"}));
 }
 
+// Note [Manifest cache]: a manifest is parsed once while its file and the files it names stay.
+TEST_F(ModelRepositoryTest, ValidManifestsAreParsedOncePerVersionOfTheFile) {
+  WritePipeline(root_, "tiny");
+  auto repo = ModelRepository::Open(root_, testing::BuiltinKindCatalog());
+  ASSERT_TRUE(repo.ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(repo->LoadManifest("tiny").ok());
+  EXPECT_EQ(repo->manifests_parsed(), 1u);
+  const ModelRepository copy = *repo;  // copies share the cache
+  ASSERT_TRUE(copy.LoadManifest("tiny").ok());
+  EXPECT_EQ(repo->manifests_parsed(), 1u);
+
+  // An edit is seen at once (a new size and change time even within one timestamp tick).
+  WriteFile(root_ + "/tiny/pipeline.yaml", std::string(kManifest) + "defaults: {steps: 7}\n");
+  auto edited = repo->LoadManifest("tiny");
+  ASSERT_TRUE(edited.ok()) << edited.status().ToString();
+  EXPECT_EQ(edited->defaults.steps, 7);
+  EXPECT_EQ(repo->manifests_parsed(), 2u);
+
+  // Replaced by rename (what editors and deploy tools do): a new inode.
+  WriteFile(root_ + "/tiny/next.yaml", std::string(kManifest) + "defaults: {steps: 9}\n");
+  fs::rename(root_ + "/tiny/next.yaml", root_ + "/tiny/pipeline.yaml");
+  EXPECT_EQ(repo->LoadManifest("tiny")->defaults.steps, 9);
+
+  // A component file removed behind the manifest's back: parsed again, and the error names it.
+  fs::remove(root_ + "/tiny/unet.pt");
+  auto missing = repo->LoadManifest("tiny");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("components.unet.file"), std::string::npos)
+      << missing.status().message();
+  // Broken manifests are not kept: restoring the file is seen at once.
+  WriteFile(root_ + "/tiny/unet.pt", "x");
+  EXPECT_TRUE(repo->LoadManifest("tiny").ok());
+  const uint64_t parsed = repo->manifests_parsed();
+  EXPECT_TRUE(repo->LoadManifest("tiny").ok());
+  EXPECT_EQ(repo->manifests_parsed(), parsed);
+
+  // A removed pipeline is NotFound, not served from the cache.
+  fs::remove(root_ + "/tiny/pipeline.yaml");
+  EXPECT_EQ(repo->LoadManifest("tiny").status().code(), StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace qpool

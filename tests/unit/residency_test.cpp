@@ -78,6 +78,52 @@ TEST(Residency, PlaceConvertsFloatsButKeepsIntsAndQuantState) {
   EXPECT_TRUE(torch::allclose(out->to(torch::kFloat), torch::full({2, 4}, 9.0)));
 }
 
+// Note [Tensors that keep their dtype]: a frequency table stays float32 in a float16 component,
+// and the embedding computed from it is exact where a float16 table's is not.
+TEST(Residency, PlaceKeepsFrequencyTablesInFloat32) {
+  torch::jit::Module m("Embed");
+  m.register_buffer("freqs", torch::exp(-std::log(10000.0) * torch::arange(8) / 8));
+  m.register_buffer("scale", torch::ones({1}));
+  m.define(R"JIT(
+    def forward(self, t):
+        args = t.type_as(self.freqs)[:, None] * self.freqs[None, :]
+        return torch.cos(args).type_as(self.scale) * self.scale
+  )JIT");
+  const std::string path = testing::MakeTempDir("residency-freqs") + "/c.pt";
+  m.save(path);
+  auto c = Component::Load("embed", path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ArenaAllocator arenas;
+  BlockCopier copier;
+  DeviceMemory memory(arenas);
+  MemoryEventLog events;
+  PipelineResidency residency("p", {c->get()}, ResidencyContext{&arenas, &copier, &memory, &events},
+                              OffloadPolicy{});
+  ASSERT_TRUE(residency.Place(c10::Device(c10::kCPU), c10::kHalf).ok());
+  EXPECT_EQ((*c)->module().attr("freqs").toTensor().scalar_type(), c10::kFloat);
+  EXPECT_EQ((*c)->module().attr("scale").toTensor().scalar_type(), c10::kHalf);
+  EXPECT_TRUE(KeepsSavedDtype("time_proj.freqs"));
+  EXPECT_TRUE(KeepsSavedDtype("up.0.proj.absmax"));
+  EXPECT_FALSE(KeepsSavedDtype("freqs_scale"));
+  EXPECT_FALSE(KeepsSavedDtype("weight"));
+
+  const torch::Tensor t = torch::tensor({999.0f, 1024.0f});
+  auto out = (*c)->Forward({t});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->scalar_type(), c10::kHalf);
+  const torch::Tensor freqs = (*c)->module().attr("freqs").toTensor();
+  const torch::Tensor exact =
+      torch::cos(t.index({torch::indexing::Slice(), torch::indexing::None}) *
+                 freqs.index({torch::indexing::None}));
+  EXPECT_LT((out->to(torch::kFloat) - exact).abs().max().item<float>(), 1e-3);
+  // What a float16 table gives for the same timesteps: whole units of phase lost.
+  const torch::Tensor half =
+      torch::cos((t.index({torch::indexing::Slice(), torch::indexing::None}).to(torch::kHalf) *
+                  freqs.to(torch::kHalf).index({torch::indexing::None}))
+                     .to(torch::kFloat));
+  EXPECT_GT((half - exact).abs().max().item<float>(), 0.05);
+}
+
 TEST(Residency, MovesEveryTensorIncludingPlainAttributesToTheTarget) {
   ArenaAllocator arenas;
   Fixture f(arenas);

@@ -15,7 +15,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// One row repeated n times (a view).
+torch::Tensor ExpandRows(const torch::Tensor& row, int64_t n) {
+  std::vector<int64_t> sizes = row.sizes().vec();
+  sizes[0] = n;
+  return row.expand(sizes);
+}
+
+torch::Tensor SliceIfDefined(const torch::Tensor& t, int64_t begin, int64_t end) {
+  return t.defined() ? t.slice(0, begin, end) : t;
+}
+
 }  // namespace
+
+Conditioning Conditioning::Rows(int64_t begin, int64_t end) const {
+  return {context.slice(0, begin, end), SliceIfDefined(pooled, begin, end)};
+}
+
+Conditioning Conditioning::Expand(int64_t n) const {
+  return {ExpandRows(context, n), pooled.defined() ? ExpandRows(pooled, n) : pooled};
+}
+
+Conditioning Conditioning::Zeros() const {
+  return {torch::zeros_like(context), pooled.defined() ? torch::zeros_like(pooled) : pooled};
+}
 
 SdPipeline::SdPipeline(const PipelineKind& kind, PipelineManifest manifest, ClipTokenizer tokenizer,
                        c10::ScalarType dtype)
@@ -36,12 +59,13 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineKind& kind,
   return pipeline;
 }
 
-torch::Tensor SdPipeline::TokenIds(const std::vector<std::string>& texts) const {
-  const int64_t length = tokenizer_.max_length();
+torch::Tensor SdPipeline::TokenIds(const ClipTokenizer& tokenizer,
+                                   const std::vector<std::string>& texts) {
+  const int64_t length = tokenizer.max_length();
   auto ids = torch::empty({static_cast<int64_t>(texts.size()), length}, torch::kLong);
   auto* out = ids.data_ptr<int64_t>();
   for (size_t i = 0; i < texts.size(); ++i) {
-    const std::vector<int64_t> row = tokenizer_.EncodePadded(texts[i]);
+    const std::vector<int64_t> row = tokenizer.EncodePadded(texts[i]);
     std::copy(row.begin(), row.end(), out + i * length);
   }
   return ids;
@@ -49,13 +73,14 @@ torch::Tensor SdPipeline::TokenIds(const std::vector<std::string>& texts) const 
 
 // The requests of one GenerateBatch call. Each request's rows (num_images of them) follow the
 // previous request's in the latents; with CFG the UNet sees [latents, latents] against the
-// context [uncond rows of every request, cond rows of every request].
+// conditioning [uncond rows of every request, cond rows of every request].
 struct SdPipeline::BatchRun {
   struct Request {
     BatchItem item;
-    torch::Tensor uncond;   // [n, length, hidden] with CFG, else undefined
-    torch::Tensor cond;     // [n, length, hidden]
-    torch::Tensor latents;  // [n, channels, h, w] once the loop is done
+    Conditioning uncond;                // n rows with CFG, else undefined
+    Conditioning cond;                  // n rows
+    std::vector<torch::Tensor> inputs;  // RequestInputs, n rows each
+    torch::Tensor latents;              // [n, channels, h, w] once the loop is done
     GenerateOutput output;
     bool running = true;
   };
@@ -74,17 +99,27 @@ struct SdPipeline::BatchRun {
     for (const auto& r : requests) n += r.running ? 1 : 0;
     return n;
   }
-  torch::Tensor Context(bool cfg) const {
-    std::vector<torch::Tensor> rows;
-    if (cfg) {
+  // The denoiser's inputs after (latents, timesteps): the context, the pooled embeddings if the
+  // kind has them, then the request inputs, each with the rows of every running request.
+  std::vector<torch::Tensor> DenoiserInputs(bool cfg) const {
+    std::vector<torch::Tensor> context;
+    std::vector<torch::Tensor> pooled;
+    std::vector<std::vector<torch::Tensor>> inputs;
+    auto add = [&](const Request& r, const Conditioning& c) {
+      context.push_back(c.context);
+      if (c.pooled.defined()) pooled.push_back(c.pooled);
+      inputs.resize(r.inputs.size());
+      for (size_t k = 0; k < r.inputs.size(); ++k) inputs[k].push_back(r.inputs[k]);
+    };
+    for (int half = cfg ? 0 : 1; half < 2; ++half) {
       for (const auto& r : requests) {
-        if (r.running) rows.push_back(r.uncond);
+        if (r.running) add(r, half == 0 ? r.uncond : r.cond);
       }
     }
-    for (const auto& r : requests) {
-      if (r.running) rows.push_back(r.cond);
-    }
-    return torch::cat(rows).contiguous();
+    std::vector<torch::Tensor> out{torch::cat(context).contiguous()};
+    if (!pooled.empty()) out.push_back(torch::cat(pooled).contiguous());
+    for (auto& rows : inputs) out.push_back(torch::cat(rows).contiguous());
+    return out;
   }
   // Classifier-free guidance with each request's own scale, on its own rows.
   torch::Tensor Guide(const torch::Tensor& eps) const {
@@ -145,25 +180,45 @@ struct SdPipeline::BatchRun {
   std::optional<StatusOr<GenerateOutput>> last_result;
 };
 
-StatusOr<std::vector<torch::Tensor>> SdPipeline::EncodeTexts(
-    const std::vector<std::vector<std::string>>& groups, Component* next) {
-  Component& encoder = component("text_encoder");
+StatusOr<std::vector<std::vector<torch::Tensor>>> SdPipeline::RunTextEncoder(
+    Component& encoder, const ClipTokenizer& tokenizer,
+    const std::vector<std::vector<std::string>>& groups, size_t outputs, Component* next) {
   RETURN_IF_ERROR(residency().Use(encoder));
   // Queued on the copy stream after the encoder's own copy, so it overlaps the encoding instead
   // of delaying it.
   if (next != nullptr) residency().Prefetch(*next);
-  std::vector<torch::Tensor> out;
+  std::vector<std::vector<torch::Tensor>> out;
   for (const auto& texts : groups) {
-    torch::Tensor ids = TokenIds(texts).to(device());
-    ASSIGN_OR_RETURN(torch::Tensor hidden, encoder.Forward({ids}));
-    if (hidden.dim() != 3 || hidden.size(0) != ids.size(0) || hidden.size(1) != ids.size(1)) {
-      return Internal(StrCat("text_encoder returned shape ", hidden.sizes(), ", expected [",
-                             ids.size(0), ", ", ids.size(1), ", hidden]"));
+    torch::Tensor ids = TokenIds(tokenizer, texts).to(device());
+    std::vector<torch::Tensor> result;
+    if (outputs == 1) {
+      ASSIGN_OR_RETURN(torch::Tensor hidden, encoder.Forward({ids}));
+      result.push_back(std::move(hidden));
+    } else {
+      ASSIGN_OR_RETURN(result, encoder.ForwardTuple({ids}, outputs));
     }
-    out.push_back(std::move(hidden));
+    const torch::Tensor& hidden = result[0];
+    if (hidden.dim() != 3 || hidden.size(0) != ids.size(0) || hidden.size(1) != ids.size(1)) {
+      return Internal(StrCat(encoder.name(), " returned hidden states of shape ", hidden.sizes(),
+                             ", expected [", ids.size(0), ", ", ids.size(1), ", hidden]"));
+    }
+    out.push_back(std::move(result));
   }
   residency().Done(encoder);
   return out;
+}
+
+StatusOr<std::vector<Conditioning>> SdPipeline::EncodeTexts(
+    const std::vector<std::vector<std::string>>& groups, Component* next) {
+  ASSIGN_OR_RETURN(auto hidden,
+                   RunTextEncoder(component("text_encoder"), tokenizer_, groups, 1, next));
+  std::vector<Conditioning> out;
+  for (auto& h : hidden) out.push_back({std::move(h[0]), torch::Tensor()});
+  return out;
+}
+
+std::vector<torch::Tensor> SdPipeline::RequestInputs(const GenerateParams& /*params*/) const {
+  return {};
 }
 
 void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
@@ -187,24 +242,32 @@ void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
 
 Status SdPipeline::EncodeBatch(BatchRun& run) {
   const auto start = Clock::now();
+  // Note: with force_zeros_for_empty_prompt, an empty negative prompt is not encoded; its
+  // conditioning is zeros (as diffusers does when no negative prompt is given).
+  const bool zeros = manifest().conditioning.force_zeros_for_empty_prompt;
   std::vector<std::vector<std::string>> groups;
   for (const auto& r : run.requests) {
     const GenerateParams& p = *r.item.params;
-    if (p.do_cfg()) {
+    if (p.do_cfg() && !(zeros && p.negative_prompt.empty())) {
       groups.push_back({p.negative_prompt, p.prompt});
     } else {
       groups.push_back({p.prompt});
     }
   }
-  ASSIGN_OR_RETURN(std::vector<torch::Tensor> hidden, EncodeTexts(groups, &component("unet")));
+  ASSIGN_OR_RETURN(std::vector<Conditioning> encoded, EncodeTexts(groups, &component("unet")));
   for (size_t i = 0; i < run.requests.size(); ++i) {
     auto& r = run.requests[i];
-    const int64_t n = r.item.params->num_images;
-    if (r.item.params->do_cfg()) {
-      r.uncond = hidden[i].slice(0, 0, 1).expand({n, -1, -1});
-      r.cond = hidden[i].slice(0, 1, 2).expand({n, -1, -1});
+    const GenerateParams& p = *r.item.params;
+    const int64_t n = p.num_images;
+    if (groups[i].size() == 2) {
+      r.uncond = encoded[i].Rows(0, 1).Expand(n);
+      r.cond = encoded[i].Rows(1, 2).Expand(n);
     } else {
-      r.cond = hidden[i].expand({n, -1, -1});
+      r.cond = encoded[i].Expand(n);
+      if (p.do_cfg()) r.uncond = r.cond.Zeros();
+    }
+    for (const torch::Tensor& row : RequestInputs(p)) {
+      r.inputs.push_back(ExpandRows(row.to(device()), n));
     }
   }
   const double seconds = SecondsSince(start);
@@ -234,7 +297,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
   torch::Tensor latents = (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype());
 
   const bool cfg = first.do_cfg();
-  torch::Tensor context = run.Context(cfg);
+  std::vector<torch::Tensor> conditioning = run.DenoiserInputs(cfg);
   Component& unet = component("unet");
   RETURN_IF_ERROR(residency().Use(unet));
   residency().Prefetch(component("vae_decoder"));
@@ -244,12 +307,14 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
     const int before = run.running();
     latents = run.DropCancelled(latents);
     if (run.running() == 0) return Status::Ok();
-    if (run.running() != before) context = run.Context(cfg);
+    if (run.running() != before) conditioning = run.DenoiserInputs(cfg);
     torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     model_in = scheduler->ScaleModelInput(model_in, i);
     torch::Tensor t =
-        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(dtype()).device(device));
-    ASSIGN_OR_RETURN(torch::Tensor eps, unet.Forward({model_in, t, context}));
+        torch::full({model_in.size(0)}, timesteps[i], torch::dtype(torch::kFloat).device(device));
+    std::vector<c10::IValue> inputs{model_in, t};
+    inputs.insert(inputs.end(), conditioning.begin(), conditioning.end());
+    ASSIGN_OR_RETURN(torch::Tensor eps, unet.Forward(std::move(inputs)));
     RETURN_IF_ERROR(CheckShape("unet", eps, model_in.sizes()));
     if (cfg) eps = run.Guide(eps);
     latents = scheduler->Step(eps, i, latents);
@@ -289,7 +354,9 @@ Status SdPipeline::DecodeBatch(BatchRun& run) {
 StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(Component& decoder,
                                                          const torch::Tensor& latents) {
   const auto& latent = manifest().latent;
-  ASSIGN_OR_RETURN(torch::Tensor image, decoder.Forward({latents / latent.scaling_factor}));
+  // The decoder may keep its own dtype (components.vae_decoder.dtype, e.g. float32).
+  ASSIGN_OR_RETURN(torch::Tensor image,
+                   decoder.Forward({(latents / latent.scaling_factor).to(decoder.dtype())}));
   const int64_t n = latents.size(0);
   const int64_t height = latents.size(2) * latent.downscale;
   const int64_t width = latents.size(3) * latent.downscale;
@@ -314,9 +381,12 @@ StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompt
   RequestResidencyScope scope(residency());
   try {
     EncodeOutput out;
-    out.input_ids = TokenIds(prompts);
-    ASSIGN_OR_RETURN(std::vector<torch::Tensor> hidden, EncodeTexts({prompts}, /*next=*/nullptr));
-    out.embeddings = hidden[0].to(torch::kCPU, torch::kFloat).contiguous();
+    out.input_ids = TokenIds(tokenizer_, prompts);
+    ASSIGN_OR_RETURN(std::vector<Conditioning> encoded, EncodeTexts({prompts}, /*next=*/nullptr));
+    out.embeddings = encoded[0].context.to(torch::kCPU, torch::kFloat).contiguous();
+    if (encoded[0].pooled.defined()) {
+      out.pooled = encoded[0].pooled.to(torch::kCPU, torch::kFloat).contiguous();
+    }
     return out;
   } catch (const std::exception& e) {
     return TorchErrorStatus(StrCat("pipeline '", manifest().name, "'"), e);

@@ -2,9 +2,14 @@
 CLIPTextModelWithProjection's text_projection) (Note [Importing through qpool's modules] in
 sd_unet.py).
 
-forward(input_ids int64 [B, L]) -> hidden states [B, L, hidden]: the last layer's after the final
-layer norm, or with `skip` > 0 the output of layer -(skip + 1) after the final layer norm (what
-diffusers' clip_skip gives).
+forward(input_ids int64 [B, L]) -> hidden states [B, L, hidden], or with `pooled` the tuple
+(hidden states, text_embeds [B, projection_dim]). `skip` is diffusers' clip_skip:
+- kind sd (`penultimate` false): the output of layer -(skip + 1) after the final layer norm (the
+  last hidden state when skip is 0);
+- kind sdxl (`penultimate` true): the output of layer -(skip + 2) without the final layer norm
+  (StableDiffusionXLPipeline's hidden_states[-(clip_skip + 2)]).
+text_embeds is CLIPTextModelWithProjection's: the final layer norm of the last layer's output at
+the end-of-text position, through text_projection.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ class ClipTextConfig:
     max_position_embeddings: int
     layer_norm_eps: float
     hidden_act: str  # quick_gelu | gelu
+    projection_dim: int = 0  # CLIPTextModelWithProjection's text_projection width
+    # The end-of-text token text_embeds is read at: its first position, or with transformers'
+    # legacy value 2 (configs written before the fix, SDXL's among them) the largest id's.
+    eos_token_id: int = 49407
 
     @staticmethod
     def from_transformers(config: Dict[str, object], where: str) -> "ClipTextConfig":
@@ -37,16 +46,24 @@ class ClipTextConfig:
         if act not in ("quick_gelu", "gelu"):
             raise ImportFailure(f"{where}: field 'hidden_act' is {act!r}; qpool imports "
                                 f"'quick_gelu' or 'gelu'")
-        try:
-            return ClipTextConfig(
-                vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
-                intermediate_size=int(config["intermediate_size"]),
-                num_hidden_layers=int(config["num_hidden_layers"]),
-                num_attention_heads=int(config["num_attention_heads"]),
-                max_position_embeddings=int(config.get("max_position_embeddings", 77)),
-                layer_norm_eps=float(config.get("layer_norm_eps", 1e-5)), hidden_act=act)
-        except KeyError as e:
-            raise ImportFailure(f"{where}: field {e} is required") from None
+
+        def number(field: str, cast=int, default=None):
+            value = config.get(field, default)
+            if value is None:
+                raise ImportFailure(f"{where}: field '{field}' is required")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected a number")
+            return cast(value)
+
+        return ClipTextConfig(
+            vocab_size=number("vocab_size"), hidden_size=number("hidden_size"),
+            intermediate_size=number("intermediate_size"),
+            num_hidden_layers=number("num_hidden_layers"),
+            num_attention_heads=number("num_attention_heads"),
+            max_position_embeddings=number("max_position_embeddings", default=77),
+            layer_norm_eps=number("layer_norm_eps", float, 1e-5), hidden_act=act,
+            projection_dim=number("projection_dim", default=0),
+            eos_token_id=number("eos_token_id", default=49407))
 
 
 class ClipMlp(nn.Module):
@@ -97,18 +114,51 @@ class ClipEncoder(nn.Module):
 
 
 class ClipTextEncoder(nn.Module):
-    def __init__(self, cfg: ClipTextConfig, skip: int = 0):
+    def __init__(self, cfg: ClipTextConfig, skip: int = 0, penultimate: bool = False,
+                 pooled: bool = False):
         super().__init__()
         if not 0 <= skip < cfg.num_hidden_layers:
             raise ImportFailure(f"clip skip {skip} must be in [0, {cfg.num_hidden_layers})")
+        if pooled and cfg.projection_dim <= 0:
+            raise ImportFailure("text_embeds need a text_projection (config field "
+                                "'projection_dim')")
         self.config = cfg
-        self.skip = skip
+        # The hidden states are the output of the first `hidden_layers` layers.
+        self.hidden_layers = cfg.num_hidden_layers - skip - (1 if penultimate else 0)
+        self.norm_hidden = not penultimate
+        self.pooled = pooled
         self.embeddings = ClipEmbeddings(cfg)
         self.encoder = ClipEncoder(cfg)
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        if pooled:
+            self.text_projection = nn.Linear(cfg.hidden_size, cfg.projection_dim, bias=False)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def drop_unused(self) -> None:
+        """Drops what forward never runs (the layers past the hidden states' and, without
+        text_embeds, the final layer norm where the hidden states skip it), weights included."""
+        if self.pooled:
+            return
+        del self.encoder.layers[self.hidden_layers:]
+        if not self.norm_hidden:
+            self.final_layer_norm = None
+
+    def _text_embeds(self, input_ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        if self.config.eos_token_id == 2:
+            eos = input_ids.argmax(-1)
+        else:  # the first end-of-text token (the pad token may be the same one)
+            eos = (input_ids == self.config.eos_token_id).type_as(input_ids).argmax(-1)
+        index = eos[:, None, None].expand(-1, 1, last.shape[2])
+        return self.text_projection(self.final_layer_norm(last.gather(1, index)[:, 0]))
+
+    def forward(self, input_ids: torch.Tensor):
         x = self.embeddings(input_ids)
-        for layer in self.encoder.layers[: len(self.encoder.layers) - self.skip]:
+        hidden = x
+        for i, layer in enumerate(self.encoder.layers):
             x = layer(x)
-        return self.final_layer_norm(x)
+            if i + 1 == self.hidden_layers:
+                hidden = x
+        if self.norm_hidden:
+            hidden = self.final_layer_norm(hidden)
+        if self.pooled:
+            return hidden, self._text_embeds(input_ids, x)
+        return hidden

@@ -98,11 +98,14 @@ def _quantize(module: torch.nn.Module, opts: ExportOptions) -> int:
 
 def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:
     """Converts fp32 parameters and buffers to fp16 in place, except the quant state of quantized
-    layers (absmax, code, ...: only their weight and bias follow --dtype)."""
+    layers (absmax, code, ...: only their weight and bias follow --dtype) and the frequency
+    tables (FLOAT32_BUFFERS)."""
+    from .quant import FLOAT32_BUFFERS
+
     quant = set(quant_modules)
     for name, t in list(traced.named_parameters()) + list(traced.named_buffers()):
         owner, _, leaf = name.rpartition(".")
-        if owner in quant and leaf not in ("weight", "bias"):
+        if (owner in quant and leaf not in ("weight", "bias")) or leaf in FLOAT32_BUFFERS:
             continue
         if t.dtype == torch.float32:
             t.data = t.data.half()

@@ -29,6 +29,9 @@ SCHEMA = "quant_linear(Tensor x, Tensor weight, Tensor absmax, Tensor code, Tens
 
 FORMATS = ("none", "int8", "nf4")
 STATE_NAMES = ("absmax", "code", "nested_absmax", "nested_code", "offset")
+# Buffers kept in float32 whatever --dtype says, as the server keeps them (KeepsSavedDtype in
+# server/component/component.h): the sinusoidal frequency tables of timestep and size embeddings.
+FLOAT32_BUFFERS = ("freqs",)
 NESTED_BLOCKSIZE = 256
 MIN_BLOCKSIZE, MAX_BLOCKSIZE = 16, 4096
 

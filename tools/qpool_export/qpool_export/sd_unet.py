@@ -1,5 +1,5 @@
-"""A trace-clean UNet2DConditionModel: diffusers' SD 1.x / 2.x UNet rebuilt from its config with
-the same parameter names, so a diffusers state dict loads into it strictly.
+"""A trace-clean UNet2DConditionModel: diffusers' SD 1.x / 2.x and SDXL UNets rebuilt from their
+config with the same parameter names, so a diffusers state dict loads into it strictly.
 
 Note [Importing through qpool's modules]
 diffusers and transformers modules cannot be traced as they are: they read `x.dtype` and
@@ -13,12 +13,15 @@ configurations written here are accepted; any other config value fails naming th
 
 forward(sample [B, C, h, w], timestep [B] (dtype of sample), encoder_hidden_states [B, L, D])
   -> the model's prediction (epsilon or v) [B, C, h, w]; h and w may be any size.
+With SDXL's `text_time` additional embedding (addition_embed_type), forward takes two more
+inputs, text_embeds [B, P] (the pooled text embedding) and time_ids [B, 6] (original size, crop
+top-left, target size; dtype of sample), added to the time embedding as diffusers does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -53,6 +56,12 @@ class SdUNetConfig:
     norm_num_groups: int
     norm_eps: float
     sample_size: int
+    # SDXL's additional embedding ("text_time"), or None. With it: the width of each of the six
+    # time ids' sinusoidal embeddings and the input width of add_embedding (pooled text + 6 *
+    # addition_time_embed_dim).
+    addition_embed_type: Optional[str] = None
+    addition_time_embed_dim: int = 0
+    projection_class_embeddings_input_dim: int = 0
 
     # The diffusers UNet2DConditionModel config values this module reproduces; any other value of
     # these fields is refused.
@@ -61,7 +70,7 @@ class SdUNetConfig:
         "mid_block_type": "UNetMidBlock2DCrossAttn", "only_cross_attention": False,
         "downsample_padding": 1, "mid_block_scale_factor": 1, "act_fn": "silu",
         "encoder_hid_dim": None, "encoder_hid_dim_type": None, "dual_cross_attention": False,
-        "class_embed_type": None, "addition_embed_type": None, "num_class_embeds": None,
+        "class_embed_type": None, "num_class_embeds": None,
         "upcast_attention": False, "resnet_time_scale_shift": "default",
         "resnet_skip_time_act": False, "resnet_out_scale_factor": 1.0,
         "time_embedding_type": "positional", "time_embedding_dim": None,
@@ -110,6 +119,7 @@ class SdUNetConfig:
             if c % h:
                 raise ImportFailure(f"{where}: {c} channels are not divisible by {h} heads "
                                    f"(field 'attention_head_dim')")
+        addition = SdUNetConfig._addition(config, where)
         return SdUNetConfig(
             in_channels=config.get("in_channels", 4), out_channels=config.get("out_channels", 4),
             block_out_channels=blocks, down_attention=down_attention, up_attention=up_attention,
@@ -118,7 +128,29 @@ class SdUNetConfig:
             use_linear_projection=bool(config.get("use_linear_projection", False)),
             norm_num_groups=config.get("norm_num_groups", 32),
             norm_eps=float(config.get("norm_eps", 1e-5)),
-            sample_size=config.get("sample_size", 64) or 64)
+            sample_size=config.get("sample_size", 64) or 64, **addition)
+
+    ADDITIONS = (None, "text_time")
+
+    @staticmethod
+    def _addition(config: Dict[str, object], where: str) -> Dict[str, object]:
+        """The config's additional-embedding fields: none, or SDXL's text_time."""
+        kind = config.get("addition_embed_type")
+        if kind not in SdUNetConfig.ADDITIONS:
+            raise ImportFailure(f"{where}: field 'addition_embed_type' is {kind!r}; qpool imports "
+                               f"None (kind sd) or 'text_time' (kind sdxl)")
+        if kind is None:
+            return {}
+        out: Dict[str, object] = {"addition_embed_type": kind}
+        # The sinusoids come in cos/sin halves: an odd width (zero-padded by diffusers) is refused.
+        for field, step in (("addition_time_embed_dim", 2),
+                            ("projection_class_embeddings_input_dim", 1)):
+            value = config.get(field)
+            if not isinstance(value, int) or value <= 0 or value % step:
+                raise ImportFailure(f"{where}: field '{field}' is {value!r}; 'text_time' needs a "
+                                   f"positive {'even ' if step == 2 else ''}int")
+            out[field] = value
+        return out
 
 
 class Transformer2D(nn.Module):
@@ -180,6 +212,10 @@ class SdUNet(nn.Module):
 
         self.time_proj = TimestepProjection(ch0)
         self.time_embedding = TimestepEmbedding(ch0, temb_dim)
+        if cfg.addition_embed_type == "text_time":
+            self.add_time_proj = TimestepProjection(cfg.addition_time_embed_dim)
+            self.add_embedding = TimestepEmbedding(cfg.projection_class_embeddings_input_dim,
+                                                   temb_dim)
         self.conv_in = nn.Conv2d(cfg.in_channels, ch0, 3, padding=1)
 
         n = len(cfg.block_out_channels)
@@ -223,8 +259,17 @@ class SdUNet(nn.Module):
         self.conv_out = nn.Conv2d(ch0, cfg.out_channels, 3, padding=1)
 
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
-                encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+                encoder_hidden_states: torch.Tensor, text_embeds: Optional[torch.Tensor] = None,
+                time_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         temb = self.time_embedding(self.time_proj(timestep, sample))
+        if self.config.addition_embed_type == "text_time":
+            if text_embeds is None or time_ids is None:
+                raise ValueError("a text_time UNet takes text_embeds and time_ids")
+            # diffusers: each time id's sinusoidal embedding, concatenated after the pooled text.
+            time_embeds = self.add_time_proj(time_ids.flatten(), temb)
+            time_embeds = time_embeds.reshape(text_embeds.shape[0], -1)
+            added = torch.cat([text_embeds.type_as(temb), time_embeds], dim=-1)
+            temb = temb + self.add_embedding(added)
         x = self.conv_in(sample)
         skips = [x]
         for block in self.down_blocks:

@@ -1,0 +1,25 @@
+#include "pipeline/sdxl/sdxl_kind.h"
+
+#include "pipeline/sdxl/sdxl_pipeline.h"
+
+namespace qpool {
+
+SdxlKind::SdxlKind()
+    : components_{{"text_encoder", ComponentRole::kTextEncoder},
+                  {"text_encoder_2", ComponentRole::kTextEncoder},
+                  {"unet", ComponentRole::kDenoiser},
+                  {"vae_decoder", ComponentRole::kDecoder}} {}
+
+StatusOr<GenerateParams> SdxlKind::ResolveGenerate(const GenerateRequestIn& in,
+                                                   const PipelineManifest& manifest) const {
+  return ResolveGenerateRequest(in, manifest, /*size_conditioning=*/true);
+}
+
+StatusOr<std::unique_ptr<Pipeline>> SdxlKind::Load(const PipelineManifest& manifest,
+                                                   const c10::Device& device, c10::ScalarType dtype,
+                                                   const ResidencyContext& residency) const {
+  ASSIGN_OR_RETURN(auto pipeline, SdxlPipeline::Load(*this, manifest, device, dtype, residency));
+  return std::unique_ptr<Pipeline>(std::move(pipeline));
+}
+
+}  // namespace qpool

@@ -1,0 +1,283 @@
+"""The components of a diffusers-format pipeline as qpool's trace-clean modules, ready to trace:
+each is loaded with diffusers / transformers (or, for a bitsandbytes checkpoint, built from its
+config and given the dequantized weights), its weights are loaded strictly into qpool's module of
+the same architecture (Note [Importing through qpool's modules] in sd_unet.py), and that module is
+checked against the original on random inputs. Kinds `sd` and `sdxl` share these builders; what
+differs is which hidden states the text encoders give and the UNet's extra SDXL inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from . import bnb_import
+from .clip_text import ClipTextConfig, ClipTextEncoder
+from .import_error import ImportFailure
+from .sd_unet import SdUNet, SdUNetConfig
+from .sd_vae import SdVaeConfig, SdVaeDecoder
+
+
+def read_json(path: str) -> Dict[str, object]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise ImportFailure(f"{path}: missing") from None
+    except (OSError, ValueError) as e:
+        raise ImportFailure(f"{path}: cannot be read as JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ImportFailure(f"{path}: expected a JSON object")
+    return value
+
+
+def _load(what: str, loader: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """Runs a diffusers / transformers loader, turning its errors into ImportFailure naming the
+    component folder."""
+    try:
+        module = loader()
+    except ImportFailure:
+        raise
+    except Exception as e:  # noqa: BLE001 - the libraries raise many types; all mean "cannot load"
+        message = str(e).strip().splitlines()
+        raise ImportFailure(f"{what}: cannot be loaded: {type(e).__name__}: "
+                            f"{message[0] if message else ''}") from None
+    return module.eval().float()
+
+
+def _load_strict(mirror: torch.nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
+    """Loads `state` into `mirror`; every tensor must match, but for the buffers qpool's modules
+    compute themselves (the timestep frequencies, which diffusers computes in forward)."""
+    own = mirror.state_dict()
+    state = dict(state)
+    for key in own:
+        if key.endswith("time_proj.freqs") and key not in state:
+            state[key] = own[key]
+    result = mirror.load_state_dict(state, strict=False)
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:5])}"
+                         + (" ..." if len(unexpected) > 5 else ""))
+        raise ImportFailure(f"{where}: the weights do not match the architecture its config "
+                            f"describes: {'; '.join(parts)}")
+
+
+def _check_same(what: str, want: torch.Tensor, got: torch.Tensor) -> float:
+    if got.shape != want.shape:
+        raise ImportFailure(f"{what}: qpool's module gives shape {tuple(got.shape)}, diffusers "
+                            f"{tuple(want.shape)}")
+    diff = (got - want).abs().max().item()
+    scale = want.abs().max().item()
+    if not diff <= 1e-4 * (1.0 + scale):
+        raise ImportFailure(f"{what}: qpool's module differs from the original by {diff:g} "
+                            f"(output scale {scale:g}); this architecture is not supported")
+    return diff
+
+
+@dataclass
+class Built:
+    """One component ready to trace: qpool's module, example inputs for the trace and for the
+    second-shape check, what the checks found, and the layers a bitsandbytes checkpoint had
+    quantized (installed after the checks, which run on their dequantized weights)."""
+    name: str
+    module: torch.nn.Module
+    trace_inputs: Tuple[torch.Tensor, ...]
+    check_inputs: Tuple[torch.Tensor, ...]
+    max_diff: float
+    prequantized: Dict[str, object] = field(default_factory=dict)
+    dtype: Optional[str] = None  # saved in this dtype instead of the import's --dtype
+
+
+def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
+                   from_config: Callable[[Dict[str, object]], torch.nn.Module]
+                   ) -> Tuple[torch.nn.Module, Dict[str, object]]:
+    """The component as diffusers / transformers build it, and the layers of a bitsandbytes
+    checkpoint converted to qpool's formats (Note [bitsandbytes checkpoints] in bnb_import.py):
+    then the component is built from its config and gets the dequantized weights, so that the
+    checks compare float math with float math."""
+    config = read_json(os.path.join(where, "config.json"))
+    if not bnb_import.is_bnb_config(config):
+        return _load(where, from_pretrained), {}
+    floats, layers = bnb_import.convert(bnb_import.read_state_dict(where), where)
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    original = _load(where, lambda: from_config(plain))
+    own = set(original.state_dict())
+    if not set(floats) <= own:  # transformers 4 checkpoints name CLIP's tensors text_model.*
+        floats = {k[len("text_model."):] if k.startswith("text_model.") else k: v
+                  for k, v in floats.items()}
+        layers = {k[len("text_model."):] if k.startswith("text_model.") else k: v
+                  for k, v in layers.items()}
+    floats = {k: v for k, v in floats.items() if k in own or not k.endswith("position_ids")}
+    _load_strict(original, floats, where)
+    return original.eval().float(), layers
+
+
+def _strip_text_model(key: str) -> str:
+    """transformers' CLIPTextModelWithProjection (and CLIPTextModel checkpoints of transformers
+    4) name the text model's tensors text_model.*; qpool's ClipTextEncoder has them at its top."""
+    return key[len("text_model."):] if key.startswith("text_model.") else key
+
+
+def _check_ids(cfg: ClipTextConfig, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """Random token ids, each row with an end-of-text token at a random position when the config
+    names one in the vocabulary (where text_embeds are read)."""
+    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=gen)
+    if 0 <= cfg.eos_token_id < cfg.vocab_size and cfg.eos_token_id != 2:
+        ids[ids == cfg.eos_token_id] = 0
+        at = torch.randint(1, length, (batch,), generator=gen)
+        ids[torch.arange(batch), at] = cfg.eos_token_id
+    return ids
+
+
+def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_skip: int,
+                       gen: torch.Generator, variant: Optional[str] = None) -> Built:
+    """`name` is the component folder: text_encoder (CLIPTextModel) or, for kind sdxl,
+    text_encoder_2 (CLIPTextModelWithProjection, whose module also returns text_embeds). Kind sd
+    takes the last hidden state (or, with clip_skip, an earlier one through the final layer
+    norm), kind sdxl the penultimate layer's output as StableDiffusionXLPipeline does (module
+    docstring of clip_text.py)."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    pooled = name == "text_encoder_2"
+    penultimate = kind == "sdxl"
+    cls = CLIPTextModelWithProjection if pooled else CLIPTextModel
+    where = os.path.join(src, name)
+    original, prequantized = _load_original(
+        where, lambda: cls.from_pretrained(where, variant=variant),
+        lambda c: cls(CLIPTextConfig.from_dict(c)))
+    cfg = ClipTextConfig.from_transformers(original.config.to_dict(),
+                                           os.path.join(where, "config.json"))
+    if max_length > cfg.max_position_embeddings:
+        tokenizer = name.replace("text_encoder", "tokenizer")
+        raise ImportFailure(f"{src}/{tokenizer}: model_max_length {max_length} exceeds the text "
+                            f"encoder's max_position_embeddings {cfg.max_position_embeddings}")
+    mirror = ClipTextEncoder(cfg, skip=clip_skip, penultimate=penultimate, pooled=pooled)
+    state = {_strip_text_model(k): v for k, v in original.state_dict().items()}
+    state.pop("embeddings.position_ids", None)
+    _load_strict(mirror, state, where)
+    ids = _check_ids(cfg, 2, max_length, gen)
+    with torch.no_grad():
+        out = original(ids, output_hidden_states=True)
+        if penultimate:
+            want = out.hidden_states[-(clip_skip + 2)]
+        elif clip_skip == 0:
+            want = out.last_hidden_state
+        else:
+            final_norm = getattr(original, "text_model", original).final_layer_norm
+            want = final_norm(out.hidden_states[-(clip_skip + 1)])
+        got = mirror(ids)
+        if pooled:
+            diff = max(_check_same(where, want, got[0]),
+                       _check_same(f"{where} (text_embeds)", out.text_embeds, got[1]))
+        else:
+            diff = _check_same(where, want, got)
+    # Layers past the hidden states' never run unless text_embeds need them: drop their weights
+    # (and the bitsandbytes layers among them).
+    mirror.drop_unused()
+    kept = {n for n, _ in mirror.named_modules()}
+    layers = {_strip_text_model(k): v for k, v in prequantized.items()}
+    layers = {k: v for k, v in layers.items() if k in kept}
+    second = (_check_ids(cfg, 3, max_length, gen),)
+    return Built(name, mirror, (ids,), second, diff, layers)
+
+
+ADDITION = {"sd": None, "sdxl": "text_time"}  # the UNet's addition_embed_type per kind
+TIME_IDS = 6  # SDXL's micro-conditioning: original size, crop top-left, target size
+
+
+def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
+               gen: torch.Generator, variant: Optional[str] = None) -> Built:
+    """`context` is (tokens, width) of the text encoders' hidden states; `pooled_dim` the width
+    of text_embeds (kind sdxl; 0 for sd)."""
+    from diffusers import UNet2DConditionModel
+
+    where = os.path.join(src, "unet")
+    config_path = os.path.join(where, "config.json")
+    # Checked before diffusers builds the UNet: another kind's embedding would fail there, with a
+    # message about its weights rather than the field.
+    addition = read_json(config_path).get("addition_embed_type")
+    if addition != ADDITION[kind]:
+        hint = {"sd": " (SDXL's 'text_time' comes with StableDiffusionXLPipeline, kind sdxl)",
+                "sdxl": ""}[kind]
+        raise ImportFailure(f"{config_path}: field 'addition_embed_type' is {addition!r}; kind "
+                            f"{kind} imports {ADDITION[kind]!r}{hint}")
+    original, prequantized = _load_original(
+        where, lambda: UNet2DConditionModel.from_pretrained(where, variant=variant),
+        UNet2DConditionModel.from_config)
+    cfg = SdUNetConfig.from_diffusers(dict(original.config), config_path)
+    length, width = context
+    if width != cfg.cross_attention_dim:
+        raise ImportFailure(f"{config_path}: field 'cross_attention_dim' is "
+                            f"{cfg.cross_attention_dim}; the text encoders give {width}")
+    text_time = cfg.addition_embed_type == "text_time"
+    if text_time and (cfg.projection_class_embeddings_input_dim
+                      != pooled_dim + TIME_IDS * cfg.addition_time_embed_dim):
+        raise ImportFailure(
+            f"{config_path}: field 'projection_class_embeddings_input_dim' is "
+            f"{cfg.projection_class_embeddings_input_dim}; text_encoder_2's projection_dim "
+            f"{pooled_dim} plus {TIME_IDS} time ids of addition_time_embed_dim "
+            f"{cfg.addition_time_embed_dim} give "
+            f"{pooled_dim + TIME_IDS * cfg.addition_time_embed_dim}")
+    mirror = SdUNet(cfg)
+    _load_strict(mirror, original.state_dict(), where)
+    levels = 2 ** (len(cfg.block_out_channels) - 1)
+
+    def inputs(batch: int, h: int, w: int) -> Tuple[torch.Tensor, ...]:
+        plain = (torch.randn(batch, cfg.in_channels, h, w, generator=gen),
+                 torch.randint(0, 1000, (batch,), generator=gen).float(),
+                 torch.randn(batch, length, width, generator=gen))
+        if not text_time:
+            return plain
+        return plain + (torch.randn(batch, pooled_dim, generator=gen),
+                        torch.randint(0, 2048, (batch, TIME_IDS), generator=gen).float())
+
+    def diffusers_unet(args: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if not text_time:
+            return original(*args).sample
+        return original(*args[:3], added_cond_kwargs={"text_embeds": args[3],
+                                                      "time_ids": args[4]}).sample
+
+    # A latent that is not a multiple of the UNet's downscale: the upsamplers then take their
+    # skip's size, which covers every size (Note [Shapes are not baked] in tracing.py).
+    side = levels * 2 + 1
+    trace_inputs = inputs(2, side, side + levels)
+    with torch.no_grad():
+        diff = _check_same(where, diffusers_unet(trace_inputs), mirror(*trace_inputs))
+        even = inputs(1, levels * 2, levels * 2)
+        diff = max(diff, _check_same(where, diffusers_unet(even), mirror(*even)))
+    return Built("unet", mirror, trace_inputs, inputs(1, levels * 3, levels * 2 + 3), diff,
+                 prequantized)
+
+
+def build_vae_decoder(src: str, kind: str, gen: torch.Generator,
+                      variant: Optional[str] = None) -> Tuple[Built, SdVaeConfig]:
+    from diffusers import AutoencoderKL
+
+    where = os.path.join(src, "vae")
+    original, prequantized = _load_original(
+        where, lambda: AutoencoderKL.from_pretrained(where, variant=variant),
+        AutoencoderKL.from_config)
+    cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
+    if cfg.shift_factor != 0.0:
+        raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
+                            f"kind {kind} imports VAEs without one")
+    mirror = SdVaeDecoder(cfg)
+    state = {k: v for k, v in original.state_dict().items()
+             if k.startswith("decoder.") or k.startswith("post_quant_conv.")}
+    _load_strict(mirror, state, where)
+    z = torch.randn(1, cfg.latent_channels, 6, 5, generator=gen)
+    with torch.no_grad():
+        diff = _check_same(where, original.decode(z).sample, mirror(z))
+    second = (torch.randn(2, cfg.latent_channels, 4, 7, generator=gen),)
+    layers = {k: v for k, v in prequantized.items() if k.startswith("decoder.")
+              or k.startswith("post_quant_conv.")}
+    return Built("vae_decoder", mirror, (z,), second, diff, layers), cfg
+
