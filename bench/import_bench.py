@@ -3,7 +3,7 @@
 Builds a diffusers Stable Diffusion 1.5- or SDXL-shaped pipeline (--model) from its published
 configs with random weights (no hub; the tokenizer files come from --tokenizer), saves it with
 save_pretrained, imports it with `qpool_export from-diffusers` (fp16, and the variants --quantize
-asks for: imported quantized, or with --load-time-quant the fp16 import quantized when loaded),
+asks for imported quantized, and those --load-time asks for quantized by the server at load),
 serves each with its own qpool-server and times Generate through the qpool CLI, and reads the
 device's peak allocated bytes. Then it times the same diffusers pipeline (fp16, eager, and with
 its UNet under torch.compile when --compile) in the same run: same size, steps, scheduler (DDIM)
@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -110,24 +108,6 @@ def build(model: str, src: str, tokenizer_dir: str) -> None:
     torch.cuda.empty_cache()
 
 
-def load_time_variant(repo: str, base: str, name: str, fmt: str, components) -> None:
-    """A copy of the import `base` (weights hard-linked) whose manifest quantizes `components`
-    to `fmt` when the pipeline loads."""
-    dest = os.path.join(repo, name)
-    shutil.copytree(os.path.join(repo, base), dest, copy_function=os.link)
-    path = os.path.join(dest, "pipeline.yaml")
-    os.unlink(path)  # a link to the base's manifest: write a new file
-    with open(os.path.join(repo, base, "pipeline.yaml")) as f:
-        text = f.read()
-    for c in components:
-        text, n = re.subn(rf"(\n  {c}:\n    file: [^\n]+\n)",
-                          rf"\1    quantization:\n      format: {fmt}\n", text)
-        if n != 1:
-            sys.exit(f"{path}: no components.{c}.file line to add quantization after")
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def run_import(src: str, out: str, *args: str) -> float:
     start = time.monotonic()
     path = [os.path.join(ROOT, "tools", "qpool_export"), os.environ.get("PYTHONPATH", "")]
@@ -157,7 +137,9 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a) -> dic
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
                  str(i), "--scheduler", "ddim", "--guidance", str(a.guidance), "--out",
                  os.path.join(a.work, "qpool-{seed}-{i}.png")],
-                check=True, capture_output=True, text=True)
+                capture_output=True, text=True)
+            if done.returncode != 0:
+                return {"error": done.stderr.strip()[-2000:]}
             if i >= a.warmup:
                 times.append(json.loads(done.stdout)["timings"]["total_seconds"])
         pb = client.pb
@@ -230,10 +212,11 @@ def main() -> int:
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--quantize", default="nf4", help="comma list of int8, nf4 variants to import")
-    p.add_argument("--load-time-quant", action="store_true",
-                   help="make the --quantize variants not imported before from the fp16 import, "
-                        "quantized at load")
+    p.add_argument("--quantize", default="nf4",
+                   help="comma list of int8, nf4: variants imported quantized")
+    p.add_argument("--load-time", default="",
+                   help="comma list of int8, nf4: variants imported with --quant-mode load-time "
+                        "(the server quantizes them when it loads them)")
     p.add_argument("--size", type=int, default=0, help="default: the model's (512, 1024)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--guidance", type=float, default=7.5)
@@ -265,19 +248,15 @@ def main() -> int:
     if not os.path.exists(os.path.join(repo, base, "pipeline.yaml")):
         result["import_seconds"][base] = run_import(src, os.path.join(repo, base), "--dtype",
                                                     "float16", "-q")
-    for fmt in (f for f in a.quantize.split(",") if f):
-        name = f"{base}-{fmt}"
-        if a.load_time_quant and not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
-            name += "-load"  # an import quantized before (by the same name) is used as it is
+    variants = [(f, "prequantized") for f in a.quantize.split(",") if f]
+    variants += [(f, "load-time") for f in a.load_time.split(",") if f]
+    for fmt, mode in variants:
+        name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "")
         names.append(name)
-        if os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
-            continue
-        if a.load_time_quant:
-            load_time_variant(repo, base, name, fmt, model["quantize"])
-        else:
+        if not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
             result["import_seconds"][name] = run_import(
-                src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quantize",
-                ",".join(f"{c}={fmt}" for c in model["quantize"]))
+                src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quant-mode", mode,
+                "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]))
     print(json.dumps(result), flush=True)
     result["qpool"] = {}
     for name in names:
