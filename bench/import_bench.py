@@ -3,7 +3,7 @@
 Builds a diffusers Stable Diffusion 1.5- or SDXL-shaped pipeline (--model) from its published
 configs with random weights (no hub; the tokenizer files come from --tokenizer), saves it with
 save_pretrained, imports it with `qpool_export from-diffusers` (fp16, and the variants --quantize
-asks for: imported quantized, or with --load-time-quant the fp16 import quantized when loaded),
+asks for imported quantized, and those --load-time asks for quantized by the server at load),
 serves each with its own qpool-server and times Generate through the qpool CLI, and reads the
 device's peak allocated bytes. Then it times the same diffusers pipeline (fp16, eager, and with
 its UNet under torch.compile when --compile) in the same run: same size, steps, scheduler (DDIM)
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -111,8 +110,9 @@ def build(model: str, src: str, tokenizer_dir: str) -> None:
     torch.cuda.empty_cache()
 
 
-def variant(repo: str, base: str, name: str, edit) -> None:
-    """A copy of the import `base` (weights hard-linked) whose manifest is edit(text, path)."""
+def graphs_off_variant(repo: str, base: str, name: str) -> None:
+    """A copy of the pipeline `base` (weights hard-linked) whose denoiser runs without CUDA
+    graphs (execution.cuda_graphs: false)."""
     dest = os.path.join(repo, name)
     shutil.copytree(os.path.join(repo, base), dest, copy_function=os.link)
     path = os.path.join(dest, "pipeline.yaml")
@@ -120,26 +120,7 @@ def variant(repo: str, base: str, name: str, edit) -> None:
     with open(os.path.join(repo, base, "pipeline.yaml")) as f:
         text = f.read()
     with open(path, "w") as f:
-        f.write(edit(text, path))
-
-
-def load_time_variant(repo: str, base: str, name: str, fmt: str, components) -> None:
-    """A copy of the import `base` whose manifest quantizes `components` to `fmt` when the
-    pipeline loads."""
-    def quantize(text, path):
-        for c in components:
-            text, n = re.subn(rf"(\n  {c}:\n    file: [^\n]+\n)",
-                              rf"\1    quantization:\n      format: {fmt}\n", text)
-            if n != 1:
-                sys.exit(f"{path}: no components.{c}.file line to add quantization after")
-        return text
-
-    variant(repo, base, name, quantize)
-
-
-def graphs_off_variant(repo: str, base: str, name: str) -> None:
-    """A copy of the pipeline `base` whose denoiser runs without CUDA graphs."""
-    variant(repo, base, name, lambda text, path: text + "execution:\n  cuda_graphs: false\n")
+        f.write(text + "execution:\n  cuda_graphs: false\n")
 
 
 def run_import(src: str, out: str, *args: str) -> float:
@@ -171,7 +152,9 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a) -> dic
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
                  str(i), "--scheduler", "ddim", "--guidance", str(a.guidance), "--out",
                  os.path.join(a.work, "qpool-{seed}-{i}.png")],
-                check=True, capture_output=True, text=True)
+                capture_output=True, text=True)
+            if done.returncode != 0:
+                return {"error": done.stderr.strip()[-2000:]}
             if i >= a.warmup:
                 timings = json.loads(done.stdout)["timings"]
                 times.append(timings["total_seconds"])
@@ -247,10 +230,11 @@ def main() -> int:
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--quantize", default="nf4", help="comma list of int8, nf4 variants to import")
-    p.add_argument("--load-time-quant", action="store_true",
-                   help="make the --quantize variants not imported before from the fp16 import, "
-                        "quantized at load")
+    p.add_argument("--quantize", default="nf4",
+                   help="comma list of int8, nf4: variants imported quantized")
+    p.add_argument("--load-time", default="",
+                   help="comma list of int8, nf4: variants imported with --quant-mode load-time "
+                        "(the server quantizes them when it loads them)")
     p.add_argument("--size", type=int, default=0, help="default: the model's (512, 1024)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--guidance", type=float, default=7.5)
@@ -284,19 +268,15 @@ def main() -> int:
     if not os.path.exists(os.path.join(repo, base, "pipeline.yaml")):
         result["import_seconds"][base] = run_import(src, os.path.join(repo, base), "--dtype",
                                                     "float16", "-q")
-    for fmt in (f for f in a.quantize.split(",") if f):
-        name = f"{base}-{fmt}"
-        if a.load_time_quant and not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
-            name += "-load"  # an import quantized before (by the same name) is used as it is
+    variants = [(f, "prequantized") for f in a.quantize.split(",") if f]
+    variants += [(f, "load-time") for f in a.load_time.split(",") if f]
+    for fmt, mode in variants:
+        name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "")
         names.append(name)
-        if os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
-            continue
-        if a.load_time_quant:
-            load_time_variant(repo, base, name, fmt, model["quantize"])
-        else:
+        if not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
             result["import_seconds"][name] = run_import(
-                src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quantize",
-                ",".join(f"{c}={fmt}" for c in model["quantize"]))
+                src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quant-mode", mode,
+                "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]))
     if a.graphs_off:
         for name in list(names):
             eager = f"{name}-eager"

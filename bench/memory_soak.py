@@ -70,6 +70,9 @@ def main():
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--oom-headroom-gib", type=float, default=1.0)
     ap.add_argument("--skip-oom", action="store_true", help="only the load/unload soak")
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="stop the soak after this long (0: run every cycle); the cycles run are "
+                         "reported")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -88,7 +91,11 @@ def main():
         start = device_stats(models, pb, device)
         rounding, leaked, load_seconds = [], 0, []
         t0 = time.time()
+        cycles_run = 0
         for i in range(args.cycles):
+            if args.max_seconds and time.time() - t0 > args.max_seconds:
+                break
+            cycles_run += 1
             before = device_stats(models, pb, device).allocated_bytes
             loaded = models.LoadPipeline(pb.LoadPipelineRequest(name=name, device=device))
             load_seconds.append(loaded.load_seconds)
@@ -104,7 +111,7 @@ def main():
         end = device_stats(models, pb, device)
         report = models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
         results["soak"] = {
-            "seconds": soak_seconds, "load_seconds_median": sorted(load_seconds)[len(load_seconds) // 2],
+            "cycles_run": cycles_run, "seconds": soak_seconds, "load_seconds_median": sorted(load_seconds)[len(load_seconds) // 2],
             "leaked_bytes_reported_by_unloads": leaked,
             "leaked_bytes_total": report.leaked_bytes_total,
             "allocated_start": start.allocated_bytes, "allocated_end": end.allocated_bytes,

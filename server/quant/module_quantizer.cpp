@@ -108,7 +108,8 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
                           ? " left after skip (" + std::to_string(report.layers_skipped) +
                                 " skipped)"
                           : "") +
-          "; export it with qpool_export.quant.quantize_module(..., prequantize=False)");
+          "; write it with `qpool_export --quant-mode load-time` or `qpool_export "
+          "from-diffusers --quant-mode load-time` (quantizable float layers)");
     }
     // Pass 2: quantize layer by layer, dropping each float weight as soon as it is replaced.
     for (Layer& layer : todo) {

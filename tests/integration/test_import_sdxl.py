@@ -417,6 +417,11 @@ def served_pipelines(tmp_path_factory, source, imported, bnb_imported):
         spec = ",".join(f"{c}={f}" for c, f in formats.items())
         done = imported_into(repository, name, folder, "--dtype", "float32", "--quantize", spec)
         pipelines[name] = (done, dequantized(load_pipeline(folder), formats))
+    # The same NF4 formats quantized by the server when it loads the pipeline.
+    spec = ",".join(f"{c}={f}" for c, f in QUANTIZED["sdxl-nf4"].items())
+    done = imported_into(repository, "sdxl-nf4-load", folder, "--dtype", "float32", "--quantize",
+                         spec, "--quant-mode", "load-time")
+    pipelines["sdxl-nf4-load"] = (done, pipelines["sdxl-nf4"][1])
     return pipelines
 
 
@@ -432,6 +437,7 @@ def client(make_server, served_pipelines):
 def test_served_pipelines_are_listed_with_their_components(client):
     pipelines = client.pipelines()
     want = {"sdxl": {}, "sdxl-nf4": QUANTIZED["sdxl-nf4"], "sdxl-int8": QUANTIZED["sdxl-int8"],
+            "sdxl-nf4-load": QUANTIZED["sdxl-nf4"],
             "sdxl-bnb": {"unet": "nf4", "text_encoder": "nf4", "text_encoder_2": "int8"}}
     for name, formats in want.items():
         info = pipelines[name]
@@ -553,3 +559,14 @@ def test_served_quantized_images_match_diffusers_on_the_dequantized_weights(
     value = psnr(got, qpool_image(client, "sdxl", **request))
     print(f"QUANT_PSNR_MEASURED {name}: {value:.2f} dB")
     assert MIN_PSNR_DB[name] <= value < math.inf, f"{name}: PSNR {value:.2f} dB"
+
+
+def test_load_time_quantization_gives_the_imported_quantization(client, served_pipelines):
+    """--quant-mode load-time saves float layers and lets the server quantize them when it loads
+    the pipeline: the same bytes as quantizing at import, so the same PNG."""
+    manifest = yaml.safe_load((served_pipelines["sdxl-nf4-load"][0] / "pipeline.yaml").read_text())
+    assert manifest["components"]["unet"]["quantization"]["format"] == "nf4"
+    request = dict(pipeline="sdxl-nf4-load", prompt=PROMPT, steps=3, width=SIZE, height=SIZE,
+                   seed=7, scheduler="euler")
+    got = client.generate_one(**request).images[0].png
+    assert got == client.generate_one(**dict(request, pipeline="sdxl-nf4")).images[0].png

@@ -71,6 +71,9 @@ class ImportOptions:
     double_quant: bool = False
     clip_skip: int = 0
     variant: Optional[str] = None  # e.g. "fp16": read *.fp16.safetensors weight files
+    # prequantized: --quantize quantizes now; load-time: the layers stay float (quantizable) and
+    # the manifest has the server quantize them when it loads the pipeline.
+    quant_mode: str = "prequantized"
     verbose: bool = True
 
 
@@ -109,7 +112,8 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
     from . import quant
 
     return quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
-                                 double_quant=opts.double_quant, prequantize=True)
+                                 double_quant=opts.double_quant,
+                                 prequantize=opts.quant_mode == "prequantized")
 
 
 def _to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
@@ -361,6 +365,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quantize", default="",
                    help="components to quantize, e.g. unet=nf4,text_encoder=int8 (SDXL: "
                         "text_encoder_2 too)")
+    p.add_argument("--quant-mode", choices=("prequantized", "load-time"), default="prequantized",
+                   help="prequantized: --quantize quantizes the saved weights; load-time: they "
+                        "stay float in quantizable layers and the server quantizes them when it "
+                        "loads the pipeline (the manifest's format can then be changed without "
+                        "importing again)")
     p.add_argument("--blocksize", type=int, default=64, help="nf4 block size (default 64)")
     p.add_argument("--double-quant", action="store_true", help="nf4: 8-bit absmax of absmax")
     p.add_argument("--clip-skip", type=int, default=0,
@@ -375,7 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
                          quantize=_parse_quantize(a.quantize, p), blocksize=a.blocksize,
                          double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
-                         verbose=not a.quiet)
+                         quant_mode=a.quant_mode, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
