@@ -181,6 +181,26 @@ Status Parser::ResolveFile(const YAML::Node& map, const std::string& prefix, con
   if (!fs::is_regular_file(st)) {
     return Error(field, "names something that is not a regular file: " + resolved.string());
   }
+  // Note [Files stay in the repository]
+  // The lexical checks above keep a manifest's paths inside its folder, but a symlink (the file's
+  // or a folder's on its way) may still lead anywhere on the host, and the server would serve
+  // whatever it finds there. A file must resolve, symlinks followed, to a place inside the model
+  // repository (the pipeline folder's parent): pipelines may share files through links within
+  // the repository, never through links out of it.
+  std::error_code real_ec;
+  std::error_code root_ec;
+  const fs::path real = fs::canonical(resolved, real_ec);
+  const fs::path root = fs::canonical(fs::path(dir_).parent_path(), root_ec);
+  if (real_ec || root_ec) {
+    return Error(field, "cannot be resolved: " + (real_ec ? real_ec : root_ec).message());
+  }
+  auto r = real.begin();
+  for (auto it = root.begin(); it != root.end(); ++it, ++r) {
+    if (r == real.end() || *r != *it) {
+      return Error(field, "resolves to " + real.string() + ", outside the model repository " +
+                              root.string() + " (a symbolic link out of it is refused)");
+    }
+  }
   *out = resolved.string();
   return Status::Ok();
 }

@@ -108,6 +108,48 @@ TEST_F(ManifestTest, SdxlManifestParsesItsOwnSections) {
   EXPECT_FALSE(Parse(kMinimal)->tokenizer_2.has_value());
 }
 
+// Note [Files stay in the repository]: links within the repository are followed, links out of
+// it refused, naming the field and where the link leads.
+TEST_F(ManifestTest, SymlinksMayNotLeaveTheRepository) {
+  const std::string repo = testing::MakeTempDir("manifest-repo");
+  const std::string pipe = repo + "/p";
+  for (const char* f : {"text_encoder.pt", "vae_decoder.pt", "tokenizer/vocab.json",
+                        "tokenizer/merges.txt", "pipeline.yaml"}) {
+    WriteFile(pipe + "/" + f, std::string(f) == "pipeline.yaml" ? kMinimal : "x");
+  }
+  WriteFile(repo + "/shared/unet.pt", "x");
+  fs::create_symlink(repo + "/shared/unet.pt", pipe + "/unet.pt");
+  auto inside = LoadManifest(pipe, testing::BuiltinKindCatalog());
+  EXPECT_TRUE(inside.ok()) << inside.status().ToString();
+
+  const std::string outside = testing::MakeTempDir("manifest-outside");
+  WriteFile(outside + "/secret.pt", "x");
+  fs::remove(pipe + "/unet.pt");
+  fs::create_symlink(outside + "/secret.pt", pipe + "/unet.pt");
+  auto out = LoadManifest(pipe, testing::BuiltinKindCatalog());
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.status().message(),
+            pipe + "/pipeline.yaml: field 'components.unet.file' resolves to " + outside +
+                "/secret.pt, outside the model repository " + repo +
+                " (a symbolic link out of it is refused)");
+  // A linked folder on the way counts too.
+  fs::remove(pipe + "/unet.pt");
+  WriteFile(pipe + "/unet.pt", "x");
+  fs::remove_all(pipe + "/tokenizer");
+  WriteFile(outside + "/tokenizer/vocab.json", "x");
+  WriteFile(outside + "/tokenizer/merges.txt", "x");
+  fs::create_symlink(outside + "/tokenizer", pipe + "/tokenizer");
+  out = LoadManifest(pipe, testing::BuiltinKindCatalog());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("field 'tokenizer.vocab' resolves to " + outside +
+                                        "/tokenizer/vocab.json, outside"),
+            std::string::npos)
+      << out.status().message();
+  fs::remove_all(outside);
+  fs::remove_all(repo);
+}
+
 TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   WriteFile(path_, kFull);
   auto r = LoadManifest(dir_, testing::BuiltinKindCatalog());
