@@ -20,6 +20,8 @@ MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memor
       "Bytes copied from pinned host memory to a device while components ran under the "
       "sequential offload policy.",
       {"pipeline", "component", "device"});
+  // Note [Counters start at zero] in pool/pool_metrics.cpp: 0 per device from the start.
+  for (const auto& d : devices_) leaked.WithLabels({d.str()});
   events.AddListener([&counts, &durations, &leaked, &streamed](const MemoryEvent& e) {
     counts.WithLabels({MemoryEventKindName(e.kind), MemoryEventOutcomeName(e.outcome)}).Inc();
     durations.WithLabels({MemoryEventKindName(e.kind)}).Observe(e.duration_seconds);

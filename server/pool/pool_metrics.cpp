@@ -31,7 +31,19 @@ void PoolMetrics::Collect(SampleSink& sink) const {
                     {{"pipeline", pipeline}, {"device", device}, {"reason", reason}},
                     static_cast<double>(n));
   }
-  for (const auto& [key, n] : c.evictions) {
+  // Note [Counters start at zero]: every loaded pipeline (and each of its replicas' devices) has
+  // these series from its load on, at 0 until the first event, so that an alert on their
+  // increase sees 0 rather than no data.
+  const std::vector<PipelineStatus> loaded = registry_.ListLoaded();
+  auto evictions = c.evictions;
+  auto host_evictions = c.host_evictions;
+  auto retries = c.retries;
+  for (const auto& p : loaded) {
+    for (const auto& r : p.replicas) evictions.emplace(std::make_pair(p.name, r.device), 0);
+    host_evictions.emplace(p.name, 0);
+    retries.emplace(p.name, 0);
+  }
+  for (const auto& [key, n] : evictions) {
     sink.AddCounter("qpool_evictions_total",
                     "Idle replicas offloaded to host memory to make room under a GPU's budget.",
                     {{"pipeline", key.first}, {"device", key.second}}, static_cast<double>(n));
@@ -42,18 +54,18 @@ void PoolMetrics::Collect(SampleSink& sink) const {
                     "(placement.max_replicas).",
                     {{"pipeline", key.first}, {"device", key.second}}, static_cast<double>(n));
   }
-  for (const auto& [pipeline, n] : c.host_evictions) {
+  for (const auto& [pipeline, n] : host_evictions) {
     sink.AddCounter("qpool_host_evictions_total",
                     "Idle pipelines unloaded to make room in host memory for another's load "
                     "(--host-memory-budget).",
                     {{"pipeline", pipeline}}, static_cast<double>(n));
   }
-  for (const auto& [pipeline, n] : c.retries) {
+  for (const auto& [pipeline, n] : retries) {
     sink.AddCounter("qpool_request_retries_total",
                     "Requests retried on another device after running out of memory.",
                     {{"pipeline", pipeline}}, static_cast<double>(n));
   }
-  for (const auto& p : registry_.ListLoaded()) {
+  for (const auto& p : loaded) {
     for (const auto& component : p.components) {
       // component.device is where the component's tensors are: its GPU, or cpu when offloaded.
       auto bytes = [&](const char* kind, uint64_t v) {

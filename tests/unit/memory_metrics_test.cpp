@@ -18,6 +18,8 @@ TEST(MemoryMetrics, LeakEventsCountTheirBytesAndEveryEventItsKind) {
   DeviceMemory memory(arenas);
   MemoryEventLog events;
   MemoryMetrics metrics(registry, memory, events, {c10::Device(c10::kCPU)});
+  // Note [Counters start at zero]: the series exists before any leak.
+  EXPECT_EQ(SampleValue(registry, "qpool_vram_leaked_bytes_total", {{"device", "cpu"}}), 0);
 
   MemoryEvent leak;
   leak.kind = MemoryEventKind::kLeak;
