@@ -24,6 +24,52 @@ Status CheckShape(const std::string& what, const torch::Tensor& t, c10::IntArray
   return Status::Ok();
 }
 
+namespace {
+
+// Note [Component signatures]
+// A component file that is not what its manifest entry says (a VAE decoder saved as unet.pt,
+// an SD 1.x UNet in an SDXL folder) used to load and fail only in its first request, with an
+// Internal error from deep inside the interpreter. Each kind declares the arguments and outputs
+// of its components' forward (ComponentDecl), and a load checks the TorchScript schema against
+// them: the number of arguments after self, and a tensor or a tuple of that many tensors
+// returned. Shapes cannot be checked without running the component; CheckShape does that at
+// run time.
+std::string Describe(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+Status CheckSignature(const ComponentDecl& decl, Component& component, const std::string& file,
+                      const std::string& kind) {
+  const c10::FunctionSchema& schema =
+      component.module().get_method("forward").function().getSchema();
+  const size_t inputs = schema.arguments().empty() ? 0 : schema.arguments().size() - 1;
+  size_t outputs = 0;
+  if (schema.returns().size() == 1) {
+    const c10::TypePtr& type = schema.returns()[0].type();
+    if (type->kind() == c10::TypeKind::TensorType) {
+      outputs = 1;
+    } else if (auto tuple = type->cast<c10::TupleType>()) {
+      outputs = tuple->elements().size();
+      for (const auto& e : tuple->elements()) {
+        if (e->kind() != c10::TypeKind::TensorType) outputs = 0;
+      }
+      if (outputs == 1) outputs = 0;  // a tuple of one is not a tensor
+    }
+  }
+  if (inputs == decl.inputs.size() && outputs == decl.outputs) return Status::Ok();
+  const std::string want_out =
+      decl.outputs == 1 ? "a tensor" : StrCat("a tuple of ", decl.outputs, " tensors");
+  return InvalidArgument(StrCat(
+      file, ": its forward takes ", inputs, " argument(s) and returns ",
+      schema.returns().size() == 1 ? schema.returns()[0].type()->str() : "several values", "; a ",
+      decl.name, " of kind ", kind, " takes ", decl.inputs.size(), " (", Describe(decl.inputs),
+      ") and returns ", want_out, " (docs/model-repository.md, component contract)"));
+}
+
+}  // namespace
+
 Pipeline::Pipeline(const PipelineKind& kind, PipelineManifest manifest, c10::ScalarType dtype)
     : kind_(kind), manifest_(std::move(manifest)), dtype_(dtype) {}
 
@@ -46,6 +92,11 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       dtypes.push_back(own);
     }
     ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
+    Status signature = CheckSignature(decl, *component, spec->file, kind_.name());
+    if (!signature.ok()) {
+      return InvalidArgument(
+          StrCat(manifest_.path, ": components.", name, ".file ", signature.message()));
+    }
     const QuantizationSpec& q = spec->quantization;
     if (q.format != "none" && component->quantization() == "none") {
       quant::QuantSettings settings;

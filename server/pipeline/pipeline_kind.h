@@ -21,10 +21,13 @@ struct ResidencyContext;
 // What a component does in a run, in the order the stages run them.
 enum class ComponentRole { kTextEncoder, kDenoiser, kDecoder };
 
-// One component a kind requires: the manifest's components.<name>.
+// One component a kind requires: the manifest's components.<name>, and the signature of its
+// forward (Note [Component signatures] in pipeline.cpp).
 struct ComponentDecl {
   std::string name;
   ComponentRole role;
+  std::vector<std::string> inputs;  // forward's arguments after self, by name
+  size_t outputs = 1;               // 1: a tensor; more: a tuple of that many
 };
 
 // Note [Pipeline kinds]

@@ -192,3 +192,24 @@ def test_a_broken_manifest_is_listed_as_failed_before_any_load(make_server, cli_
                             capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert "failed" in next(line for line in listed.stdout.splitlines() if "broken" in line)
+
+
+def test_a_component_file_of_another_role_is_refused_at_load(make_server):
+    """A VAE decoder saved as unet.pt used to load and fail only at Generate with INTERNAL; its
+    forward's signature is checked against the kind's contract when the pipeline loads (Note
+    [Component signatures] in server/pipeline/pipeline.cpp)."""
+    import shutil
+
+    def setup(models):
+        shutil.copytree(models / "tiny", models / "swapped")
+        shutil.copyfile(models / "tiny" / "vae_decoder.pt", models / "swapped" / "unet.pt")
+
+    client = make_server(setup=setup)
+    error = rpc_error(client.models.LoadPipeline, client.pb2.LoadPipelineRequest(name="swapped"))
+    assert error.code() == INVALID
+    details = error.details()
+    assert "swapped/pipeline.yaml: components.unet.file " in details, details
+    assert "swapped/unet.pt: its forward takes 1 argument(s)" in details, details
+    assert "a unet of kind sd takes 3 (sample, timestep, encoder_hidden_states)" in details, details
+    assert client.pipelines()["swapped"].state == client.pb2.PIPELINE_STATE_FAILED
+    assert_still_serving(client)

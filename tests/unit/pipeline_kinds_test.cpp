@@ -18,6 +18,14 @@ TEST(PipelineKinds, BuiltinKindsAreFoundByName) {
   EXPECT_EQ(sd->components()[0].role, ComponentRole::kTextEncoder);
   EXPECT_EQ(sd->components()[1].role, ComponentRole::kDenoiser);
   EXPECT_EQ(sd->components()[2].role, ComponentRole::kDecoder);
+  // The forward signatures a load checks (Note [Component signatures]).
+  EXPECT_EQ(sd->components()[1].inputs,
+            (std::vector<std::string>{"sample", "timestep", "encoder_hidden_states"}));
+  const PipelineKind* sdxl = kinds->Find("sdxl");
+  ASSERT_NE(sdxl, nullptr);
+  EXPECT_EQ(sdxl->components()[1].name, "text_encoder_2");
+  EXPECT_EQ(sdxl->components()[1].outputs, 2u);
+  EXPECT_EQ(sdxl->components()[2].inputs.size(), 5u);
   EXPECT_GT(sd->default_working_bytes_per_pixel(), 0);
   EXPECT_EQ(kinds->Find("no-such-kind"), nullptr);
   EXPECT_EQ(kinds->Find(""), nullptr);

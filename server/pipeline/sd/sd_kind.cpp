@@ -5,9 +5,10 @@
 namespace qpool {
 
 SdKind::SdKind()
-    : components_{{"text_encoder", ComponentRole::kTextEncoder},
-                  {"unet", ComponentRole::kDenoiser},
-                  {"vae_decoder", ComponentRole::kDecoder}} {}
+    : components_{
+          {"text_encoder", ComponentRole::kTextEncoder, {"input_ids"}},
+          {"unet", ComponentRole::kDenoiser, {"sample", "timestep", "encoder_hidden_states"}},
+          {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
 
 StatusOr<std::unique_ptr<Pipeline>> SdKind::Load(const PipelineManifest& manifest,
                                                  const c10::Device& device, c10::ScalarType dtype,

@@ -5,10 +5,12 @@
 namespace qpool {
 
 SdxlKind::SdxlKind()
-    : components_{{"text_encoder", ComponentRole::kTextEncoder},
-                  {"text_encoder_2", ComponentRole::kTextEncoder},
-                  {"unet", ComponentRole::kDenoiser},
-                  {"vae_decoder", ComponentRole::kDecoder}} {}
+    : components_{{"text_encoder", ComponentRole::kTextEncoder, {"input_ids"}},
+                  {"text_encoder_2", ComponentRole::kTextEncoder, {"input_ids"}, 2},
+                  {"unet",
+                   ComponentRole::kDenoiser,
+                   {"sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"}},
+                  {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
 
 StatusOr<GenerateParams> SdxlKind::ResolveGenerate(const GenerateRequestIn& in,
                                                    const PipelineManifest& manifest) const {
