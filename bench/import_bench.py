@@ -139,8 +139,10 @@ def summary(seconds):
             "max_s": seconds[-1]}
 
 
-def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a) -> dict:
-    """Generate latency through the CLI, then the memory report, with `name` alone loaded."""
+def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
+               check_encode: bool) -> dict:
+    """Generate latency through the CLI, then the memory report, with `name` alone loaded; with
+    check_encode, then the Encode-only check under `model` offload."""
     proc, address, _ = start_server(server_bin, repo, "cuda:0", 0, ["--load", name])
     try:
         client = GrpcClient(address)
@@ -166,9 +168,8 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a) -> dic
         result = {"latency": summary(times), "denoise": summary(denoise),
                   "peak_allocated_bytes": device.peak_allocated_bytes,
                   "pipeline_bytes": device.pipeline_bytes, "components": components}
-        if a.encode_check and not a.encode_checked:
+        if check_encode:
             result["encode_only_model_offload"] = encode_check(client, name)
-            a.encode_checked = True
         return result
     finally:
         stop_server(proc)
@@ -246,7 +247,6 @@ def main() -> int:
     p.add_argument("--graphs-off", action="store_true",
                    help="add a twin of every pipeline with execution.cuda_graphs off")
     a = p.parse_args()
-    a.encode_checked = False
     model = MODELS[a.model]
     a.size = a.size or model["size"]
     os.makedirs(a.work, exist_ok=True)
@@ -286,7 +286,8 @@ def main() -> int:
     print(json.dumps(result), flush=True)
     result["qpool"] = {}
     for name in names:
-        result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a)
+        result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,
+                                           check_encode=a.encode_check and name == names[0])
         print(name, json.dumps(result["qpool"][name]), flush=True)
     if not a.skip_diffusers:
         result["diffusers_eager"] = time_diffusers(a.model, src, a, compile_unet=False)

@@ -60,23 +60,23 @@ void ConfigureExecutorOnce() {
 
 }  // namespace
 
-bool IsQuantStateName(const std::string& attr_name) {
+// Whether the last part of `attr_name` ("up.0.proj.absmax" -> "absmax") is one of `names`.
+template <size_t N>
+bool LeafIsOneOf(const std::string& attr_name, const char* const (&names)[N]) {
   const size_t dot = attr_name.rfind('.');
   const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
-  for (const char* n : kQuantStateNames) {
+  for (const char* n : names) {
     if (leaf == n) return true;
   }
   return false;
 }
 
+bool IsQuantStateName(const std::string& attr_name) {
+  return LeafIsOneOf(attr_name, kQuantStateNames);
+}
+
 bool KeepsSavedDtype(const std::string& attr_name) {
-  if (IsQuantStateName(attr_name)) return true;
-  const size_t dot = attr_name.rfind('.');
-  const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
-  for (const char* n : kFloat32BufferNames) {
-    if (leaf == n) return true;
-  }
-  return false;
+  return IsQuantStateName(attr_name) || LeafIsOneOf(attr_name, kFloat32BufferNames);
 }
 
 TensorRole RoleOf(const std::string& attr_name, bool is_parameter) {
@@ -277,11 +277,10 @@ StatusOr<std::vector<torch::Tensor>> Component::ForwardTuple(std::vector<c10::IV
   std::vector<torch::Tensor> tensors;
   if (out.isTuple()) {
     for (const c10::IValue& v : out.toTupleRef().elements()) {
-      if (!v.isTensor()) break;
-      tensors.push_back(v.toTensor());
+      if (v.isTensor()) tensors.push_back(v.toTensor());
     }
   }
-  if (tensors.size() != count || (out.isTuple() && out.toTupleRef().elements().size() != count)) {
+  if (!out.isTuple() || tensors.size() != count || out.toTupleRef().elements().size() != count) {
     return Internal(StrCat("component '", name_, "' returned ", out.tagKind(),
                            ", expected a tuple of ", count, " tensors"));
   }
