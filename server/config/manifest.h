@@ -32,10 +32,12 @@ struct ComponentSpec {
   std::string dtype;
 };
 
-// CLIP byte-level BPE tokenizer files.
+// A tokenizer's files: CLIP's byte-level BPE (vocab.json + merges.txt), or a SentencePiece
+// model (T5's spiece.model) for the sections whose kind says so (KindManifestSpec).
 struct TokenizerSpec {
-  std::string vocab;    // absolute path of vocab.json
-  std::string merges;   // absolute path of merges.txt
+  std::string vocab;    // absolute path of vocab.json (BPE)
+  std::string merges;   // absolute path of merges.txt (BPE)
+  std::string model;    // absolute path of the SentencePiece model (SentencePiece)
   int max_length = 77;  // tokens per prompt, padded/truncated; in [2, 1024]
   // What prompts are padded with: <|endoftext|> (SD 1.x's CLIP) or "!" (SD 2.x's OpenCLIP).
   std::string pad_token = "<|endoftext|>";
@@ -53,6 +55,8 @@ struct LatentSpec {
   int channels = 4;
   int downscale = 8;  // image size / latent size
   double scaling_factor = 0.18215;
+  // The decoder gets latents / scaling_factor + shift_factor (FLUX's VAE has one; SD's none).
+  double shift_factor = 0.0;
 };
 
 // Used when a request leaves a field at 0/empty.
@@ -133,15 +137,23 @@ struct PipelineManifest {
 // Whether `device` is a valid placement.device: auto, cpu, cuda, cuda:N or "cuda:N,cuda:M,...".
 bool IsValidDevice(const std::string& device);
 
+// How a kind's tokenizer_2 section names its files.
+enum class TokenizerFormat { kClipBpe, kSentencePiece };
+
 // What a kind's manifests hold besides the sections every kind has.
 struct KindManifestSpec {
   std::vector<std::string> components;  // the component names its manifests must list, run order
   // The kind-specific top-level sections it reads: "tokenizer_2" (then required),
   // "conditioning". Manifests of other kinds may not have them.
   std::vector<std::string> sections;
+  // Its noise schedule: DDPM betas (scheduler.beta_*; samplers ddim, euler) or flow matching
+  // (scheduler.shift and the dynamic shifting fields; sampler euler).
+  ScheduleFamily schedule = ScheduleFamily::kDdpm;
+  TokenizerFormat tokenizer_2_format = TokenizerFormat::kClipBpe;
 
   bool operator==(const KindManifestSpec& o) const {
-    return components == o.components && sections == o.sections;
+    return components == o.components && sections == o.sections && schedule == o.schedule &&
+           tokenizer_2_format == o.tokenizer_2_format;
   }
 };
 

@@ -34,10 +34,16 @@ inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empt
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
                                                         "pad_token"};
+inline const std::vector<std::string> kSentencePieceKeys = {"model", "max_length"};
 inline const std::vector<std::string> kSchedulerKeys = {
     "num_train_timesteps", "beta_start",   "beta_end",       "beta_schedule",
     "timestep_spacing",    "steps_offset", "prediction_type"};
-inline const std::vector<std::string> kLatentKeys = {"channels", "downscale", "scaling_factor"};
+inline const std::vector<std::string> kFlowSchedulerKeys = {
+    "num_train_timesteps", "shift",     "use_dynamic_shifting",
+    "base_shift",          "max_shift", "base_image_seq_len",
+    "max_image_seq_len"};
+inline const std::vector<std::string> kLatentKeys = {"channels", "downscale", "scaling_factor",
+                                                     "shift_factor"};
 inline const std::vector<std::string> kDefaultsKeys = {"steps", "guidance_scale", "width", "height",
                                                        "scheduler"};
 inline const std::vector<std::string> kLimitsKeys = {"max_steps",  "max_width",   "max_height",
@@ -100,15 +106,18 @@ class Parser {
   Status ParseComponents(const YAML::Node& root, PipelineManifest* m) const;
   Status ParseQuantization(const YAML::Node& comp, const std::string& prefix,
                            QuantizationSpec* q) const;
-  // The tokenizer section called `key` (tokenizer, tokenizer_2).
-  Status ParseTokenizer(const YAML::Node& root, const std::string& key, TokenizerSpec* t) const;
+  // The tokenizer section called `key` (tokenizer, tokenizer_2), of `format`.
+  Status ParseTokenizer(const YAML::Node& root, const std::string& key, TokenizerFormat format,
+                        TokenizerSpec* t) const;
   // tokenizer_2 and conditioning: refused for kinds that do not read them.
   Status ParseKindSections(const YAML::Node& root, PipelineManifest* m) const;
-  Status ParseScheduler(const YAML::Node& root, SchedulerConfig* s) const;
+  Status ParseScheduler(const YAML::Node& root, ScheduleFamily family, SchedulerConfig* s) const;
+  Status ParseFlowScheduler(const YAML::Node& node, SchedulerConfig* s) const;
   Status ParseLatent(const YAML::Node& root, LatentSpec* l) const;
   Status ParseLimits(const YAML::Node& root, const SchedulerConfig& s, RequestLimits* l) const;
   Status ParseDefaults(const YAML::Node& root, const LatentSpec& latent,
-                       const RequestLimits& limits, GenerationDefaults* d) const;
+                       const RequestLimits& limits, ScheduleFamily family,
+                       GenerationDefaults* d) const;
   Status ParsePlacement(const YAML::Node& root, Placement* p) const;
   Status ParseOffload(const YAML::Node& root, OffloadPolicy* o) const;
   Status ParseBatching(const YAML::Node& root, BatchingSpec* b) const;

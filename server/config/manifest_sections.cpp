@@ -1,4 +1,5 @@
 // One parser per section of pipeline.yaml (Note [Manifest errors name the file and the field]).
+#include <cmath>
 #include <filesystem>
 
 #include "config/manifest_parser.h"
@@ -54,22 +55,30 @@ Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) cons
 }
 
 Status Parser::ParseTokenizer(const YAML::Node& root, const std::string& key,
-                              TokenizerSpec* t) const {
+                              TokenizerFormat format, TokenizerSpec* t) const {
   YAML::Node node;
-  RETURN_IF_ERROR(GetSection(root, "", key, /*required=*/true, kTokenizerKeys, &node));
-  RETURN_IF_ERROR(ResolveFile(node, key, "vocab", &t->vocab));
-  RETURN_IF_ERROR(ResolveFile(node, key, "merges", &t->merges));
+  const bool bpe = format == TokenizerFormat::kClipBpe;
+  RETURN_IF_ERROR(GetSection(root, "", key, /*required=*/true,
+                             bpe ? kTokenizerKeys : kSentencePieceKeys, &node));
+  if (bpe) {
+    RETURN_IF_ERROR(ResolveFile(node, key, "vocab", &t->vocab));
+    RETURN_IF_ERROR(ResolveFile(node, key, "merges", &t->merges));
+  } else {
+    RETURN_IF_ERROR(ResolveFile(node, key, "model", &t->model));
+  }
   RETURN_IF_ERROR(ReadNumber(node, key, "max_length", &t->max_length));
   if (t->max_length < 2 || t->max_length > 1024) {
     return Got(Dotted(key, "max_length"), "must be between 2 and 1024", t->max_length);
   }
+  if (!bpe) return Status::Ok();
   RETURN_IF_ERROR(ReadString(node, key, "pad_token", false, &t->pad_token));
   if (t->pad_token.empty()) return Error(Dotted(key, "pad_token"), "must not be empty");
   return Status::Ok();
 }
 
 Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) const {
-  const std::vector<std::string>& own = kinds_.at(m->kind).sections;
+  const KindManifestSpec& spec = kinds_.at(m->kind);
+  const std::vector<std::string>& own = spec.sections;
   for (const auto& key : kKindSectionKeys) {
     if (root[key].IsDefined() && !Contains(own, key)) {
       return Error(key, "is not read by pipelines of kind '" + m->kind + "'");
@@ -77,7 +86,7 @@ Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) co
   }
   if (Contains(own, "tokenizer_2")) {
     m->tokenizer_2.emplace();
-    RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer_2", &*m->tokenizer_2));
+    RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer_2", spec.tokenizer_2_format, &*m->tokenizer_2));
   }
   if (Contains(own, "conditioning")) {
     YAML::Node node;
@@ -88,14 +97,18 @@ Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) co
   return Status::Ok();
 }
 
-Status Parser::ParseScheduler(const YAML::Node& root, SchedulerConfig* s) const {
+Status Parser::ParseScheduler(const YAML::Node& root, ScheduleFamily family,
+                              SchedulerConfig* s) const {
   YAML::Node node;
-  RETURN_IF_ERROR(GetSection(root, "", "scheduler", false, kSchedulerKeys, &node));
+  const bool flow = family == ScheduleFamily::kFlowMatch;
+  RETURN_IF_ERROR(
+      GetSection(root, "", "scheduler", false, flow ? kFlowSchedulerKeys : kSchedulerKeys, &node));
   const std::string p = "scheduler";
   RETURN_IF_ERROR(ReadNumber(node, p, "num_train_timesteps", &s->num_train_timesteps));
   if (s->num_train_timesteps < 1) {
     return Got("scheduler.num_train_timesteps", "must be >= 1", s->num_train_timesteps);
   }
+  if (flow) return ParseFlowScheduler(node, s);
   RETURN_IF_ERROR(ReadNumber(node, p, "beta_start", &s->beta_start));
   RETURN_IF_ERROR(ReadNumber(node, p, "beta_end", &s->beta_end));
   if (s->beta_start <= 0 || s->beta_start >= 1) {
@@ -122,6 +135,34 @@ Status Parser::ParseScheduler(const YAML::Node& root, SchedulerConfig* s) const 
   return CheckOneOf("scheduler.prediction_type", s->prediction_type, {"epsilon", "v_prediction"});
 }
 
+Status Parser::ParseFlowScheduler(const YAML::Node& node, SchedulerConfig* s) const {
+  FlowShiftConfig& f = s->flow;
+  const std::string p = "scheduler";
+  RETURN_IF_ERROR(ReadNumber(node, p, "shift", &f.shift));
+  if (!(f.shift > 0) || f.shift > 1000)
+    return Got("scheduler.shift", "must be in (0, 1000]", f.shift);
+  RETURN_IF_ERROR(ReadBool(node, p, "use_dynamic_shifting", &f.use_dynamic_shifting));
+  RETURN_IF_ERROR(ReadNumber(node, p, "base_shift", &f.base_shift));
+  RETURN_IF_ERROR(ReadNumber(node, p, "max_shift", &f.max_shift));
+  for (const auto& [key, value] :
+       {std::pair<const char*, double>{"base_shift", f.base_shift}, {"max_shift", f.max_shift}}) {
+    if (!std::isfinite(value) || value < -20 || value > 20) {
+      return Got(Dotted(p, key), "must be in [-20, 20]", value);
+    }
+  }
+  RETURN_IF_ERROR(ReadNumber(node, p, "base_image_seq_len", &f.base_image_seq_len));
+  RETURN_IF_ERROR(ReadNumber(node, p, "max_image_seq_len", &f.max_image_seq_len));
+  if (f.base_image_seq_len < 1) {
+    return Got("scheduler.base_image_seq_len", "must be >= 1", f.base_image_seq_len);
+  }
+  if (f.max_image_seq_len <= f.base_image_seq_len) {
+    return Got("scheduler.max_image_seq_len",
+               StrCat("must be > scheduler.base_image_seq_len (", f.base_image_seq_len, ")"),
+               f.max_image_seq_len);
+  }
+  return Status::Ok();
+}
+
 Status Parser::ParseLatent(const YAML::Node& root, LatentSpec* l) const {
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "latent", false, kLatentKeys, &node));
@@ -131,6 +172,10 @@ Status Parser::ParseLatent(const YAML::Node& root, LatentSpec* l) const {
   if (l->downscale < 1) return Got("latent.downscale", "must be >= 1", l->downscale);
   RETURN_IF_ERROR(ReadNumber(node, "latent", "scaling_factor", &l->scaling_factor));
   if (l->scaling_factor <= 0) return Got("latent.scaling_factor", "must be > 0", l->scaling_factor);
+  RETURN_IF_ERROR(ReadNumber(node, "latent", "shift_factor", &l->shift_factor));
+  if (!std::isfinite(l->shift_factor) || std::abs(l->shift_factor) > 100) {
+    return Got("latent.shift_factor", "must be in [-100, 100]", l->shift_factor);
+  }
   return Status::Ok();
 }
 
@@ -156,7 +201,8 @@ Status Parser::ParseLimits(const YAML::Node& root, const SchedulerConfig& s,
 }
 
 Status Parser::ParseDefaults(const YAML::Node& root, const LatentSpec& latent,
-                             const RequestLimits& limits, GenerationDefaults* d) const {
+                             const RequestLimits& limits, ScheduleFamily family,
+                             GenerationDefaults* d) const {
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "defaults", false, kDefaultsKeys, &node));
   RETURN_IF_ERROR(ReadNumber(node, "defaults", "steps", &d->steps));
@@ -184,8 +230,10 @@ Status Parser::ParseDefaults(const YAML::Node& root, const LatentSpec& latent,
                  *value);
     }
   }
+  // The family's first sampler unless the manifest names one.
+  d->scheduler = SamplerNames(family).front();
   RETURN_IF_ERROR(ReadString(node, "defaults", "scheduler", false, &d->scheduler));
-  return CheckOneOf("defaults.scheduler", d->scheduler, {"ddim", "euler"});
+  return CheckOneOf("defaults.scheduler", d->scheduler, SamplerNames(family));
 }
 
 Status Parser::ParsePlacement(const YAML::Node& root, Placement* p) const {
@@ -304,12 +352,13 @@ StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
                "'" + m.kind + "'");
   }
   RETURN_IF_ERROR(ParseComponents(root, &m));
-  RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer", &m.tokenizer));
+  const KindManifestSpec& spec = kinds_.at(m.kind);
+  RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer", TokenizerFormat::kClipBpe, &m.tokenizer));
   RETURN_IF_ERROR(ParseKindSections(root, &m));
-  RETURN_IF_ERROR(ParseScheduler(root, &m.scheduler));
+  RETURN_IF_ERROR(ParseScheduler(root, spec.schedule, &m.scheduler));
   RETURN_IF_ERROR(ParseLatent(root, &m.latent));
   RETURN_IF_ERROR(ParseLimits(root, m.scheduler, &m.limits));
-  RETURN_IF_ERROR(ParseDefaults(root, m.latent, m.limits, &m.defaults));
+  RETURN_IF_ERROR(ParseDefaults(root, m.latent, m.limits, spec.schedule, &m.defaults));
   RETURN_IF_ERROR(ParsePlacement(root, &m.placement));
   RETURN_IF_ERROR(ParseOffload(root, &m.offload));
   RETURN_IF_ERROR(ParseBatching(root, &m.batching));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <tuple>
 
@@ -29,8 +30,6 @@ Status CheckSize(const char* field, int value, int64_t sent, int limit, int mult
   }
   return Status::Ok();
 }
-
-bool KnownScheduler(const std::string& name) { return name == "ddim" || name == "euler"; }
 
 Status ResolveSizeConditioning(const GenerateRequestIn& in, const PipelineManifest& manifest,
                                bool accepted, GenerateParams* p) {
@@ -63,7 +62,7 @@ Status ResolveSizeConditioning(const GenerateRequestIn& in, const PipelineManife
 
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
                                                 const PipelineManifest& manifest,
-                                                bool size_conditioning) {
+                                                const RequestFeatures& features) {
   const auto& defaults = manifest.defaults;
   const auto& limits = manifest.limits;
   GenerateParams p;
@@ -94,14 +93,15 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
     p.guidance_scale = defaults.guidance_scale;
   }
 
-  const int multiple = std::max(8, manifest.latent.downscale);
+  const int multiple = std::lcm(features.size_multiple, manifest.latent.downscale);
   p.width = in.width ? Clamp(*in.width) : defaults.width;
   p.height = in.height ? Clamp(*in.height) : defaults.height;
   RETURN_IF_ERROR(CheckSize("width", p.width, Sent(in.width, p.width), limits.max_width, multiple));
   RETURN_IF_ERROR(
       CheckSize("height", p.height, Sent(in.height, p.height), limits.max_height, multiple));
 
-  RETURN_IF_ERROR(ResolveSizeConditioning(in, manifest, size_conditioning, &p));
+  RETURN_IF_ERROR(ResolveSizeConditioning(in, manifest, features.size_conditioning, &p));
+  p.embedded_guidance = features.embedded_guidance;
 
   p.num_images = in.num_images ? Clamp(*in.num_images) : 1;
   if (p.num_images < 1 || p.num_images > limits.max_images) {
@@ -111,9 +111,13 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   }
 
   p.scheduler = in.scheduler.empty() ? defaults.scheduler : in.scheduler;
-  if (!KnownScheduler(p.scheduler)) {
-    return InvalidArgument(
-        StrCat("unknown scheduler '", p.scheduler, "'; valid schedulers: ddim, euler"));
+  const std::vector<std::string>& samplers = SamplerNames(features.schedule);
+  if (std::find(samplers.begin(), samplers.end(), p.scheduler) == samplers.end()) {
+    std::string valid;
+    for (const auto& name : samplers) valid += (valid.empty() ? "" : ", ") + name;
+    return InvalidArgument(StrCat("unknown scheduler '", p.scheduler,
+                                  "'; valid schedulers: ", valid, " (pipeline '", manifest.name,
+                                  "', kind ", manifest.kind, ")"));
   }
 
   if (in.seed.has_value()) {

@@ -59,8 +59,20 @@ struct GenerateParams {
   uint64_t seed = 0;  // image i uses seed + i
   std::string scheduler;
   SizeConditioning size;  // resolved whether or not the kind reads it
-  // Classifier-free guidance runs the UNet on both prompts; off when guidance_scale <= 1.
-  bool do_cfg() const { return guidance_scale > 1.0; }
+  // guidance_scale is an input of the denoiser (FLUX's distilled guidance embedding) rather than
+  // the scale of classifier-free guidance.
+  bool embedded_guidance = false;
+  // Classifier-free guidance runs the denoiser on both prompts; off when guidance_scale <= 1 or
+  // the guidance is embedded.
+  bool do_cfg() const { return !embedded_guidance && guidance_scale > 1.0; }
+};
+
+// What a kind reads of a request beyond the fields every kind reads.
+struct RequestFeatures {
+  bool size_conditioning = false;                   // the SizeConditioning fields (sdxl)
+  bool embedded_guidance = false;                   // GenerateParams::embedded_guidance (flux)
+  ScheduleFamily schedule = ScheduleFamily::kDdpm;  // the samplers it runs (SamplerNames)
+  int size_multiple = 8;  // width and height are multiples of this and of latent.downscale
 };
 
 // Whether two requests can share a denoising loop (Note [Dynamic batching] in
@@ -70,10 +82,10 @@ bool BatchCompatible(const GenerateParams& a, const GenerateParams& b);
 
 // Fills defaults from the manifest, draws a random seed when none is given, and returns
 // InvalidArgument naming the field for anything out of range. The size-conditioning fields are
-// InvalidArgument unless `size_conditioning` (the kind reads them).
+// InvalidArgument unless the kind reads them (`features`).
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
                                                 const PipelineManifest& manifest,
-                                                bool size_conditioning = false);
+                                                const RequestFeatures& features = {});
 
 // Prompt bytes beyond this are refused, for every RPC that takes prompts: the tokenizer keeps
 // max_length - 2 tokens anyway, and a huge prompt would hold its device worker while it is

@@ -3,6 +3,7 @@
 #include "pipeline/pipeline_kind.h"
 #include "quant/module_quantizer.h"
 #include "util/log.h"
+#include "util/png_encoder.h"
 
 namespace qpool {
 
@@ -148,6 +149,33 @@ StatusOr<GenerateOutput> Pipeline::Generate(const GenerateParams& params,
   items[0].done = [&result](StatusOr<GenerateOutput> out) { result = std::move(out); };
   GenerateBatch(std::move(items));
   return result;
+}
+
+StatusOr<std::vector<GeneratedImage>> Pipeline::DecodeImages(Component& decoder,
+                                                             const torch::Tensor& latents) {
+  const auto& latent = manifest().latent;
+  // The decoder may keep its own dtype (components.vae_decoder.dtype, e.g. float32).
+  ASSIGN_OR_RETURN(
+      torch::Tensor image,
+      decoder.Forward(
+          {(latents / latent.scaling_factor + latent.shift_factor).to(decoder.dtype())}));
+  const int64_t n = latents.size(0);
+  const int64_t height = latents.size(2) * latent.downscale;
+  const int64_t width = latents.size(3) * latent.downscale;
+  RETURN_IF_ERROR(CheckShape("vae_decoder", image, {n, 3, height, width}));
+  torch::Tensor pixels = ((image.to(torch::kFloat) / 2 + 0.5).clamp(0, 1) * 255)
+                             .round()
+                             .to(torch::kUInt8)
+                             .permute({0, 2, 3, 1})
+                             .contiguous()
+                             .cpu();
+  std::vector<GeneratedImage> images;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* data = pixels[i].data_ptr<uint8_t>();
+    images.push_back({EncodePng(data, static_cast<int>(width), static_cast<int>(height)),
+                      static_cast<int>(width), static_cast<int>(height)});
+  }
+  return images;
 }
 
 }  // namespace qpool

@@ -108,6 +108,14 @@ class Pipeline {
   // forward when it runs on a GPU, unless the manifest's execution.cuda_graphs is off
   // (Note [Forward graphs] in component/graph_cache.h).
   void UseForwardGraphs(const std::string& name);
+  // PNG images of latents [n, latent.channels, h, w] (in latent space, before the manifest's
+  // scaling and shift): `decoder` (resident) gets latents / scaling_factor + shift_factor.
+  StatusOr<std::vector<GeneratedImage>> DecodeImages(Component& decoder,
+                                                     const torch::Tensor& latents);
+  // Decodes the latents of each running request of `run` (a BatchRun: pipeline/batch_run.h,
+  // which defines it) with vae_decoder and hands the request its images.
+  template <typename Run>
+  Status DecodeRunning(Run& run);
 
  private:
   const PipelineKind& kind_;

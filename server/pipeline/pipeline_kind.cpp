@@ -18,7 +18,7 @@ const std::vector<std::string>& PipelineKind::manifest_sections() const {
 }
 
 KindManifestSpec PipelineKind::ManifestSpec() const {
-  return {ComponentNames(), manifest_sections()};
+  return {ComponentNames(), manifest_sections(), schedule(), tokenizer_2_format()};
 }
 
 std::vector<std::string> PipelineKind::ComponentNames() const {

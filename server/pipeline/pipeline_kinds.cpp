@@ -1,5 +1,6 @@
 #include "pipeline/pipeline_kinds.h"
 
+#include "pipeline/flux/flux_kind.h"
 #include "pipeline/sd/sd_kind.h"
 #include "pipeline/sdxl/sdxl_kind.h"
 
@@ -9,6 +10,7 @@ std::shared_ptr<const PipelineKinds> PipelineKinds::Builtin() {
   std::vector<std::unique_ptr<PipelineKind>> kinds;
   kinds.push_back(std::make_unique<SdKind>());
   kinds.push_back(std::make_unique<SdxlKind>());
+  kinds.push_back(std::make_unique<FluxKind>());
   return std::make_shared<const PipelineKinds>(std::move(kinds));
 }
 

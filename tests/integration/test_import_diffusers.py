@@ -258,8 +258,8 @@ def edit_json(path, **changes):
 CASES = {
     "missing component folder": (lambda s: shutil.rmtree(s / "vae"), "vae: missing"),
     "unknown pipeline class": (
-        lambda s: edit_json(s / "model_index.json", _class_name="FluxPipeline"),
-        "field '_class_name' is 'FluxPipeline'"),
+        lambda s: edit_json(s / "model_index.json", _class_name="StableDiffusion3Pipeline"),
+        "field '_class_name' is 'StableDiffusion3Pipeline'"),
     "unknown component class": (
         lambda s: edit_json(s / "model_index.json", unet=["diffusers", "UNet2DModel"]),
         "field 'unet' names class 'UNet2DModel'"),

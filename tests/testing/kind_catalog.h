@@ -10,7 +10,12 @@ inline KindCatalog BuiltinKindCatalog() {
   return {{"sd", {{"text_encoder", "unet", "vae_decoder"}, {}}},
           {"sdxl",
            {{"text_encoder", "text_encoder_2", "unet", "vae_decoder"},
-            {"tokenizer_2", "conditioning"}}}};
+            {"tokenizer_2", "conditioning"}}},
+          {"flux",
+           {{"text_encoder", "text_encoder_2", "transformer", "vae_decoder"},
+            {"tokenizer_2"},
+            ScheduleFamily::kFlowMatch,
+            TokenizerFormat::kSentencePiece}}};
 }
 
 }  // namespace qpool::testing

@@ -76,7 +76,7 @@ TEST(GenerateRequest, ExplicitValuesAreKept) {
 TEST(GenerateRequest, SizeConditioningDefaultsToTheImageSize) {
   auto in = Request();
   in.width = 128;
-  auto p = ResolveGenerateRequest(in, TinyManifest(), /*size_conditioning=*/true);
+  auto p = ResolveGenerateRequest(in, TinyManifest(), RequestFeatures{/*size_conditioning=*/true});
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->size.original_width, 128);
   EXPECT_EQ(p->size.original_height, 48);
@@ -91,7 +91,7 @@ TEST(GenerateRequest, SizeConditioningDefaultsToTheImageSize) {
   in.target_height = 16384;
   in.crop_top = 0;
   in.crop_left = 300;
-  p = ResolveGenerateRequest(in, TinyManifest(), true);
+  p = ResolveGenerateRequest(in, TinyManifest(), RequestFeatures{true});
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->size.original_width, 4096);
   EXPECT_EQ(p->size.original_height, 2048);
@@ -111,12 +111,12 @@ TEST(GenerateRequest, SizeConditioningIsCheckedAndRefusedByKindsWithoutIt) {
 
   in = Request();
   in.original_width = 0;
-  p = ResolveGenerateRequest(in, TinyManifest(), true);
+  p = ResolveGenerateRequest(in, TinyManifest(), RequestFeatures{true});
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().message(), "original_width must be between 1 and 16384 (got 0)");
   in = Request();
   in.crop_left = 4000000000u;
-  p = ResolveGenerateRequest(in, TinyManifest(), true);
+  p = ResolveGenerateRequest(in, TinyManifest(), RequestFeatures{true});
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().message(), "crop_left must be between 0 and 16384 (got 4000000000)");
 }

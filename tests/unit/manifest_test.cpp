@@ -108,6 +108,67 @@ TEST_F(ManifestTest, SdxlManifestParsesItsOwnSections) {
   EXPECT_FALSE(Parse(kMinimal)->tokenizer_2.has_value());
 }
 
+// Kind flux: a SentencePiece tokenizer_2, a flow-matching scheduler section and a VAE shift.
+const char kFlux[] = R"(kind: flux
+components:
+  text_encoder: {file: text_encoder.pt}
+  text_encoder_2: {file: unet.pt}
+  transformer: {file: unet.pt}
+  vae_decoder: {file: vae_decoder.pt}
+tokenizer:
+  vocab: tokenizer/vocab.json
+  merges: tokenizer/merges.txt
+tokenizer_2:
+  model: tokenizer/vocab.json
+  max_length: 256
+scheduler:
+  shift: 3.0
+  use_dynamic_shifting: true
+  base_shift: 0.5
+  max_shift: 1.15
+latent:
+  channels: 16
+  scaling_factor: 0.3611
+  shift_factor: 0.1159
+defaults:
+  guidance_scale: 3.5
+)";
+
+TEST_F(ManifestTest, FluxManifestParsesItsOwnSections) {
+  auto r = Parse(kFlux);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->components[2].name, "transformer");
+  ASSERT_TRUE(r->tokenizer_2.has_value());
+  EXPECT_EQ(r->tokenizer_2->model, dir_ + "/tokenizer/vocab.json");
+  EXPECT_EQ(r->tokenizer_2->max_length, 256);
+  EXPECT_TRUE(r->scheduler.flow.use_dynamic_shifting);
+  EXPECT_DOUBLE_EQ(r->scheduler.flow.shift, 3.0);
+  EXPECT_EQ(r->scheduler.flow.max_image_seq_len, 4096);  // the default
+  EXPECT_DOUBLE_EQ(r->latent.shift_factor, 0.1159);
+  EXPECT_EQ(r->defaults.scheduler, "euler");  // flow matching's only sampler
+  EXPECT_DOUBLE_EQ(Parse(kMinimal)->latent.shift_factor, 0.0);
+
+  // tokenizer_2 is a SentencePiece model: BPE files are not its fields, and its model is required.
+  std::string bpe = kFlux;
+  bpe.replace(bpe.find("model: tokenizer/vocab.json"), 27, "vocab: tokenizer/vocab.json");
+  ExpectInvalid(Parse(bpe), {"tokenizer_2.vocab"});
+  ExpectInvalid(Parse(RemoveField(kFlux, "tokenizer_2.model")),
+                {"field 'tokenizer_2.model' is required"});
+  // The scheduler section is flow matching's: DDPM's betas are not its fields, nor ddim its
+  // sampler; and DDPM kinds do not take a shift.
+  std::string betas = kFlux;
+  betas.replace(betas.find("  shift: 3.0"), 0, "  beta_start: 0.1\n");
+  ExpectInvalid(Parse(betas), {"scheduler.beta_start"});
+  std::string ddim = kFlux;
+  ddim += "  scheduler: ddim\n";
+  ExpectInvalid(Parse(ddim), {"defaults.scheduler"});
+  ExpectInvalid(Parse(std::string(kMinimal) + "scheduler:\n  shift: 3.0\n"), {"scheduler.shift"});
+  std::string seq = kFlux;
+  seq.replace(seq.find("  base_shift"), 0, "  max_image_seq_len: 256\n");
+  ExpectInvalid(Parse(seq), {"field 'scheduler.max_image_seq_len' must be > "
+                             "scheduler.base_image_seq_len (256) (got 256)"});
+}
+
 // Note [Files stay in the repository]: links within the repository are followed, links out of
 // it refused, naming the field and where the link leads.
 TEST_F(ManifestTest, SymlinksMayNotLeaveTheRepository) {

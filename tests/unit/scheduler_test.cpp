@@ -8,6 +8,7 @@
 
 #include "pipeline/scheduler/ddim_scheduler.h"
 #include "pipeline/scheduler/euler_scheduler.h"
+#include "pipeline/scheduler/flow_match_scheduler.h"
 
 namespace qpool {
 namespace {
@@ -346,6 +347,59 @@ TEST(SchedulerErrors, BadConfigNamesTheField) {
     EXPECT_FALSE(ValidateSchedulerConfig(config).ok());
   }
   EXPECT_TRUE(ValidateSchedulerConfig(SchedulerConfig{}).ok());
+}
+
+// Note [Flow-matching Euler]: the sigmas diffusers' FlowMatchEulerDiscreteScheduler gives
+// FluxPipeline (4 steps; 1024 latent tokens, i.e. a 512x512 image), with and without dynamic
+// shifting, as diffusers 0.42 computed them.
+TEST(FlowMatchEulerScheduler, SigmasMatchDiffusers) {
+  FlowShiftConfig dynamic;
+  dynamic.shift = 3.0;
+  dynamic.use_dynamic_shifting = true;
+  EXPECT_NEAR(FlowMatchEulerScheduler::Mu(dynamic, 1024), 0.63, 1e-12);
+  FlowMatchEulerScheduler s(dynamic);
+  ASSERT_TRUE(s.SetTimesteps(4, 1024).ok());
+  const std::vector<double> want = {1.0, 0.8492348194122314, 0.652489423751831, 0.38494473695755005,
+                                    0.0};
+  ASSERT_EQ(s.sigmas().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(s.sigmas()[i], want[i], 1e-6) << i;
+  EXPECT_EQ(s.num_steps(), 4);
+  EXPECT_DOUBLE_EQ(s.timestep(1), s.sigmas()[1]);
+
+  FlowShiftConfig fixed;
+  fixed.shift = 3.0;
+  FlowMatchEulerScheduler f(fixed);
+  ASSERT_TRUE(f.SetTimesteps(4, 1024).ok());
+  const std::vector<double> shifted = {1.0, 0.9, 0.75, 0.5, 0.0};
+  for (size_t i = 0; i < shifted.size(); ++i) EXPECT_NEAR(f.sigmas()[i], shifted[i], 1e-6) << i;
+
+  ASSERT_TRUE(f.SetTimesteps(1, 1024).ok());
+  EXPECT_EQ(f.sigmas(), (std::vector<double>{1.0, 0.0}));
+  EXPECT_FALSE(f.SetTimesteps(0, 1024).ok());
+  EXPECT_FALSE(f.SetTimesteps(4, 0).ok());
+}
+
+// With the true velocity (noise - x0) every step lands on the line between noise and x0, and the
+// last one on x0; half-precision samples come back in their dtype.
+TEST(FlowMatchEulerScheduler, TrueVelocityRecoversX0) {
+  FlowShiftConfig config;
+  config.use_dynamic_shifting = true;
+  FlowMatchEulerScheduler s(config);
+  ASSERT_TRUE(s.SetTimesteps(7, 4096).ok());
+  torch::manual_seed(0);
+  const torch::Tensor x0 = torch::randn({2, 5, 3});
+  const torch::Tensor noise = torch::randn({2, 5, 3});
+  torch::Tensor x = noise;
+  for (int i = 0; i < s.num_steps(); ++i) {
+    x = s.Step(noise - x0, i, x);
+    const double sigma = s.sigmas()[i + 1];
+    EXPECT_TRUE(torch::allclose(x, (1 - sigma) * x0 + sigma * noise, 1e-5, 1e-5)) << i;
+  }
+  EXPECT_TRUE(torch::allclose(x, x0, 1e-5, 1e-5));
+  const torch::Tensor half =
+      s.Step(torch::ones({2}, torch::kHalf), 0, torch::zeros({2}, torch::kHalf));
+  EXPECT_EQ(half.scalar_type(), torch::kHalf);
+  EXPECT_THROW(s.Step(x, 7, x), c10::Error);
 }
 
 }  // namespace

@@ -1,14 +1,11 @@
 #include "pipeline/sd/sd_pipeline.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <chrono>
-#include <optional>
 
+#include "pipeline/batch_run.h"
 #include "pipeline/scheduler/scheduler.h"
 #include "util/clock.h"
 #include "util/log.h"
-#include "util/png_encoder.h"
 
 namespace qpool {
 namespace {
@@ -71,41 +68,25 @@ torch::Tensor SdPipeline::TokenIds(const ClipTokenizer& tokenizer,
   return ids;
 }
 
-// The requests of one GenerateBatch call. Each request's rows (num_images of them) follow the
-// previous request's in the latents; with CFG the UNet sees [latents, latents] against the
-// conditioning [uncond rows of every request, cond rows of every request].
-struct SdPipeline::BatchRun {
-  struct Request {
-    BatchItem item;
-    Conditioning uncond;                // n rows with CFG, else undefined
-    Conditioning cond;                  // n rows
-    std::vector<torch::Tensor> inputs;  // RequestInputs, n rows each
-    torch::Tensor latents;              // [n, channels, h, w] once the loop is done
-    GenerateOutput output;
-    bool running = true;
-  };
+// The requests of one GenerateBatch call (Note [The last result waits for the residency] in
+// pipeline/batch_run.h). With CFG the UNet sees [latents, latents] against the conditioning
+// [uncond rows of every request, cond rows of every request].
+struct SdRequest : BatchRequest {
+  Conditioning uncond;                // n rows with CFG, else undefined
+  Conditioning cond;                  // n rows
+  std::vector<torch::Tensor> inputs;  // RequestInputs, n rows each
+};
 
-  explicit BatchRun(std::vector<BatchItem> items) {
-    for (auto& item : items) {
-      requests.emplace_back();
-      requests.back().item = std::move(item);
-      requests.back().output.batch_size = static_cast<int>(items.size());
-    }
-  }
+struct SdPipeline::BatchRun : qpool::BatchRun<SdRequest> {
+  using qpool::BatchRun<SdRequest>::BatchRun;
 
-  const GenerateParams& first() const { return *requests.front().item.params; }
-  int running() const {
-    int n = 0;
-    for (const auto& r : requests) n += r.running ? 1 : 0;
-    return n;
-  }
   // The denoiser's inputs after (latents, timesteps): the context, the pooled embeddings if the
   // kind has them, then the request inputs, each with the rows of every running request.
   std::vector<torch::Tensor> DenoiserInputs(bool cfg) const {
     std::vector<torch::Tensor> context;
     std::vector<torch::Tensor> pooled;
     std::vector<std::vector<torch::Tensor>> inputs;
-    auto add = [&](const Request& r, const Conditioning& c) {
+    auto add = [&](const SdRequest& r, const Conditioning& c) {
       context.push_back(c.context);
       if (c.pooled.defined()) pooled.push_back(c.pooled);
       inputs.resize(r.inputs.size());
@@ -136,48 +117,6 @@ struct SdPipeline::BatchRun {
     }
     return parts.size() == 1 ? parts[0] : torch::cat(parts);
   }
-  // Ends the requests whose client cancelled; returns the latents of those left.
-  torch::Tensor DropCancelled(const torch::Tensor& latents) {
-    std::vector<int64_t> keep;
-    int64_t row = 0;
-    bool dropped = false;
-    for (auto& r : requests) {
-      if (!r.running) continue;
-      const int64_t n = r.item.params->num_images;
-      if (r.item.cancelled && r.item.cancelled()) {
-        End(r, Cancelled("request cancelled by the client"));
-        dropped = true;
-      } else {
-        for (int64_t i = 0; i < n; ++i) keep.push_back(row + i);
-      }
-      row += n;
-    }
-    if (!dropped || keep.empty()) return latents;
-    return latents.index_select(0, torch::tensor(keep, torch::kLong).to(latents.device()));
-  }
-  // Hands `r` its result. The last request to end gets it only from FinishLast, once the
-  // pipeline is back in its policy's residency (Note [Offload policies]).
-  void End(Request& r, StatusOr<GenerateOutput> result) {
-    r.running = false;
-    if (running() > 0) {
-      r.item.done(std::move(result));
-      return;
-    }
-    last = &r;
-    last_result = std::move(result);
-  }
-  void Fail(const Status& status) {
-    for (auto& r : requests) {
-      if (r.running) End(r, status);
-    }
-  }
-  void FinishLast() {
-    if (last != nullptr) last->item.done(std::move(*last_result));
-  }
-
-  std::vector<Request> requests;
-  Request* last = nullptr;
-  std::optional<StatusOr<GenerateOutput>> last_result;
 };
 
 StatusOr<std::vector<std::vector<torch::Tensor>>> SdPipeline::RunTextEncoder(
@@ -224,20 +163,12 @@ std::vector<torch::Tensor> SdPipeline::RequestInputs(const GenerateParams& /*par
 void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
   if (items.empty()) return;
   BatchRun run(std::move(items));
-  {
-    c10::InferenceMode inference;
-    RequestResidencyScope scope(residency());
-    Status status;
-    try {
-      status = EncodeBatch(run);
-      if (status.ok()) status = DenoiseBatch(run);
-      if (status.ok()) status = DecodeBatch(run);
-    } catch (const std::exception& e) {
-      status = TorchErrorStatus(StrCat("pipeline '", manifest().name, "'"), e);
-    }
-    if (!status.ok()) run.Fail(status);
-  }
-  run.FinishLast();
+  RunBatch(*this, run, [&] {
+    Status status = EncodeBatch(run);
+    if (status.ok()) status = DenoiseBatch(run);
+    if (status.ok()) status = DecodeRunning(run);
+    return status;
+  });
 }
 
 Status SdPipeline::EncodeBatch(BatchRun& run) {
@@ -284,17 +215,9 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
   const int64_t h = first.height / latent.downscale;
   const int64_t w = first.width / latent.downscale;
 
-  // Noise from a CPU generator per image: identical bytes for a seed on every run, batched or not.
-  std::vector<torch::Tensor> noise;
-  for (const auto& r : run.requests) {
-    const GenerateParams& p = *r.item.params;
-    for (int64_t i = 0; i < p.num_images; ++i) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(p.seed + static_cast<uint64_t>(i));
-      noise.push_back(torch::randn({1, latent.channels, h, w}, gen, torch::kFloat));
-    }
-  }
   const c10::Device device = this->device();
-  torch::Tensor latents = (torch::cat(noise) * scheduler->init_noise_sigma()).to(device, dtype());
+  torch::Tensor latents =
+      (run.Noise(latent.channels, h, w) * scheduler->init_noise_sigma()).to(device, dtype());
 
   const bool cfg = first.do_cfg();
   std::vector<torch::Tensor> conditioning = run.DenoiserInputs(cfg);
@@ -318,62 +241,11 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
     RETURN_IF_ERROR(CheckShape("unet", eps, model_in.sizes()));
     if (cfg) eps = run.Guide(eps);
     latents = scheduler->Step(eps, i, latents);
-    for (auto& r : run.requests) {
-      if (r.running && r.item.progress) r.item.progress(i + 1, total);
-    }
+    run.Progress(i + 1, total);
   }
   residency().Done(unet);
-  const double seconds = SecondsSince(start);
-  int64_t row = 0;
-  for (auto& r : run.requests) {
-    if (!r.running) continue;
-    const int64_t n = r.item.params->num_images;
-    r.latents = latents.slice(0, row, row + n);
-    r.output.timings.denoise_seconds = seconds;
-    row += n;
-  }
+  run.TakeLatents(latents, SecondsSince(start), [](const torch::Tensor& rows) { return rows; });
   return Status::Ok();
-}
-
-Status SdPipeline::DecodeBatch(BatchRun& run) {
-  if (run.running() == 0) return Status::Ok();  // all cancelled: the decoder stays where it is
-  Component& decoder = component("vae_decoder");
-  RETURN_IF_ERROR(residency().Use(decoder));
-  for (auto& r : run.requests) {
-    if (!r.running) continue;
-    const auto start = Clock::now();
-    ASSIGN_OR_RETURN(r.output.images, Decode(decoder, r.latents));
-    r.output.timings.decode_seconds = SecondsSince(start);
-    r.latents = torch::Tensor();
-    run.End(r, std::move(r.output));
-  }
-  residency().Done(decoder);
-  return Status::Ok();
-}
-
-StatusOr<std::vector<GeneratedImage>> SdPipeline::Decode(Component& decoder,
-                                                         const torch::Tensor& latents) {
-  const auto& latent = manifest().latent;
-  // The decoder may keep its own dtype (components.vae_decoder.dtype, e.g. float32).
-  ASSIGN_OR_RETURN(torch::Tensor image,
-                   decoder.Forward({(latents / latent.scaling_factor).to(decoder.dtype())}));
-  const int64_t n = latents.size(0);
-  const int64_t height = latents.size(2) * latent.downscale;
-  const int64_t width = latents.size(3) * latent.downscale;
-  RETURN_IF_ERROR(CheckShape("vae_decoder", image, {n, 3, height, width}));
-  torch::Tensor pixels = ((image.to(torch::kFloat) / 2 + 0.5).clamp(0, 1) * 255)
-                             .round()
-                             .to(torch::kUInt8)
-                             .permute({0, 2, 3, 1})
-                             .contiguous()
-                             .cpu();
-  std::vector<GeneratedImage> images;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* data = pixels[i].data_ptr<uint8_t>();
-    images.push_back({EncodePng(data, static_cast<int>(width), static_cast<int>(height)),
-                      static_cast<int>(width), static_cast<int>(height)});
-  }
-  return images;
 }
 
 StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompts) {

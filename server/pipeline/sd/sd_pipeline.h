@@ -74,10 +74,6 @@ class SdPipeline : public Pipeline {
   Status EncodeBatch(BatchRun& run);
   // The denoising loop of the requests still running; cancelled ones are dropped at a step.
   Status DenoiseBatch(BatchRun& run);
-  // Decodes each request's latents and hands it its images.
-  Status DecodeBatch(BatchRun& run);
-  // Decodes one request's latents.
-  StatusOr<std::vector<GeneratedImage>> Decode(Component& decoder, const torch::Tensor& latents);
 
   ClipTokenizer tokenizer_;
 };

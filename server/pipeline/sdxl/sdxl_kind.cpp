@@ -14,7 +14,9 @@ SdxlKind::SdxlKind()
 
 StatusOr<GenerateParams> SdxlKind::ResolveGenerate(const GenerateRequestIn& in,
                                                    const PipelineManifest& manifest) const {
-  return ResolveGenerateRequest(in, manifest, /*size_conditioning=*/true);
+  RequestFeatures features;
+  features.size_conditioning = true;
+  return ResolveGenerateRequest(in, manifest, features);
 }
 
 StatusOr<std::unique_ptr<Pipeline>> SdxlKind::Load(const PipelineManifest& manifest,

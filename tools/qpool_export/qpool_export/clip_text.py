@@ -10,6 +10,8 @@ forward(input_ids int64 [B, L]) -> hidden states [B, L, hidden], or with `pooled
   (StableDiffusionXLPipeline's hidden_states[-(clip_skip + 2)]).
 text_embeds is CLIPTextModelWithProjection's: the final layer norm of the last layer's output at
 the end-of-text position, through text_projection.
+With `pooler` (kind flux), forward returns CLIPTextModel's pooler_output alone, [B, hidden]: the
+final layer norm of the last layer's output at the end-of-text position.
 """
 
 from __future__ import annotations
@@ -115,8 +117,11 @@ class ClipEncoder(nn.Module):
 
 class ClipTextEncoder(nn.Module):
     def __init__(self, cfg: ClipTextConfig, skip: int = 0, penultimate: bool = False,
-                 pooled: bool = False):
+                 pooled: bool = False, pooler: bool = False):
         super().__init__()
+        if pooler and (pooled or skip or penultimate):
+            raise ImportFailure("the pooler output is read at the last layer, with no "
+                                "projection and no clip skip")
         if not 0 <= skip < cfg.num_hidden_layers:
             raise ImportFailure(f"clip skip {skip} must be in [0, {cfg.num_hidden_layers})")
         if pooled and cfg.projection_dim <= 0:
@@ -127,6 +132,7 @@ class ClipTextEncoder(nn.Module):
         self.hidden_layers = cfg.num_hidden_layers - skip - (1 if penultimate else 0)
         self.norm_hidden = not penultimate
         self.pooled = pooled
+        self.pooler = pooler
         self.embeddings = ClipEmbeddings(cfg)
         self.encoder = ClipEncoder(cfg)
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -136,22 +142,29 @@ class ClipTextEncoder(nn.Module):
     def drop_unused(self) -> None:
         """Drops what forward never runs (the layers past the hidden states' and, without
         text_embeds, the final layer norm where the hidden states skip it), weights included."""
-        if self.pooled:
+        if self.pooled or self.pooler:
             return
         del self.encoder.layers[self.hidden_layers:]
         if not self.norm_hidden:
             self.final_layer_norm = None
 
-    def _text_embeds(self, input_ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    def _pooler_output(self, input_ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         if self.config.eos_token_id == 2:
             eos = input_ids.argmax(-1)
         else:  # the first end-of-text token (the pad token may be the same one)
             eos = (input_ids == self.config.eos_token_id).type_as(input_ids).argmax(-1)
         index = eos[:, None, None].expand(-1, 1, last.shape[2])
-        return self.text_projection(self.final_layer_norm(last.gather(1, index)[:, 0]))
+        return self.final_layer_norm(last.gather(1, index)[:, 0])
+
+    def _text_embeds(self, input_ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self._pooler_output(input_ids, last))
 
     def forward(self, input_ids: torch.Tensor):
         x = self.embeddings(input_ids)
+        if self.pooler:
+            for layer in self.encoder.layers:
+                x = layer(x)
+            return self._pooler_output(input_ids, x)
         hidden = x
         for i, layer in enumerate(self.encoder.layers):
             x = layer(x)

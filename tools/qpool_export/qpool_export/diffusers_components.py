@@ -49,13 +49,20 @@ def _load(what: str, loader: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     return module.eval().float()
 
 
+# Leaf names of the buffers qpool's modules compute themselves, where the originals compute them
+# in forward: the sinusoidal and rotary frequency tables, and T5's relative position buckets
+# (Note [Relative position buckets] in t5_encoder.py). No checkpoint holds them.
+COMPUTED_BUFFERS = ("freqs", "relative_position_buckets")
+
+
 def _load_strict(mirror: torch.nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
     """Loads `state` into `mirror`; every tensor must match, but for the buffers qpool's modules
-    compute themselves (the timestep frequencies, which diffusers computes in forward)."""
+    compute themselves (COMPUTED_BUFFERS), which keep the mirror's values when `state` lacks
+    them."""
     own = mirror.state_dict()
     state = dict(state)
     for key in own:
-        if key.endswith("time_proj.freqs") and key not in state:
+        if key.rpartition(".")[2] in COMPUTED_BUFFERS and key not in state:
             state[key] = own[key]
     result = mirror.load_state_dict(state, strict=False)
     missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
@@ -146,9 +153,13 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
     docstring of clip_text.py)."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    pooled = name == "text_encoder_2"
+    pooler = kind == "flux"  # CLIPTextModel's pooler_output alone (FluxPipeline)
+    pooled = name == "text_encoder_2" and not pooler
     penultimate = kind == "sdxl"
     cls = CLIPTextModelWithProjection if pooled else CLIPTextModel
+    if pooler and clip_skip:
+        raise ImportFailure(f"--clip-skip {clip_skip}: FluxPipeline reads CLIP's pooled output of "
+                            f"the last layer; kind flux takes no clip skip")
     where = os.path.join(src, name)
     original, prequantized = _load_original(
         where, lambda: cls.from_pretrained(where, variant=variant),
@@ -159,14 +170,17 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
         tokenizer = name.replace("text_encoder", "tokenizer")
         raise ImportFailure(f"{src}/{tokenizer}: model_max_length {max_length} exceeds the text "
                             f"encoder's max_position_embeddings {cfg.max_position_embeddings}")
-    mirror = ClipTextEncoder(cfg, skip=clip_skip, penultimate=penultimate, pooled=pooled)
+    mirror = ClipTextEncoder(cfg, skip=clip_skip, penultimate=penultimate, pooled=pooled,
+                             pooler=pooler)
     state = {_strip_text_model(k): v for k, v in original.state_dict().items()}
     state.pop("embeddings.position_ids", None)
     _load_strict(mirror, state, where)
     ids = _check_ids(cfg, 2, max_length, gen)
     with torch.no_grad():
         out = original(ids, output_hidden_states=True)
-        if penultimate:
+        if pooler:
+            want = out.pooler_output
+        elif penultimate:
             want = out.hidden_states[-(clip_skip + 2)]
         elif clip_skip == 0:
             want = out.last_hidden_state
@@ -266,7 +280,7 @@ def build_vae_decoder(src: str, kind: str, gen: torch.Generator,
         where, lambda: AutoencoderKL.from_pretrained(where, variant=variant),
         AutoencoderKL.from_config)
     cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
-    if cfg.shift_factor != 0.0:
+    if cfg.shift_factor != 0.0 and kind != "flux":
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
                             f"kind {kind} imports VAEs without one")
     mirror = SdVaeDecoder(cfg)

@@ -1,7 +1,9 @@
 """`python -m qpool_export from-diffusers SRC --out REPO/NAME`: imports a diffusers-format
 Stable Diffusion 1.x / 2.x folder (model_index.json, text_encoder/, tokenizer/, unet/, vae/,
-scheduler/) as a qpool pipeline folder of kind `sd`, and an SDXL folder
-(StableDiffusionXLPipeline: also text_encoder_2/ and tokenizer_2/) as one of kind `sdxl`.
+scheduler/) as a qpool pipeline folder of kind `sd`, an SDXL folder (StableDiffusionXLPipeline:
+also text_encoder_2/ and tokenizer_2/) as one of kind `sdxl`, and a FLUX.1 folder (FluxPipeline:
+CLIP text_encoder/, T5 text_encoder_2/ with its SentencePiece tokenizer_2/, transformer/, vae/,
+a flow-matching scheduler/) as one of kind `flux`.
 
 Each component is loaded with diffusers / transformers (the only place qpool uses them), its
 weights are loaded into qpool's trace-clean modules of the same architecture (Note [Importing
@@ -15,6 +17,7 @@ import leaves the repository as it was.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -35,7 +38,8 @@ from .import_error import ImportFailure
 from .sd_unet import SdUNetConfig
 from .sd_vae import SdVaeConfig
 
-PIPELINE_CLASSES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
+PIPELINE_CLASSES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl",
+                    "FluxPipeline": "flux"}
 # model_index.json entry -> (library, class) qpool imports, per kind.
 SD_COMPONENTS = {
     "text_encoder": ("transformers", "CLIPTextModel"),
@@ -48,24 +52,36 @@ SDXL_COMPONENTS = {
     "text_encoder_2": ("transformers", "CLIPTextModelWithProjection"),
     "tokenizer_2": ("transformers", "CLIPTokenizer"),
 }
-KIND_COMPONENTS = {"sd": SD_COMPONENTS, "sdxl": SDXL_COMPONENTS}
+FLUX_COMPONENTS = {
+    "text_encoder": ("transformers", "CLIPTextModel"),
+    "tokenizer": ("transformers", "CLIPTokenizer"),
+    "text_encoder_2": ("transformers", "T5EncoderModel"),
+    "tokenizer_2": ("transformers", ("T5TokenizerFast", "T5Tokenizer")),
+    "transformer": ("diffusers", "FluxTransformer2DModel"),
+    "vae": ("diffusers", "AutoencoderKL"),
+}
+KIND_COMPONENTS = {"sd": SD_COMPONENTS, "sdxl": SDXL_COMPONENTS, "flux": FLUX_COMPONENTS}
 OPTIONAL = ("safety_checker", "feature_extractor", "image_encoder", "requires_safety_checker",
             "scheduler", "force_zeros_for_empty_prompt")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # The saved components of each kind, in manifest order (all of them quantizable).
 KIND_FILES = {"sd": ("text_encoder", "unet", "vae_decoder"),
-              "sdxl": ("text_encoder", "text_encoder_2", "unet", "vae_decoder")}
-QUANT_COMPONENTS = KIND_FILES["sdxl"]
+              "sdxl": ("text_encoder", "text_encoder_2", "unet", "vae_decoder"),
+              "flux": ("text_encoder", "text_encoder_2", "transformer", "vae_decoder")}
+QUANT_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "transformer", "vae_decoder")
 # diffusers' default guidance_scale of each pipeline class.
-DEFAULT_GUIDANCE = {"sd": 7.5, "sdxl": 5.0}
+DEFAULT_GUIDANCE = {"sd": 7.5, "sdxl": 5.0, "flux": 3.5}
+# FluxPipeline's default max_sequence_length, and its largest.
+T5_MAX_LENGTH = 512
 
 
 @dataclass
 class ImportOptions:
     src: str
     out: str
-    dtype: str = "float16"
+    # None: bfloat16 for kind flux (its T5 overflows in float16), else float16.
+    dtype: Optional[str] = None
     quantize: Dict[str, str] = field(default_factory=dict)  # component -> int8 | nf4
     blocksize: int = 64
     double_quant: bool = False
@@ -90,11 +106,13 @@ def check_model_index(src: str) -> Tuple[str, Dict[str, object]]:
     for name, (library, class_name) in KIND_COMPONENTS[kind].items():
         entry = index.get(name)
         if not isinstance(entry, list) or len(entry) != 2:
+            first = class_name[0] if isinstance(class_name, tuple) else class_name
             raise ImportFailure(f"{path}: field '{name}' is {entry!r}; expected "
-                                f"[\"{library}\", \"{class_name}\"]")
-        if entry[1] != class_name:
+                                f"[\"{library}\", \"{first}\"]")
+        accepted = class_name if isinstance(class_name, tuple) else (class_name,)
+        if entry[1] not in accepted:
             raise ImportFailure(f"{path}: field '{name}' names class {entry[1]!r}; qpool imports "
-                                f"{class_name}")
+                                f"{' or '.join(accepted)}")
         if not os.path.isdir(os.path.join(src, name)):
             raise ImportFailure(f"{os.path.join(src, name)}: missing (model_index.json lists "
                                 f"component '{name}')")
@@ -292,13 +310,89 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
     return reports, tokenizers, unet_cfg, vae_cfg
 
 
+def _copy_sentencepiece(src: str, stage: str, name: str = "tokenizer_2") -> int:
+    """Copies T5's SentencePiece model src/NAME/spiece.model to stage/NAME/; returns the tokens per
+    prompt: FluxPipeline's max_sequence_length (512), or the tokenizer's model_max_length when
+    that is smaller."""
+    folder = os.path.join(src, name)
+    model = os.path.join(folder, "spiece.model")
+    if not os.path.isfile(model):
+        raise ImportFailure(f"{model}: missing (qpool reads T5's SentencePiece model; a "
+                            f"tokenizer.json alone is not enough)")
+    dest = os.path.join(stage, name)
+    os.makedirs(dest)
+    shutil.copyfile(model, os.path.join(dest, "spiece.model"))
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    config = read_json(config_path) if os.path.isfile(config_path) else {}
+    length = config.get("model_max_length", T5_MAX_LENGTH)
+    return length if isinstance(length, int) and 2 <= length <= T5_MAX_LENGTH else T5_MAX_LENGTH
+
+
+def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch.Generator
+                           ) -> Tuple[List[Dict[str, object]], Tokenizer, int, SdVaeConfig]:
+    """Builds, checks and saves the components of a FluxPipeline folder into `stage`, one at a
+    time; returns the save reports, the CLIP tokenizer, T5's tokens per prompt and the VAE's
+    config."""
+    from .flux_components import build_flux_transformer, build_t5_encoder
+
+    clip_tokenizer = Tokenizer("tokenizer", *_copy_tokenizer(src, stage, "tokenizer"))
+    t5_length = _copy_sentencepiece(src, stage)
+    reports: List[Dict[str, object]] = []
+    clip = build_text_encoder(src, "text_encoder", "flux", clip_tokenizer.max_length,
+                              opts.clip_skip, gen, opts.variant)
+    pooled_dim = clip.module.config.hidden_size
+    reports.append(_save(clip, opts, stage))
+    del clip
+    t5 = build_t5_encoder(src, t5_length, gen, opts.variant)
+    context = (t5_length, t5.module.config.d_model)
+    reports.append(_save(t5, opts, stage))
+    del t5
+    transformer, transformer_cfg = build_flux_transformer(src, context, pooled_dim, gen,
+                                                          opts.variant)
+    reports.append(_save(transformer, opts, stage))
+    del transformer
+    vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant)
+    if 4 * vae_cfg.latent_channels != transformer_cfg.in_channels:
+        raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
+                            f"{vae_cfg.latent_channels}; the transformer takes 2x2 patches of "
+                            f"{transformer_cfg.in_channels // 4} channels")
+    reports.append(_save(vae, opts, stage))
+    return reports, clip_tokenizer, t5_length, vae_cfg
+
+
+def build_flux_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, clip: Tokenizer,
+                        t5_length: int, quant: Dict[str, Dict[str, object]],
+                        dtype: str) -> Dict[str, object]:
+    """The manifest of kind flux (docs/model-repository.md). FLUX's T5 overflows in float16:
+    a bfloat16 import runs in bfloat16 wherever it is placed."""
+    components: Dict[str, object] = {}
+    for name in KIND_FILES["flux"]:
+        entry: Dict[str, object] = {"file": f"{name}.pt"}
+        if name in quant:
+            entry["quantization"] = quant[name]
+        components[name] = entry
+    return {
+        "kind": "flux", "components": components,
+        "tokenizer": clip.section(),
+        "tokenizer_2": {"model": "tokenizer_2/spiece.model", "max_length": t5_length},
+        "scheduler": scheduler,
+        "latent": {"channels": vae.latent_channels, "downscale": vae.downscale,
+                   "scaling_factor": vae.scaling_factor, "shift_factor": vae.shift_factor},
+        "defaults": {"steps": 28, "guidance_scale": DEFAULT_GUIDANCE["flux"], "width": 1024,
+                     "height": 1024, "scheduler": "euler"},
+        "limits": {"max_width": 2048, "max_height": 2048},
+        "placement": {"device": "auto",
+                      "dtype": "bfloat16" if dtype in ("bfloat16", "bf16") else "auto"},
+    }
+
+
 def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     """Writes opts.out from opts.src; raises ImportFailure / tracing.ExportError / OSError."""
     start = time.monotonic()
     src = os.path.abspath(opts.src)
     out = os.path.abspath(opts.out)
     validate_name(os.path.basename(out))
-    if opts.dtype not in DTYPES:
+    if opts.dtype is not None and opts.dtype not in DTYPES:
         raise ImportFailure(f"--dtype {opts.dtype!r}: choose from float32, float16, bfloat16")
     if not os.path.isdir(src):
         raise ImportFailure(f"{src}: not a directory")
@@ -306,24 +400,35 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
                                not os.path.exists(os.path.join(out, "pipeline.yaml"))):
         raise ImportFailure(f"{out} exists and is not a pipeline folder; refusing to replace it")
     kind, index = check_model_index(src)
+    if opts.dtype is None:
+        opts = dataclasses.replace(opts, dtype="bfloat16" if kind == "flux" else "float16")
     _check_quantize(kind, opts.quantize)
     sched_path = os.path.join(src, "scheduler", "scheduler_config.json")
-    scheduler, sampler = scheduler_import.translate(read_json(sched_path), sched_path)
+    translate = scheduler_import.translate_flow if kind == "flux" else scheduler_import.translate
+    scheduler, sampler = translate(read_json(sched_path), sched_path)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a folder on disk; never the network
     stage = _make_stage(out)
     try:
         gen = torch.Generator().manual_seed(0)
-        reports, tokenizers, unet_cfg, vae_cfg = _build_components(kind, src, stage, opts, gen)
+        if kind == "flux":
+            reports, clip, t5_length, vae_cfg = _build_flux_components(src, stage, opts, gen)
+        else:
+            reports, tokenizers, unet_cfg, vae_cfg = _build_components(kind, src, stage, opts,
+                                                                       gen)
         quant = {c: manifest_io.quantization_section(f, opts.blocksize, opts.double_quant)
                  for c, f in opts.quantize.items() if f != "none"}
         for r in reports:  # bitsandbytes checkpoints: the format their bytes were converted to
             if r["converted_formats"] and r["name"] not in quant:
                 quant[r["name"]] = {"format": r["converted_formats"][0]}
-        dtypes = {r["name"]: r["dtype"] for r in reports if r["dtype"]}
-        manifest = build_manifest(kind, scheduler, sampler, unet_cfg, vae_cfg, tokenizers,
-                                  quant, dtypes,
-                                  bool(index.get("force_zeros_for_empty_prompt", True)))
+        if kind == "flux":
+            manifest = build_flux_manifest(scheduler, vae_cfg, clip, t5_length, quant,
+                                           opts.dtype)
+        else:
+            dtypes = {r["name"]: r["dtype"] for r in reports if r["dtype"]}
+            manifest = build_manifest(kind, scheduler, sampler, unet_cfg, vae_cfg, tokenizers,
+                                      quant, dtypes,
+                                      bool(index.get("force_zeros_for_empty_prompt", True)))
         import diffusers
         import transformers
 
@@ -355,16 +460,16 @@ def _parse_quantize(text: str, parser: argparse.ArgumentParser) -> Dict[str, str
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m qpool_export from-diffusers",
-        description="Import a diffusers-format Stable Diffusion 1.x / 2.x or SDXL folder as a "
-                    "qpool pipeline folder (docs/model-repository.md, 'Importing diffusers "
+        description="Import a diffusers-format Stable Diffusion 1.x / 2.x, SDXL or FLUX.1 folder "
+                    "as a qpool pipeline folder (docs/model-repository.md, 'Importing diffusers "
                     "models').")
     p.add_argument("src", help="the diffusers folder (model_index.json, unet/, vae/, ...)")
     p.add_argument("--out", required=True, help="pipeline folder to write (REPO/NAME)")
-    p.add_argument("--dtype", default="float16", choices=sorted(DTYPES),
-                   help="dtype of the saved weights (default float16)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                   help="dtype of the saved weights (default float16; bfloat16 for FLUX)")
     p.add_argument("--quantize", default="",
                    help="components to quantize, e.g. unet=nf4,text_encoder=int8 (SDXL: "
-                        "text_encoder_2 too)")
+                        "text_encoder_2 too; FLUX: transformer and text_encoder_2, T5)")
     p.add_argument("--quant-mode", choices=("prequantized", "load-time"), default="prequantized",
                    help="prequantized: --quantize quantizes the saved weights; load-time: they "
                         "stay float in quantizable layers and the server quantizes them when it "

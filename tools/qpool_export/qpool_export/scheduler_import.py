@@ -77,3 +77,38 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
             raise ImportFailure(f"{where}: field '{field}' is {section[field]!r}; qpool imports "
                                 f"{', '.join(accepted)}")
     return section, DEFAULT_SAMPLER[cls]
+
+
+# FlowMatchEulerDiscreteScheduler fields the manifest's flow-matching section carries, with
+# diffusers' defaults.
+FLOW_FIELDS = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False,
+               "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
+               "max_image_seq_len": 4096}
+# Fields that must keep their neutral value: qpool's flow-matching Euler computes no other.
+FLOW_NEUTRAL = {"invert_sigmas": False, "shift_terminal": None, "use_karras_sigmas": False,
+                "use_exponential_sigmas": False, "use_beta_sigmas": False,
+                "time_shift_type": "exponential", "stochastic_sampling": False}
+
+
+def translate_flow(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:
+    """(the manifest's scheduler section, the sampler) of a FlowMatchEulerDiscreteScheduler
+    config (kind flux)."""
+    cls = config.get("_class_name")
+    if cls != "FlowMatchEulerDiscreteScheduler":
+        raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; kind flux imports "
+                            f"FlowMatchEulerDiscreteScheduler")
+    for field, neutral in FLOW_NEUTRAL.items():
+        value = config.get(field, neutral)
+        if value != neutral:
+            raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's flow-matching "
+                                f"Euler needs {neutral!r}")
+    section: Dict[str, object] = {}
+    for field, default in FLOW_FIELDS.items():
+        value = config.get(field, default)
+        value = default if value is None else value
+        kind = type(default)
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float)):
+            raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected a "
+                                f"{kind.__name__}")
+        section[field] = kind(value)
+    return section, "euler"

@@ -1,0 +1,11 @@
+#include "config/scheduler_config.h"
+
+namespace qpool {
+
+const std::vector<std::string>& SamplerNames(ScheduleFamily family) {
+  static const std::vector<std::string> kDdpm = {"ddim", "euler"};
+  static const std::vector<std::string> kFlowMatch = {"euler"};
+  return family == ScheduleFamily::kFlowMatch ? kFlowMatch : kDdpm;
+}
+
+}  // namespace qpool

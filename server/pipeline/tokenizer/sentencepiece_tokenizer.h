@@ -1,0 +1,53 @@
+// SentencePieceTokenizer: T5's tokenizer (FLUX's tokenizer_2), a SentencePiece model read with
+// the packaged sentencepiece library (through libqpool_sentencepiece); torch-free.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+struct qpool_spm;
+
+namespace qpool {
+
+// Note [T5 tokenization]
+// As transformers' T5TokenizerFast called the way FluxPipeline calls it (padding to max_length,
+// truncation): the model's pieces of the prompt (SentencePiece normalizes it: NFKC, runs of
+// spaces collapsed, a leading "▁" added), truncated to max_length - 1, then </s>, then <pad> up
+// to max_length. Where we knowingly differ: T5TokenizerFast also matches its added tokens
+// (<extra_id_0>..<extra_id_99>, and </s>, <pad>, <unk> written in the prompt) as single ids;
+// here they are ordinary text. Invalid UTF-8 is replaced by U+FFFD before encoding.
+//
+// Thread-safety: immutable once loaded; EncodePadded may be called from any number of threads.
+class SentencePieceTokenizer {
+ public:
+  // Reads a SentencePiece model file (spiece.model). It must define </s> (its eos) and a pad
+  // piece (its pad id, else "<pad>"); max_length >= 2. NOT_FOUND for a missing file,
+  // INVALID_ARGUMENT for one the library cannot read; both name the file. FAILED_PRECONDITION
+  // when libqpool_sentencepiece cannot be loaded (an installation without it).
+  static StatusOr<SentencePieceTokenizer> Load(const std::string& model_path, int max_length);
+
+  // The ids of `text`'s pieces, no </s>, no truncation. Never fails.
+  std::vector<int64_t> Encode(const std::string& text) const;
+  // Encode(text) truncated to max_length - 1, </s>, padded with pad_id to max_length.
+  std::vector<int64_t> EncodePadded(const std::string& text) const;
+
+  int64_t eos_id() const { return eos_id_; }
+  int64_t pad_id() const { return pad_id_; }
+  int max_length() const { return max_length_; }
+  size_t vocab_size() const { return vocab_size_; }
+
+ private:
+  SentencePieceTokenizer() = default;
+
+  std::shared_ptr<qpool_spm> model_;  // freed through the shim
+  size_t vocab_size_ = 0;
+  int64_t eos_id_ = 1;
+  int64_t pad_id_ = 0;
+  int max_length_ = 512;
+};
+
+}  // namespace qpool
