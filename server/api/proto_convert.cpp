@@ -1,6 +1,5 @@
 #include "api/proto_convert.h"
 
-#include "pipeline/scheduler/scheduler.h"
 #include "pipeline/tokenizer/utf8.h"
 
 namespace qpool::api {
@@ -122,7 +121,7 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
   out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));
   out->set_default_width(static_cast<uint32_t>(s.defaults.width));
   out->set_default_height(static_cast<uint32_t>(s.defaults.height));
-  for (const auto& name : SchedulerNames()) out->add_schedulers(name);
+  for (const auto& name : s.schedulers) out->add_schedulers(name);
 }
 
 void ToProto(const DeviceMemoryStats& s, v1::DeviceMemory* out) {

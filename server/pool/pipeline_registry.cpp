@@ -141,6 +141,7 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
   status.kind = p.manifest().kind;
   status.device = p.device().str();
   status.defaults = p.manifest().defaults;
+  status.schedulers = SamplerNames(p.kind().schedule());
   status.policy = p.residency().policy();
   status.max_queue = p.manifest().limits.max_queue;
   status.batching = p.manifest().batching;
@@ -453,6 +454,9 @@ std::vector<PipelineStatus> PipelineRegistry::List() {
     if (manifest.ok()) {
       status.kind = manifest->kind;
       status.defaults = manifest->defaults;
+      if (const PipelineKind* kind = kinds_->Find(manifest->kind)) {
+        status.schedulers = SamplerNames(kind->schedule());
+      }
     } else if (status.error.empty()) {
       status.state = PipelineState::kFailed;
       status.error = manifest.status().message();

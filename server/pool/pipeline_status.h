@@ -47,6 +47,7 @@ struct PipelineStatus {
   std::vector<ComponentStatus> components;  // the first replica's
   std::vector<ReplicaStatus> replicas;
   GenerationDefaults defaults;
+  std::vector<std::string> schedulers;  // the samplers its kind runs (SamplerNames)
   OffloadPolicy policy;
   int max_queue = 0;      // limits.max_queue of a loaded pipeline
   BatchingSpec batching;  // of a loaded pipeline

@@ -320,6 +320,7 @@ def test_served_flux_pipelines_are_listed(client):
     for name in ("flux-dev", "flux-schnell", "flux-nf4"):
         info = pipelines[name]
         assert info.kind == "flux"
+        assert list(info.schedulers) == ["euler"]  # flow matching's Euler only
         assert info.state == client.pb2.PIPELINE_STATE_LOADED, info
         formats = NF4 if name == "flux-nf4" else {}
         assert {c.name: c.quantization for c in info.components} == {
@@ -391,3 +392,52 @@ def test_served_guidance_changes_the_image_of_a_distilled_model_only(client):
     for name, changes in (("flux-dev", True), ("flux-schnell", False)):
         low, high = (qpool_images(client, name, 2, 5, PROMPT, g)[0] for g in (1.0, 9.0))
         assert (np.abs(low - high).max() > 0) == changes, name
+
+
+# ------------------------------------------------------------------ two GPUs
+
+
+def gpu_count():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs")
+def test_served_nf4_flux_moved_to_the_second_gpu(server_bin, pb, imported, tmp_path):
+    """The field report's case: an NF4 FLUX pipeline loaded on cuda:0 and moved to cuda:1 keeps
+    every tensor (quant state included) on cuda:1, gives cuda:0 its memory back, and generates
+    the same image there."""
+    from conftest import Client, QpoolServer
+
+    repository = tmp_path / "models"
+    shutil.copytree(imported["flux-nf4"], repository / "flux-nf4")
+    path = repository / "flux-nf4" / "pipeline.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest["placement"].update(device="cuda:0,cuda:1", dtype="float32")
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    server = QpoolServer(server_bin, repository, tmp_path, load=None, device="cuda")
+    server.start()
+    client = Client(server, pb)
+    try:
+        models, pb2 = client.models, client.pb2
+
+        def allocated(device):
+            report = models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=0))
+            return next(d.allocated_bytes for d in report.devices if d.device == device)
+
+        baseline = allocated("cuda:0")
+        models.LoadPipeline(pb2.LoadPipelineRequest(name="flux-nf4", device="cuda:0"), timeout=300)
+        before = qpool_images(client, "flux-nf4", 3, 21, PROMPT, 3.5)[0]
+        moved = models.MovePipeline(pb2.MovePipelineRequest(name="flux-nf4", device="cuda:1"),
+                                    timeout=300)
+        assert moved.pipeline.device == "cuda:1"
+        report = models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=0))
+        pipeline = next(p for p in report.pipelines if p.name == "flux-nf4")
+        assert {c.name: c.device for c in pipeline.components} == {c: "cuda:1" for c in COMPONENTS}
+        quant_state = {c.name: c.quant_state_bytes for c in pipeline.components}
+        assert quant_state["transformer"] > 0 and quant_state["text_encoder_2"] > 0
+        assert allocated("cuda:0") == baseline
+        after = qpool_images(client, "flux-nf4", 3, 21, PROMPT, 3.5)[0]
+        assert np.abs(after - before).max() <= 1
+    finally:
+        client.close()
+        assert server.stop() == 0, server.stderr_text()

@@ -1,0 +1,311 @@
+"""FLUX.1-dev-shaped pipelines: qpool (bf16, and NF4 quantized by the server at load) against
+diffusers' FluxPipeline (bf16, eager) side by side on one GPU, with random weights.
+
+The full-size model does not fit the importer's float32 checks on a host (a 12B transformer is
+48 GB in float32, twice over with its mirror), so this builds the diffusers modules from the
+published configs directly in bfloat16 on the GPU, times FluxPipeline, and exports qpool's
+components from those same modules with qpool_export's FLUX modules (the ones the importer
+checks against diffusers in tests/integration/test_import_flux.py): built on the meta device,
+materialised in bf16 on the GPU, given the diffusers weights, traced there and saved. The
+transformer and T5 keep quantizable layers: one set of files serves the bf16 pipeline and the
+NF4 one (`quantization: nf4` in its manifest, quantized by the server at load). Each pipeline is
+then served by its own qpool-server and timed through the qpool CLI; the bf16 one also runs the
+Encode-only check under `model` offload (import_bench.encode_check).
+
+  python3 bench/flux_bench.py --phase export --work /tmp/flux --tokenizer TOKDIR --spiece M
+  python3 bench/flux_bench.py --phase serve --work /tmp/flux --server S --client C --out R.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
+from generate_bench import GrpcClient, start_server, stop_server  # noqa: E402
+from import_bench import CLIP_L, encode_check, summary  # noqa: E402
+
+# black-forest-labs/FLUX.1-dev's published configs.
+FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38,
+                            attention_head_dim=128, num_attention_heads=24,
+                            joint_attention_dim=4096, pooled_projection_dim=768,
+                            guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+T5_XXL = dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+              relative_attention_num_buckets=32, relative_attention_max_distance=128,
+              feed_forward_proj="gated-gelu", dropout_rate=0.0, layer_norm_epsilon=1e-6)
+FLUX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, layers_per_block=2,
+                norm_num_groups=32, block_out_channels=(128, 256, 512, 512),
+                down_block_types=("DownEncoderBlock2D",) * 4,
+                up_block_types=("UpDecoderBlock2D",) * 4, sample_size=1024,
+                scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False,
+                use_post_quant_conv=False)
+FLUX_SCHEDULER = dict(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                      base_image_seq_len=256, max_image_seq_len=4096)
+T5_LENGTH = 512
+PROMPT = "a red fox in the snow, photographed at dawn"
+
+
+def build_diffusers(a):
+    """FluxPipeline with random bf16 weights on the GPU (initialised there in bf16)."""
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+                           FluxTransformer2DModel)
+    from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config,
+                              T5EncoderModel, T5TokenizerFast)
+
+    t5_dir = os.path.join(a.work, "t5-tokenizer")
+    os.makedirs(t5_dir, exist_ok=True)
+    shutil.copyfile(a.spiece, os.path.join(t5_dir, "spiece.model"))
+    tokenizer = CLIPTokenizer(os.path.join(a.tokenizer, "vocab.json"),
+                              os.path.join(a.tokenizer, "merges.txt"), model_max_length=77)
+    tokenizer_2 = T5TokenizerFast.from_pretrained(t5_dir, model_max_length=T5_LENGTH)
+    transformer_cfg = dict(FLUX_DEV_TRANSFORMER, num_layers=a.double, num_single_layers=a.single)
+    torch.manual_seed(0)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(a.device):
+            transformer = FluxTransformer2DModel(**transformer_cfg)
+            text_encoder_2 = T5EncoderModel(T5Config(**dict(T5_XXL, num_layers=a.t5_layers)))
+            text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, projection_dim=768))
+            vae = AutoencoderKL(**FLUX_VAE)
+    finally:
+        torch.set_default_dtype(before)
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER), vae=vae,
+                        text_encoder=text_encoder, tokenizer=tokenizer,
+                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                        transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def time_diffusers(pipe, a) -> dict:
+    times = []
+    cuda = a.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(a.warmup + a.runs):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            pipe(prompt=PROMPT, height=a.size, width=a.size, num_inference_steps=a.steps,
+                 guidance_scale=a.guidance, max_sequence_length=T5_LENGTH,
+                 generator=torch.Generator(a.device).manual_seed(i), output_type="pil")
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= a.warmup:
+            times.append(time.perf_counter() - start)
+    return {"latency": summary(times),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+
+
+def _materialise(make, computed, state, device):
+    """qpool's module `make()` in bf16 on the GPU with `state` (the diffusers weights), built on
+    the meta device; `computed` is a small CPU instance whose computed buffers (float32 `freqs`,
+    T5's bucket table) it takes, as the importer's _load_strict does."""
+    with torch.device("meta"):
+        module = make()
+    module = module.to(torch.bfloat16).to_empty(device=device)
+    own = dict(computed.named_buffers())
+    missing = module.load_state_dict(state, strict=False)
+    assert not missing.unexpected_keys, missing.unexpected_keys[:5]
+    assert set(missing.missing_keys) <= set(own), sorted(set(missing.missing_keys) - set(own))[:5]
+    for name in missing.missing_keys:
+        owner, _, leaf = name.rpartition(".")
+        setattr(module.get_submodule(owner), leaf, own[name].to(device))
+    return module.eval()
+
+
+def _save(module, inputs, path):
+    from qpool_export import tracing
+
+    traced = tracing.trace(module, inputs)
+    tracing.check_no_tensor_constants(os.path.basename(path), traced)
+    traced = traced.cpu()
+    with tracing.quiet_torchscript():
+        torch.jit.save(traced, path)
+    del traced
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def export(pipe, a) -> dict:
+    """qpool's components of `pipe` into work/repo/flux-bf16, and flux-nf4 (links to the same
+    files, transformer and T5 quantized to NF4 by the server at load)."""
+    import dataclasses
+
+    from qpool_export import from_diffusers as fd
+    from qpool_export import manifest as manifest_io
+    from qpool_export import quant, scheduler_import
+    from qpool_export.clip_text import ClipTextConfig, ClipTextEncoder
+    from qpool_export.flux_transformer import FluxTransformer, FluxTransformerConfig
+    from qpool_export.sd_vae import SdVaeConfig, SdVaeDecoder
+    from qpool_export.t5_encoder import T5Encoder, T5EncoderConfig
+
+    out = os.path.join(a.work, "repo", "flux-bf16")
+    os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
+    os.makedirs(os.path.join(out, "tokenizer_2"), exist_ok=True)
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copyfile(os.path.join(a.tokenizer, f), os.path.join(out, "tokenizer", f))
+    shutil.copyfile(a.spiece, os.path.join(out, "tokenizer_2", "spiece.model"))
+    timings = {}
+    start = time.monotonic()
+    with torch.no_grad():
+        clip_cfg = ClipTextConfig.from_transformers(pipe.text_encoder.config.to_dict(), "clip")
+        clip = ClipTextEncoder(clip_cfg, pooler=True).to(a.device)
+        clip.load_state_dict({k[len("text_model."):] if k.startswith("text_model.") else k: v
+                              for k, v in pipe.text_encoder.state_dict().items()
+                              if not k.endswith("position_ids")})
+        _save(clip.to(torch.bfloat16).eval(), (torch.zeros(1, 77, dtype=torch.long,
+                                                            device=a.device),),
+              os.path.join(out, "text_encoder.pt"))
+        del clip
+
+        t5_cfg = T5EncoderConfig.from_transformers(pipe.text_encoder_2.config.to_dict(), "t5")
+        small = T5Encoder(dataclasses.replace(t5_cfg, num_layers=1), T5_LENGTH)
+        t5 = _materialise(lambda: T5Encoder(t5_cfg, T5_LENGTH), small,
+                          pipe.text_encoder_2.state_dict(), a.device)
+        quant.quantize_module(t5, "nf4", prequantize=False)
+        _save(t5, (torch.zeros(1, T5_LENGTH, dtype=torch.long, device=a.device),),
+              os.path.join(out, "text_encoder_2.pt"))
+        del t5, small
+        timings["t5_seconds"] = time.monotonic() - start
+
+        cfg = FluxTransformerConfig.from_diffusers(dict(pipe.transformer.config), "transformer")
+        small = FluxTransformer(dataclasses.replace(cfg, num_layers=0, num_single_layers=0))
+        transformer = _materialise(lambda: FluxTransformer(cfg), small,
+                                   pipe.transformer.state_dict(), a.device)
+        quant.quantize_module(transformer, "nf4", prequantize=False)
+        rows = cols = 4
+        ids = torch.zeros(rows, cols, 3)
+        ids[..., 1] = torch.arange(rows)[:, None]
+        ids[..., 2] = torch.arange(cols)[None, :]
+        example = (torch.randn(1, rows * cols, 64), torch.randn(1, 8, 4096), torch.randn(1, 768))
+        example = tuple(t.to(a.device, torch.bfloat16) for t in example) + tuple(
+            t.to(a.device) for t in (torch.rand(1), ids.reshape(-1, 3), torch.zeros(8, 3),
+                               torch.full((1,), 3.5)))
+        _save(transformer, example, os.path.join(out, "transformer.pt"))
+        del transformer, small
+        timings["transformer_seconds"] = time.monotonic() - start
+
+        vae_cfg = SdVaeConfig.from_diffusers(dict(pipe.vae.config), "vae")
+        vae = SdVaeDecoder(vae_cfg).to(a.device)
+        vae.load_state_dict({k: v for k, v in pipe.vae.state_dict().items()
+                             if k.startswith("decoder.")})
+        _save(vae.to(torch.bfloat16).eval(),
+              (torch.randn(1, 16, 8, 8, device=a.device, dtype=torch.bfloat16),),
+              os.path.join(out, "vae_decoder.pt"))
+        del vae
+    scheduler, _ = scheduler_import.translate_flow(
+        dict(pipe.scheduler.config, _class_name=type(pipe.scheduler).__name__), "scheduler")
+    clip_tok = fd.Tokenizer("tokenizer", 77, "<|endoftext|>")
+    variants = {"flux-bf16": {}, "flux-nf4": {
+        c: manifest_io.quantization_section("nf4", 64, False)
+        for c in ("transformer", "text_encoder_2")}}
+    for name, quant_sections in variants.items():
+        folder = os.path.join(a.work, "repo", name)
+        if name != "flux-bf16":
+            os.makedirs(folder, exist_ok=True)
+            for entry in os.listdir(out):
+                if entry != "pipeline.yaml" and not os.path.exists(os.path.join(folder, entry)):
+                    os.symlink(os.path.join("..", "flux-bf16", entry), os.path.join(folder, entry))
+        manifest = fd.build_flux_manifest(scheduler, vae_cfg, clip_tok, T5_LENGTH,
+                                          quant_sections, "bfloat16")
+        manifest["placement"]["device"] = "cuda:0" if a.device.startswith("cuda") else "cpu"
+        with open(os.path.join(folder, "pipeline.yaml"), "w") as f:
+            f.write(manifest_io.dump_manifest(manifest, "flux_bench: random FLUX.1-dev weights"))
+    timings["export_seconds"] = time.monotonic() - start
+    return timings
+
+
+def time_qpool(a, name: str, check_encode: bool) -> dict:
+    repo = os.path.join(a.work, "repo")
+    start = time.monotonic()
+    where = "cuda:0" if a.device.startswith("cuda") else "cpu"
+    proc, address, _ = start_server(a.server, repo, where, 0, ["--load", name])
+    try:
+        client = GrpcClient(address)
+        loaded = time.monotonic() - start
+        times, denoise = [], []
+        for i in range(a.warmup + a.runs):
+            done = subprocess.run(
+                [a.client, "--server", address, "--json", "generate", "--pipeline", name,
+                 "--prompt", PROMPT, "--steps", str(a.steps), "--width", str(a.size),
+                 "--height", str(a.size), "--seed", str(i), "--guidance", str(a.guidance),
+                 "--out", os.path.join(a.work, f"{name}-{{seed}}-{{i}}.png")],
+                capture_output=True, text=True)
+            if done.returncode != 0:
+                return {"error": done.stderr.strip()[-2000:]}
+            if i >= a.warmup:
+                timings = json.loads(done.stdout)["timings"]
+                times.append(timings["total_seconds"])
+                denoise.append(timings["denoise_seconds"])
+        report = client.models.GetMemoryReport(client.pb.GetMemoryReportRequest(max_events=0))
+        device = next(d for d in report.devices if d.device == where)
+        components, _ = client.memory(name)
+        result = {"load_seconds": loaded, "latency": summary(times), "denoise": summary(denoise),
+                  "peak_allocated_bytes": device.peak_allocated_bytes,
+                  "pipeline_bytes": device.pipeline_bytes, "components": components}
+        if check_encode:
+            result["encode_only_model_offload"] = (encode_check(client, name) if where != "cpu"
+                                                   else None)
+        return result
+    finally:
+        stop_server(proc)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--phase", choices=("export", "serve"), required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--tokenizer", help="folder with CLIP's vocab.json and merges.txt (export)")
+    p.add_argument("--spiece", help="a SentencePiece model for T5's tokenizer (export)")
+    p.add_argument("--server")
+    p.add_argument("--client")
+    p.add_argument("--out", required=True)
+    p.add_argument("--double", type=int, default=19, help="double-stream blocks (19)")
+    p.add_argument("--single", type=int, default=38, help="single-stream blocks (38)")
+    p.add_argument("--t5-layers", type=int, default=24, help="T5 encoder layers (24)")
+    p.add_argument("--device", default="cuda", help="where the export builds (cpu: a smoke test)")
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--guidance", type=float, default=3.5)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--variants", default="flux-bf16,flux-nf4")
+    a = p.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__,
+              "size": a.size, "steps": a.steps, "guidance": a.guidance,
+              "double_blocks": a.double, "single_blocks": a.single}
+    if a.phase == "export":
+        import diffusers
+
+        result["diffusers_version"] = diffusers.__version__
+        pipe = build_diffusers(a)
+        pipe.to(a.device)
+        result["diffusers_bf16"] = time_diffusers(pipe, a)
+        print(json.dumps(result["diffusers_bf16"]), flush=True)
+        result["export"] = export(pipe, a)
+    else:
+        for name in a.variants.split(","):
+            result[name] = time_qpool(a, name, check_encode=name == "flux-bf16")
+            print(name, json.dumps(result[name].get("latency", result[name])), flush=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
