@@ -34,7 +34,8 @@ yaml = pytest.importorskip("yaml")
 spm = pytest.importorskip("sentencepiece")
 
 import test_import_diffusers as sd_tests  # noqa: E402 - after the skips
-from test_import_sdxl import one_thread, run_import  # noqa: E402,F401 - one thread, as there
+from test_import_sdxl import (assert_close, dequantized, one_thread,  # noqa: E402,F401
+                              run_import, snapshot)
 
 EXPORTER = sd_tests.EXPORTER
 SIZE = sd_tests.SIZE  # pixels; the tiny VAE downscales by 2: 8 x 8 latents, 4 x 4 tokens
@@ -152,12 +153,6 @@ def imported(tmp_path_factory, sources):
 # ------------------------------------------------------------------ diffusers references
 
 
-def assert_close(got, want, what, tolerance=1e-5):
-    assert got.shape == want.shape, what
-    diff = (got - want).abs().max().item()
-    assert diff <= tolerance * (1 + want.abs().max().item()), f"{what}: max diff {diff:g}"
-
-
 def pack(latents):
     """diffusers' FluxPipeline._pack_latents."""
     from diffusers import FluxPipeline
@@ -258,11 +253,6 @@ FAILURES = {
 }
 
 
-def snapshot(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
-
-
 @pytest.mark.parametrize("case", sorted(FAILURES))
 def test_import_failures_name_the_problem_and_leave_the_repository_untouched(
         sources, imported, tmp_path, case):
@@ -278,20 +268,6 @@ def test_import_failures_name_the_problem_and_leave_the_repository_untouched(
 
 
 # ------------------------------------------------------------------ served
-
-
-def dequantized(pipe, formats):
-    """`pipe` with each linear weight of the named components replaced by what qpool's NF4
-    layers compute with (qpool_export.quant, the Python reference of the server's op)."""
-    sys.path.insert(0, str(EXPORTER))
-    from qpool_export import quant
-
-    for component, fmt in formats.items():
-        for layer in getattr(pipe, component).modules():
-            if isinstance(layer, torch.nn.Linear):
-                layer.weight.data = quant.dequantize(quant.quantize(layer.weight.data, fmt,
-                                                                    blocksize=64))
-    return pipe
 
 
 @pytest.fixture(scope="module")
