@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -31,8 +30,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
-from generate_bench import GrpcClient, start_server, stop_server  # noqa: E402
-from import_bench import CLIP_L, encode_check, summary  # noqa: E402
+import import_bench  # noqa: E402
+from import_bench import CLIP_L, summary  # noqa: E402
 
 # black-forest-labs/FLUX.1-dev's published configs.
 FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38,
@@ -227,38 +226,46 @@ def export(pipe, a) -> dict:
     return timings
 
 
-def time_qpool(a, name: str, check_encode: bool) -> dict:
-    repo = os.path.join(a.work, "repo")
-    start = time.monotonic()
-    where = "cuda:0" if a.device.startswith("cuda") else "cpu"
-    proc, address, _ = start_server(a.server, repo, where, 0, ["--load", name])
+def residency_check(a, name: str) -> dict:
+    """`name` generates an image (512x512, 4 steps), is offloaded to the host, onloaded back and
+    generates it again: the PNGs must be byte-identical, and nothing of the pipeline may stay on
+    the GPU while it is offloaded."""
+    from generate_bench import GrpcClient, start_server, stop_server
+
+    proc, address, _ = start_server(a.server, os.path.join(a.work, "repo"), "cuda:0", 0,
+                                    ["--load", name])
     try:
         client = GrpcClient(address)
-        loaded = time.monotonic() - start
-        times, denoise = [], []
-        for i in range(a.warmup + a.runs):
-            done = subprocess.run(
-                [a.client, "--server", address, "--json", "generate", "--pipeline", name,
-                 "--prompt", PROMPT, "--steps", str(a.steps), "--width", str(a.size),
-                 "--height", str(a.size), "--seed", str(i), "--guidance", str(a.guidance),
-                 "--out", os.path.join(a.work, f"{name}-{{seed}}-{{i}}.png")],
-                capture_output=True, text=True)
-            if done.returncode != 0:
-                return {"error": done.stderr.strip()[-2000:]}
-            if i >= a.warmup:
-                timings = json.loads(done.stdout)["timings"]
-                times.append(timings["total_seconds"])
-                denoise.append(timings["denoise_seconds"])
-        report = client.models.GetMemoryReport(client.pb.GetMemoryReportRequest(max_events=0))
-        device = next(d for d in report.devices if d.device == where)
-        components, _ = client.memory(name)
-        result = {"load_seconds": loaded, "latency": summary(times), "denoise": summary(denoise),
-                  "peak_allocated_bytes": device.peak_allocated_bytes,
-                  "pipeline_bytes": device.pipeline_bytes, "components": components}
-        if check_encode:
-            result["encode_only_model_offload"] = (encode_check(client, name) if where != "cpu"
-                                                   else None)
-        return result
+        pb = client.pb
+
+        def image():
+            request = pb.GenerateRequest(pipeline=name, prompt=PROMPT, steps=4, width=512,
+                                         height=512, seed=7, guidance_scale=a.guidance)
+            for message in client.inference.Generate(request):
+                if message.HasField("result"):
+                    return message.result.images[0].png
+            raise RuntimeError("no result")
+
+        def on_gpu():
+            report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
+            pipeline = next(p for p in report.pipelines if p.name == name)
+            device = next(d for d in report.devices if d.device == "cuda:0")
+            return (sum(c.weight_bytes + c.quant_state_bytes + c.other_bytes + c.graph_bytes
+                        for c in pipeline.components if c.device.startswith("cuda")),
+                    device.allocated_bytes)
+
+        before = image()
+        resident = on_gpu()
+        offload = client.models.OffloadPipeline(pb.OffloadPipelineRequest(name=name))
+        offloaded = on_gpu()
+        onload = client.models.OnloadPipeline(pb.OnloadPipelineRequest(name=name))
+        after = image()
+        return {"png_bytes_identical": before == after, "png_bytes": len(before),
+                "pipeline_bytes_on_gpu_resident": resident[0],
+                "pipeline_bytes_on_gpu_offloaded": offloaded[0],
+                "allocated_resident": resident[1], "allocated_offloaded": offloaded[1],
+                "offload_seconds": offload.seconds, "offload_bytes": offload.bytes,
+                "onload_seconds": onload.seconds, "onload_bytes": onload.bytes}
     finally:
         stop_server(proc)
 
@@ -282,6 +289,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--variants", default="flux-bf16,flux-nf4")
+    p.add_argument("--residency-check", default="",
+                   help="serve: also offload and onload this pipeline between two images")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -299,8 +308,15 @@ def main() -> int:
         result["export"] = export(pipe, a)
     else:
         for name in a.variants.split(","):
-            result[name] = time_qpool(a, name, check_encode=name == "flux-bf16")
+            cuda = a.device.startswith("cuda")
+            result[name] = import_bench.time_qpool(
+                a.server, a.client, os.path.join(a.work, "repo"), name, a,
+                check_encode=cuda and name == "flux-bf16", scheduler="euler",
+                device="cuda:0" if cuda else "cpu")
             print(name, json.dumps(result[name].get("latency", result[name])), flush=True)
+        if a.residency_check:
+            result["residency_check"] = residency_check(a, a.residency_check)
+            print(json.dumps(result["residency_check"]), flush=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))

@@ -140,19 +140,22 @@ def summary(seconds):
 
 
 def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
-               check_encode: bool) -> dict:
-    """Generate latency through the CLI, then the memory report, with `name` alone loaded; with
-    check_encode, then the Encode-only check under `model` offload."""
-    proc, address, _ = start_server(server_bin, repo, "cuda:0", 0, ["--load", name])
+               check_encode: bool, scheduler: str = "ddim", device: str = "cuda:0") -> dict:
+    """Generate latency through the CLI, then the memory report, with `name` alone loaded on
+    `device` (and how long the server took to start with it loaded); with check_encode, then the
+    Encode-only check under `model` offload."""
+    start = time.monotonic()
+    proc, address, _ = start_server(server_bin, repo, device, 0, ["--load", name])
     try:
         client = GrpcClient(address)
+        load_seconds = time.monotonic() - start
         times, denoise = [], []
         for i in range(a.warmup + a.runs):
             done = subprocess.run(
                 [client_bin, "--server", address, "--json", "generate",
                  "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
-                 str(i), "--scheduler", "ddim", "--guidance", str(a.guidance), "--out",
+                 str(i), "--scheduler", scheduler, "--guidance", str(a.guidance), "--out",
                  os.path.join(a.work, "qpool-{seed}-{i}.png")],
                 capture_output=True, text=True)
             if done.returncode != 0:
@@ -163,11 +166,12 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                 denoise.append(timings["denoise_seconds"])
         pb = client.pb
         report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
-        device = next(d for d in report.devices if d.device == "cuda:0")
+        stats = next(d for d in report.devices if d.device == device)
         components, _ = client.memory(name)
-        result = {"latency": summary(times), "denoise": summary(denoise),
-                  "peak_allocated_bytes": device.peak_allocated_bytes,
-                  "pipeline_bytes": device.pipeline_bytes, "components": components}
+        result = {"load_seconds": load_seconds, "latency": summary(times),
+                  "denoise": summary(denoise),
+                  "peak_allocated_bytes": stats.peak_allocated_bytes,
+                  "pipeline_bytes": stats.pipeline_bytes, "components": components}
         if check_encode:
             result["encode_only_model_offload"] = encode_check(client, name)
         return result

@@ -4,6 +4,7 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -127,6 +128,20 @@ class Pipeline {
 
 // Parses "float32"/"float16"/"bfloat16"; "auto" is float16 on CUDA, float32 on the CPU.
 StatusOr<c10::ScalarType> ResolveDtype(const std::string& name, const c10::Device& device);
+
+// Each text of `texts` padded to `tokenizer`'s max_length (its EncodePadded), int64 [texts,
+// max_length] on the CPU; any tokenizer with max_length() and EncodePadded(text).
+template <typename Tokenizer>
+torch::Tensor PaddedTokenIds(const Tokenizer& tokenizer, const std::vector<std::string>& texts) {
+  const int64_t length = tokenizer.max_length();
+  auto ids = torch::empty({static_cast<int64_t>(texts.size()), length}, torch::kLong);
+  auto* out = ids.data_ptr<int64_t>();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int64_t> row = tokenizer.EncodePadded(texts[i]);
+    std::copy(row.begin(), row.end(), out + i * length);
+  }
+  return ids;
+}
 
 // The status of a component that returned `t` where `expected` was due: Internal, naming the
 // component and the contract of its kind (docs/model-repository.md).

@@ -12,19 +12,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Each text's padded ids from `encode`, int64 [texts, length] on the CPU.
-template <typename Tokenizer>
-torch::Tensor Ids(const Tokenizer& tokenizer, const std::vector<std::string>& texts) {
-  const int64_t length = tokenizer.max_length();
-  auto ids = torch::empty({static_cast<int64_t>(texts.size()), length}, torch::kLong);
-  auto* out = ids.data_ptr<int64_t>();
-  for (size_t i = 0; i < texts.size(); ++i) {
-    const std::vector<int64_t> row = tokenizer.EncodePadded(texts[i]);
-    std::copy(row.begin(), row.end(), out + i * length);
-  }
-  return ids;
-}
-
 }  // namespace
 
 struct FluxRequest : BatchRequest {
@@ -103,7 +90,7 @@ StatusOr<FluxPipeline::Prompts> FluxPipeline::EncodePrompts(const std::vector<st
   Prompts out;
   RETURN_IF_ERROR(residency().Use(clip));
   residency().Prefetch(t5);
-  ASSIGN_OR_RETURN(out.pooled, clip.Forward({Ids(clip_, prompts).to(device())}));
+  ASSIGN_OR_RETURN(out.pooled, clip.Forward({PaddedTokenIds(clip_, prompts).to(device())}));
   if (out.pooled.dim() != 2 || out.pooled.size(0) != n) {
     return Internal(StrCat("text_encoder returned a pooled embedding of shape ", out.pooled.sizes(),
                            ", expected [", n, ", dim]"));
@@ -111,7 +98,7 @@ StatusOr<FluxPipeline::Prompts> FluxPipeline::EncodePrompts(const std::vector<st
   residency().Done(clip);
   RETURN_IF_ERROR(residency().Use(t5));
   if (next != nullptr) residency().Prefetch(*next);
-  ASSIGN_OR_RETURN(out.context, t5.Forward({Ids(t5_, prompts).to(device())}));
+  ASSIGN_OR_RETURN(out.context, t5.Forward({PaddedTokenIds(t5_, prompts).to(device())}));
   if (out.context.dim() != 3 || out.context.size(0) != n ||
       out.context.size(1) != t5_.max_length()) {
     return Internal(StrCat("text_encoder_2 returned hidden states of shape ", out.context.sizes(),
@@ -194,7 +181,7 @@ StatusOr<EncodeOutput> FluxPipeline::Encode(const std::vector<std::string>& prom
   RequestResidencyScope scope(residency());
   try {
     EncodeOutput out;
-    out.input_ids = Ids(t5_, prompts);
+    out.input_ids = PaddedTokenIds(t5_, prompts);
     ASSIGN_OR_RETURN(Prompts encoded, EncodePrompts(prompts, /*next=*/nullptr));
     out.embeddings = encoded.context.to(torch::kCPU, torch::kFloat).contiguous();
     out.pooled = encoded.pooled.to(torch::kCPU, torch::kFloat).contiguous();

@@ -56,18 +56,6 @@ StatusOr<std::unique_ptr<SdPipeline>> SdPipeline::Load(const PipelineKind& kind,
   return pipeline;
 }
 
-torch::Tensor SdPipeline::TokenIds(const ClipTokenizer& tokenizer,
-                                   const std::vector<std::string>& texts) {
-  const int64_t length = tokenizer.max_length();
-  auto ids = torch::empty({static_cast<int64_t>(texts.size()), length}, torch::kLong);
-  auto* out = ids.data_ptr<int64_t>();
-  for (size_t i = 0; i < texts.size(); ++i) {
-    const std::vector<int64_t> row = tokenizer.EncodePadded(texts[i]);
-    std::copy(row.begin(), row.end(), out + i * length);
-  }
-  return ids;
-}
-
 // The requests of one GenerateBatch call (Note [The last result waits for the residency] in
 // pipeline/batch_run.h). With CFG the UNet sees [latents, latents] against the conditioning
 // [uncond rows of every request, cond rows of every request].
@@ -128,7 +116,7 @@ StatusOr<std::vector<std::vector<torch::Tensor>>> SdPipeline::RunTextEncoder(
   if (next != nullptr) residency().Prefetch(*next);
   std::vector<std::vector<torch::Tensor>> out;
   for (const auto& texts : groups) {
-    torch::Tensor ids = TokenIds(tokenizer, texts).to(device());
+    torch::Tensor ids = PaddedTokenIds(tokenizer, texts).to(device());
     std::vector<torch::Tensor> result;
     if (outputs == 1) {
       ASSIGN_OR_RETURN(torch::Tensor hidden, encoder.Forward({ids}));
@@ -253,7 +241,7 @@ StatusOr<EncodeOutput> SdPipeline::Encode(const std::vector<std::string>& prompt
   RequestResidencyScope scope(residency());
   try {
     EncodeOutput out;
-    out.input_ids = TokenIds(tokenizer_, prompts);
+    out.input_ids = PaddedTokenIds(tokenizer_, prompts);
     ASSIGN_OR_RETURN(std::vector<Conditioning> encoded, EncodeTexts({prompts}, /*next=*/nullptr));
     out.embeddings = encoded[0].context.to(torch::kCPU, torch::kFloat).contiguous();
     if (encoded[0].pooled.defined()) {

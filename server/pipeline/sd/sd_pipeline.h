@@ -48,9 +48,6 @@ class SdPipeline : public Pipeline {
   SdPipeline(const PipelineKind& kind, PipelineManifest manifest, ClipTokenizer tokenizer,
              c10::ScalarType dtype);
 
-  // Each text padded to the tokenizer's max_length: int64 [texts, max_length] on the CPU.
-  static torch::Tensor TokenIds(const ClipTokenizer& tokenizer,
-                                const std::vector<std::string>& texts);
   // Runs `encoder` (a component whose forward returns `outputs` tensors, hidden states first) on
   // each group of texts in its own forward call, `next` (may be null) prefetched while it runs.
   // Checks the hidden states' shape [texts, max_length, hidden].
