@@ -105,7 +105,10 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       settings.blocksize = q.blocksize;
       settings.double_quant = q.double_quant;
       settings.skip = q.skip;
-      auto report = quant::QuantizeModule(component->module(), settings);
+      // On the pipeline's GPU when it has one (Note [Load-time quantization]).
+      auto report = quant::QuantizeModule(
+          component->module(), settings,
+          device.is_cuda() ? std::optional<c10::Device>(device) : std::nullopt);
       if (!report.ok()) {
         return Status(report.status().code(), StrCat(manifest_.path, ": components.", name,
                                                      ".quantization: ", report.status().message()));

@@ -58,7 +58,8 @@ bool IsQuantLinear(const torch::jit::Module& module) {
   return true;
 }
 
-StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings) {
+StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings,
+                                        const std::optional<c10::Device>& compute) {
   ASSIGN_OR_RETURN(QuantFormat format, ParseQuantFormat(settings.format));
   QuantOptions options;
   options.format = format;
@@ -113,9 +114,19 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
     }
     // Pass 2: quantize layer by layer, dropping each float weight as soon as it is replaced.
     for (Layer& layer : todo) {
+      const torch::Tensor weight = layer.module.attr("weight").toTensor();
+      const c10::Device home = weight.device();
+      // Note [Load-time quantization]: double quantization stays where the weights are.
+      const bool elsewhere = compute && *compute != home && !options.double_quant;
       StatusOr<QuantState> q =
-          Quantize(layer.module.attr("weight").toTensor(), options, DisplayName(layer.name));
+          Quantize(elsewhere ? weight.to(*compute) : weight, options, DisplayName(layer.name));
       if (!q.ok()) return q.status();
+      if (elsewhere) {
+        for (torch::Tensor* t :
+             {&q->weight, &q->absmax, &q->code, &q->nested_absmax, &q->nested_code, &q->offset}) {
+          *t = t->to(home);
+        }
+      }
       layer.module.setattr("weight", q->weight);
       layer.module.setattr("absmax", q->absmax);
       layer.module.setattr("code", q->code);

@@ -5,6 +5,7 @@
 #include <torch/script.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,13 +38,19 @@ struct QuantizeReport {
 // the second pass quantizes layer by layer and setattr()s the new buffers, which drops the
 // module's reference to the float weight at once: peak memory stays near the quantized size
 // plus one layer, provided nobody else holds the float tensors (call it before building a
-// tensor table). Quantization runs on the weights' current device with the same ATen operations
-// as quant.py, so a load-time quantized layer is byte-identical to a pre-quantized one.
-
+// tensor table). Each layer's quantization runs on `compute` (the pipeline's GPU: a 12B FLUX
+// transformer quantizes in seconds there instead of a minute on the host), one layer at a time,
+// and its quantized tensors go back to the device the weight was on. The ATen operations are
+// quant.py's, so a load-time quantized layer is byte-identical to a pre-quantized one: int8 and
+// nf4 are exact in IEEE float32 on either device; double quantization's mean of the absmax is a
+// reduction whose order differs between CPU and GPU (measured: other bits in offset and the
+// nested state), so double-quantized layers are quantized where their weights are.
 // Quantizes `module` in place. format "none" changes nothing. InvalidArgument for an unknown
 // format, a bad blocksize, no QuantLinear layer left after `skip`, or a layer already quantized
 // in another format (or blocksize / double quant); nothing is modified then.
-StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings);
+// Each layer is quantized on `compute` (default: where its weight is).
+StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings,
+                                        const std::optional<c10::Device>& compute = std::nullopt);
 
 // True when `module` has the attributes of a QuantLinear layer.
 bool IsQuantLinear(const torch::jit::Module& module);

@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/cuda.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -242,6 +243,37 @@ TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
     ASSERT_FALSE(conflict.ok());
     EXPECT_EQ(conflict.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(conflict.status().message().find("already quantized"), std::string::npos);
+  }
+}
+
+// Note [Load-time quantization]: quantized on the GPU (as loads onto a GPU do), a layer gets the
+// bytes the CPU (and a pre-quantized export) gives it, and its tensors stay where the weight was
+// (double quantization is done on the CPU: its mean is not bit-exact across devices).
+TEST(ModuleQuantizer, QuantizingOnTheGpuGivesTheCpuBytes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available";
+  torch::manual_seed(15);
+  at::Tensor w1 = at::randn({320, 520}) * 3, b1 = at::randn({320}), w2 = at::randn({72, 320});
+  for (const char* format : {"int8", "nf4"}) {
+    for (bool dq : {false, true}) {
+      if (dq && std::string(format) == "int8") continue;
+      QuantSettings settings;
+      settings.format = format;
+      settings.double_quant = dq;
+      torch::jit::Module on_cpu = MakeNet(w1.clone(), b1, w2.clone());
+      torch::jit::Module on_gpu = MakeNet(w1.clone(), b1, w2.clone());
+      ASSERT_TRUE(QuantizeModule(on_cpu, settings).ok());
+      ASSERT_TRUE(QuantizeModule(on_gpu, settings, c10::Device(c10::kCUDA, 0)).ok());
+      for (const char* layer : {"proj_in", "proj_out"}) {
+        for (const char* name :
+             {"weight", "absmax", "code", "nested_absmax", "nested_code", "offset"}) {
+          const at::Tensor want = on_cpu.attr(layer).toModule().attr(name).toTensor();
+          const at::Tensor got = on_gpu.attr(layer).toModule().attr(name).toTensor();
+          EXPECT_TRUE(got.device().is_cpu()) << layer << "." << name;
+          EXPECT_TRUE(at::equal(got, want))
+              << format << (dq ? " dq " : " ") << layer << "." << name;
+        }
+      }
+    }
   }
 }
 
