@@ -44,6 +44,7 @@ v1::GenerateRequest BuildGenerateRequest(const ParsedArgs& args) {
   if (auto v = GetUint32(args, "target-height")) request.set_target_height(*v);
   if (auto v = GetUint32(args, "crop-top")) request.set_crop_top(*v);
   if (auto v = GetUint32(args, "crop-left")) request.set_crop_left(*v);
+  if (auto v = GetDouble(args, "true-cfg")) request.set_true_cfg_scale(static_cast<float>(*v));
   return request;
 }
 

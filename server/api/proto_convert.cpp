@@ -64,6 +64,7 @@ GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
   if (r.has_target_height()) in.target_height = r.target_height();
   if (r.has_crop_top()) in.crop_top = r.crop_top();
   if (r.has_crop_left()) in.crop_left = r.crop_left();
+  if (r.has_true_cfg_scale()) in.true_cfg_scale = r.true_cfg_scale();
   return in;
 }
 

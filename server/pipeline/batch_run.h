@@ -115,6 +115,23 @@ class BatchRun {
       row += n;
     }
   }
+  // Classifier-free guidance of a prediction for [negative rows of every running request,
+  // positive rows of every running request], each request with its own scale (cfg_scale), on
+  // its own rows.
+  torch::Tensor Guide(const torch::Tensor& prediction) const {
+    auto chunks = prediction.chunk(2);
+    std::vector<torch::Tensor> parts;
+    int64_t row = 0;
+    for (const auto& r : requests) {
+      if (!r.running) continue;
+      const int64_t n = r.item.params->num_images;
+      torch::Tensor u = chunks[0].slice(0, row, row + n);
+      torch::Tensor c = chunks[1].slice(0, row, row + n);
+      parts.push_back(u + (c - u) * r.item.params->cfg_scale());
+      row += n;
+    }
+    return parts.size() == 1 ? parts[0] : torch::cat(parts);
+  }
   // Reports step `step` of `total` to every running request.
   void Progress(int step, int total) {
     for (auto& r : requests) {

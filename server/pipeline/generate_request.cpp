@@ -58,6 +58,22 @@ Status ResolveSizeConditioning(const GenerateRequestIn& in, const PipelineManife
   return Status::Ok();
 }
 
+// A guidance scale the client sent (finite, in [0, 100]), or `fallback`.
+Status ResolveScale(const char* field, const std::optional<float>& sent, double fallback,
+                    double* out) {
+  if (!sent.has_value()) {
+    *out = fallback;
+    return Status::Ok();
+  }
+  const float g = *sent;
+  if (!std::isfinite(g) || g < 0) {
+    return InvalidArgument(StrCat(field, " must be a finite number >= 0 (got ", g, ")"));
+  }
+  if (g > 100) return InvalidArgument(StrCat(field, " must be at most 100 (got ", g, ")"));
+  *out = g;
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
@@ -80,18 +96,14 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
                                   Sent(in.steps, p.steps), ")"));
   }
 
-  if (in.guidance_scale.has_value()) {
-    const float g = *in.guidance_scale;
-    if (!std::isfinite(g) || g < 0) {
-      return InvalidArgument(StrCat("guidance_scale must be a finite number >= 0 (got ", g, ")"));
-    }
-    if (g > 100) {
-      return InvalidArgument(StrCat("guidance_scale must be at most 100 (got ", g, ")"));
-    }
-    p.guidance_scale = g;
-  } else {
-    p.guidance_scale = defaults.guidance_scale;
+  RETURN_IF_ERROR(ResolveScale("guidance_scale", in.guidance_scale,
+                               manifest.defaults.guidance_scale, &p.guidance_scale));
+  if (in.true_cfg_scale.has_value() && !features.embedded_guidance) {
+    return InvalidArgument(StrCat("true_cfg_scale is for pipelines with embedded guidance; ",
+                                  "pipeline '", manifest.name, "' (kind ", manifest.kind,
+                                  ") takes classifier-free guidance from guidance_scale"));
   }
+  RETURN_IF_ERROR(ResolveScale("true_cfg_scale", in.true_cfg_scale, 1.0, &p.true_cfg_scale));
 
   const int multiple = std::lcm(features.size_multiple, manifest.latent.downscale);
   p.width = in.width ? Clamp(*in.width) : defaults.width;

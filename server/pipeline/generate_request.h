@@ -29,6 +29,7 @@ struct GenerateRequestIn {
   std::optional<uint32_t> target_height;
   std::optional<uint32_t> crop_top;
   std::optional<uint32_t> crop_left;
+  std::optional<float> true_cfg_scale;  // kinds with embedded guidance only
 };
 
 // What an SDXL-style denoiser is told about the image's size (diffusers' original_size,
@@ -62,15 +63,22 @@ struct GenerateParams {
   // guidance_scale is an input of the denoiser (FLUX's distilled guidance embedding) rather than
   // the scale of classifier-free guidance.
   bool embedded_guidance = false;
-  // Classifier-free guidance runs the denoiser on both prompts; off when guidance_scale <= 1 or
-  // the guidance is embedded.
-  bool do_cfg() const { return !embedded_guidance && guidance_scale > 1.0; }
+  // With embedded guidance, the scale of classifier-free guidance on top of it (1: off).
+  double true_cfg_scale = 1.0;
+  // Classifier-free guidance runs the denoiser on both prompts: guidance_scale > 1, or with
+  // embedded guidance true_cfg_scale > 1 and a negative prompt.
+  bool do_cfg() const {
+    return embedded_guidance ? true_cfg_scale > 1.0 && !negative_prompt.empty()
+                             : guidance_scale > 1.0;
+  }
+  // The scale classifier-free guidance combines the two predictions with.
+  double cfg_scale() const { return embedded_guidance ? true_cfg_scale : guidance_scale; }
 };
 
 // What a kind reads of a request beyond the fields every kind reads.
 struct RequestFeatures {
-  bool size_conditioning = false;                   // the SizeConditioning fields (sdxl)
-  bool embedded_guidance = false;                   // GenerateParams::embedded_guidance (flux)
+  bool size_conditioning = false;  // the SizeConditioning fields (sdxl)
+  bool embedded_guidance = false;  // GenerateParams::embedded_guidance, true_cfg_scale (flux)
   ScheduleFamily schedule = ScheduleFamily::kDdpm;  // the samplers it runs (SamplerNames)
   int size_multiple = 8;  // width and height are multiples of this and of latent.downscale
 };

@@ -321,19 +321,26 @@ def test_served_embeddings_match_diffusers(client, sources):
     assert np.abs(got_pooled - pooled.numpy()).max() < 1e-5
 
 
-def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1):
+def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1, negative_prompt="",
+                     true_cfg_scale=None):
+    extra = {}
+    if true_cfg_scale is not None:
+        extra = {"negative_prompt": negative_prompt, "true_cfg_scale": true_cfg_scale}
     with torch.no_grad():
         out = pipe(prompt=prompt, height=SIZE, width=SIZE, num_inference_steps=steps,
                    guidance_scale=guidance_scale, latents=latents_for(seed, images),
                    num_images_per_prompt=images, max_sequence_length=T5_LENGTH,
-                   output_type="np")
+                   output_type="np", **extra)
     return [np.round(image * 255).astype(np.int16) for image in out.images]
 
 
-def qpool_images(client, name, steps, seed, prompt, guidance_scale, images=1):
+def qpool_images(client, name, steps, seed, prompt, guidance_scale, images=1, negative_prompt="",
+                 true_cfg_scale=None):
+    extra = {} if true_cfg_scale is None else {"negative_prompt": negative_prompt,
+                                               "true_cfg_scale": true_cfg_scale}
     result = client.generate_one(pipeline=name, prompt=prompt, steps=steps,
                                  guidance_scale=guidance_scale, width=SIZE, height=SIZE,
-                                 seed=seed, num_images=images)
+                                 seed=seed, num_images=images, **extra)
     out = []
     for image in result.images:
         png = read_png(image.png)
@@ -347,6 +354,11 @@ CASES = {
     "dev, guidance 3.5": ("flux-dev", dict(steps=4, guidance_scale=3.5)),
     "dev, guidance 7, two images": ("flux-dev", dict(steps=3, guidance_scale=7.0, images=2)),
     "schnell": ("flux-schnell", dict(steps=2, guidance_scale=0.0)),
+    "dev, true CFG 4 with a negative prompt, two images": (
+        "flux-dev", dict(steps=3, guidance_scale=3.5, images=2, negative_prompt="blurry, dark",
+                         true_cfg_scale=4.0)),
+    "schnell, true CFG 2.5": ("flux-schnell", dict(steps=2, guidance_scale=0.0,
+                                                   negative_prompt="a cat", true_cfg_scale=2.5)),
     "nf4 transformer and T5": ("flux-nf4", dict(steps=4, guidance_scale=3.5)),
 }
 

@@ -69,7 +69,32 @@ TEST(FluxKind, GuidanceIsEmbeddedSizesAreMultiplesOf16AndEulerIsItsSampler) {
             std::string::npos)
       << ddim.status().message();
 
+  // Classifier-free guidance on top of the embedded guidance: true_cfg_scale and a negative
+  // prompt, both.
   in.scheduler.clear();
+  in.true_cfg_scale = 4.0f;
+  auto no_negative = kind.ResolveGenerate(in, FluxManifest());
+  ASSERT_TRUE(no_negative.ok()) << no_negative.status().ToString();
+  EXPECT_FALSE(no_negative->do_cfg());
+  in.negative_prompt = "blurry";
+  auto cfg = kind.ResolveGenerate(in, FluxManifest());
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_TRUE(cfg->do_cfg());
+  EXPECT_DOUBLE_EQ(cfg->cfg_scale(), 4.0);
+  in.true_cfg_scale = 101.0f;
+  EXPECT_FALSE(kind.ResolveGenerate(in, FluxManifest()).ok());
+  // Kinds whose guidance_scale is CFG refuse it.
+  PipelineManifest sd = FluxManifest();
+  sd.kind = "sd";
+  in.true_cfg_scale = 2.0f;
+  auto refused = ResolveGenerateRequest(in, sd);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("true_cfg_scale is for pipelines with embedded "
+                                            "guidance; pipeline 'flux-tiny' (kind sd)"),
+            std::string::npos)
+      << refused.status().message();
+
+  in = GenerateRequestIn();
   in.original_width = 1024;  // SDXL's size conditioning
   EXPECT_FALSE(kind.ResolveGenerate(in, FluxManifest()).ok());
   EXPECT_EQ(kind.ManifestSpec().schedule, ScheduleFamily::kFlowMatch);

@@ -16,8 +16,8 @@ class FluxKind final : public PipelineKind {
   const std::vector<std::string>& manifest_sections() const override { return sections_; }
   ScheduleFamily schedule() const override { return ScheduleFamily::kFlowMatch; }
   TokenizerFormat tokenizer_2_format() const override { return TokenizerFormat::kSentencePiece; }
-  // guidance_scale is the transformer's guidance input (no classifier-free guidance); sizes are
-  // multiples of 16 (8x VAE, then 2x2 patches).
+  // guidance_scale is the transformer's guidance input; classifier-free guidance only with
+  // true_cfg_scale and a negative prompt; sizes are multiples of 16 (8x VAE, then 2x2 patches).
   StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,
                                            const PipelineManifest& manifest) const override;
   // ~6 GiB for one 1024x1024 image: the 16-channel VAE decode dominates.

@@ -15,22 +15,27 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 struct FluxRequest : BatchRequest {
-  torch::Tensor context;  // [1, length, hidden]
-  torch::Tensor pooled;   // [1, dim]
+  torch::Tensor context;         // [1, length, hidden]
+  torch::Tensor pooled;          // [1, dim]
+  torch::Tensor uncond_context;  // of the negative prompt, with classifier-free guidance
+  torch::Tensor uncond_pooled;
 };
 
 struct FluxPipeline::BatchRun : qpool::BatchRun<FluxRequest> {
   using qpool::BatchRun<FluxRequest>::BatchRun;
 
-  // Rows of every running request: its context, pooled embedding and guidance, num_images each.
-  std::vector<torch::Tensor> Conditioning(const c10::Device& device) const {
+  // Rows of every running request: its context, pooled embedding and guidance, num_images
+  // each; with CFG the negative prompts' rows first, then the prompts' (BatchRun::Guide).
+  std::vector<torch::Tensor> Conditioning(const c10::Device& device, bool cfg) const {
     std::vector<torch::Tensor> context, pooled, guidance;
-    for (const auto& r : requests) {
-      if (!r.running) continue;
-      const int64_t n = r.item.params->num_images;
-      context.push_back(r.context.expand({n, -1, -1}));
-      pooled.push_back(r.pooled.expand({n, -1}));
-      guidance.push_back(torch::full({n}, r.item.params->guidance_scale, torch::kFloat));
+    for (int half = cfg ? 0 : 1; half < 2; ++half) {
+      for (const auto& r : requests) {
+        if (!r.running) continue;
+        const int64_t n = r.item.params->num_images;
+        context.push_back((half == 0 ? r.uncond_context : r.context).expand({n, -1, -1}));
+        pooled.push_back((half == 0 ? r.uncond_pooled : r.pooled).expand({n, -1}));
+        guidance.push_back(torch::full({n}, r.item.params->guidance_scale, torch::kFloat));
+      }
     }
     return {torch::cat(context).contiguous(), torch::cat(pooled).contiguous(),
             torch::cat(guidance).to(device)};
@@ -123,14 +128,24 @@ void FluxPipeline::GenerateBatch(std::vector<BatchItem> items) {
 
 Status FluxPipeline::EncodeBatch(BatchRun& run) {
   const auto start = Clock::now();
+  // Every request's prompt, then the negative prompts of those with classifier-free guidance.
   std::vector<std::string> prompts;
   for (const auto& r : run.requests) prompts.push_back(r.item.params->prompt);
+  for (const auto& r : run.requests) {
+    if (r.item.params->do_cfg()) prompts.push_back(r.item.params->negative_prompt);
+  }
   ASSIGN_OR_RETURN(Prompts encoded, EncodePrompts(prompts, &component("transformer")));
   const double seconds = SecondsSince(start);
+  int64_t negative = static_cast<int64_t>(run.requests.size());
   for (size_t i = 0; i < run.requests.size(); ++i) {
     auto& r = run.requests[i];
     r.context = encoded.context.slice(0, i, i + 1);
     r.pooled = encoded.pooled.slice(0, i, i + 1);
+    if (r.item.params->do_cfg()) {
+      r.uncond_context = encoded.context.slice(0, negative, negative + 1);
+      r.uncond_pooled = encoded.pooled.slice(0, negative, negative + 1);
+      ++negative;
+    }
     r.output.timings.encode_seconds = seconds;
   }
   return Status::Ok();
@@ -150,7 +165,9 @@ Status FluxPipeline::DenoiseBatch(BatchRun& run) {
   const torch::Tensor img_ids = ImageIds(h, w).to(device);
   const torch::Tensor txt_ids =
       torch::zeros({run.requests.front().context.size(1), 3}, torch::kFloat).to(device);
-  std::vector<torch::Tensor> conditioning = run.Conditioning(device);
+  // Requests of a batch all have CFG or none (BatchCompatible).
+  const bool cfg = first.do_cfg();
+  std::vector<torch::Tensor> conditioning = run.Conditioning(device, cfg);
 
   Component& transformer = component("transformer");
   RETURN_IF_ERROR(residency().Use(transformer));
@@ -160,13 +177,15 @@ Status FluxPipeline::DenoiseBatch(BatchRun& run) {
     const int before = run.running();
     latents = run.DropCancelled(latents);
     if (run.running() == 0) return Status::Ok();
-    if (run.running() != before) conditioning = run.Conditioning(device);
-    const torch::Tensor t = torch::full({latents.size(0)}, scheduler.timestep(i),
+    if (run.running() != before) conditioning = run.Conditioning(device, cfg);
+    const torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
+    const torch::Tensor t = torch::full({model_in.size(0)}, scheduler.timestep(i),
                                         torch::dtype(torch::kFloat).device(device));
     ASSIGN_OR_RETURN(torch::Tensor velocity,
-                     transformer.Forward({latents, conditioning[0], conditioning[1], t, img_ids,
+                     transformer.Forward({model_in, conditioning[0], conditioning[1], t, img_ids,
                                           txt_ids, conditioning[2]}));
-    RETURN_IF_ERROR(CheckShape("transformer", velocity, latents.sizes()));
+    RETURN_IF_ERROR(CheckShape("transformer", velocity, model_in.sizes()));
+    if (cfg) velocity = run.Guide(velocity);
     latents = scheduler.Step(velocity, i, latents);
     run.Progress(i + 1, total);
   }

@@ -21,8 +21,11 @@ namespace qpool {
 // attention mask; text_encoder_2's last hidden state). The transformer takes the packed latents
 // [B, (h/2)(w/2), 4 C], the T5 states, the pooled embedding, the timestep (the sigma, float32),
 // the position ids of the image tokens (0, row, column) and of the text tokens (zeros), and the
-// guidance scale (float32; a guidance-distilled model embeds it, others ignore it). There is no
-// classifier-free guidance: one transformer call per step, and a negative prompt is ignored.
+// guidance scale (float32; a guidance-distilled model embeds it, others ignore it): one
+// transformer call per step. Classifier-free guidance on top of it ("true CFG", diffusers'
+// true_cfg_scale) runs when a request has a negative prompt and true_cfg_scale > 1: the
+// negative prompt's rows join the batch, with the same guidance input, and the velocity is
+// negative + true_cfg_scale * (positive - negative). A negative prompt alone changes nothing.
 // Packing (Pack/Unpack) is diffusers' _pack_latents: each 2x2 patch of the latent becomes one
 // token of 4 C channels, channel-major.
 //

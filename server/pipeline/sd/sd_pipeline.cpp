@@ -90,21 +90,6 @@ struct SdPipeline::BatchRun : qpool::BatchRun<SdRequest> {
     for (auto& rows : inputs) out.push_back(torch::cat(rows).contiguous());
     return out;
   }
-  // Classifier-free guidance with each request's own scale, on its own rows.
-  torch::Tensor Guide(const torch::Tensor& eps) const {
-    auto chunks = eps.chunk(2);
-    std::vector<torch::Tensor> parts;
-    int64_t row = 0;
-    for (const auto& r : requests) {
-      if (!r.running) continue;
-      const int64_t n = r.item.params->num_images;
-      torch::Tensor u = chunks[0].slice(0, row, row + n);
-      torch::Tensor c = chunks[1].slice(0, row, row + n);
-      parts.push_back(u + (c - u) * r.item.params->guidance_scale);
-      row += n;
-    }
-    return parts.size() == 1 ? parts[0] : torch::cat(parts);
-  }
 };
 
 StatusOr<std::vector<std::vector<torch::Tensor>>> SdPipeline::RunTextEncoder(
