@@ -135,8 +135,13 @@ def run_import(src: str, out: str, *args: str) -> float:
 def summary(seconds):
     seconds = sorted(seconds)
     return {"n": len(seconds), "median_s": statistics.median(seconds),
-            "p90_s": seconds[int(0.9 * (len(seconds) - 1))], "min_s": seconds[0],
+            "p90_s": seconds[int(0.9 * (len(seconds) - 1))],
+            "p99_s": seconds[int(0.99 * (len(seconds) - 1))], "min_s": seconds[0],
             "max_s": seconds[-1]}
+
+
+# The server's stages of a request (Timings), each summarized beside the latency.
+STAGES = ("queue", "encode", "denoise", "decode", "png")
 
 
 def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
@@ -149,7 +154,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
     try:
         client = GrpcClient(address)
         load_seconds = time.monotonic() - start
-        times, denoise = [], []
+        times, stages = [], {stage: [] for stage in STAGES}
         for i in range(a.warmup + a.runs):
             done = subprocess.run(
                 [client_bin, "--server", address, "--json", "generate",
@@ -163,13 +168,14 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
             if i >= a.warmup:
                 timings = json.loads(done.stdout)["timings"]
                 times.append(timings["total_seconds"])
-                denoise.append(timings["denoise_seconds"])
+                for stage, values in stages.items():
+                    values.append(timings[f"{stage}_seconds"])
         pb = client.pb
         report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
         stats = next(d for d in report.devices if d.device == device)
         components, _ = client.memory(name)
         result = {"load_seconds": load_seconds, "latency": summary(times),
-                  "denoise": summary(denoise),
+                  **{stage: summary(values) for stage, values in stages.items()},
                   "peak_allocated_bytes": stats.peak_allocated_bytes,
                   "pipeline_bytes": stats.pipeline_bytes, "components": components}
         if check_encode:

@@ -53,6 +53,7 @@ json TimingsJson(const v1::Timings& t) {
           {"encode_seconds", t.encode_seconds()},
           {"denoise_seconds", t.denoise_seconds()},
           {"decode_seconds", t.decode_seconds()},
+          {"png_seconds", t.png_seconds()},
           {"total_seconds", t.total_seconds()}};
 }
 
@@ -228,7 +229,8 @@ int RunGenerate(const ParsedArgs& args, const Connection& connection) {
               << FormatFixed(t.queue_seconds(), 3) << ", encode "
               << FormatFixed(t.encode_seconds(), 3) << ", denoise "
               << FormatFixed(t.denoise_seconds(), 3) << ", decode "
-              << FormatFixed(t.decode_seconds(), 3) << ")\n";
+              << FormatFixed(t.decode_seconds(), 3) << ", png " << FormatFixed(t.png_seconds(), 3)
+              << ")\n";
     return kExitOk;
   }
   const json doc = {{"pipeline", request.pipeline()},

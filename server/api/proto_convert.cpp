@@ -195,6 +195,7 @@ void ToProto(GenerateReply reply, v1::GenerateResult* out) {
   timings->set_encode_seconds(reply.timings.encode_seconds);
   timings->set_denoise_seconds(reply.timings.denoise_seconds);
   timings->set_decode_seconds(reply.timings.decode_seconds);
+  timings->set_png_seconds(reply.timings.png_seconds);
   timings->set_total_seconds(reply.run.total_seconds);
 }
 

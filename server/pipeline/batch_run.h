@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pipeline/pipeline.h"
+#include "pipeline/stage_timer.h"
 
 namespace qpool {
 
@@ -34,13 +35,16 @@ struct BatchRequest {
 template <typename Request>
 class BatchRun {
  public:
-  explicit BatchRun(std::vector<BatchItem> items) {
+  // The batch begins now, on `device` (its first stage boundary: Note [Stage timings] in
+  // pipeline/stage_timer.h).
+  BatchRun(std::vector<BatchItem> items, c10::Device device) : timer_(device) {
     const int size = static_cast<int>(items.size());
     for (auto& item : items) {
       requests.emplace_back();
       requests.back().item = std::move(item);
       requests.back().output.batch_size = size;
     }
+    begin_ = encoded_ = denoised_ = decoded_ = timer_.Mark();
   }
 
   const GenerateParams& first() const { return *requests.front().item.params; }
@@ -102,18 +106,28 @@ class BatchRun {
     }
     return torch::cat(noise);
   }
+  // The text encoders' work for every request is queued: the end of the encode stage.
+  void MarkEncoded() { encoded_ = timer_.Mark(); }
   // Gives each running request its rows of the loop's final `latents` (through `unpack`, which
-  // maps rows to [n, channels, h, w]) and the loop's duration.
+  // maps rows to [n, channels, h, w]); the end of the denoise stage.
   template <typename Unpack>
-  void TakeLatents(const torch::Tensor& latents, double denoise_seconds, Unpack unpack) {
+  void TakeLatents(const torch::Tensor& latents, Unpack unpack) {
     int64_t row = 0;
     for (auto& r : requests) {
       if (!r.running) continue;
       const int64_t n = r.item.params->num_images;
       r.latents = unpack(latents.slice(0, row, row + n));
-      r.output.timings.denoise_seconds = denoise_seconds;
       row += n;
     }
+    denoised_ = decoded_ = timer_.Mark();
+  }
+  // r's pixels are on the host: the end of its decode stage, and its stage timings.
+  void MarkDecoded(Request& r) {
+    const size_t now = timer_.Mark();
+    r.output.timings.encode_seconds = timer_.Seconds(begin_, encoded_);
+    r.output.timings.denoise_seconds = timer_.Seconds(encoded_, denoised_);
+    r.output.timings.decode_seconds = timer_.Seconds(decoded_, now);
+    decoded_ = now;
   }
   // Classifier-free guidance of a prediction for [negative rows of every running request,
   // positive rows of every running request], each request with its own scale (cfg_scale), on
@@ -144,6 +158,8 @@ class BatchRun {
  private:
   Request* last_ = nullptr;
   std::optional<StatusOr<GenerateOutput>> last_result_;
+  StageTimer timer_;
+  size_t begin_ = 0, encoded_ = 0, denoised_ = 0, decoded_ = 0;  // boundaries of timer_
 };
 
 // Runs `stages` (Status()) on `run` for `pipeline` under inference mode and the pipeline's
@@ -172,9 +188,11 @@ Status Pipeline::DecodeRunning(Run& run) {
   RETURN_IF_ERROR(residency().Use(decoder));
   for (auto& r : run.requests) {
     if (!r.running) continue;
+    ASSIGN_OR_RETURN(torch::Tensor pixels, DecodePixels(decoder, r.latents));
+    run.MarkDecoded(r);
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(r.output.images, DecodeImages(decoder, r.latents));
-    r.output.timings.decode_seconds =
+    r.output.images = EncodePngs(pixels);
+    r.output.timings.png_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.latents = torch::Tensor();
     run.End(r, std::move(r.output));

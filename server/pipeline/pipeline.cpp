@@ -154,8 +154,7 @@ StatusOr<GenerateOutput> Pipeline::Generate(const GenerateParams& params,
   return result;
 }
 
-StatusOr<std::vector<GeneratedImage>> Pipeline::DecodeImages(Component& decoder,
-                                                             const torch::Tensor& latents) {
+StatusOr<torch::Tensor> Pipeline::DecodePixels(Component& decoder, const torch::Tensor& latents) {
   const auto& latent = manifest().latent;
   // The decoder may keep its own dtype (components.vae_decoder.dtype, e.g. float32).
   ASSIGN_OR_RETURN(
@@ -166,17 +165,20 @@ StatusOr<std::vector<GeneratedImage>> Pipeline::DecodeImages(Component& decoder,
   const int64_t height = latents.size(2) * latent.downscale;
   const int64_t width = latents.size(3) * latent.downscale;
   RETURN_IF_ERROR(CheckShape("vae_decoder", image, {n, 3, height, width}));
-  torch::Tensor pixels = ((image.to(torch::kFloat) / 2 + 0.5).clamp(0, 1) * 255)
-                             .round()
-                             .to(torch::kUInt8)
-                             .permute({0, 2, 3, 1})
-                             .contiguous()
-                             .cpu();
+  return ((image.to(torch::kFloat) / 2 + 0.5).clamp(0, 1) * 255)
+      .round()
+      .to(torch::kUInt8)
+      .permute({0, 2, 3, 1})
+      .contiguous()
+      .cpu();
+}
+
+std::vector<GeneratedImage> Pipeline::EncodePngs(const torch::Tensor& pixels) {
+  const int height = static_cast<int>(pixels.size(1));
+  const int width = static_cast<int>(pixels.size(2));
   std::vector<GeneratedImage> images;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* data = pixels[i].data_ptr<uint8_t>();
-    images.push_back({EncodePng(data, static_cast<int>(width), static_cast<int>(height)),
-                      static_cast<int>(width), static_cast<int>(height)});
+  for (int64_t i = 0; i < pixels.size(0); ++i) {
+    images.push_back({EncodePng(pixels[i].data_ptr<uint8_t>(), width, height), width, height});
   }
   return images;
 }

@@ -30,6 +30,7 @@ struct StageTimings {
   double encode_seconds = 0;
   double denoise_seconds = 0;
   double decode_seconds = 0;
+  double png_seconds = 0;  // on the host, after decode
 };
 
 struct GenerateOutput {
@@ -109,10 +110,12 @@ class Pipeline {
   // forward when it runs on a GPU, unless the manifest's execution.cuda_graphs is off
   // (Note [Forward graphs] in component/graph_cache.h).
   void UseForwardGraphs(const std::string& name);
-  // PNG images of latents [n, latent.channels, h, w] (in latent space, before the manifest's
-  // scaling and shift): `decoder` (resident) gets latents / scaling_factor + shift_factor.
-  StatusOr<std::vector<GeneratedImage>> DecodeImages(Component& decoder,
-                                                     const torch::Tensor& latents);
+  // The images of latents [n, latent.channels, h, w] (in latent space, before the manifest's
+  // scaling and shift) as 8-bit RGB pixels on the host, [n, height, width, 3]: `decoder`
+  // (resident) gets latents / scaling_factor + shift_factor.
+  StatusOr<torch::Tensor> DecodePixels(Component& decoder, const torch::Tensor& latents);
+  // One PNG per image of DecodePixels' `pixels`.
+  static std::vector<GeneratedImage> EncodePngs(const torch::Tensor& pixels);
   // Decodes the latents of each running request of `run` (a BatchRun: pipeline/batch_run.h,
   // which defines it) with vae_decoder and hands the request its images.
   template <typename Run>

@@ -56,9 +56,13 @@ def test_result_reports_device_and_timings(client):
     assert result.device in ("cpu",) or result.device.startswith("cuda:")
     t = result.timings
     assert t.total_seconds > 0
-    for part in (t.queue_seconds, t.encode_seconds, t.denoise_seconds, t.decode_seconds):
+    stages = (t.queue_seconds, t.encode_seconds, t.denoise_seconds, t.decode_seconds,
+              t.png_seconds)
+    for part in stages:
         assert 0 <= part <= t.total_seconds + 1e-6
-    assert t.denoise_seconds > 0
+    assert t.denoise_seconds > 0 and t.decode_seconds > 0 and t.png_seconds > 0
+    # The stages follow one another: together they fit in the request's time.
+    assert sum(stages) <= t.total_seconds + 1e-6
 
 
 def test_same_seed_gives_identical_bytes(client):

@@ -1,18 +1,10 @@
 #include "pipeline/flux/flux_pipeline.h"
 
-#include <chrono>
-
 #include "pipeline/batch_run.h"
 #include "pipeline/scheduler/flow_match_scheduler.h"
-#include "util/clock.h"
 #include "util/log.h"
 
 namespace qpool {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-}  // namespace
 
 struct FluxRequest : BatchRequest {
   torch::Tensor context;         // [1, length, hidden]
@@ -117,7 +109,7 @@ StatusOr<FluxPipeline::Prompts> FluxPipeline::EncodePrompts(const std::vector<st
 
 void FluxPipeline::GenerateBatch(std::vector<BatchItem> items) {
   if (items.empty()) return;
-  BatchRun run(std::move(items));
+  BatchRun run(std::move(items), device());
   RunBatch(*this, run, [&] {
     Status status = EncodeBatch(run);
     if (status.ok()) status = DenoiseBatch(run);
@@ -127,7 +119,6 @@ void FluxPipeline::GenerateBatch(std::vector<BatchItem> items) {
 }
 
 Status FluxPipeline::EncodeBatch(BatchRun& run) {
-  const auto start = Clock::now();
   // Every request's prompt, then the negative prompts of those with classifier-free guidance.
   std::vector<std::string> prompts;
   for (const auto& r : run.requests) prompts.push_back(r.item.params->prompt);
@@ -135,7 +126,7 @@ Status FluxPipeline::EncodeBatch(BatchRun& run) {
     if (r.item.params->do_cfg()) prompts.push_back(r.item.params->negative_prompt);
   }
   ASSIGN_OR_RETURN(Prompts encoded, EncodePrompts(prompts, &component("transformer")));
-  const double seconds = SecondsSince(start);
+  run.MarkEncoded();
   int64_t negative = static_cast<int64_t>(run.requests.size());
   for (size_t i = 0; i < run.requests.size(); ++i) {
     auto& r = run.requests[i];
@@ -146,13 +137,11 @@ Status FluxPipeline::EncodeBatch(BatchRun& run) {
       r.uncond_pooled = encoded.pooled.slice(0, negative, negative + 1);
       ++negative;
     }
-    r.output.timings.encode_seconds = seconds;
   }
   return Status::Ok();
 }
 
 Status FluxPipeline::DenoiseBatch(BatchRun& run) {
-  const auto start = Clock::now();
   const GenerateParams& first = run.first();
   const auto& latent = manifest().latent;
   const int64_t h = first.height / latent.downscale;
@@ -190,8 +179,7 @@ Status FluxPipeline::DenoiseBatch(BatchRun& run) {
     run.Progress(i + 1, total);
   }
   residency().Done(transformer);
-  run.TakeLatents(latents, SecondsSince(start),
-                  [&](const torch::Tensor& rows) { return Unpack(rows, h, w); });
+  run.TakeLatents(latents, [&](const torch::Tensor& rows) { return Unpack(rows, h, w); });
   return Status::Ok();
 }
 

@@ -1,16 +1,11 @@
 #include "pipeline/sd/sd_pipeline.h"
 
-#include <chrono>
-
 #include "pipeline/batch_run.h"
 #include "pipeline/scheduler/scheduler.h"
-#include "util/clock.h"
 #include "util/log.h"
 
 namespace qpool {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // One row repeated n times (a view).
 torch::Tensor ExpandRows(const torch::Tensor& row, int64_t n) {
@@ -135,7 +130,7 @@ std::vector<torch::Tensor> SdPipeline::RequestInputs(const GenerateParams& /*par
 
 void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
   if (items.empty()) return;
-  BatchRun run(std::move(items));
+  BatchRun run(std::move(items), device());
   RunBatch(*this, run, [&] {
     Status status = EncodeBatch(run);
     if (status.ok()) status = DenoiseBatch(run);
@@ -145,7 +140,6 @@ void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
 }
 
 Status SdPipeline::EncodeBatch(BatchRun& run) {
-  const auto start = Clock::now();
   // Note: with force_zeros_for_empty_prompt, an empty negative prompt is not encoded; its
   // conditioning is zeros (as diffusers does when no negative prompt is given).
   const bool zeros = manifest().conditioning.force_zeros_for_empty_prompt;
@@ -174,13 +168,11 @@ Status SdPipeline::EncodeBatch(BatchRun& run) {
       r.inputs.push_back(ExpandRows(row.to(device()), n));
     }
   }
-  const double seconds = SecondsSince(start);
-  for (auto& r : run.requests) r.output.timings.encode_seconds = seconds;
+  run.MarkEncoded();
   return Status::Ok();
 }
 
 Status SdPipeline::DenoiseBatch(BatchRun& run) {
-  const auto start = Clock::now();
   const GenerateParams& first = run.first();
   ASSIGN_OR_RETURN(auto scheduler, MakeScheduler(first.scheduler, manifest().scheduler));
   RETURN_IF_ERROR(scheduler->SetTimesteps(first.steps));
@@ -217,7 +209,7 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
     run.Progress(i + 1, total);
   }
   residency().Done(unet);
-  run.TakeLatents(latents, SecondsSince(start), [](const torch::Tensor& rows) { return rows; });
+  run.TakeLatents(latents, [](const torch::Tensor& rows) { return rows; });
   return Status::Ok();
 }
 
