@@ -39,6 +39,16 @@ struct ComponentBytes {
 // them is on the target device. Floating weights and buffers take the compute dtype, except
 // those of Note [Tensors that keep their dtype].
 //
+// Note [Channels-last convolutions]
+// cuDNN runs convolutions on Hopper in NHWC. Given NCHW weights and activations it converts
+// both on every call and converts the result back: in an SD-1.5 UNet step those conversions
+// were a quarter of the GPU's time. A convolution whose weight is channels-last takes
+// channels-last activations and returns channels-last ones, which the elementwise ops keep, so
+// the kind marks its convolutional denoiser and its 4-d weights are laid out channels-last
+// (in the host copy and every device copy alike: moves copy the block's bytes). Only on GPUs:
+// a CPU pipeline keeps the layout its images are checked against. Not the VAE decoder: its
+// GroupNorms at full resolution copy channels-last activations back to NCHW and ran slower.
+//
 // Note [No tensor constants]
 // torch.jit.trace bakes tensors computed during tracing into the graph as constants. No mover
 // can reach them, so a component with a non-scalar tensor constant is refused at load, naming
@@ -89,6 +99,10 @@ class Component {
   // Hooks that the stream ops of an instrumented forward call (Note [Streaming] in
   // residency/stream_plan.h) while Forward runs; null: none. The owning worker's only.
   void set_stream_hooks(StreamHooks* hooks) { stream_hooks_ = hooks; }
+  // The layout of its 4-d floating tensors wherever the residency places them (Note
+  // [Channels-last convolutions]); set before the first placement.
+  void set_weight_memory_format(c10::MemoryFormat format) { weight_memory_format_ = format; }
+  c10::MemoryFormat weight_memory_format() const { return weight_memory_format_; }
 
   // Runs `forward`, through a CUDA graph where EnableGraphs allows one (Note [Forward graphs]):
   // on a GPU, on a stream other than the default one, without stream hooks. Catches its errors
@@ -134,6 +148,7 @@ class Component {
   c10::Device device_{c10::kCPU};
   c10::ScalarType dtype_ = c10::kFloat;
   StreamHooks* stream_hooks_ = nullptr;
+  c10::MemoryFormat weight_memory_format_ = c10::MemoryFormat::Contiguous;
   GraphCache graphs_{name_, 0};  // the owning worker's; after module_, which its graphs read
 };
 

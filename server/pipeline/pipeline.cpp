@@ -117,6 +117,9 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       log::Info("pipeline '", manifest_.name, "': quantized ", name, " to ", q.format,
                 " at load time");
     }
+    if (decl.channels_last && device.is_cuda()) {
+      component->set_weight_memory_format(c10::MemoryFormat::ChannelsLast);
+    }
     components_.push_back(std::move(component));
   }
   std::vector<Component*> components;

@@ -28,6 +28,9 @@ struct ComponentDecl {
   ComponentRole role;
   std::vector<std::string> inputs;  // forward's arguments after self, by name
   size_t outputs = 1;               // 1: a tensor; more: a tuple of that many
+  // Its 4-d weights are laid out channels-last on GPUs (Note [Channels-last convolutions] in
+  // component/component.h).
+  bool channels_last = false;
 };
 
 // Note [Pipeline kinds]

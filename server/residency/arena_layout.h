@@ -17,7 +17,7 @@ class ArenaLayout {
  public:
   static constexpr int64_t kAlignment = 256;
 
-  // Lays out tensors of these shapes and dtypes, in order.
+  // Lays out tensors of these shapes, dtypes and (dense) strides, in order.
   static ArenaLayout Plan(const std::vector<torch::Tensor>& like);
   // Lays out the same tensors with offsets assigned in `order` (a permutation of their indices),
   // so that tensors streamed together are contiguous (Note [Streaming]). Views() stays in the
@@ -27,7 +27,7 @@ class ArenaLayout {
   // Bytes of the whole block.
   int64_t total_bytes() const { return total_bytes_; }
   size_t size() const { return entries_.size(); }
-  // Contiguous views of `block` (uint8, total_bytes()), one per planned tensor.
+  // Views of `block` (uint8, total_bytes()) with the planned strides, one per planned tensor.
   std::vector<torch::Tensor> Views(const torch::Tensor& block) const;
   // Byte offset and size of tensor i in the block.
   int64_t offset(size_t i) const { return entries_[i].offset; }
@@ -40,6 +40,7 @@ class ArenaLayout {
     int64_t offset;
     int64_t nbytes;
     std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;  // dense: contiguous, or channels-last for 4-d tensors
     c10::ScalarType dtype;
   };
   std::vector<Entry> entries_;

@@ -47,8 +47,13 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
     // Note [Tensors that keep their dtype].
     const bool c = t.is_floating_point() && !KeepsSavedDtype(component_.slot_name(i));
     convert.push_back(c);
-    like.push_back(
-        torch::empty(t.sizes(), t.options().dtype(c ? dtype : t.scalar_type()).device(c10::kMeta)));
+    // Note [Channels-last convolutions].
+    const c10::MemoryFormat format = t.is_floating_point() && t.dim() == 4
+                                         ? component_.weight_memory_format()
+                                         : c10::MemoryFormat::Contiguous;
+    like.push_back(torch::empty(
+        t.sizes(),
+        t.options().dtype(c ? dtype : t.scalar_type()).device(c10::kMeta).memory_format(format)));
   }
   std::optional<StreamPlan> plan;
   if (stream_group_bytes) {

@@ -39,6 +39,28 @@ std::unique_ptr<Component> MakeComponent(const std::string& name) {
 
 using testing::FailingAllocator;
 
+// `m` saved and loaded back as a component.
+std::unique_ptr<Component> Saved(torch::jit::Module& m, const std::string& name) {
+  const std::string path = testing::MakeTempDir("residency-" + name) + "/c.pt";
+  m.save(path);
+  auto c = Component::Load(name, path);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// One component's residency, with everything it needs.
+struct Single {
+  explicit Single(Component* c)
+      : memory(arenas),
+        residency("p", {c}, ResidencyContext{&arenas, &copier, &memory, &events}, OffloadPolicy{}) {
+  }
+  ArenaAllocator arenas;
+  BlockCopier copier;
+  DeviceMemory memory;
+  MemoryEventLog events;
+  PipelineResidency residency;
+};
+
 struct Fixture {
   explicit Fixture(ArenaAllocator& arenas, OffloadMode mode = OffloadMode::kNone, int n = 2)
       : memory(arenas) {
@@ -89,29 +111,22 @@ TEST(Residency, PlaceKeepsFrequencyTablesInFloat32) {
         args = t.type_as(self.freqs)[:, None] * self.freqs[None, :]
         return torch.cos(args).type_as(self.scale) * self.scale
   )JIT");
-  const std::string path = testing::MakeTempDir("residency-freqs") + "/c.pt";
-  m.save(path);
-  auto c = Component::Load("embed", path);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ArenaAllocator arenas;
-  BlockCopier copier;
-  DeviceMemory memory(arenas);
-  MemoryEventLog events;
-  PipelineResidency residency("p", {c->get()}, ResidencyContext{&arenas, &copier, &memory, &events},
-                              OffloadPolicy{});
-  ASSERT_TRUE(residency.Place(c10::Device(c10::kCPU), c10::kHalf).ok());
-  EXPECT_EQ((*c)->module().attr("freqs").toTensor().scalar_type(), c10::kFloat);
-  EXPECT_EQ((*c)->module().attr("scale").toTensor().scalar_type(), c10::kHalf);
+  auto c = Saved(m, "embed");
+  ASSERT_NE(c, nullptr);
+  Single single(c.get());
+  ASSERT_TRUE(single.residency.Place(c10::Device(c10::kCPU), c10::kHalf).ok());
+  EXPECT_EQ(c->module().attr("freqs").toTensor().scalar_type(), c10::kFloat);
+  EXPECT_EQ(c->module().attr("scale").toTensor().scalar_type(), c10::kHalf);
   EXPECT_TRUE(KeepsSavedDtype("time_proj.freqs"));
   EXPECT_TRUE(KeepsSavedDtype("up.0.proj.absmax"));
   EXPECT_FALSE(KeepsSavedDtype("freqs_scale"));
   EXPECT_FALSE(KeepsSavedDtype("weight"));
 
   const torch::Tensor t = torch::tensor({999.0f, 1024.0f});
-  auto out = (*c)->Forward({t});
+  auto out = c->Forward({t});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ(out->scalar_type(), c10::kHalf);
-  const torch::Tensor freqs = (*c)->module().attr("freqs").toTensor();
+  const torch::Tensor freqs = c->module().attr("freqs").toTensor();
   const torch::Tensor exact =
       torch::cos(t.index({torch::indexing::Slice(), torch::indexing::None}) *
                  freqs.index({torch::indexing::None}));
@@ -122,6 +137,44 @@ TEST(Residency, PlaceKeepsFrequencyTablesInFloat32) {
                   freqs.to(torch::kHalf).index({torch::indexing::None}))
                      .to(torch::kFloat));
   EXPECT_GT((half - exact).abs().max().item<float>(), 0.05);
+}
+
+// Note [Channels-last convolutions]: a component marked channels-last gets its 4-d weights laid
+// out channels-last in every place, with the same values, and computes what it computed before.
+TEST(Residency, ChannelsLastComponentsKeepTheirLayoutInEveryPlace) {
+  torch::jit::Module m("Conv");
+  m.register_parameter("weight", torch::randn({8, 3, 3, 3}), /*is_buffer=*/false);
+  m.register_parameter("bias", torch::randn({8}), /*is_buffer=*/false);
+  m.define(R"JIT(
+    def forward(self, x):
+        return torch.conv2d(x, self.weight, self.bias, [1, 1], [1, 1])
+  )JIT");
+  auto c = Saved(m, "conv");
+  ASSERT_NE(c, nullptr);
+  const torch::Tensor x = torch::randn({2, 3, 16, 16});
+  auto before = c->Forward({x});
+  ASSERT_TRUE(before.ok());
+  const torch::Tensor weight = m.attr("weight").toTensor().clone();
+  c->set_weight_memory_format(c10::MemoryFormat::ChannelsLast);
+
+  Single single(c.get());
+  PipelineResidency& residency = single.residency;
+  ASSERT_TRUE(residency.Place(c10::Device(c10::kCPU), c10::kFloat).ok());
+  auto placed = [&] { return c->module().attr("weight").toTensor(); };
+  EXPECT_TRUE(placed().is_contiguous(c10::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(placed().is_contiguous());
+  EXPECT_TRUE(torch::equal(placed(), weight));
+  EXPECT_TRUE(c->module().attr("bias").toTensor().is_contiguous());
+  auto after = c->Forward({x});
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(torch::allclose(*after, *before, 1e-5, 1e-5));
+
+  ASSERT_TRUE(residency.MoveTo(c10::Device(c10::kMeta)).ok());
+  EXPECT_TRUE(placed().is_meta());
+  EXPECT_TRUE(placed().is_contiguous(c10::MemoryFormat::ChannelsLast));
+  ASSERT_TRUE(residency.Offload().ok());
+  EXPECT_TRUE(placed().is_contiguous(c10::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(torch::equal(placed(), weight));
 }
 
 TEST(Residency, MovesEveryTensorIncludingPlainAttributesToTheTarget) {

@@ -5,10 +5,13 @@
 namespace qpool {
 
 SdKind::SdKind()
-    : components_{
-          {"text_encoder", ComponentRole::kTextEncoder, {"input_ids"}},
-          {"unet", ComponentRole::kDenoiser, {"sample", "timestep", "encoder_hidden_states"}},
-          {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
+    : components_{{"text_encoder", ComponentRole::kTextEncoder, {"input_ids"}},
+                  {"unet",
+                   ComponentRole::kDenoiser,
+                   {"sample", "timestep", "encoder_hidden_states"},
+                   1,
+                   /*channels_last=*/true},
+                  {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
 
 StatusOr<std::unique_ptr<Pipeline>> SdKind::Load(const PipelineManifest& manifest,
                                                  const c10::Device& device, c10::ScalarType dtype,

@@ -9,7 +9,9 @@ SdxlKind::SdxlKind()
                   {"text_encoder_2", ComponentRole::kTextEncoder, {"input_ids"}, 2},
                   {"unet",
                    ComponentRole::kDenoiser,
-                   {"sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"}},
+                   {"sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"},
+                   1,
+                   /*channels_last=*/true},
                   {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
 
 StatusOr<GenerateParams> SdxlKind::ResolveGenerate(const GenerateRequestIn& in,
