@@ -13,6 +13,11 @@ struct PngOptions {
   // Pick each row's filter (None/Sub/Up/Average/Paeth) by the minimum-sum-of-absolute-
   // differences heuristic; smooth generated images shrink by roughly a third over filter 0.
   bool adaptive_filter = true;
+  // Rows are filtered and deflated in pieces of this many rows, several at once (Note [Parallel
+  // deflate] in png_encoder.cpp). The bytes depend on the rows per piece, never on the threads.
+  int rows_per_piece = 64;
+  // Pieces encoded at once: 0 is one per piece, up to the hardware's threads and 8.
+  int threads = 0;
 };
 
 // Encodes `height` rows of `width` packed RGB pixels (3 bytes each, no row padding) as a PNG

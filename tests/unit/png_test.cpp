@@ -191,6 +191,28 @@ TEST(PngEncoder, NoiseSpansSeveralIdatChunks) {
   EXPECT_GE(idats, 2);
 }
 
+// Note [Parallel deflate]: pieces of rows deflated apart decode as one stream (with zlib's
+// Adler-32 check), and the threads that encode them never change the bytes.
+TEST(PngEncoder, PiecesDecodeAsOneStreamWhateverTheThreads) {
+  const int w = 97, h = 200;
+  std::vector<uint8_t> px = Gradient(w, h);
+  std::mt19937 rng(7);
+  for (size_t i = 0; i < px.size(); i += 5) px[i] = static_cast<uint8_t>(rng());
+  for (int rows : {1, 16, 64, 200, 1000}) {
+    PngOptions one;
+    one.rows_per_piece = rows;
+    one.threads = 1;
+    const std::string png = EncodePng(px.data(), w, h, one);
+    std::vector<int> types;
+    EXPECT_EQ(Decode(png, w, h, &types), px) << rows << " rows per piece";
+    for (int threads : {0, 3, 64}) {
+      PngOptions many = one;
+      many.threads = threads;
+      EXPECT_EQ(EncodePng(px.data(), w, h, many), png) << rows << " rows, " << threads;
+    }
+  }
+}
+
 TEST(PngEncoder, Deterministic) {
   const std::vector<uint8_t> px = Gradient(40, 30);
   const std::vector<uint8_t> copy = px;
