@@ -395,3 +395,30 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
     assert torch.isfinite(noise).all()
     for name in COMPONENT_FILES:
         assert tracing.tensor_constants(jit_load(os.path.join(out, name))) == [], name
+
+
+@pytest.mark.parametrize("shape,groups", [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32),
+                                          ((3, 12, 5, 6), 4)])
+def test_reduction_group_norm_equals_group_norm(shape, groups):
+    from qpool_export.blocks import ReductionGroupNorm
+
+    gen = torch.Generator().manual_seed(3)
+    native = torch.nn.GroupNorm(groups, shape[1], eps=1e-6)
+    with torch.no_grad():
+        native.weight.copy_(torch.randn(shape[1], generator=gen))
+        native.bias.copy_(torch.randn(shape[1], generator=gen))
+    mine = ReductionGroupNorm(groups, shape[1], eps=1e-6)
+    mine.load_state_dict(native.state_dict())
+    # Groups far from zero mean: the statistics must not lose what the native ones keep.
+    x = torch.randn(shape, generator=gen) * 3 + 40
+    with torch.no_grad():
+        want = native(x)
+        torch.testing.assert_close(mine(x), want, rtol=1e-5, atol=1e-4)
+        # Traced at one shape, right at another (shapes are read at run time).
+        traced = torch.jit.trace(mine, (x,))
+        other = torch.randn(shape[0] + 1, shape[1], 3, 11, generator=gen)
+        torch.testing.assert_close(traced(other), native(other), rtol=1e-5, atol=1e-5)
+        # float16 in, float16 out, statistics in float32: float16's rounding of the result only.
+        half = mine(x.half())
+        assert half.dtype == torch.float16
+        torch.testing.assert_close(half.float(), native(x.half().float()), rtol=1e-3, atol=1e-3)

@@ -6,23 +6,48 @@ Python ints), dtypes follow the input (`type_as`), and linear layers are plain n
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
+class ReductionGroupNorm(nn.GroupNorm):
+    """nn.GroupNorm (same parameters, state_dict keys and result) whose statistics come from
+    torch.var_mean over each group in float32, and whose normalization and affine are one
+    per-channel scale and shift.
+
+    PyTorch's CUDA group norm computes each (image, group)'s moments in one thread block: for one
+    image at VAE decoder resolutions that is 32 blocks reducing up to 2M values each, which took
+    half of an SD-1.5 decode on an H100. The general reduction spreads a group over many blocks;
+    the decoder ran 1.6x faster, as close to a float32 decode as the native one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        g = self.num_groups
+        xf = x.reshape(n, g, -1).float()
+        var, mean = torch.var_mean(xf, dim=-1, correction=0)
+        # (A Python number added to a tensor, or a size divided by one, traces as a tensor
+        # constant: eps comes in through full_like, and no size is divided here.)
+        rstd = torch.rsqrt(var + torch.full_like(var, self.eps))[:, :, None]  # [n, g, 1]
+        # Per channel ([n, g, channels per group]): y = x * scale + shift.
+        scale = rstd * self.weight.float().reshape(g, -1)
+        shift = self.bias.float().reshape(g, -1) - mean[:, :, None] * scale
+        y = xf.reshape(n, g, -1, h * w) * scale[..., None] + shift[..., None]
+        return y.to(x.dtype).reshape(x.shape)
+
+
 class ResnetBlock2D(nn.Module):
     """GroupNorm-SiLU-conv twice, with an optional time-embedding injection and 1x1 shortcut."""
 
     def __init__(self, in_channels: int, out_channels: int, temb_channels: Optional[int],
-                 groups: int, eps: float):
+                 groups: int, eps: float, norm: Callable[..., nn.GroupNorm] = nn.GroupNorm):
         super().__init__()
-        self.norm1 = nn.GroupNorm(groups, in_channels, eps=eps)
+        self.norm1 = norm(groups, in_channels, eps=eps)
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb_channels, out_channels) if temb_channels else None
-        self.norm2 = nn.GroupNorm(groups, out_channels, eps=eps)
+        self.norm2 = norm(groups, out_channels, eps=eps)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
         self.conv_shortcut = (nn.Conv2d(in_channels, out_channels, 1)
                               if in_channels != out_channels else None)
@@ -153,9 +178,10 @@ class Transformer2D(nn.Module):
 class VaeAttention(nn.Module):
     """Single-head spatial self-attention with group norm and residual (VAE mid block)."""
 
-    def __init__(self, channels: int, groups: int, eps: float = 1e-6):
+    def __init__(self, channels: int, groups: int, eps: float = 1e-6,
+                 norm: Callable[..., nn.GroupNorm] = nn.GroupNorm):
         super().__init__()
-        self.group_norm = nn.GroupNorm(groups, channels, eps=eps)
+        self.group_norm = norm(groups, channels, eps=eps)
         self.to_q = nn.Linear(channels, channels)
         self.to_k = nn.Linear(channels, channels)
         self.to_v = nn.Linear(channels, channels)

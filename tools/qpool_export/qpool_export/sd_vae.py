@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import ResnetBlock2D, Upsample2D, VaeAttention
+from .blocks import ReductionGroupNorm, ResnetBlock2D, Upsample2D, VaeAttention
 from .import_error import ImportFailure
 
 
@@ -65,7 +65,8 @@ class UpDecoderBlock(nn.Module):
     def __init__(self, cin: int, cout: int, layers: int, upsample: bool, groups: int):
         super().__init__()
         self.resnets = nn.ModuleList(
-            ResnetBlock2D(cin if i == 0 else cout, cout, None, groups, 1e-6) for i in range(layers))
+            ResnetBlock2D(cin if i == 0 else cout, cout, None, groups, 1e-6, ReductionGroupNorm)
+            for i in range(layers))
         if upsample:
             self.upsamplers = nn.ModuleList([Upsample2D(cout)])
 
@@ -80,9 +81,10 @@ class UpDecoderBlock(nn.Module):
 class MidBlock(nn.Module):
     def __init__(self, channels: int, groups: int):
         super().__init__()
-        self.attentions = nn.ModuleList([VaeAttention(channels, groups, 1e-6)])
-        self.resnets = nn.ModuleList([ResnetBlock2D(channels, channels, None, groups, 1e-6)
-                                      for _ in range(2)])
+        self.attentions = nn.ModuleList([VaeAttention(channels, groups, 1e-6, ReductionGroupNorm)])
+        self.resnets = nn.ModuleList([
+            ResnetBlock2D(channels, channels, None, groups, 1e-6, ReductionGroupNorm)
+            for _ in range(2)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.resnets[0](x)
@@ -103,7 +105,7 @@ class Decoder(nn.Module):
             self.up_blocks.append(UpDecoderBlock(cin, cout, cfg.layers_per_block + 1,
                                                  i < len(rev) - 1, groups))
             cin = cout
-        self.conv_norm_out = nn.GroupNorm(groups, rev[-1], eps=1e-6)
+        self.conv_norm_out = ReductionGroupNorm(groups, rev[-1], eps=1e-6)
         self.conv_out = nn.Conv2d(rev[-1], cfg.out_channels, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
