@@ -35,7 +35,7 @@ class ReductionGroupNorm(nn.GroupNorm):
         scale = rstd * self.weight.float().reshape(g, -1)
         shift = self.bias.float().reshape(g, -1) - mean[:, :, None] * scale
         y = xf.reshape(n, g, -1, h * w) * scale[..., None] + shift[..., None]
-        return y.to(x.dtype).reshape(x.shape)
+        return y.type_as(x).reshape(x.shape)  # type_as: a traced dtype would be a constant
 
 
 class ResnetBlock2D(nn.Module):
