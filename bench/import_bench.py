@@ -5,8 +5,8 @@ configs with random weights (no hub; the tokenizer files come from --tokenizer),
 save_pretrained, imports it with `qpool_export from-diffusers` (fp16, and the variants --quantize
 asks for imported quantized, and those --load-time asks for quantized by the server at load),
 serves each with its own qpool-server and times Generate through the qpool CLI, and reads the
-device's peak allocated bytes. Then it times the same diffusers pipeline (fp16, eager, and with
-its UNet under torch.compile when --compile) in the same run: same size, steps, scheduler (DDIM)
+device's peak allocated bytes. Then it times the same diffusers pipeline (fp16) as each of
+--peers asks (PEERS: eager, or compiled) in the same run: same size, steps, scheduler (DDIM)
 and guidance. With --encode-check, the first pipeline is switched to the `model` offload policy
 and runs an Encode-only request, after which nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
@@ -160,13 +160,16 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                 [client_bin, "--server", address, "--json", "generate",
                  "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
-                 str(i), "--scheduler", scheduler, "--guidance", str(a.guidance), "--out",
+                 str(i), "--scheduler", scheduler, "--guidance", str(a.guidance),
+                 "--num-images", str(a.batch), "--out",
                  os.path.join(a.work, "qpool-{seed}-{i}.png")],
                 capture_output=True, text=True)
             if done.returncode != 0:
                 return {"error": done.stderr.strip()[-2000:]}
+            timings = json.loads(done.stdout)["timings"]
+            if i == 0:
+                first_image = timings["total_seconds"]  # graph captures included
             if i >= a.warmup:
-                timings = json.loads(done.stdout)["timings"]
                 times.append(timings["total_seconds"])
                 for stage, values in stages.items():
                     values.append(timings[f"{stage}_seconds"])
@@ -174,7 +177,8 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
         stats = next(d for d in report.devices if d.device == device)
         components, _ = client.memory(name)
-        result = {"load_seconds": load_seconds, "latency": summary(times),
+        result = {"load_seconds": load_seconds, "first_image_seconds": first_image,
+                  "latency": summary(times),
                   **{stage: summary(values) for stage, values in stages.items()},
                   "peak_allocated_bytes": stats.peak_allocated_bytes,
                   "pipeline_bytes": stats.pipeline_bytes, "components": components}
@@ -206,7 +210,14 @@ def encode_check(client: GrpcClient, name: str) -> dict:
             "component_devices": {c.name: c.device for c in pipeline.components}}
 
 
-def time_diffusers(model: str, src: str, a, compile_unet: bool) -> dict:
+# The Python peers: diffusers eagerly, and compiled the ways its docs recommend for speed.
+# "max-autotune" is the strongest: UNet and VAE channels-last, the UNet under
+# torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs), the VAE decoder
+# compiled too.
+PEERS = ("eager", "reduce-overhead", "max-autotune")
+
+
+def time_diffusers(model: str, src: str, a, peer: str) -> dict:
     from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
     cls = StableDiffusionXLPipeline if model == "sdxl" else StableDiffusionPipeline
@@ -214,19 +225,31 @@ def time_diffusers(model: str, src: str, a, compile_unet: bool) -> dict:
     pipe = cls.from_pretrained(src, torch_dtype=torch.float16, **extra).to("cuda")
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
-    if compile_unet:
+    if peer == "reduce-overhead":
         pipe.unet = torch.compile(pipe.unet, mode="reduce-overhead")
+    elif peer == "max-autotune":
+        pipe.unet.to(memory_format=torch.channels_last)
+        pipe.vae.to(memory_format=torch.channels_last)
+        pipe.unet = torch.compile(pipe.unet, mode="max-autotune", fullgraph=True)
+        pipe.vae.decode = torch.compile(pipe.vae.decode, mode="max-autotune", fullgraph=True)
+    first = time.perf_counter()
+    pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
+         guidance_scale=a.guidance, num_images_per_prompt=a.batch,
+         generator=torch.Generator("cuda").manual_seed(0))
+    torch.cuda.synchronize()
+    first_image = time.perf_counter() - first
     times = []
     torch.cuda.reset_peak_memory_stats()
     for i in range(a.warmup + a.runs):
         torch.cuda.synchronize()
         start = time.perf_counter()
         pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
-             guidance_scale=a.guidance, generator=torch.Generator("cuda").manual_seed(i))
+             guidance_scale=a.guidance, num_images_per_prompt=a.batch,
+             generator=torch.Generator("cuda").manual_seed(i))
         torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(time.perf_counter() - start)
-    out = {"latency": summary(times),
+    out = {"latency": summary(times), "first_image_seconds": first_image,
            "peak_allocated_bytes": torch.cuda.max_memory_allocated()}
     del pipe
     torch.cuda.empty_cache()
@@ -248,10 +271,12 @@ def main() -> int:
                         "(the server quantizes them when it loads them)")
     p.add_argument("--size", type=int, default=0, help="default: the model's (512, 1024)")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=1, help="images per request")
     p.add_argument("--guidance", type=float, default=7.5)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--peers", default="eager",
+                   help=f"comma list of the diffusers peers to time, of {', '.join(PEERS)}")
     p.add_argument("--encode-check", action="store_true")
     p.add_argument("--skip-diffusers", action="store_true")
     p.add_argument("--graphs-off", action="store_true",
@@ -266,7 +291,8 @@ def main() -> int:
     if not os.path.exists(os.path.join(src, "model_index.json")):
         build(a.model, src, a.tokenizer)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "model": a.model, "size": a.size, "steps": a.steps, "scheduler": "ddim",
+              "model": a.model, "size": a.size, "steps": a.steps, "batch": a.batch,
+              "scheduler": "ddim",
               "guidance": a.guidance, "build_seconds": time.monotonic() - start,
               "import_seconds": {}}
     import diffusers
@@ -299,10 +325,11 @@ def main() -> int:
         result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,
                                            check_encode=a.encode_check and name == names[0])
         print(name, json.dumps(result["qpool"][name]), flush=True)
-    if not a.skip_diffusers:
-        result["diffusers_eager"] = time_diffusers(a.model, src, a, compile_unet=False)
-        if a.compile:
-            result["diffusers_compiled"] = time_diffusers(a.model, src, a, compile_unet=True)
+    for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
+        if peer not in PEERS:
+            raise SystemExit(f"--peers: unknown peer {peer!r}; known: {', '.join(PEERS)}")
+        result[f"diffusers_{peer}"] = time_diffusers(a.model, src, a, peer)
+        print(f"diffusers_{peer}", json.dumps(result[f"diffusers_{peer}"]), flush=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))
