@@ -1,4 +1,4 @@
-// grpc.health.v1.Health/Check without generated stubs (Debian's gRPC ships no health .pb.h).
+// grpc.health.v1.Health/Check (proto/grpc/health/v1/health.proto).
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "grpc/health/v1/health.pb.h"
 #include "util/log.h"
 
 namespace qpool::api {
@@ -10,6 +11,9 @@ namespace qpool::api {
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
                                                         PipelinePool& pool) {
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC's health service carries no descriptor; reflection describes grpc.health.v1.Health
+  // from the generated pool, which holds health.proto once its code is linked in.
+  grpc::health::v1::HealthCheckResponse::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<GrpcServer> server(new GrpcServer(pool, options.max_watchers));
   grpc::ServerBuilder builder;

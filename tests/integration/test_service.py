@@ -49,6 +49,27 @@ def test_reflection_lists_services(client):
         assert service in names, f"reflection does not list {service}: {sorted(names)}"
 
 
+def test_reflection_describes_every_listed_service(client):
+    """grpcurl and friends describe a service from its file descriptor: each service reflection
+    lists (the health service included) must come with one."""
+    reflection_pb2 = pytest.importorskip("grpc_reflection.v1alpha.reflection_pb2")
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2_grpc
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
+    for service in SERVICES:
+        (response,) = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=service)]),
+            timeout=10)
+        assert response.WhichOneof("message_response") == "file_descriptor_response", (
+            service, response.error_response.error_message)
+        files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+                 for raw in response.file_descriptor_response.file_descriptor_proto]
+        package, _, name = service.rpartition(".")
+        assert any(f.package == package and name in {s.name for s in f.service}
+                   for f in files), (service, [f.name for f in files])
+
+
 def test_list_shows_states_and_defaults(client):
     pipelines = client.pipelines()
     assert set(pipelines) >= {"tiny", "spare"}
