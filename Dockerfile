@@ -6,7 +6,7 @@ RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
       build-essential cmake ninja-build git python3 python3-venv python3-dev \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libspdlog-dev \
       libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libmicrohttpd-dev libsentencepiece-dev \
-      zlib1g-dev libgtest-dev libgmock-dev \
+      zlib1g-dev libssl-dev libgtest-dev libgmock-dev \
       libbenchmark-dev sudo && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -15,7 +15,7 @@ RUN scripts/setup.sh && QPOOL_BUILD_DIR=/src/build scripts/build.sh -DQPOOL_BUIL
 FROM nvidia/cuda:13.0.0-runtime-ubuntu24.04
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
       libgrpc++1.51t64 libprotobuf32t64 libspdlog1.12 libyaml-cpp0.8 libmicrohttpd12t64 \
-      libsentencepiece0 python3 \
+      libsentencepiece0 libssl3t64 python3 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/.venv/lib /opt/qpool/venv/lib
 COPY --from=build /src/build/server/qpool-server /src/build/client/qpool /usr/local/bin/

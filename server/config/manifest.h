@@ -26,6 +26,9 @@ struct QuantizationSpec {
 struct ComponentSpec {
   std::string name;  // e.g. "unet"
   std::string file;  // absolute, lexically normalized path inside the pipeline folder
+  // The file's SHA-256, 64 lowercase hex digits, checked at load (Note [File digests] in
+  // util/file_digest.h); empty: not recorded, not checked.
+  std::string sha256;
   QuantizationSpec quantization;
   // The component's floating-point dtype where it differs from the pipeline's (e.g. float32 for
   // a VAE that overflows in float16); empty: placement.dtype.

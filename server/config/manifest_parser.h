@@ -29,7 +29,7 @@ inline const std::vector<std::string> kTopKeys = {
     "defaults", "limits",     "placement", "offload",     "batching",     "execution"};
 // The top-level keys only some kinds read (KindManifestSpec::sections).
 inline const std::vector<std::string> kKindSectionKeys = {"tokenizer_2", "conditioning"};
-inline const std::vector<std::string> kComponentKeys = {"file", "dtype", "quantization"};
+inline const std::vector<std::string> kComponentKeys = {"file", "sha256", "dtype", "quantization"};
 inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "config/manifest_parser.h"
+#include "util/file_digest.h"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +45,10 @@ Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) cons
     ComponentSpec spec;
     spec.name = name;
     RETURN_IF_ERROR(ResolveFile(comp, field, "file", &spec.file));
+    RETURN_IF_ERROR(ReadString(comp, field, "sha256", false, &spec.sha256));
+    if (comp["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
+      return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
+    }
     RETURN_IF_ERROR(ReadString(comp, field, "dtype", false, &spec.dtype));
     if (comp["dtype"].IsDefined()) {
       RETURN_IF_ERROR(CheckOneOf(field + ".dtype", spec.dtype, {"float32", "float16", "bfloat16"}));

@@ -2,6 +2,7 @@
 
 #include "pipeline/pipeline_kind.h"
 #include "quant/module_quantizer.h"
+#include "util/file_digest.h"
 #include "util/log.h"
 #include "util/png_encoder.h"
 
@@ -91,6 +92,16 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     } else {
       ASSIGN_OR_RETURN(c10::ScalarType own, ResolveDtype(spec->dtype, device));
       dtypes.push_back(own);
+    }
+    if (!spec->sha256.empty()) {
+      // Note [File digests].
+      ASSIGN_OR_RETURN(std::string digest, CachedSha256File(spec->file));
+      if (digest != spec->sha256) {
+        return InvalidArgument(StrCat(manifest_.path, ": components.", name, ".file ", spec->file,
+                                      " has SHA-256 ", digest, ", the manifest records ",
+                                      spec->sha256,
+                                      ": the file is corrupt or not this component's"));
+      }
     }
     ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
     Status signature = CheckSignature(decl, *component, spec->file, kind_.name());

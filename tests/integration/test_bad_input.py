@@ -16,6 +16,24 @@ from conftest import TINY_MAX_IMAGES, TINY_MAX_SIZE, TINY_MAX_STEPS, break_manif
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
+def assert_load_refused(client, name, *words):
+    """Loading `name` fails with INVALID_ARGUMENT naming its manifest and `words`, and the
+    pipeline is listed as failed."""
+    error = rpc_error(client.models.LoadPipeline, client.pb2.LoadPipelineRequest(name=name))
+    assert error.code() == INVALID
+    details = error.details()
+    for part in (f"{name}/pipeline.yaml: ",) + words:
+        assert part in details, (part, details)
+    assert client.pipelines()[name].state == client.pb2.PIPELINE_STATE_FAILED
+
+
+def drop_digests(folder):
+    """The manifest in `folder` without its components' sha256 lines."""
+    manifest = folder / "pipeline.yaml"
+    lines = manifest.read_text().splitlines()
+    manifest.write_text("".join(f"{line}\n" for line in lines if "sha256:" not in line))
+
+
 def add_broken(repository):
     import shutil
 
@@ -203,13 +221,35 @@ def test_a_component_file_of_another_role_is_refused_at_load(make_server):
     def setup(models):
         shutil.copytree(models / "tiny", models / "swapped")
         shutil.copyfile(models / "tiny" / "vae_decoder.pt", models / "swapped" / "unet.pt")
+        drop_digests(models / "swapped")  # a manifest without them: the signature is the check
 
     client = make_server(setup=setup)
-    error = rpc_error(client.models.LoadPipeline, client.pb2.LoadPipelineRequest(name="swapped"))
-    assert error.code() == INVALID
-    details = error.details()
-    assert "swapped/pipeline.yaml: components.unet.file " in details, details
-    assert "swapped/unet.pt: its forward takes 1 argument(s)" in details, details
-    assert "a unet of kind sd takes 3 (sample, timestep, encoder_hidden_states)" in details, details
-    assert client.pipelines()["swapped"].state == client.pb2.PIPELINE_STATE_FAILED
+    assert_load_refused(client, "swapped", "components.unet.file ",
+                        "swapped/unet.pt: its forward takes 1 argument(s)",
+                        "a unet of kind sd takes 3 (sample, timestep, encoder_hidden_states)")
+    assert_still_serving(client)
+
+
+def test_a_changed_component_file_is_refused_at_load(make_server):
+    """64 flipped bytes inside unet.pt used to load and generate. The manifest records each
+    component file's SHA-256, checked at load (Note [File digests] in server/util/file_digest.h);
+    a manifest without digests still loads (older repositories)."""
+    import shutil
+
+    def setup(models):
+        for name in ("flipped", "undigested"):
+            shutil.copytree(models / "tiny", models / name)
+        drop_digests(models / "undigested")
+        unet = models / "flipped" / "unet.pt"
+        data = bytearray(unet.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+        unet.write_bytes(bytes(data))
+
+    client = make_server(setup=setup)
+    assert_load_refused(client, "flipped", "components.unet.file ",
+                        "flipped/unet.pt has SHA-256 ", "the manifest records")
+    loaded = client.models.LoadPipeline(client.pb2.LoadPipelineRequest(name="undigested"),
+                                        timeout=120)
+    assert loaded.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
     assert_still_serving(client)

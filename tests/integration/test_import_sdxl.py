@@ -19,6 +19,7 @@ embeddings within 1e-5, images within one 8-bit level.
 """
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -43,6 +44,12 @@ from test_import_bnb import quantize_component, write_int8, write_nf4  # noqa: E
 EXPORTER = sd_tests.EXPORTER
 SIZE = sd_tests.SIZE  # pixels; the tiny VAE downscales by 2: 8 x 8 latents, as latents_for draws
 PROMPT = "a red fox in the snow"
+
+
+def without_digests(components):
+    """A manifest's components without their sha256 (which tests check on their own)."""
+    return {name: {k: v for k, v in spec.items() if k != "sha256"}
+            for name, spec in components.items()}
 
 
 def run_import(src, out, *args):
@@ -217,8 +224,11 @@ def test_traced_components_equal_diffusers(source, imported):
 def test_manifest_describes_the_sdxl_pipeline(tokenizer_dir, imported):
     manifest = yaml.safe_load((imported / "pipeline.yaml").read_text())
     assert manifest["kind"] == "sdxl"
-    assert manifest["components"] == {name: {"file": f"{name}.pt"} for name in
-                                      ("text_encoder", "text_encoder_2", "unet", "vae_decoder")}
+    assert without_digests(manifest["components"]) == {
+        name: {"file": f"{name}.pt"}
+        for name in ("text_encoder", "text_encoder_2", "unet", "vae_decoder")}
+    for name, spec in manifest["components"].items():  # Note [File digests]
+        assert spec["sha256"] == hashlib.sha256((imported / spec["file"]).read_bytes()).hexdigest()
     assert list(manifest["components"]) == ["text_encoder", "text_encoder_2", "unet",
                                             "vae_decoder"]
     for name, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
@@ -247,12 +257,12 @@ def imported_fp16_skip(tmp_path_factory, source):
 
 def test_float16_import_keeps_the_vae_decoder_in_float32(imported_fp16_skip):
     manifest = yaml.safe_load((imported_fp16_skip / "pipeline.yaml").read_text())
-    assert manifest["components"]["vae_decoder"] == {"file": "vae_decoder.pt",
-                                                     "dtype": "float32"}
+    assert without_digests(manifest["components"])["vae_decoder"] == {"file": "vae_decoder.pt",
+                                                                      "dtype": "float32"}
     for name, dtype in (("text_encoder", torch.float16), ("text_encoder_2", torch.float16),
                         ("unet", torch.float16), ("vae_decoder", torch.float32)):
         if name != "vae_decoder":
-            assert manifest["components"][name] == {"file": f"{name}.pt"}
+            assert without_digests(manifest["components"])[name] == {"file": f"{name}.pt"}
         module = torch.jit.load(str(imported_fp16_skip / f"{name}.pt"))
         dtypes = {t.dtype for n, t in list(module.named_parameters()) +
                   list(module.named_buffers())

@@ -82,6 +82,25 @@ conditioning:
   force_zeros_for_empty_prompt: true
 )";
 
+// Note [File digests]: a component's sha256 is kept for the load to check; a malformed one is
+// refused by field.
+TEST_F(ManifestTest, ComponentDigestsAreParsedAndChecked) {
+  const std::string digest(64, 'c');
+  std::string with = kSdxl;
+  with.replace(with.find("unet: {file: unet.pt}"), 21,
+               "unet: {file: unet.pt, sha256: " + digest + "}");
+  auto r = Parse(with);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->components[2].sha256, digest);
+  EXPECT_EQ(r->components[0].sha256, "");
+  for (const std::string bad : {std::string(63, 'c'), std::string(64, 'C'), std::string("")}) {
+    std::string text = kSdxl;
+    text.replace(text.find("unet: {file: unet.pt}"), 21,
+                 "unet: {file: unet.pt, sha256: \"" + bad + "\"}");
+    ExpectInvalid(Parse(text), {"components.unet.sha256", "64 lowercase hex digits"});
+  }
+}
+
 TEST_F(ManifestTest, SdxlManifestParsesItsOwnSections) {
   auto r = Parse(kSdxl);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

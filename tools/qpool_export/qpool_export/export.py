@@ -218,7 +218,9 @@ def export(opts: ExportOptions) -> ExportResult:
                   f"{opts.dtype}, quantize {opts.quantize}"
                   + (f" ({opts.quant_mode})" if opts.quantize != "none" else "")
                   + "\nrandom weights: structurally Stable Diffusion 1.x, not a trained model")
-        text = manifest.dump_manifest(manifest.build_manifest(preset, quant, MAX_LENGTH), header)
+        text = manifest.dump_manifest(
+            manifest.record_digests(manifest.build_manifest(preset, quant, MAX_LENGTH), stage),
+            header)
         with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
             f.write(text)
         _install(stage, out)

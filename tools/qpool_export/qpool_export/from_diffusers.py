@@ -438,7 +438,7 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
                   + (f", quantized {', '.join(f'{c}={f}' for c, f in opts.quantize.items())}"
                      if opts.quantize else "") + ")")
         with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
-            f.write(manifest_io.dump_manifest(manifest, header))
+            f.write(manifest_io.dump_manifest(manifest_io.record_digests(manifest, stage), header))
         _install(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from typing import Dict, Optional
 
 import yaml
@@ -56,6 +58,26 @@ def build_manifest(preset: Preset, quantization: Optional[Dict[str, Dict[str, ob
         "limits": dict(preset.limits),
         "placement": {"device": "auto", "dtype": "auto"},
     }
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(4 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_digests(manifest: Dict[str, object], folder: str) -> Dict[str, object]:
+    """Each component's `sha256` (of its file in `folder`) after its `file`: the server checks
+    it at load (docs/model-repository.md)."""
+    components = manifest["components"]
+    for name, entry in list(components.items()):
+        digest = sha256_file(os.path.join(folder, entry["file"]))
+        ordered = {"file": entry["file"], "sha256": digest}
+        ordered.update((k, v) for k, v in entry.items() if k not in ordered)
+        components[name] = ordered
+    return manifest
 
 
 def dump_manifest(manifest: Dict[str, object], header: str = "") -> str:
