@@ -22,8 +22,8 @@ namespace {
 
 constexpr int kBpp = 3;                       // bytes per pixel: the filter's "left" distance
 constexpr size_t kMaxIdat = size_t{1} << 20;  // split the zlib stream into IDATs of <= 1 MiB
-constexpr size_t kMaxPiece = size_t{256}
-                             << 20;  // filtered bytes of a piece (Note [Parallel deflate])
+// The most filtered bytes in one piece (Note [Parallel deflate]).
+constexpr size_t kMaxPiece = size_t{256} << 20;
 
 void PutU32(uint32_t v, std::string* out) {
   out->push_back(static_cast<char>((v >> 24) & 0xFF));
@@ -86,8 +86,6 @@ uint64_t Cost(const uint8_t* f, size_t n) {
   return sum;
 }
 
-}  // namespace
-
 // Note [Parallel deflate]
 // Deflating a generated image's rows took longer than decoding it on the GPU, one core at a time.
 // The filtered rows are cut into pieces of rows_per_piece rows, and each piece is deflated by its
@@ -97,8 +95,6 @@ uint64_t Cost(const uint8_t* f, size_t n) {
 // filter reads the previous row of the image, not of the piece, so filtering splits the same
 // way. Each piece compresses from an empty window: 64-row pieces of a 512-pixel-wide image came
 // out about 2% larger than one stream.
-
-namespace {
 
 struct Piece {
   std::vector<uint8_t> deflated;
