@@ -34,6 +34,13 @@ const std::vector<FlagSpec>& GlobalFlags() {
       {"json", nullptr, "print one JSON document on stdout"},
       {"timeout", "SECONDS", "deadline of each RPC (default: none)"},
       {"connect-timeout", "SECONDS", "how long to wait for a connection (default 10)"},
+      {"tls", nullptr, "connect with TLS, verifying the server against the system's CAs"},
+      {"ca", "FILE", "connect with TLS, verifying the server against these PEM CAs"},
+      {"cert", "FILE", "client certificate (PEM) for servers that require one (mTLS)"},
+      {"key", "FILE", "the client certificate's PEM private key"},
+      {"server-name", "NAME", "name the server's certificate must carry (default: HOST)"},
+      {"token-file", "FILE",
+       "send the file's first token as 'authorization: Bearer' (default $QPOOL_TOKEN_FILE)"},
       {"help", nullptr, "show help"},
   };
   return flags;
@@ -204,6 +211,8 @@ ParseResult Parse(int argc, const char* const* argv) {
   const char* env_server = std::getenv("QPOOL_SERVER");
   args.global.server =
       (env_server != nullptr && *env_server != '\0') ? env_server : "127.0.0.1:50051";
+  const char* env_token = std::getenv("QPOOL_TOKEN_FILE");
+  if (env_token != nullptr) args.global.token_file = env_token;
   const CommandSpec* spec = nullptr;
   bool options_done = false;
 
@@ -269,6 +278,17 @@ ParseResult Parse(int argc, const char* const* argv) {
     } else if (name == "server") {
       if (value.empty()) return fail("option '--server' needs HOST:PORT");
       args.global.server = value;
+    } else if (name == "tls") {
+      args.global.tls = true;
+    } else if (name == "ca" || name == "cert" || name == "key" || name == "server-name" ||
+               name == "token-file") {
+      if (value.empty()) return fail("option '--" + name + "' needs a value");
+      (name == "ca"            ? args.global.ca_file
+       : name == "cert"        ? args.global.cert_file
+       : name == "key"         ? args.global.key_file
+       : name == "server-name" ? args.global.server_name
+                               : args.global.token_file) = value;
+      if (name != "token-file") args.global.tls = true;
     } else if (name == "timeout" || name == "connect-timeout") {
       double seconds = 0;
       if (!ParseSeconds(value, &seconds)) {
@@ -279,6 +299,9 @@ ParseResult Parse(int argc, const char* const* argv) {
     }
   }
 
+  if (args.global.cert_file.empty() != args.global.key_file.empty()) {
+    return fail("options '--cert' and '--key' go together");
+  }
   if (spec == nullptr) {
     if (args.help) {
       result.args = std::move(args);

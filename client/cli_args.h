@@ -25,6 +25,15 @@ struct GlobalOptions {
   bool json = false;             // one JSON document on stdout instead of human text
   double timeout_seconds = 0;    // RPC deadline; 0 = none
   double connect_timeout_seconds = 10;  // how long to wait for the connection
+  // TLS (docs/security.md): on with --tls or any of the files below.
+  bool tls = false;
+  std::string ca_file;      // PEM roots that verify the server (default: the system's)
+  std::string cert_file;    // PEM client certificate chain (mTLS), with key_file
+  std::string key_file;     // its PEM private key
+  std::string server_name;  // name the server certificate must carry (default: HOST)
+  // Bearer token for protected calls: the first token line of this file (default
+  // $QPOOL_TOKEN_FILE).
+  std::string token_file;
 };
 
 // A parsed command line. Flags are kept as strings; commands convert them with the typed

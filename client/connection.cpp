@@ -1,7 +1,9 @@
 #include "connection.h"
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 namespace qpool::cli {
 namespace {
@@ -15,13 +17,48 @@ std::chrono::system_clock::time_point After(double seconds) {
 // Generate responses carry PNGs; allow large results (16 images of 1024x1024 fit easily).
 constexpr int kMaxReceiveBytes = 512 * 1024 * 1024;
 
+std::string ReadFileOrThrow(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError{"cannot read " + flag + " file '" + path + "'"};
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The first line of a token file that is neither blank nor a '#' comment, trimmed: the server
+// reads the same format (one token per line).
+std::string FirstToken(const std::string& path) {
+  std::istringstream lines(ReadFileOrThrow("--token-file", path));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto begin = line.find_first_not_of(" \t\r");
+    if (begin == std::string::npos || line[begin] == '#') continue;
+    const auto end = line.find_last_not_of(" \t\r");
+    return line.substr(begin, end - begin + 1);
+  }
+  throw UsageError{"token file '" + path + "' holds no token"};
+}
+
 }  // namespace
 
 Connection::Connection(const GlobalOptions& options) : options_(options) {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-  channel_ = grpc::CreateCustomChannel(options_.server, grpc::InsecureChannelCredentials(),
-                                       channel_args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options_.tls) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options_.ca_file.empty()) ssl.pem_root_certs = ReadFileOrThrow("--ca", options_.ca_file);
+    if (!options_.cert_file.empty()) {
+      ssl.pem_cert_chain = ReadFileOrThrow("--cert", options_.cert_file);
+      ssl.pem_private_key = ReadFileOrThrow("--key", options_.key_file);
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!options_.server_name.empty()) {
+      channel_args.SetSslTargetNameOverride(options_.server_name);
+    }
+  }
+  if (!options_.token_file.empty()) token_ = FirstToken(options_.token_file);
+  channel_ = grpc::CreateCustomChannel(options_.server, credentials, channel_args);
 }
 
 // Note [Unreachable fails fast]
@@ -35,7 +72,11 @@ bool Connection::Connect() {
   while (state != GRPC_CHANNEL_READY) {
     if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
       std::cerr << "cannot reach qpool-server at " << options_.server
-                << " (connection failed; is the server running?)\n";
+                << " (connection failed; is the server running?"
+                << (options_.tls ? " Does it serve TLS, does its certificate verify with --ca and "
+                                   "carry --server-name, and does it need --cert/--key?"
+                                 : " If it serves TLS, pass --tls or --ca.")
+                << ")\n";
       return false;
     }
     if (!channel_->WaitForStateChange(state, deadline)) {
@@ -50,6 +91,7 @@ bool Connection::Connect() {
 
 void Connection::Prepare(grpc::ClientContext* context) const {
   if (options_.timeout_seconds > 0) context->set_deadline(After(options_.timeout_seconds));
+  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
 }
 
 int Connection::Fail(const grpc::Status& status) const {
@@ -61,6 +103,9 @@ int Connection::Fail(const grpc::Status& status) const {
   }
   std::cerr << "error: " << StatusCodeName(status.error_code()) << ": " << status.error_message()
             << "\n";
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED && token_.empty()) {
+    std::cerr << "hint: pass a bearer token with --token-file FILE (or $QPOOL_TOKEN_FILE)\n";
+  }
   return kExitRpcError;
 }
 

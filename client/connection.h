@@ -13,13 +13,16 @@ namespace qpool::cli {
 
 class Connection {
  public:
+  // Reads the TLS and token files the options name; throws UsageError naming a file that cannot
+  // be read or holds no token.
   explicit Connection(const GlobalOptions& options);
 
   // Waits until the channel is READY. On failure prints "cannot reach qpool-server at
   // HOST:PORT" (plus the reason) to stderr and returns false.
   bool Connect();
 
-  // Sets the --timeout deadline (if any) on a context of an RPC about to start.
+  // Sets the --timeout deadline (if any) and the bearer token (if any) on a context of an RPC
+  // about to start.
   void Prepare(grpc::ClientContext* context) const;
 
   // Prints a failed status to stderr and returns the exit code: kExitUnreachable for
@@ -32,6 +35,7 @@ class Connection {
 
  private:
   GlobalOptions options_;
+  std::string token_;  // "" without --token-file
   std::shared_ptr<grpc::Channel> channel_;
 };
 

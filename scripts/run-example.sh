@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set-up, build, export the example pipeline "tiny" into models/, and serve it (GPU if there is
-# one, else CPU) on port 50051. Extra arguments go to qpool-server.
+# one, else CPU) on 127.0.0.1:50051: this host only, since it runs without TLS or credentials
+# (docs/security.md says how to open it up). Extra arguments go to qpool-server (a --listen
+# among them wins).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -11,4 +13,5 @@ if [ ! -f "$root/models/tiny/pipeline.yaml" ]; then
     --preset tiny --out "$root/models/tiny"
 fi
 echo "try: $build/client/qpool generate --pipeline tiny --prompt 'a red fox in the snow' --out fox.png"
-exec "$build/server/qpool-server" --model-repository "$root/models" --load tiny "$@"
+exec "$build/server/qpool-server" --model-repository "$root/models" --load tiny \
+  --listen 127.0.0.1:50051 "$@"

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "api/grpc_server.h"
@@ -26,6 +27,7 @@
 #include "util/clock.h"
 #include "util/host_memory.h"
 #include "util/log.h"
+#include "util/tls_files.h"
 
 namespace {
 
@@ -49,6 +51,51 @@ namespace {
 // first), each replica on its device's worker, with the
 // usual leak check (the last memory events and logs say what was given back) and exits 0. A
 // health Watch stream that a client keeps open holds step 3 until the deadline.
+
+qpool::api::AccessOptions AccessOptionsFor(const qpool::ServerOptions& options) {
+  qpool::api::AccessOptions access;
+  access.token_file = options.admin_token_file;
+  access.allowed_clients = options.admin_clients;
+  access.protect.clear();
+  for (const std::string& name : options.protect) {
+    access.protect.insert(name == "admin"       ? qpool::api::CallClass::kAdmin
+                          : name == "inference" ? qpool::api::CallClass::kInference
+                                                : qpool::api::CallClass::kRead);
+  }
+  return access;
+}
+
+// The certificate and key for /metrics when it serves HTTPS (--metrics-tls), else nullopt.
+qpool::StatusOr<std::optional<qpool::MetricsTls>> MetricsTlsFor(
+    const qpool::ServerOptions& options) {
+  const bool on =
+      options.metrics_tls == "on" || (options.metrics_tls == "auto" && !options.tls_cert.empty() &&
+                                      !qpool::IsLoopbackListen(options.metrics_listen));
+  if (!on) return std::optional<qpool::MetricsTls>();
+  ASSIGN_OR_RETURN(auto info, qpool::CheckCertificateAndKey(options.tls_cert, options.tls_key));
+  qpool::MetricsTls tls;
+  ASSIGN_OR_RETURN(tls.cert_pem, qpool::ReadSmallFile(options.tls_cert));
+  ASSIGN_OR_RETURN(tls.key_pem, qpool::ReadSmallFile(options.tls_key));
+  qpool::log::Info("/metrics over HTTPS with ", info.subject);
+  return std::optional<qpool::MetricsTls>(std::move(tls));
+}
+
+// Says what is open to whom when the server listens beyond loopback.
+void WarnAboutExposure(const qpool::ServerOptions& options,
+                       const qpool::api::AccessOptions& access) {
+  if (qpool::IsLoopbackListen(options.listen)) return;
+  if (options.tls_cert.empty()) {
+    qpool::log::Warn("gRPC on ", options.listen,
+                     " is plaintext: anyone on the network can read prompts and images",
+                     options.admin_token_file.empty() ? "" : " and the admin bearer tokens",
+                     " (--tls-cert, --tls-key; docs/security.md)");
+  }
+  if (access.token_file.empty() && access.allowed_clients.empty()) {
+    qpool::log::Warn("admin calls (load, unload, offload, move, ...) on ", options.listen,
+                     " are open to every client: set --admin-token-file or --admin-clients "
+                     "(docs/security.md)");
+  }
+}
 
 // Steps 1 to 3 of Note [Drain].
 void Drain(qpool::api::GrpcServer& server, qpool::PipelinePool& pool, int drain_seconds) {
@@ -132,7 +179,12 @@ int Run(int argc, char** argv) {
   qpool::PipelinePool pool(*repository, kinds, **devices, residency, &metrics, pool_options);
   std::unique_ptr<qpool::MetricsHttpServer> metrics_server;
   if (!options->metrics_listen.empty()) {
-    auto started = qpool::MetricsHttpServer::Start(options->metrics_listen, metrics);
+    auto tls = MetricsTlsFor(*options);
+    if (!tls.ok()) {
+      std::cerr << "qpool-server: " << tls.status().message() << "\n";
+      return 2;
+    }
+    auto started = qpool::MetricsHttpServer::Start(options->metrics_listen, metrics, *tls);
     if (!started.ok()) {
       std::cerr << "qpool-server: " << started.status().message() << "\n";
       return 1;
@@ -144,11 +196,19 @@ int Run(int argc, char** argv) {
   grpc_options.listen = options->listen;
   grpc_options.max_message_bytes = options->max_message_mb << 20;
   grpc_options.max_watchers = static_cast<size_t>(options->max_watchers);
+  grpc_options.tls.cert_file = options->tls_cert;
+  grpc_options.tls.key_file = options->tls_key;
+  grpc_options.tls.client_ca_file = options->tls_client_ca;
+  grpc_options.tls.reload_seconds = static_cast<unsigned>(options->tls_reload_seconds);
+  grpc_options.access = AccessOptionsFor(*options);
+  grpc_options.metrics = &metrics;
   auto server = qpool::api::GrpcServer::Start(grpc_options, pool);
   if (!server.ok()) {
     std::cerr << "qpool-server: " << server.status().message() << "\n";
-    return 1;
+    // A port in use is the environment's; anything else (TLS files, credentials) is the flags'.
+    return server.status().code() == qpool::StatusCode::kUnavailable ? 1 : 2;
   }
+  WarnAboutExposure(*options, grpc_options.access);
   pool.LoadAtStartup(options->load);
   (*server)->SetServing(true);
   if (metrics_server) {

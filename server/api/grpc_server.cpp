@@ -2,11 +2,48 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "grpc/health/v1/health.pb.h"
 #include "util/log.h"
+#include "util/tls_files.h"
 
 namespace qpool::api {
+namespace {
+
+// Note [TLS files]
+// The certificate, key and client CA are checked once at start-up (a wrong path, a key of another
+// certificate or an encrypted key fails the start with the file named, instead of every handshake
+// failing later), then handed to gRPC's file-watching certificate provider, which re-reads them
+// every reload_seconds: a renewed certificate (cert-manager rewriting a Secret, say) serves new
+// connections without a restart, and connections already open keep theirs. A re-read that finds
+// a broken pair keeps the last good one (gRPC logs it).
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const TlsOptions& tls) {
+  if (tls.cert_file.empty()) return grpc::InsecureServerCredentials();
+  ASSIGN_OR_RETURN(const CertificateInfo info, CheckCertificateAndKey(tls.cert_file, tls.key_file));
+  log::Info("TLS: certificate ", info.subject, ", valid until ", info.not_after, ", re-read every ",
+            tls.reload_seconds, " s");
+  if (!tls.client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(const int authorities, CheckCertificateBundle(tls.client_ca_file));
+    log::Info("mTLS: client certificates required, verified against ", authorities,
+              " CA certificate(s) of ", tls.client_ca_file);
+  }
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.client_ca_file, tls.reload_seconds);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls.client_ca_file.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
                                                         PipelinePool& pool) {
@@ -15,13 +52,15 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   // from the generated pool, which holds health.proto once its code is linked in.
   grpc::health::v1::HealthCheckResponse::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<GrpcServer> server(new GrpcServer(pool, options.max_watchers));
+  ASSIGN_OR_RETURN(auto access, AccessControl::Create(options.access, options.metrics));
+  ASSIGN_OR_RETURN(auto credentials, Credentials(options.tls));
+  std::unique_ptr<GrpcServer> server(new GrpcServer(pool, options.max_watchers, std::move(access)));
   grpc::ServerBuilder builder;
   int port = 0;
   // gRPC sets SO_REUSEPORT by default, so a second server on a port in use would start and
   // clients would reach either at random: refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, credentials, &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(&server->inference_);

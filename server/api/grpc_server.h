@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "api/access_control.h"
 #include "api/inference_service.h"
 #include "api/model_service.h"
 #include "api/watch_hub.h"
@@ -14,18 +15,32 @@
 
 namespace qpool::api {
 
+// TLS on the gRPC port (Note [TLS files]); plaintext while cert_file is empty.
+struct TlsOptions {
+  std::string cert_file;  // PEM certificate chain
+  std::string key_file;   // its PEM private key
+  // PEM CA bundle; when set, clients must present a certificate it verifies (mTLS).
+  std::string client_ca_file;
+  // The three files are re-read this often; new connections get what they hold then.
+  unsigned reload_seconds = 60;
+};
+
 struct GrpcServerOptions {
   std::string listen = "0.0.0.0:50051";
   int max_message_bytes = 64 << 20;
   // Open WatchMemory streams beyond this get RESOURCE_EXHAUSTED (Note [Watchers without
   // threads]): a dashboard or two per operator, with room to spare.
   size_t max_watchers = 256;
+  TlsOptions tls;
+  AccessOptions access;
+  // Where qpool_denied_calls_total goes; may be null.
+  MetricsRegistry* metrics = nullptr;
 };
 
 class GrpcServer {
  public:
   // Builds and starts the server on `pool` (which outlives it). Unavailable if the address
-  // cannot be bound.
+  // cannot be bound; InvalidArgument for TLS files or credentials that cannot work.
   static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
                                                      PipelinePool& pool);
   // The address actually bound (the port filled in when 0 was asked).
@@ -39,8 +54,12 @@ class GrpcServer {
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  GrpcServer(PipelinePool& pool, size_t max_watchers)
-      : watchers_(pool.events(), max_watchers), inference_(pool), models_(pool, watchers_) {}
+  GrpcServer(PipelinePool& pool, size_t max_watchers, std::unique_ptr<AccessControl> access)
+      : access_(std::move(access)),
+        watchers_(pool.events(), max_watchers),
+        inference_(pool, *access_),
+        models_(pool, watchers_, *access_) {}
+  const std::unique_ptr<AccessControl> access_;
   WatchHub watchers_;
   InferenceService inference_;
   ModelService models_;

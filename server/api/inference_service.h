@@ -1,6 +1,7 @@
 // InferenceService: Generate (server-streaming) and Encode, on the gRPC callback API.
 #pragma once
 
+#include "api/access_control.h"
 #include "pool/pipeline_pool.h"
 #include "qpool/v1/qpool.grpc.pb.h"
 
@@ -11,8 +12,9 @@ namespace qpool::api {
 // encode_reactor.h) hands it to the pool, which records it when it ends.
 class InferenceService final : public v1::InferenceService::CallbackService {
  public:
-  // `pool` outlives the service.
-  explicit InferenceService(PipelinePool& pool) : pool_(pool) {}
+  // `pool` and `access` outlive the service.
+  InferenceService(PipelinePool& pool, const AccessControl& access)
+      : pool_(pool), access_(access) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -22,6 +24,7 @@ class InferenceService final : public v1::InferenceService::CallbackService {
 
  private:
   PipelinePool& pool_;
+  const AccessControl& access_;
 };
 
 }  // namespace qpool::api

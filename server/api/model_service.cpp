@@ -8,6 +8,8 @@ namespace qpool::api {
 grpc::ServerUnaryReactor* ModelService::ListPipelines(grpc::CallbackServerContext* context,
                                                       const v1::ListPipelinesRequest* request,
                                                       v1::ListPipelinesResponse* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kRead, "ListPipelines");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   for (const auto& status : pool_.List()) ToProto(status, response->add_pipelines());
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
@@ -17,6 +19,8 @@ grpc::ServerUnaryReactor* ModelService::ListPipelines(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext* context,
                                                      const v1::LoadPipelineRequest* request,
                                                      v1::LoadPipelineResponse* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "LoadPipeline");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   auto* reactor = context->DefaultReactor();
   pool_.Load(request->name(), request->device(), [reactor, response](StatusOr<LoadResult> result) {
     if (result.ok()) {
@@ -32,6 +36,8 @@ grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* ModelService::UnloadPipeline(grpc::CallbackServerContext* context,
                                                        const v1::UnloadPipelineRequest* request,
                                                        v1::UnloadPipelineResponse* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "UnloadPipeline");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   auto* reactor = context->DefaultReactor();
   response->set_name(request->name());
   pool_.Unload(request->name(), [reactor, response](StatusOr<UnloadResult> result) {
@@ -47,6 +53,8 @@ grpc::ServerUnaryReactor* ModelService::UnloadPipeline(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ModelService::GetMemoryReport(grpc::CallbackServerContext* context,
                                                         const v1::GetMemoryReportRequest* request,
                                                         v1::MemoryReport* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kRead, "GetMemoryReport");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   ToProto(pool_.Memory(std::min<uint32_t>(request->max_events(), 4096)), response);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
@@ -55,6 +63,8 @@ grpc::ServerUnaryReactor* ModelService::GetMemoryReport(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::MemoryEvent>* ModelService::WatchMemory(
     grpc::CallbackServerContext* context, const v1::WatchMemoryRequest* request) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kRead, "WatchMemory");
+  if (!allowed.ok()) return new FinishedWriter<v1::MemoryEvent>(std::move(allowed));
   return new WatchMemoryReactor(watchers_, request->after_sequence());  // deletes itself
 }
 

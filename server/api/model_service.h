@@ -2,6 +2,7 @@
 // policy); memory reports, events, cache release and allocator snapshots.
 #pragma once
 
+#include "api/access_control.h"
 #include "api/watch_hub.h"
 #include "pool/pipeline_pool.h"
 #include "qpool/v1/qpool.grpc.pb.h"
@@ -13,8 +14,9 @@ namespace qpool::api {
 // the gRPC thread. WatchMemory streams hold no thread (Note [Watchers without threads]).
 class ModelService final : public v1::ModelService::CallbackService {
  public:
-  // `pool` and `watchers` outlive the service.
-  ModelService(PipelinePool& pool, WatchHub& watchers) : pool_(pool), watchers_(watchers) {}
+  // `pool`, `watchers` and `access` outlive the service.
+  ModelService(PipelinePool& pool, WatchHub& watchers, const AccessControl& access)
+      : pool_(pool), watchers_(watchers), access_(access) {}
 
   grpc::ServerUnaryReactor* ListPipelines(grpc::CallbackServerContext* context,
                                           const v1::ListPipelinesRequest* request,
@@ -58,6 +60,7 @@ class ModelService final : public v1::ModelService::CallbackService {
 
   PipelinePool& pool_;
   WatchHub& watchers_;
+  const AccessControl& access_;
 };
 
 }  // namespace qpool::api

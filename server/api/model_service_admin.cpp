@@ -22,24 +22,32 @@ grpc::ServerUnaryReactor* ModelService::Change(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* ModelService::OffloadPipeline(grpc::CallbackServerContext* context,
                                                         const v1::OffloadPipelineRequest* request,
                                                         v1::ResidencyChange* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "OffloadPipeline");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   return Change(context, request->name(), ResidencyChange::kOffload, "", response);
 }
 
 grpc::ServerUnaryReactor* ModelService::OnloadPipeline(grpc::CallbackServerContext* context,
                                                        const v1::OnloadPipelineRequest* request,
                                                        v1::ResidencyChange* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "OnloadPipeline");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   return Change(context, request->name(), ResidencyChange::kOnload, request->device(), response);
 }
 
 grpc::ServerUnaryReactor* ModelService::MovePipeline(grpc::CallbackServerContext* context,
                                                      const v1::MovePipelineRequest* request,
                                                      v1::ResidencyChange* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "MovePipeline");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   return Change(context, request->name(), ResidencyChange::kMove, request->device(), response);
 }
 
 grpc::ServerUnaryReactor* ModelService::SetOffloadPolicy(grpc::CallbackServerContext* context,
                                                          const v1::SetOffloadPolicyRequest* request,
                                                          v1::SetOffloadPolicyResponse* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "SetOffloadPolicy");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   auto* reactor = context->DefaultReactor();
   auto policy = MakeOffloadPolicy(request->policy().policy(), request->policy().idle_seconds());
   if (!policy.ok()) {
@@ -56,6 +64,8 @@ grpc::ServerUnaryReactor* ModelService::SetOffloadPolicy(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* ModelService::EmptyCache(grpc::CallbackServerContext* context,
                                                    const v1::EmptyCacheRequest* request,
                                                    v1::EmptyCacheResponse* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "EmptyCache");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   auto* reactor = context->DefaultReactor();
   auto result = pool_.EmptyCache(request->device());
   if (result.ok()) {
@@ -70,6 +80,8 @@ grpc::ServerUnaryReactor* ModelService::EmptyCache(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* ModelService::GetAllocatorSnapshot(
     grpc::CallbackServerContext* context, const v1::GetAllocatorSnapshotRequest* request,
     v1::AllocatorSnapshot* response) {
+  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "GetAllocatorSnapshot");
+  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
   auto* reactor = context->DefaultReactor();
   auto pickle = pool_.AllocatorSnapshot();
   if (pickle.ok()) response->set_pickle(std::move(pickle).value());

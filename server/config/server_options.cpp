@@ -76,6 +76,13 @@ StatusOr<uint64_t> ParseSize(const std::string& flag, const std::string& value) 
 
 }  // namespace
 
+bool IsLoopbackListen(const std::string& listen) {
+  const auto colon = listen.rfind(':');
+  const std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host == "localhost" || host == "[::1]") return true;
+  return host.rfind("127.", 0) == 0 && host.find_first_not_of("0123456789.") == std::string::npos;
+}
+
 std::string ServerUsage() {
   return R"(usage: qpool-server [flags]
   --model-repository DIR   directory of pipeline folders (default: models)
@@ -105,6 +112,24 @@ std::string ServerUsage() {
                            a stream holds no thread)
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
   --log-level LEVEL        debug | info | warn | error (default info)
+ TLS and credentials (docs/security.md):
+  --tls-cert FILE          serve gRPC over TLS with this PEM certificate chain (with --tls-key)
+  --tls-key FILE           the certificate's PEM private key (unencrypted; chmod 600)
+  --tls-client-ca FILE     require client certificates verified by this PEM CA bundle (mTLS)
+  --tls-reload-seconds N   re-read the certificate, key and CA files every N s: a renewed
+                           certificate serves new connections without a restart (default 60)
+  --metrics-tls auto|on|off  /metrics over HTTPS with --tls-cert and --tls-key; auto: when
+                           --metrics-listen is not a loopback address (default auto)
+  --admin-token-file FILE  bearer tokens (one per line, '#' comments; re-read when the file
+                           changes) accepted as 'authorization: Bearer <token>' metadata
+  --admin-clients NAMES    comma-separated client certificate identities (subject CN, or a DNS
+                           or URI SAN) whose calls are authorized; needs --tls-client-ca
+  --protect CLASSES        calls that need a token or an allowed certificate, comma-separated:
+                           admin (load, unload, offload, onload, move, policy, empty-cache,
+                           allocator snapshot), inference (generate, encode), read (list,
+                           memory report, watch memory), or all (default admin; nothing is
+                           protected until a credential is configured). Health checks and
+                           reflection stay open for probes
   --help                   this text
   --version                the version
 )";
@@ -112,11 +137,29 @@ std::string ServerUsage() {
 
 StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::string& version) {
   // Every flag takes a value; knowing them first makes a typo "unknown", not "needs a value".
-  static const char* const kFlags[] = {
-      "--model-repository", "--listen",      "--metrics-listen", "--load",
-      "--devices",          "--device",      "--memory-budget",  "--host-memory-budget",
-      "--load-on-demand",   "--max-queue",   "--max-message-mb", "--max-watchers",
-      "--drain-seconds",    "--cpu-threads", "--log-level"};
+  static const char* const kFlags[] = {"--model-repository",
+                                       "--listen",
+                                       "--metrics-listen",
+                                       "--load",
+                                       "--devices",
+                                       "--device",
+                                       "--memory-budget",
+                                       "--host-memory-budget",
+                                       "--load-on-demand",
+                                       "--max-queue",
+                                       "--max-message-mb",
+                                       "--max-watchers",
+                                       "--drain-seconds",
+                                       "--cpu-threads",
+                                       "--log-level",
+                                       "--tls-cert",
+                                       "--tls-key",
+                                       "--tls-client-ca",
+                                       "--tls-reload-seconds",
+                                       "--metrics-tls",
+                                       "--admin-token-file",
+                                       "--admin-clients",
+                                       "--protect"};
   ServerOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
@@ -175,9 +218,50 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
         return InvalidArgument(StrCat("--log-level must be debug, info, warn or error"));
       }
       o.log_level = value;
+    } else if (flag == "--tls-cert") {
+      o.tls_cert = value;
+    } else if (flag == "--tls-key") {
+      o.tls_key = value;
+    } else if (flag == "--tls-client-ca") {
+      o.tls_client_ca = value;
+    } else if (flag == "--tls-reload-seconds") {
+      ASSIGN_OR_RETURN(o.tls_reload_seconds, ParseInt(flag, value, 1, 86400));
+    } else if (flag == "--metrics-tls") {
+      if (value != "auto" && value != "on" && value != "off") {
+        return InvalidArgument(StrCat("--metrics-tls must be auto, on or off (got '", value, "')"));
+      }
+      o.metrics_tls = value;
+    } else if (flag == "--admin-token-file") {
+      o.admin_token_file = value;
+    } else if (flag == "--admin-clients") {
+      o.admin_clients = SplitComma(value);
+    } else if (flag == "--protect") {
+      o.protect = SplitComma(value);
+      for (const std::string& name : o.protect) {
+        if (name != "admin" && name != "inference" && name != "read" && name != "all") {
+          return InvalidArgument(StrCat(
+              "--protect takes admin, inference, read or all, comma-separated (got '", name, "')"));
+        }
+      }
+      if (std::find(o.protect.begin(), o.protect.end(), "all") != o.protect.end()) {
+        o.protect = {"admin", "inference", "read"};
+      }
     } else {
       return InvalidArgument(StrCat("unknown flag '", flag, "' (see --help)"));
     }
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return InvalidArgument("--tls-cert and --tls-key go together");
+  }
+  if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
+    return InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS first)");
+  }
+  if (!o.admin_clients.empty() && o.tls_client_ca.empty()) {
+    return InvalidArgument(
+        "--admin-clients needs --tls-client-ca: only verified client certificates name a client");
+  }
+  if (o.metrics_tls == "on" && o.tls_cert.empty()) {
+    return InvalidArgument("--metrics-tls on needs --tls-cert and --tls-key");
   }
   return o;
 }

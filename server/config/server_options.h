@@ -46,7 +46,29 @@ struct ServerOptions {
   // test processes sharing a few cores run far faster with 1 each than oversubscribed.
   int cpu_threads = 0;
   std::string log_level = "info";
+
+  // --- TLS and credentials (docs/security.md) ---
+  // PEM certificate chain and key: gRPC (and /metrics, see metrics_tls) over TLS. Both or neither.
+  std::string tls_cert;
+  std::string tls_key;
+  // PEM CA bundle: clients must present a certificate it verifies (mTLS). Needs tls_cert.
+  std::string tls_client_ca;
+  // Seconds between re-reads of the three files (a renewed certificate without a restart).
+  int tls_reload_seconds = 60;
+  // "auto": /metrics over HTTPS with tls_cert when it listens beyond loopback; "on"; "off".
+  std::string metrics_tls = "auto";
+  // Bearer tokens that authorize protected calls (Note [Bearer tokens] in util/token_file.h).
+  std::string admin_token_file;
+  // Client certificate identities (CN or DNS/URI SAN) that authorize protected calls; needs
+  // tls_client_ca.
+  std::vector<std::string> admin_clients;
+  // Call classes that need credentials: "admin", "inference", "read" (Note [Admin credentials]
+  // in api/access_control.h). Only meaningful with a credential configured.
+  std::vector<std::string> protect = {"admin"};
 };
+
+// True when `listen` ("HOST:PORT") names a loopback host: 127.x.y.z, [::1] or localhost.
+bool IsLoopbackListen(const std::string& listen);
 
 // Parses argv. Returns InvalidArgument naming the flag; "--help" and "--version" yield kCancelled
 // with the usage text, or "qpool-server <version>", as message so the caller can print it and

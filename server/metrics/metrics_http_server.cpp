@@ -170,7 +170,10 @@ MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url,
 }  // namespace
 
 StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& listen, const MetricsRegistry& registry) {
+    const std::string& listen, const MetricsRegistry& registry, std::optional<MetricsTls> tls) {
+  if (tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+    return InvalidArgument("this libmicrohttpd has no TLS: /metrics cannot serve HTTPS");
+  }
   ASSIGN_OR_RETURN(const HostPort where, ParseListen(listen));
   ASSIGN_OR_RETURN(const int fd, OpenListenSocket(listen, where));
   sockaddr_storage bound{};
@@ -183,20 +186,29 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   unsigned flags = MHD_USE_ERROR_LOG | (bound.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
   flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL_INTERNAL_THREAD
                                                                   : MHD_USE_POLL_INTERNAL_THREAD;
-  MHD_Daemon* daemon = MHD_start_daemon(
+  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(
+      tls ? std::make_unique<const MetricsTls>(std::move(*tls)) : nullptr, host, port));
+  // The certificate options come last; without TLS they are the end of the list.
+  const MHD_OPTION cert_option = server->tls_ ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END;
+  const char* cert = server->tls_ ? server->tls_->cert_pem.c_str() : nullptr;
+  const char* key = server->tls_ ? server->tls_->key_pem.c_str() : nullptr;
+  if (server->tls_) flags |= MHD_USE_TLS;
+  server->daemon_ = MHD_start_daemon(
       flags, 0, nullptr, nullptr, &HandleRequest, const_cast<MetricsRegistry*>(&registry),
       MHD_OPTION_EXTERNAL_LOGGER, &LogFromMhd, nullptr, MHD_OPTION_LISTEN_SOCKET, fd,
       MHD_OPTION_THREAD_POOL_SIZE, kThreads, MHD_OPTION_CONNECTION_TIMEOUT,
-      kConnectionTimeoutSeconds, MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit, MHD_OPTION_END);
-  if (daemon == nullptr) {  // the socket is libmicrohttpd's (Note [Metrics listen socket])
+      kConnectionTimeoutSeconds, MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit, cert_option, cert,
+      MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {  // the socket is libmicrohttpd's (Note [Metrics listen socket])
     return Unavailable("cannot start the metrics HTTP server on " + listen +
                        " (libmicrohttpd refused; see the log)");
   }
-  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(daemon, host, port));
+  return server;
 }
 
-MetricsHttpServer::MetricsHttpServer(MHD_Daemon* daemon, std::string host, int port)
-    : daemon_(daemon), host_(std::move(host)), port_(port) {}
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<const MetricsTls> tls, std::string host,
+                                     int port)
+    : tls_(std::move(tls)), host_(std::move(host)), port_(port) {}
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 

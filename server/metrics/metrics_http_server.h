@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "metrics/metrics_registry.h"
@@ -16,6 +17,13 @@
 struct MHD_Daemon;
 
 namespace qpool {
+
+// A PEM certificate chain and its private key: /metrics over HTTPS. libmicrohttpd holds them
+// for the life of the server (no reload: a renewed certificate needs a restart).
+struct MetricsTls {
+  std::string cert_pem;
+  std::string key_pem;
+};
 
 class MetricsHttpServer {
  public:
@@ -29,8 +37,11 @@ class MetricsHttpServer {
   // PORT 0 picks a free port) and serves `registry`, which must outlive the server.
   // InvalidArgument for a malformed or unresolvable address, Unavailable when it cannot be
   // bound (port in use, address not local); both messages name the address.
-  static StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& listen,
-                                                            const MetricsRegistry& registry);
+  // With `tls`, serves HTTPS only; InvalidArgument if libmicrohttpd lacks TLS or refuses the
+  // pair.
+  static StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& listen, const MetricsRegistry& registry,
+      std::optional<MetricsTls> tls = std::nullopt);
   // Stops the server.
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
@@ -44,10 +55,11 @@ class MetricsHttpServer {
   void Stop();
 
  private:
-  MetricsHttpServer(MHD_Daemon* daemon, std::string host, int port);
+  MetricsHttpServer(std::unique_ptr<const MetricsTls> tls, std::string host, int port);
 
-  std::mutex mu_;  // guards daemon_ (Stop)
-  MHD_Daemon* daemon_;
+  std::mutex mu_;                                // guards daemon_ (Stop)
+  const std::unique_ptr<const MetricsTls> tls_;  // read by libmicrohttpd while it runs
+  MHD_Daemon* daemon_ = nullptr;
   const std::string host_;  // numeric, IPv6 in brackets
   const int port_;
 };

@@ -43,5 +43,51 @@ TEST(ServerOptions, AnUnknownFlagIsUnknownEvenWithoutAValue) {
   EXPECT_NE(missing.status().message().find("--listen needs a value"), std::string::npos);
 }
 
+TEST(ServerOptions, TlsAndCredentialFlagsThatCannotWorkAreRefused) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
+      {{"--tls-key", "k.pem"}, "--tls-cert and --tls-key go together"},
+      {{"--tls-client-ca", "ca.pem"}, "--tls-client-ca needs --tls-cert"},
+      {{"--admin-clients", "ops"}, "--admin-clients needs --tls-client-ca"},
+      {{"--metrics-tls", "on"}, "--metrics-tls on needs --tls-cert"},
+      {{"--metrics-tls", "yes"}, "--metrics-tls must be auto, on or off"},
+      {{"--protect", "admin,everything"}, "--protect takes admin, inference, read or all"},
+      {{"--tls-reload-seconds", "0"}, "--tls-reload-seconds must be an integer between 1"},
+  };
+  for (const auto& [args, expected] : cases) {
+    auto o = Parse(args);
+    ASSERT_FALSE(o.ok()) << args[0];
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(expected), std::string::npos) << o.status().message();
+  }
+}
+
+TEST(ServerOptions, TlsAndCredentialFlags) {
+  auto o = Parse({"--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem",
+                  "--admin-clients", "ops,deployer", "--protect", "admin,read",
+                  "--admin-token-file", "tokens", "--tls-reload-seconds", "5"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->admin_clients, (std::vector<std::string>{"ops", "deployer"}));
+  EXPECT_EQ(o->protect, (std::vector<std::string>{"admin", "read"}));
+  EXPECT_EQ(o->tls_reload_seconds, 5);
+  EXPECT_EQ(o->metrics_tls, "auto");
+  auto all = Parse({"--protect", "all"});
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->protect, (std::vector<std::string>{"admin", "inference", "read"}));
+  auto defaults = Parse({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->protect, (std::vector<std::string>{"admin"}));
+}
+
+TEST(ServerOptions, LoopbackAddresses) {
+  for (const char* local : {"127.0.0.1:50051", "127.1.2.3:0", "localhost:9100", "[::1]:50051"}) {
+    EXPECT_TRUE(IsLoopbackListen(local)) << local;
+  }
+  for (const char* remote : {"0.0.0.0:50051", "[::]:50051", "10.0.0.7:50051", "qpool:50051",
+                             "127example.com:1", "127.evil.example:1"}) {
+    EXPECT_FALSE(IsLoopbackListen(remote)) << remote;
+  }
+}
+
 }  // namespace
 }  // namespace qpool

@@ -1,0 +1,128 @@
+#include "api/access_control.h"
+
+#include <grpc/grpc_security_constants.h>
+
+#include <cctype>
+
+#include "util/log.h"
+
+namespace qpool::api {
+namespace {
+
+constexpr const char* kCodeNames[] = {"UNAUTHENTICATED", "PERMISSION_DENIED"};
+
+// The token of `authorization: Bearer <token>` ("" if absent); `present` says whether the header
+// was there at all, whatever its form.
+std::string BearerToken(const grpc::CallbackServerContext& context, bool* present) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  *present = it != metadata.end();
+  if (!*present) return "";
+  const std::string value(it->second.data(), it->second.size());
+  static const std::string kScheme = "bearer ";
+  if (value.size() <= kScheme.size()) return "";
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return "";
+  }
+  return value.substr(kScheme.size());
+}
+
+// The verified client certificate's subject CN and subject alternative names; empty without a
+// verified client certificate.
+std::vector<std::string> ClientIdentities(const grpc::CallbackServerContext& context) {
+  std::vector<std::string> out;
+  const auto auth = context.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return out;
+  for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+    for (const auto& value : auth->FindPropertyValues(property)) {
+      out.emplace_back(value.data(), value.size());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* CallClassName(CallClass c) {
+  switch (c) {
+    case CallClass::kAdmin:
+      return "admin";
+    case CallClass::kInference:
+      return "inference";
+    case CallClass::kRead:
+      return "read";
+  }
+  return "unknown";
+}
+
+StatusOr<std::unique_ptr<AccessControl>> AccessControl::Create(const AccessOptions& options,
+                                                               MetricsRegistry* metrics) {
+  std::unique_ptr<TokenFile> tokens;
+  if (!options.token_file.empty()) {
+    ASSIGN_OR_RETURN(tokens, TokenFile::Open(options.token_file));
+  }
+  const bool credentials = tokens != nullptr || !options.allowed_clients.empty();
+  if (!credentials && (options.protect.count(CallClass::kInference) != 0 ||
+                       options.protect.count(CallClass::kRead) != 0)) {
+    return InvalidArgument(
+        "--protect names calls to protect but no credential is configured: set "
+        "--admin-token-file or --admin-clients");
+  }
+  return std::unique_ptr<AccessControl>(new AccessControl(options, std::move(tokens), metrics));
+}
+
+AccessControl::AccessControl(const AccessOptions& options, std::unique_ptr<TokenFile> tokens,
+                             MetricsRegistry* metrics)
+    : protect_(options.protect),
+      allowed_clients_(options.allowed_clients.begin(), options.allowed_clients.end()),
+      tokens_(std::move(tokens)),
+      enabled_(tokens_ != nullptr || !allowed_clients_.empty()) {
+  if (metrics == nullptr) return;
+  denied_ = &metrics->AddCounter("qpool_denied_calls_total",
+                                 "Calls refused for missing or wrong credentials (Note [Admin "
+                                 "credentials]), by the class of the call and the status code.",
+                                 {"class", "code"});
+  // Every series exists from the start, so an alert on its rate sees 0, not "no data".
+  for (CallClass c : {CallClass::kAdmin, CallClass::kInference, CallClass::kRead}) {
+    for (const char* code : kCodeNames) denied_->WithLabels({CallClassName(c), code});
+  }
+}
+
+grpc::Status AccessControl::Check(const grpc::CallbackServerContext& context, CallClass call_class,
+                                  const char* method) const {
+  if (!enabled_ || protect_.count(call_class) == 0) return grpc::Status::OK;
+  bool header = false;
+  const std::string token = BearerToken(context, &header);
+  if (header) {
+    if (tokens_ != nullptr && !token.empty() && tokens_->Accepts(token)) return grpc::Status::OK;
+    return Deny(call_class, grpc::StatusCode::UNAUTHENTICATED,
+                StrCat(method, ": the authorization metadata is not a valid bearer token"),
+                context);
+  }
+  const std::vector<std::string> identities = ClientIdentities(context);
+  for (const std::string& identity : identities) {
+    if (allowed_clients_.count(identity) != 0) return grpc::Status::OK;
+  }
+  if (!identities.empty()) {
+    return Deny(call_class, grpc::StatusCode::PERMISSION_DENIED,
+                StrCat(method, ": client certificate '", identities.front(),
+                       "' is not allowed to make ", CallClassName(call_class), " calls"),
+                context);
+  }
+  return Deny(call_class, grpc::StatusCode::UNAUTHENTICATED,
+              StrCat(method,
+                     " needs credentials: an 'authorization: Bearer <token>' metadata "
+                     "entry",
+                     allowed_clients_.empty() ? "" : " or an allowed client certificate"),
+              context);
+}
+
+grpc::Status AccessControl::Deny(CallClass call_class, grpc::StatusCode code, std::string message,
+                                 const grpc::CallbackServerContext& context) const {
+  const char* code_name = code == grpc::StatusCode::UNAUTHENTICATED ? kCodeNames[0] : kCodeNames[1];
+  if (denied_ != nullptr) denied_->WithLabels({CallClassName(call_class), code_name}).Inc();
+  log::Debug("refused ", code_name, " from ", context.peer(), ": ", message);
+  return grpc::Status(code, std::move(message));
+}
+
+}  // namespace qpool::api

@@ -1,0 +1,94 @@
+// AccessControl: which calls need credentials, and whether a call's credentials are good.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "metrics/metrics_registry.h"
+#include "util/token_file.h"
+
+namespace qpool::api {
+
+// The classes of qpool's RPCs, as --protect names them.
+enum class CallClass {
+  kAdmin,      // load, unload, offload, onload, move, policy, empty cache, allocator snapshot
+  kInference,  // Generate, Encode
+  kRead,       // ListPipelines, GetMemoryReport, WatchMemory
+};
+
+// "admin", "inference", "read".
+const char* CallClassName(CallClass c);
+
+struct AccessOptions {
+  // Bearer tokens (Note [Bearer tokens] in util/token_file.h); empty = none.
+  std::string token_file;
+  // Client certificate identities (subject CN, or a DNS or URI subject alternative name) whose
+  // calls are authorized; needs client certificates verified by the TLS layer (mTLS).
+  std::vector<std::string> allowed_clients;
+  // The classes that need credentials. Health checking and reflection are never protected:
+  // Kubernetes probes and load balancers carry no credentials.
+  std::set<CallClass> protect = {CallClass::kAdmin};
+};
+
+// Note [Admin credentials]
+// A call of a protected class passes with either credential:
+//   - `authorization: Bearer <token>` metadata holding a token of --admin-token-file; a token that
+//     is present but not valid is UNAUTHENTICATED, whatever certificate came with it;
+//   - a client certificate, verified by TLS against --tls-client-ca, whose subject CN or one of
+//     whose DNS/URI subject alternative names is on --admin-clients; a verified certificate that
+//     is not on the list is PERMISSION_DENIED (the client is known, the call is not its to make).
+// A call with neither is UNAUTHENTICATED. Without any credential configured nothing is protected
+// (the server warns at start-up when it listens beyond loopback that way). Every refusal is
+// counted in qpool_denied_calls_total{class, code} and logged at debug level only, so a client
+// hammering with bad tokens cannot flood the log. Checks run on the gRPC thread before the
+// request is converted or handed to the pool: a refused call costs no pool work.
+class AccessControl {
+ public:
+  // Opens the token file (if any). InvalidArgument for a protected class without any credential
+  // configured; the token file's errors as they are. `metrics` may be null.
+  static StatusOr<std::unique_ptr<AccessControl>> Create(const AccessOptions& options,
+                                                         MetricsRegistry* metrics);
+
+  // OK, UNAUTHENTICATED or PERMISSION_DENIED for a call of `call_class` to `method` (its name,
+  // for the message). Thread safety: safe from any thread.
+  grpc::Status Check(const grpc::CallbackServerContext& context, CallClass call_class,
+                     const char* method) const;
+
+  // True when some class is protected (credentials are configured).
+  bool enabled() const { return enabled_; }
+
+ private:
+  AccessControl(const AccessOptions& options, std::unique_ptr<TokenFile> tokens,
+                MetricsRegistry* metrics);
+  grpc::Status Deny(CallClass call_class, grpc::StatusCode code, std::string message,
+                    const grpc::CallbackServerContext& context) const;
+
+  const std::set<CallClass> protect_;
+  const std::set<std::string> allowed_clients_;
+  const std::unique_ptr<TokenFile> tokens_;
+  const bool enabled_;
+  CounterFamily* denied_ = nullptr;
+};
+
+// A unary call answered with `status` at once (a refused call).
+inline grpc::ServerUnaryReactor* FinishedWith(grpc::CallbackServerContext* context,
+                                              grpc::Status status) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
+// A server-streaming call answered with `status` and no message (a refused call); deletes
+// itself when gRPC is done with it.
+template <typename Response>
+class FinishedWriter final : public grpc::ServerWriteReactor<Response> {
+ public:
+  explicit FinishedWriter(grpc::Status status) { this->Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace qpool::api
