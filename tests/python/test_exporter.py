@@ -409,6 +409,43 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
 
 @pytest.mark.parametrize("shape,groups", [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32),
                                           ((3, 12, 5, 6), 4)])
+def test_channels_last_group_norm_equals_group_norm_and_keeps_the_layout(shape, groups):
+    from qpool_export.blocks import ChannelsLastGroupNorm
+
+    gen = torch.Generator().manual_seed(5)
+    native = torch.nn.GroupNorm(groups, shape[1], eps=1e-6)
+    with torch.no_grad():
+        native.weight.copy_(torch.randn(shape[1], generator=gen))
+        native.bias.copy_(torch.randn(shape[1], generator=gen))
+    mine = ChannelsLastGroupNorm(groups, shape[1], eps=1e-6)
+    mine.load_state_dict(native.state_dict())
+    x = torch.randn(shape, generator=gen) * 3 + 2
+    with torch.no_grad():
+        want = native(x)
+        traced = torch.jit.trace(mine, (x,))
+        for layout in (torch.contiguous_format, torch.channels_last):
+            y = traced(x.contiguous(memory_format=layout))
+            torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+            assert y.is_contiguous(memory_format=layout)
+        other = torch.randn(shape[0] + 1, shape[1], 3, 11, generator=gen)
+        torch.testing.assert_close(traced(other), native(other), rtol=1e-5, atol=1e-5)
+        # Saved in float16 (as the exporter does): within the documented bound, a few 1e-3 of
+        # the output's scale times a group's |mean| / std; and no overflow where the variance
+        # exceeds float16's range.
+        big = (x - 2) * 300 + 500
+        for sample in (x, big):
+            std, mean = torch.std_mean(sample.unflatten(1, (groups, -1)), dim=(2, 3, 4))
+            ratio = max((mean / std).abs().max().item(), 1)
+            got = traced.half()(sample.half())
+            assert got.dtype == torch.float16 and torch.isfinite(got).all()
+            ref = native(sample.half().float())
+            assert (got.float() - ref).abs().max() <= 3e-3 * ref.abs().max() * ratio
+    with pytest.raises(ValueError):
+        ChannelsLastGroupNorm(groups, shape[1], affine=False)
+
+
+@pytest.mark.parametrize("shape,groups", [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32),
+                                          ((3, 12, 5, 6), 4)])
 def test_reduction_group_norm_equals_group_norm(shape, groups):
     from qpool_export.blocks import ReductionGroupNorm
 

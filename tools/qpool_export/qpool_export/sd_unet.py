@@ -27,7 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import BasicTransformerBlock, Downsample2D, ResnetBlock2D
+from .blocks import (BasicTransformerBlock, ChannelsLastGroupNorm, Downsample2D,
+                     ResnetBlock2D)
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection, UpsampleToSkip
 
@@ -162,7 +163,7 @@ class Transformer2D(nn.Module):
                  linear: bool):
         super().__init__()
         self.linear = linear
-        self.norm = nn.GroupNorm(groups, channels, eps=1e-6)
+        self.norm = ChannelsLastGroupNorm(groups, channels, eps=1e-6)
         self.proj_in = nn.Linear(channels, channels) if linear else nn.Conv2d(channels, channels, 1)
         self.transformer_blocks = nn.ModuleList(
             BasicTransformerBlock(channels, cross_dim, heads) for _ in range(depth))
@@ -204,7 +205,7 @@ class SdUNet(nn.Module):
         groups, eps = cfg.norm_num_groups, cfg.norm_eps
 
         def resnet(cin: int, cout: int) -> ResnetBlock2D:
-            return ResnetBlock2D(cin, cout, temb_dim, groups, eps)
+            return ResnetBlock2D(cin, cout, temb_dim, groups, eps, ChannelsLastGroupNorm)
 
         def transformer(c: int, heads: int, depth: int) -> Transformer2D:
             return Transformer2D(c, cfg.cross_attention_dim, heads, groups, depth,
@@ -255,7 +256,7 @@ class SdUNet(nn.Module):
                 block.upsamplers = nn.ModuleList([UpsampleToSkip(cout)])
             self.up_blocks.append(block)
 
-        self.conv_norm_out = nn.GroupNorm(groups, ch0, eps=eps)
+        self.conv_norm_out = ChannelsLastGroupNorm(groups, ch0, eps=eps)
         self.conv_out = nn.Conv2d(ch0, cfg.out_channels, 3, padding=1)
 
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor,

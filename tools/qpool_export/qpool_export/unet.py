@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import Downsample2D, ResnetBlock2D, Transformer2D
+from .blocks import ChannelsLastGroupNorm, Downsample2D, ResnetBlock2D, Transformer2D
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class UNet(nn.Module):
         groups, eps = cfg.norm_groups, cfg.norm_eps
 
         def resnet(cin: int, cout: int) -> ResnetBlock2D:
-            return ResnetBlock2D(cin, cout, temb_dim, groups, eps)
+            return ResnetBlock2D(cin, cout, temb_dim, groups, eps, ChannelsLastGroupNorm)
 
         def transformer(c: int) -> Transformer2D:
             return Transformer2D(c, cfg.cross_attention_dim, cfg.num_heads, groups)
@@ -137,7 +137,7 @@ class UNet(nn.Module):
             self.up_blocks.append(block)
         assert not skip_channels
 
-        self.conv_norm_out = nn.GroupNorm(groups, ch0, eps=eps)
+        self.conv_norm_out = ChannelsLastGroupNorm(groups, ch0, eps=eps)
         self.conv_out = nn.Conv2d(ch0, cfg.out_channels, 3, padding=1)
 
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
