@@ -407,18 +407,27 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
         assert tracing.tensor_constants(jit_load(os.path.join(out, name))) == [], name
 
 
-@pytest.mark.parametrize("shape,groups", [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32),
-                                          ((3, 12, 5, 6), 4)])
+GROUP_NORM_SHAPES = [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32), ((3, 12, 5, 6), 4)]
+
+
+def group_norm_pair(cls, channels, groups, seed):
+    """An nn.GroupNorm with random affine parameters, `cls` holding the same state, and the
+    generator for inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    native = torch.nn.GroupNorm(groups, channels, eps=1e-6)
+    with torch.no_grad():
+        native.weight.copy_(torch.randn(channels, generator=gen))
+        native.bias.copy_(torch.randn(channels, generator=gen))
+    mine = cls(groups, channels, eps=1e-6)
+    mine.load_state_dict(native.state_dict())
+    return native, mine, gen
+
+
+@pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
 def test_channels_last_group_norm_equals_group_norm_and_keeps_the_layout(shape, groups):
     from qpool_export.blocks import ChannelsLastGroupNorm
 
-    gen = torch.Generator().manual_seed(5)
-    native = torch.nn.GroupNorm(groups, shape[1], eps=1e-6)
-    with torch.no_grad():
-        native.weight.copy_(torch.randn(shape[1], generator=gen))
-        native.bias.copy_(torch.randn(shape[1], generator=gen))
-    mine = ChannelsLastGroupNorm(groups, shape[1], eps=1e-6)
-    mine.load_state_dict(native.state_dict())
+    native, mine, gen = group_norm_pair(ChannelsLastGroupNorm, shape[1], groups, seed=5)
     x = torch.randn(shape, generator=gen) * 3 + 2
     with torch.no_grad():
         want = native(x)
@@ -444,18 +453,11 @@ def test_channels_last_group_norm_equals_group_norm_and_keeps_the_layout(shape, 
         ChannelsLastGroupNorm(groups, shape[1], affine=False)
 
 
-@pytest.mark.parametrize("shape,groups", [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32),
-                                          ((3, 12, 5, 6), 4)])
+@pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
 def test_reduction_group_norm_equals_group_norm(shape, groups):
     from qpool_export.blocks import ReductionGroupNorm
 
-    gen = torch.Generator().manual_seed(3)
-    native = torch.nn.GroupNorm(groups, shape[1], eps=1e-6)
-    with torch.no_grad():
-        native.weight.copy_(torch.randn(shape[1], generator=gen))
-        native.bias.copy_(torch.randn(shape[1], generator=gen))
-    mine = ReductionGroupNorm(groups, shape[1], eps=1e-6)
-    mine.load_state_dict(native.state_dict())
+    native, mine, gen = group_norm_pair(ReductionGroupNorm, shape[1], groups, seed=3)
     # Groups far from zero mean: the statistics must not lose what the native ones keep.
     x = torch.randn(shape, generator=gen) * 3 + 40
     with torch.no_grad():
