@@ -44,12 +44,14 @@ fi
 venv="$root/.venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 want=("torch==$TORCH_VERSION" numpy pyyaml pytest grpcio grpcio-tools grpcio-health-checking
-      grpcio-reflection -r "$root/tools/qpool_export/requirements-import.txt")
+      grpcio-reflection kubernetes-validate==1.37.0 jsonpatch==1.33
+      -r "$root/tools/qpool_export/requirements-import.txt")
 if ! "$venv/bin/python" - "$TORCH_VERSION" "$root/tools/qpool_export/requirements-import.txt" <<'PY' 2>/dev/null
 import sys, importlib
 import torch
 assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
-for m in ("numpy", "yaml", "pytest", "grpc", "grpc_tools", "grpc_health", "grpc_reflection"):
+for m in ("numpy", "yaml", "pytest", "grpc", "grpc_tools", "grpc_health", "grpc_reflection",
+          "kubernetes_validate", "jsonpatch"):
     importlib.import_module(m)
 # The importer's libraries, at the pinned versions.
 import importlib.metadata as md

@@ -18,7 +18,7 @@ enum class MemoryEventKind {
   kEmptyCache,
   kOom,
   kLeak,
-  kStream
+  kStream  // the last: MemoryMetrics creates a series for each kind up to this one
 };
 enum class MemoryEventOutcome { kOk, kError, kLeak };
 

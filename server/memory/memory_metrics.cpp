@@ -22,6 +22,13 @@ MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memor
       {"pipeline", "component", "device"});
   // Note [Counters start at zero] in pool/pool_metrics.cpp: 0 per device from the start.
   for (const auto& d : devices_) leaked.WithLabels({d.str()});
+  // Every kind with every outcome, so that alerts on failed loads or moves see 0, not no data.
+  for (int kind = 0; kind <= static_cast<int>(MemoryEventKind::kStream); ++kind) {
+    for (int outcome = 0; outcome <= static_cast<int>(MemoryEventOutcome::kLeak); ++outcome) {
+      counts.WithLabels({MemoryEventKindName(static_cast<MemoryEventKind>(kind)),
+                         MemoryEventOutcomeName(static_cast<MemoryEventOutcome>(outcome))});
+    }
+  }
   events.AddListener([&counts, &durations, &leaked, &streamed](const MemoryEvent& e) {
     counts.WithLabels({MemoryEventKindName(e.kind), MemoryEventOutcomeName(e.outcome)}).Inc();
     durations.WithLabels({MemoryEventKindName(e.kind)}).Observe(e.duration_seconds);

@@ -20,6 +20,15 @@ TEST(MemoryMetrics, LeakEventsCountTheirBytesAndEveryEventItsKind) {
   MemoryMetrics metrics(registry, memory, events, {c10::Device(c10::kCPU)});
   // Note [Counters start at zero]: the series exists before any leak.
   EXPECT_EQ(SampleValue(registry, "qpool_vram_leaked_bytes_total", {{"device", "cpu"}}), 0);
+  // ... and so does every kind of memory event with every outcome (alerts on failed loads).
+  for (const char* kind : {"load", "move", "stream", "oom"}) {
+    for (const char* outcome : {"ok", "error", "leak"}) {
+      EXPECT_EQ(SampleValue(registry, "qpool_memory_events_total",
+                            {{"kind", kind}, {"outcome", outcome}}),
+                0)
+          << kind << " " << outcome;
+    }
+  }
 
   MemoryEvent leak;
   leak.kind = MemoryEventKind::kLeak;

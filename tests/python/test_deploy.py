@@ -1,0 +1,491 @@
+"""Offline checks of deploy/: the Kubernetes overlays and the Prometheus alert rules.
+
+Each overlay of deploy/kubernetes is rendered by a small kustomize subset (render() below). It
+refuses any kustomization feature it does not implement, so it cannot silently differ from
+kustomize, and is compared with `kubectl kustomize` where kubectl is installed. Every object is
+validated against the Kubernetes 1.33 schema, and the properties qpool depends on are
+asserted: GPUs, probes, drain time, flags, security context. The rules of
+deploy/prometheus go through `promtool check rules` and their unit tests, and every metric they
+use must be documented in docs/metrics.md.
+
+Run: .venv/bin/python -m pytest tests/python/test_deploy.py
+"""
+
+import copy
+import functools
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KUBE = ROOT / "deploy" / "kubernetes"
+RULES = ROOT / "deploy" / "prometheus" / "qpool-rules.yaml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "qpool-rules.test.yaml"
+K8S_VERSION = "1.33.0"
+# Prometheus Operator kinds: no schema in kubernetes_validate, checked structurally instead.
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# overlay: (GPUs per pod, QPOOL_DEVICES, image tag suffix)
+OVERLAYS = {
+    "gpu-1": (1, "cuda", ""),
+    "gpu-2": (2, "cuda:0,cuda:1", ""),
+    "cpu": (None, "cpu", "-cpu"),
+}
+GRPC_PORT = 50051
+METRICS_PORT = 9100
+
+# ---------------------------------------------------------------------------------------------
+# A kustomize subset: resources (files or directories), components, JSON 6902 patches with a
+# kind/name target and an inline list of ops, and images. Order as kustomize's: resources, then
+# components (their resources join, their patches and images apply to everything so far), then
+# this kustomization's patches, then its images.
+
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "components", "patches", "images"}
+API_VERSIONS = {"Kustomization": "kustomize.config.k8s.io/v1beta1",
+                "Component": "kustomize.config.k8s.io/v1alpha1"}
+
+
+class UnsupportedKustomization(Exception):
+    pass
+
+
+def read_kustomization(directory, kind):
+    path = directory / "kustomization.yaml"
+    spec = yaml.safe_load(path.read_text())
+    unknown = set(spec) - KUSTOMIZATION_KEYS
+    if unknown:
+        raise UnsupportedKustomization(
+            f"{path}: {sorted(unknown)} not implemented by this test's renderer; implement them "
+            "in tests/python/test_deploy.py or keep to its subset")
+    if (spec.get("kind"), spec.get("apiVersion")) != (kind, API_VERSIONS[kind]):
+        raise UnsupportedKustomization(f"{path}: expected kind {kind}, {API_VERSIONS[kind]}")
+    return spec
+
+
+def object_id(obj):
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def apply_patch(entry, objects, where):
+    if set(entry) != {"target", "patch"} or set(entry["target"]) != {"kind", "name"}:
+        raise UnsupportedKustomization(f"{where}: patches need exactly target (kind, name) and "
+                                       f"an inline patch, got {entry}")
+    ops = yaml.safe_load(entry["patch"])
+    if not isinstance(ops, list) or not all(isinstance(op, dict) and "op" in op for op in ops):
+        raise UnsupportedKustomization(f"{where}: only JSON 6902 patches (a list of ops)")
+    target = entry["target"]
+    hits = [i for i, o in enumerate(objects)
+            if o["kind"] == target["kind"] and o["metadata"]["name"] == target["name"]]
+    assert hits, f"{where}: patch target {target} matches no object"
+    for i in hits:
+        objects[i] = jsonpatch.JsonPatch(ops).apply(objects[i])
+
+
+def split_image(image):
+    """'registry:5000/qpool:0.1.0' -> ('registry:5000/qpool', '0.1.0'); no tag -> None."""
+    name, sep, tag = image.rpartition(":")
+    return (name, tag) if sep and "/" not in tag else (image, None)
+
+
+def set_images(entry, objects, where):
+    if not set(entry) <= {"name", "newName", "newTag"} or "name" not in entry:
+        raise UnsupportedKustomization(f"{where}: images entries take name, newName, newTag")
+    matched = False
+    for obj in objects:
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []) + pod.get("initContainers", []):
+            name, tag = split_image(container["image"])
+            if name == entry["name"]:
+                tag = entry.get("newTag", tag)
+                container["image"] = entry.get("newName", name) + (f":{tag}" if tag else "")
+                matched = True
+    assert matched, f"{where}: image {entry['name']} is used by no container"
+
+
+def render(directory, kind="Kustomization", objects=None):
+    """The objects kustomize builds from directory (a Kustomization, or a Component applied to
+    objects)."""
+    spec = read_kustomization(directory, kind)
+    objects = [] if objects is None else objects
+    for entry in spec.get("resources", []):
+        path = directory / entry
+        if path.is_dir():
+            objects.extend(render(path))
+        else:
+            objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    for entry in spec.get("components", []):
+        render(directory / entry, "Component", objects)
+    for entry in spec.get("patches", []):
+        apply_patch(entry, objects, directory)
+    for entry in spec.get("images", []):
+        set_images(entry, objects, directory)
+    ids = [object_id(o) for o in objects]
+    assert len(ids) == len(set(ids)), f"{directory}: an object appears twice: {sorted(ids)}"
+    return objects
+
+
+@functools.lru_cache(maxsize=None)
+def _rendered(relative):
+    return render(KUBE / relative)
+
+
+def rendered(relative):
+    return copy.deepcopy(_rendered(relative))
+
+
+def find(objects, kind, name):
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(objects):
+    return find(objects, "Deployment", "qpool")["spec"]["template"]["spec"]
+
+
+def server_container(objects):
+    containers = pod_spec(objects)["containers"]
+    assert [c["name"] for c in containers] == ["qpool"]
+    return containers[0]
+
+
+def config(objects):
+    return find(objects, "ConfigMap", "qpool-config")["data"]
+
+
+def expand(text, env):
+    """Kubernetes' $(VAR) expansion in command and args; unknown references stay as written."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)),
+                  text)
+
+
+def container_env(objects):
+    container = server_container(objects)
+    env = {}
+    for source in container.get("envFrom", []):
+        env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+    env.update({e["name"]: e["value"] for e in container.get("env", [])})
+    return env
+
+
+def server_args(objects):
+    env = container_env(objects)
+    return [expand(a, env) for a in server_container(objects)["args"]]
+
+
+def flag_value(args, flag):
+    values = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    assert len(values) == 1, f"{flag} given {len(values)} times in {args}"
+    return values[0]
+
+
+def labels_match(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def project_version():
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    return re.search(r"project\(qpool VERSION (\S+)", cmake).group(1)
+
+
+def server_binary():
+    path = pathlib.Path(os.environ.get("QPOOL_SERVER_BIN", ROOT / "build/server/qpool-server"))
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def validate(obj):
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        return
+    except kubernetes_validate.ValidationError as e:  # its text prints the whole schema
+        problem = f"{e.message} at /{'/'.join(str(p) for p in e.absolute_path)}"
+    pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {problem}")
+
+
+def rule_groups():
+    return yaml.safe_load(RULES.read_text())["groups"]
+
+
+def alerts():
+    return [rule for group in rule_groups() for rule in group["rules"] if "alert" in rule]
+
+
+def promtool():
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool not found: install the Debian package 'prometheus' "
+                    "(scripts/setup.sh does)")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The renderer itself.
+
+def test_renderer_refuses_kustomize_features_it_does_not_implement(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "configMapGenerator": [{"name": "x", "literals": ["A=1"]}]}))
+    with pytest.raises(UnsupportedKustomization, match="configMapGenerator"):
+        render(tmp_path)
+
+
+def test_renderer_refuses_strategic_merge_patches(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(KUBE / "base")],
+        "patches": [{"target": {"kind": "Deployment", "name": "qpool"},
+                     "patch": "spec:\n  replicas: 2\n"}]}))
+    with pytest.raises(UnsupportedKustomization, match="JSON 6902"):
+        render(tmp_path)
+
+
+@pytest.mark.parametrize("directory", ["base"] + [f"overlays/{o}" for o in sorted(OVERLAYS)])
+def test_renderer_agrees_with_kubectl_kustomize(directory):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl: the renderer is checked against kustomize where one is installed")
+    result = subprocess.run([kubectl, "kustomize", str(KUBE / directory)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    theirs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert sorted(rendered(directory), key=object_id) == sorted(theirs, key=object_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes objects.
+
+def test_base_validates_without_prometheus_operator_kinds():
+    objects = rendered("base")
+    assert not [o for o in objects if o["kind"] in OPERATOR_KINDS]
+    for obj in objects:
+        validate(obj)
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_overlay_objects_pass_the_kubernetes_schema(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    assert sorted(object_id(o) for o in objects) == sorted([
+        ("ConfigMap", "qpool-config"), ("Deployment", "qpool"), ("Service", "qpool"),
+        ("Service", "qpool-metrics"), ("PodDisruptionBudget", "qpool"),
+        ("PersistentVolumeClaim", "qpool-models"), ("ServiceMonitor", "qpool"),
+        ("PrometheusRule", "qpool")])
+    for obj in objects:
+        if obj["kind"] not in OPERATOR_KINDS:
+            validate(obj)
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_gpu_limit_and_devices_match_the_overlay(overlay):
+    gpus, devices, _ = OVERLAYS[overlay]
+    objects = rendered(f"overlays/{overlay}")
+    resources = server_container(objects)["resources"]
+    if gpus:
+        assert str(resources["limits"]["nvidia.com/gpu"]) == str(gpus)
+    else:
+        assert "nvidia.com/gpu" not in resources["limits"]
+    assert "nvidia.com/gpu" not in resources.get("requests", {})
+    assert flag_value(server_args(objects), "--devices") == devices
+    # Host memory: requested as much as the limit (pinned host copies must not be reclaimed).
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_pod_runs_unprivileged_with_a_read_only_root(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    pod = pod_spec(objects)
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    security = server_container(objects)["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in security and "add" not in security["capabilities"]
+    mounts = {m["mountPath"]: m for m in server_container(objects)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/tmp"]["name"]]["emptyDir"]["sizeLimit"]
+    models = volumes[mounts["/models"]["name"]]["persistentVolumeClaim"]
+    assert mounts["/models"]["readOnly"] is True and models["readOnly"] is True
+    find(objects, "PersistentVolumeClaim", models["claimName"])
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_probes_use_grpc_health_on_the_grpc_port(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    container = server_container(objects)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    args = server_args(objects)
+    assert flag_value(args, "--listen") == f"0.0.0.0:{GRPC_PORT}"
+    assert flag_value(args, "--metrics-listen") == f"0.0.0.0:{METRICS_PORT}"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": GRPC_PORT}, probe
+    startup = container["startupProbe"]
+    # Pipelines load before health turns SERVING: allow minutes, not the default 30 s.
+    assert startup["failureThreshold"] * startup["periodSeconds"] >= 300
+    assert container["readinessProbe"]["periodSeconds"] == 5
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_grace_period_outlasts_the_drain(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    drain = int(config(objects)["QPOOL_DRAIN_SECONDS"])
+    assert flag_value(server_args(objects), "--drain-seconds") == str(drain)
+    # The drain, then unloading every pipeline with its leak check.
+    assert pod_spec(objects)["terminationGracePeriodSeconds"] >= drain + 10
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_arg_references_are_defined_by_the_configmap(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    container = server_container(objects)
+    assert [s["configMapRef"]["name"] for s in container["envFrom"]] == ["qpool-config"]
+    data = config(objects)
+    for arg in container.get("command", []) + container["args"]:
+        for var in re.findall(r"\$\(([^)]*)\)", arg):
+            assert var in data, f"{arg}: $({var}) is not in ConfigMap qpool-config"
+    assert all(isinstance(v, str) for v in data.values())
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_args_are_qpool_server_flags(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    container = server_container(objects)
+    assert container["command"] == ["qpool-server"]
+    args = server_args(objects)
+    assert all(a.startswith("--") and "=" in a for a in args), args
+    binary = server_binary()
+    if binary is None:
+        pytest.skip("no qpool-server binary (QPOOL_SERVER_BIN or build/server/qpool-server)")
+    usage = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
+    known = set(re.findall(r"^\s+(--[a-z][a-z-]*)", usage.stdout + usage.stderr, re.M))
+    assert "--drain-seconds" in known, usage.stdout + usage.stderr
+    assert {a.split("=", 1)[0] for a in args} <= known
+    # The server's own parser takes every flag and value before it reaches --help.
+    parsed = subprocess.run([binary, *args, "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert parsed.returncode == 0 and "usage:" in parsed.stdout + parsed.stderr, \
+        parsed.stdout + parsed.stderr
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_images_carry_the_project_version(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    suffix = OVERLAYS[overlay][2]
+    for container in pod_spec(objects)["containers"]:
+        name, tag = split_image(container["image"])
+        assert name == "qpool"
+        assert tag not in (None, "latest"), container["image"]
+        assert tag == project_version() + suffix
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_services_select_the_server_pods(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    pod_labels = find(objects, "Deployment", "qpool")["spec"]["template"]["metadata"]["labels"]
+    grpc = find(objects, "Service", "qpool")["spec"]
+    assert grpc["clusterIP"] == "None"
+    assert labels_match(grpc["selector"], pod_labels)
+    assert [(p["name"], p["port"], p["targetPort"], p.get("appProtocol")) for p in grpc["ports"]] \
+        == [("grpc", GRPC_PORT, "grpc", "grpc")]
+    metrics = find(objects, "Service", "qpool-metrics")["spec"]
+    assert labels_match(metrics["selector"], pod_labels)
+    assert [(p["name"], p["port"], p["targetPort"]) for p in metrics["ports"]] == \
+        [("metrics", METRICS_PORT, "metrics")]
+    budget = find(objects, "PodDisruptionBudget", "qpool")["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert labels_match(budget["selector"]["matchLabels"], pod_labels)
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_service_monitor_scrapes_the_metrics_service(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    monitor = find(objects, "ServiceMonitor", "qpool")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert set(monitor["spec"]["selector"]) == {"matchLabels"}
+    assert labels_match(selector, find(objects, "Service", "qpool-metrics")["metadata"]["labels"])
+    assert not labels_match(selector, find(objects, "Service", "qpool")["metadata"]["labels"])
+    metric_ports = {p["name"] for p in find(objects, "Service", "qpool-metrics")["spec"]["ports"]}
+    assert [(e["port"], e["interval"]) for e in monitor["spec"]["endpoints"]] == \
+        [("metrics", "15s")]
+    assert monitor["spec"]["endpoints"][0]["port"] in metric_ports
+    # Without jobLabel the Operator names the job after the Service, which QpoolNotServing matches.
+    assert "jobLabel" not in monitor["spec"]
+    not_serving = next(a for a in alerts() if a["alert"] == "QpoolNotServing")
+    job = re.search(r'job=~"([^"]*)"', not_serving["expr"]).group(1)
+    assert re.fullmatch(job, "qpool-metrics")
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_prometheus_rule_carries_the_rule_file(overlay):
+    rule = find(rendered(f"overlays/{overlay}"), "PrometheusRule", "qpool")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"] == {"groups": rule_groups()}, \
+        "deploy/kubernetes/monitoring/prometheusrule.yaml differs from " \
+        "deploy/prometheus/qpool-rules.yaml"
+
+
+def test_hpa_example_scales_the_deployment_on_queue_depth():
+    docs = [d for d in yaml.safe_load_all((KUBE / "examples" / "hpa.yaml").read_text()) if d]
+    assert len(docs) == 1
+    hpa = docs[0]
+    validate(hpa)
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    target = hpa["spec"]["scaleTargetRef"]
+    find(rendered("base"), target["kind"], target["name"])
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 8)
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == "qpool_device_queue_depth"
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "2"}
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus rules.
+
+def test_rules_pass_promtool_check():
+    result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rule_unit_tests_pass():
+    result = subprocess.run([promtool(), "test", "rules", str(RULE_TESTS)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_unit_test():
+    cases = [case for test in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+             for case in test.get("alert_rule_test", [])]
+    for name in (a["alert"] for a in alerts()):
+        expected = [case.get("exp_alerts") or [] for case in cases if case["alertname"] == name]
+        assert any(expected), f"{name}: no unit test where it fires"
+        assert not all(expected), f"{name}: no unit test where it stays quiet"
+
+
+def test_alerts_carry_severity_summary_and_description():
+    for alert in alerts():
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}, alert["alert"]
+        assert set(alert["annotations"]) >= {"summary", "description"}, alert["alert"]
+
+
+def test_rule_metrics_are_documented():
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    for alert in alerts():
+        names = set(re.findall(r"\b(qpool_[a-z0-9_]+|up)\b", alert["expr"]))
+        assert names, f"{alert['alert']}: no metric found in {alert['expr']!r}"
+        for name in names - {"up"}:
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert f"`{name}`" in documented or f"`{base}`" in documented, \
+                f"{alert['alert']} uses {name}, which docs/metrics.md does not list"
