@@ -74,21 +74,4 @@ class AccessControl {
   CounterFamily* denied_ = nullptr;
 };
 
-// A unary call answered with `status` at once (a refused call).
-inline grpc::ServerUnaryReactor* FinishedWith(grpc::CallbackServerContext* context,
-                                              grpc::Status status) {
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(std::move(status));
-  return reactor;
-}
-
-// A server-streaming call answered with `status` and no message (a refused call); deletes
-// itself when gRPC is done with it.
-template <typename Response>
-class FinishedWriter final : public grpc::ServerWriteReactor<Response> {
- public:
-  explicit FinishedWriter(grpc::Status status) { this->Finish(std::move(status)); }
-  void OnDone() override { delete this; }
-};
-
 }  // namespace qpool::api

@@ -1,13 +1,14 @@
 #include "api/encode_reactor.h"
 
 #include "api/proto_convert.h"
+#include "api/raw_call.h"
 
 namespace qpool::api {
 
 EncodeReactor::EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request,
-                             v1::EncodeResponse* response,
+                             grpc::ByteBuffer* raw_response,
                              std::chrono::system_clock::time_point deadline)
-    : response_(response) {
+    : raw_response_(raw_response) {
   EncodeCall call;
   call.pipeline = request.pipeline();
   call.prompts.assign(request.prompts().begin(), request.prompts().end());
@@ -20,13 +21,15 @@ void EncodeReactor::OnReply(StatusOr<EncodeReply> reply) {
     Finish(ToGrpc(reply.status()));
     return;
   }
-  ToProto(reply->output.embeddings, response_->mutable_embeddings());
-  ToProto(reply->output.input_ids, response_->mutable_input_ids());
+  v1::EncodeResponse response;
+  ToProto(reply->output.embeddings, response.mutable_embeddings());
+  ToProto(reply->output.input_ids, response.mutable_input_ids());
   if (reply->output.pooled.defined()) {
-    ToProto(reply->output.pooled, response_->mutable_pooled_embeddings());
+    ToProto(reply->output.pooled, response.mutable_pooled_embeddings());
   }
-  response_->set_device(reply->run.device);
-  response_->set_route(reply->run.route);
+  response.set_device(reply->run.device);
+  response.set_route(reply->run.route);
+  *raw_response_ = SerializeRaw(response);
   Finish(grpc::Status::OK);
 }
 

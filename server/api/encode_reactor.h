@@ -12,16 +12,17 @@ namespace qpool::api {
 // exactly once, which finishes the call; OnDone deletes the reactor.
 class EncodeReactor final : public grpc::ServerUnaryReactor, public EncodeListener {
  public:
-  // Hands the request to `pool`. `response` is gRPC's and stays valid until OnDone. Past
-  // `deadline` (the call's), a request that has not started gets DEADLINE_EXCEEDED.
-  EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request, v1::EncodeResponse* response,
-                std::chrono::system_clock::time_point deadline);
+  // Hands the request to `pool`. `raw_response` is gRPC's and stays valid until OnDone; the reply
+  // is serialized into it (Note [Requests that do not parse] in api/raw_call.h). Past `deadline`
+  // (the call's), a request that has not started gets DEADLINE_EXCEEDED.
+  EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request,
+                grpc::ByteBuffer* raw_response, std::chrono::system_clock::time_point deadline);
 
   void OnDone() override { delete this; }
   void OnReply(StatusOr<EncodeReply> reply) override;
 
  private:
-  v1::EncodeResponse* const response_;
+  grpc::ByteBuffer* const raw_response_;
 };
 
 }  // namespace qpool::api

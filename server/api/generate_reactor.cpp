@@ -1,6 +1,7 @@
 #include "api/generate_reactor.h"
 
 #include "api/proto_convert.h"
+#include "api/raw_call.h"
 
 namespace qpool::api {
 
@@ -34,10 +35,11 @@ void GenerateReactor::OnReply(StatusOr<GenerateReply> reply) {
 }
 
 void GenerateReactor::Push(v1::GenerateResponse message) {
-  const v1::GenerateResponse* to_write = nullptr;
+  grpc::ByteBuffer bytes = SerializeRaw(message);
+  const grpc::ByteBuffer* to_write = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(std::move(message));
+    pending_.push_back(std::move(bytes));
     if (writing_) return;
     writing_ = true;
     to_write = &pending_.front();
@@ -56,7 +58,7 @@ void GenerateReactor::FinishAfterWrites(grpc::Status status) {
 }
 
 void GenerateReactor::OnWriteDone(bool ok) {
-  const v1::GenerateResponse* to_write = nullptr;
+  const grpc::ByteBuffer* to_write = nullptr;
   bool finish = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

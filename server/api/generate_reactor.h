@@ -22,7 +22,7 @@ namespace qpool::api {
 // Thread safety: OnProgress and OnReply come from a device worker (or, for a refused call, from
 // the gRPC thread); Push/FinishAfterWrites take mu_; StartWrite/Finish are always called without
 // mu_ held.
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                               public GenerateListener {
  public:
   // Hands the request to `pool`; `deadline` is the call's (its context's deadline()).
@@ -46,7 +46,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
-  std::deque<v1::GenerateResponse> pending_;  // front is being written while writing_
+  // Serialized messages (Note [Requests that do not parse] in api/raw_call.h); the front is being
+  // written while writing_.
+  std::deque<grpc::ByteBuffer> pending_;
   bool writing_ = false;
   bool finish_requested_ = false;
   grpc::Status final_status_;

@@ -2,23 +2,39 @@
 
 #include "api/encode_reactor.h"
 #include "api/generate_reactor.h"
+#include "api/raw_call.h"
 
 namespace qpool::api {
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   grpc::Status allowed = access_.Check(*context, CallClass::kInference, "Generate");
-  if (!allowed.ok()) return new FinishedWriter<v1::GenerateResponse>(std::move(allowed));
-  return new GenerateReactor(pool_, *request, context->deadline());  // deletes itself in OnDone
+  if (!allowed.ok()) return new FinishedWriter(std::move(allowed));
+  v1::GenerateRequest parsed;
+  grpc::Status status = ParseRaw(*request, &parsed);
+  if (!status.ok()) {
+    pool_.CountRefused(RequestRpc::kGenerate, InvalidArgument(status.error_message()));
+    return new FinishedWriter(std::move(status));
+  }
+  return new GenerateReactor(pool_, parsed, context->deadline());  // deletes itself in OnDone
 }
 
 grpc::ServerUnaryReactor* InferenceService::Encode(grpc::CallbackServerContext* context,
-                                                   const v1::EncodeRequest* request,
-                                                   v1::EncodeResponse* response) {
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
   grpc::Status allowed = access_.Check(*context, CallClass::kInference, "Encode");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
+  v1::EncodeRequest parsed;
+  grpc::Status status = allowed.ok() ? ParseRaw(*request, &parsed) : allowed;
+  if (!status.ok()) {
+    if (allowed.ok()) {
+      pool_.CountRefused(RequestRpc::kEncode, InvalidArgument(status.error_message()));
+    }
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(std::move(status));
+    return reactor;
+  }
   // Deletes itself in OnDone.
-  return new EncodeReactor(pool_, *request, response, context->deadline());
+  return new EncodeReactor(pool_, parsed, response, context->deadline());
 }
 
 }  // namespace qpool::api

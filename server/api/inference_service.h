@@ -7,20 +7,25 @@
 
 namespace qpool::api {
 
-// Validates on the gRPC thread, then runs each request on its pipeline's device worker; no
-// forward pass ever runs on a gRPC thread. One reactor per call (generate_reactor.h,
-// encode_reactor.h) hands it to the pool, which records it when it ends.
-class InferenceService final : public v1::InferenceService::CallbackService {
+// Both RPCs registered raw (Note [Requests that do not parse] in api/raw_call.h).
+using RawInferenceService = v1::InferenceService::WithRawCallbackMethod_Generate<
+    v1::InferenceService::WithRawCallbackMethod_Encode<v1::InferenceService::Service>>;
+
+// Checks access and parses on the gRPC thread, then runs each request on its pipeline's device
+// worker; no forward pass ever runs on a gRPC thread. One reactor per call (generate_reactor.h,
+// encode_reactor.h) hands it to the pool, which records it when it ends; a request that does not
+// parse is counted here.
+class InferenceService final : public RawInferenceService {
  public:
   // `pool` and `access` outlive the service.
   InferenceService(PipelinePool& pool, const AccessControl& access)
       : pool_(pool), access_(access) {}
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
-                                   const v1::EncodeRequest* request,
-                                   v1::EncodeResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
 
  private:
   PipelinePool& pool_;

@@ -6,66 +6,67 @@
 namespace qpool::api {
 
 grpc::ServerUnaryReactor* ModelService::ListPipelines(grpc::CallbackServerContext* context,
-                                                      const v1::ListPipelinesRequest* request,
-                                                      v1::ListPipelinesResponse* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kRead, "ListPipelines");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  for (const auto& status : pool_.List()) ToProto(status, response->add_pipelines());
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                      const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::ListPipelinesRequest, v1::ListPipelinesResponse>;
+  return ServeUnary<v1::ListPipelinesRequest, v1::ListPipelinesResponse>(
+      access_, CallClass::kRead, "ListPipelines", context, request, response, [this](Call* call) {
+        for (const auto& status : pool_.List()) ToProto(status, call->response.add_pipelines());
+        call->Finish(grpc::Status::OK);
+      });
 }
 
 grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext* context,
-                                                     const v1::LoadPipelineRequest* request,
-                                                     v1::LoadPipelineResponse* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "LoadPipeline");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  auto* reactor = context->DefaultReactor();
-  pool_.Load(request->name(), request->device(), [reactor, response](StatusOr<LoadResult> result) {
-    if (result.ok()) {
-      ToProto(result->pipeline, response->mutable_pipeline());
-      response->set_already_loaded(result->already_loaded);
-      response->set_load_seconds(result->load_seconds);
-    }
-    reactor->Finish(ToGrpc(result.status()));
-  });
-  return reactor;
+                                                     const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::LoadPipelineRequest, v1::LoadPipelineResponse>;
+  return ServeUnary<v1::LoadPipelineRequest, v1::LoadPipelineResponse>(
+      access_, CallClass::kAdmin, "LoadPipeline", context, request, response, [this](Call* call) {
+        pool_.Load(call->request.name(), call->request.device(),
+                   [call](StatusOr<LoadResult> result) {
+                     if (result.ok()) {
+                       ToProto(result->pipeline, call->response.mutable_pipeline());
+                       call->response.set_already_loaded(result->already_loaded);
+                       call->response.set_load_seconds(result->load_seconds);
+                     }
+                     call->Finish(ToGrpc(result.status()));
+                   });
+      });
 }
 
 grpc::ServerUnaryReactor* ModelService::UnloadPipeline(grpc::CallbackServerContext* context,
-                                                       const v1::UnloadPipelineRequest* request,
-                                                       v1::UnloadPipelineResponse* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "UnloadPipeline");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  auto* reactor = context->DefaultReactor();
-  response->set_name(request->name());
-  pool_.Unload(request->name(), [reactor, response](StatusOr<UnloadResult> result) {
-    if (result.ok()) {
-      response->set_freed_bytes(result->freed_bytes);
-      response->set_leaked_bytes(result->leaked_bytes);
-    }
-    reactor->Finish(ToGrpc(result.status()));
-  });
-  return reactor;
+                                                       const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::UnloadPipelineRequest, v1::UnloadPipelineResponse>;
+  return ServeUnary<v1::UnloadPipelineRequest, v1::UnloadPipelineResponse>(
+      access_, CallClass::kAdmin, "UnloadPipeline", context, request, response, [this](Call* call) {
+        call->response.set_name(call->request.name());
+        pool_.Unload(call->request.name(), [call](StatusOr<UnloadResult> result) {
+          if (result.ok()) {
+            call->response.set_freed_bytes(result->freed_bytes);
+            call->response.set_leaked_bytes(result->leaked_bytes);
+          }
+          call->Finish(ToGrpc(result.status()));
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* ModelService::GetMemoryReport(grpc::CallbackServerContext* context,
-                                                        const v1::GetMemoryReportRequest* request,
-                                                        v1::MemoryReport* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kRead, "GetMemoryReport");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  ToProto(pool_.Memory(std::min<uint32_t>(request->max_events(), 4096)), response);
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                        const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::GetMemoryReportRequest, v1::MemoryReport>;
+  return ServeUnary<v1::GetMemoryReportRequest, v1::MemoryReport>(
+      access_, CallClass::kRead, "GetMemoryReport", context, request, response, [this](Call* call) {
+        ToProto(pool_.Memory(std::min<uint32_t>(call->request.max_events(), 4096)),
+                &call->response);
+        call->Finish(grpc::Status::OK);
+      });
 }
 
-grpc::ServerWriteReactor<v1::MemoryEvent>* ModelService::WatchMemory(
-    grpc::CallbackServerContext* context, const v1::WatchMemoryRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ModelService::WatchMemory(
+    grpc::CallbackServerContext* context, const Raw* request) {
   grpc::Status allowed = access_.Check(*context, CallClass::kRead, "WatchMemory");
-  if (!allowed.ok()) return new FinishedWriter<v1::MemoryEvent>(std::move(allowed));
-  return new WatchMemoryReactor(watchers_, request->after_sequence());  // deletes itself
+  if (!allowed.ok()) return new FinishedWriter(std::move(allowed));
+  v1::WatchMemoryRequest parsed;
+  grpc::Status status = ParseRaw(*request, &parsed);
+  if (!status.ok()) return new FinishedWriter(std::move(status));
+  return new WatchMemoryReactor(watchers_, parsed.after_sequence());  // deletes itself
 }
 
 }  // namespace qpool::api

@@ -3,90 +3,98 @@
 #include "api/proto_convert.h"
 
 namespace qpool::api {
+namespace {
 
+// The device a residency change names: none for an offload.
+const std::string& DeviceOf(const v1::OffloadPipelineRequest&) {
+  static const std::string kNone;
+  return kNone;
+}
+const std::string& DeviceOf(const v1::OnloadPipelineRequest& request) { return request.device(); }
+const std::string& DeviceOf(const v1::MovePipelineRequest& request) { return request.device(); }
+
+}  // namespace
+
+template <typename Request>
 grpc::ServerUnaryReactor* ModelService::Change(grpc::CallbackServerContext* context,
-                                               const std::string& name, ResidencyChange change,
-                                               const std::string& device,
-                                               v1::ResidencyChange* response) {
-  auto* reactor = context->DefaultReactor();
-  pool_.ChangeResidency(name, change, device, [reactor, response](StatusOr<ChangeResult> result) {
-    if (result.ok()) {
-      ToProto(result->report, response);
-      ToProto(result->pipeline, response->mutable_pipeline());
-    }
-    reactor->Finish(ToGrpc(result.status()));
-  });
-  return reactor;
+                                               const Raw* request, Raw* response,
+                                               const char* method, ResidencyChange change) {
+  using Call = UnaryCall<Request, v1::ResidencyChange>;
+  return ServeUnary<Request, v1::ResidencyChange>(
+      access_, CallClass::kAdmin, method, context, request, response, [this, change](Call* call) {
+        pool_.ChangeResidency(call->request.name(), change, DeviceOf(call->request),
+                              [call](StatusOr<ChangeResult> result) {
+                                if (result.ok()) {
+                                  ToProto(result->report, &call->response);
+                                  ToProto(result->pipeline, call->response.mutable_pipeline());
+                                }
+                                call->Finish(ToGrpc(result.status()));
+                              });
+      });
 }
 
 grpc::ServerUnaryReactor* ModelService::OffloadPipeline(grpc::CallbackServerContext* context,
-                                                        const v1::OffloadPipelineRequest* request,
-                                                        v1::ResidencyChange* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "OffloadPipeline");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  return Change(context, request->name(), ResidencyChange::kOffload, "", response);
+                                                        const Raw* request, Raw* response) {
+  return Change<v1::OffloadPipelineRequest>(context, request, response, "OffloadPipeline",
+                                            ResidencyChange::kOffload);
 }
 
 grpc::ServerUnaryReactor* ModelService::OnloadPipeline(grpc::CallbackServerContext* context,
-                                                       const v1::OnloadPipelineRequest* request,
-                                                       v1::ResidencyChange* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "OnloadPipeline");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  return Change(context, request->name(), ResidencyChange::kOnload, request->device(), response);
+                                                       const Raw* request, Raw* response) {
+  return Change<v1::OnloadPipelineRequest>(context, request, response, "OnloadPipeline",
+                                           ResidencyChange::kOnload);
 }
 
 grpc::ServerUnaryReactor* ModelService::MovePipeline(grpc::CallbackServerContext* context,
-                                                     const v1::MovePipelineRequest* request,
-                                                     v1::ResidencyChange* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "MovePipeline");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  return Change(context, request->name(), ResidencyChange::kMove, request->device(), response);
+                                                     const Raw* request, Raw* response) {
+  return Change<v1::MovePipelineRequest>(context, request, response, "MovePipeline",
+                                         ResidencyChange::kMove);
 }
 
 grpc::ServerUnaryReactor* ModelService::SetOffloadPolicy(grpc::CallbackServerContext* context,
-                                                         const v1::SetOffloadPolicyRequest* request,
-                                                         v1::SetOffloadPolicyResponse* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "SetOffloadPolicy");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  auto* reactor = context->DefaultReactor();
-  auto policy = MakeOffloadPolicy(request->policy().policy(), request->policy().idle_seconds());
-  if (!policy.ok()) {
-    reactor->Finish(ToGrpc(policy.status()));
-    return reactor;
-  }
-  pool_.SetPolicy(request->name(), *policy, [reactor, response](StatusOr<PipelineStatus> pipeline) {
-    if (pipeline.ok()) ToProto(*pipeline, response->mutable_pipeline());
-    reactor->Finish(ToGrpc(pipeline.status()));
-  });
-  return reactor;
+                                                         const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::SetOffloadPolicyRequest, v1::SetOffloadPolicyResponse>;
+  return ServeUnary<v1::SetOffloadPolicyRequest, v1::SetOffloadPolicyResponse>(
+      access_, CallClass::kAdmin, "SetOffloadPolicy", context, request, response,
+      [this](Call* call) {
+        auto policy = MakeOffloadPolicy(call->request.policy().policy(),
+                                        call->request.policy().idle_seconds());
+        if (!policy.ok()) {
+          call->Finish(ToGrpc(policy.status()));
+          return;
+        }
+        pool_.SetPolicy(call->request.name(), *policy, [call](StatusOr<PipelineStatus> pipeline) {
+          if (pipeline.ok()) ToProto(*pipeline, call->response.mutable_pipeline());
+          call->Finish(ToGrpc(pipeline.status()));
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* ModelService::EmptyCache(grpc::CallbackServerContext* context,
-                                                   const v1::EmptyCacheRequest* request,
-                                                   v1::EmptyCacheResponse* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "EmptyCache");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  auto* reactor = context->DefaultReactor();
-  auto result = pool_.EmptyCache(request->device());
-  if (result.ok()) {
-    for (const auto& stats : result->before) ToProto(stats, response->add_before());
-    for (const auto& stats : result->after) ToProto(stats, response->add_after());
-    response->set_released_bytes(result->released_bytes);
-  }
-  reactor->Finish(ToGrpc(result.status()));
-  return reactor;
+                                                   const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::EmptyCacheRequest, v1::EmptyCacheResponse>;
+  return ServeUnary<v1::EmptyCacheRequest, v1::EmptyCacheResponse>(
+      access_, CallClass::kAdmin, "EmptyCache", context, request, response, [this](Call* call) {
+        auto result = pool_.EmptyCache(call->request.device());
+        if (result.ok()) {
+          for (const auto& stats : result->before) ToProto(stats, call->response.add_before());
+          for (const auto& stats : result->after) ToProto(stats, call->response.add_after());
+          call->response.set_released_bytes(result->released_bytes);
+        }
+        call->Finish(ToGrpc(result.status()));
+      });
 }
 
-grpc::ServerUnaryReactor* ModelService::GetAllocatorSnapshot(
-    grpc::CallbackServerContext* context, const v1::GetAllocatorSnapshotRequest* request,
-    v1::AllocatorSnapshot* response) {
-  grpc::Status allowed = access_.Check(*context, CallClass::kAdmin, "GetAllocatorSnapshot");
-  if (!allowed.ok()) return FinishedWith(context, std::move(allowed));
-  auto* reactor = context->DefaultReactor();
-  auto pickle = pool_.AllocatorSnapshot();
-  if (pickle.ok()) response->set_pickle(std::move(pickle).value());
-  reactor->Finish(ToGrpc(pickle.status()));
-  return reactor;
+grpc::ServerUnaryReactor* ModelService::GetAllocatorSnapshot(grpc::CallbackServerContext* context,
+                                                             const Raw* request, Raw* response) {
+  using Call = UnaryCall<v1::GetAllocatorSnapshotRequest, v1::AllocatorSnapshot>;
+  return ServeUnary<v1::GetAllocatorSnapshotRequest, v1::AllocatorSnapshot>(
+      access_, CallClass::kAdmin, "GetAllocatorSnapshot", context, request, response,
+      [this](Call* call) {
+        auto pickle = pool_.AllocatorSnapshot();
+        if (pickle.ok()) call->response.set_pickle(std::move(pickle).value());
+        call->Finish(ToGrpc(pickle.status()));
+      });
 }
 
 }  // namespace qpool::api

@@ -1,6 +1,7 @@
 #include "api/watch_memory_reactor.h"
 
 #include "api/proto_convert.h"
+#include "api/raw_call.h"
 
 namespace qpool::api {
 
@@ -63,8 +64,9 @@ void WatchMemoryReactor::WriteNextLocked() {
     return;
   }
   if (queue_.empty()) return;
-  message_.Clear();
-  ToProto(queue_.front(), first_available_, &message_);
+  v1::MemoryEvent event;
+  ToProto(queue_.front(), first_available_, &event);
+  message_ = SerializeRaw(event);
   queue_.pop_front();
   writing_ = true;
   StartWrite(&message_);

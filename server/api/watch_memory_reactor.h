@@ -18,7 +18,7 @@ namespace qpool::api {
 // Close, a failed or fallen-behind stream, a cancel, or at once when the hub refuses it).
 // Thread safety: Push, End and the gRPC callbacks take mu_; StartWrite and Finish are called
 // with it held (gRPC's reactor calls do not call back synchronously).
-class WatchMemoryReactor final : public grpc::ServerWriteReactor<v1::MemoryEvent> {
+class WatchMemoryReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // The queue of events a stream may be behind before it ends.
   static constexpr size_t kMaxQueued = 1024;
@@ -50,7 +50,7 @@ class WatchMemoryReactor final : public grpc::ServerWriteReactor<v1::MemoryEvent
   bool ending_ = false;
   bool finished_ = false;
   grpc::Status final_status_;
-  v1::MemoryEvent message_;
+  grpc::ByteBuffer message_;  // the event being written, serialized (api/raw_call.h)
 };
 
 }  // namespace qpool::api

@@ -176,6 +176,12 @@ void PipelinePool::Encode(EncodeCall call, EncodeListener* listener) {
   EncodeRun::Begin(Context(), std::move(call), listener);
 }
 
+void PipelinePool::CountRefused(RequestRpc rpc, const Status& status) {
+  if (requests_ != nullptr) {
+    requests_->RecordFinished(RequestMetrics::kUnknownPipeline, rpc, status.code(), 0.0);
+  }
+}
+
 std::vector<PipelineStatus> PipelinePool::List() { return registry_->List(); }
 
 MemoryReport PipelinePool::Memory(size_t max_events) {

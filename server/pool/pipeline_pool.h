@@ -19,6 +19,7 @@
 #include "pool/device_pool.h"
 #include "pool/pipeline_status.h"
 #include "pool/pool_request.h"
+#include "pool/request_metrics.h"
 #include "pool/request_run.h"
 #include "residency/pipeline_residency.h"
 #include "util/status.h"
@@ -113,6 +114,9 @@ class PipelinePool {
   void Generate(GenerateCall call, GenerateListener* listener);
   // Runs one Encode call, the same way without batching.
   void Encode(EncodeCall call, EncodeListener* listener);
+  // Counts a Generate or Encode call refused before it named a pipeline (its request did not
+  // parse: Note [Requests that do not parse] in api/raw_call.h), with `status`.
+  void CountRefused(RequestRpc rpc, const Status& status);
 
   // --- Reads ---
   // Every pipeline of the repository, loaded or not, sorted by name.

@@ -253,3 +253,55 @@ def test_a_changed_component_file_is_refused_at_load(make_server):
                                         timeout=120)
     assert loaded.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
     assert_still_serving(client)
+
+
+# Bytes that are no valid request: truncated (a string field announcing 5 bytes, holding 2),
+# a string field that is not UTF-8 (field 1 = b"\xc3\x28"), and garbage.
+UNPARSABLE = {"truncated": b"\x0a\x05ab", "not-utf8": b"\x0a\x02\xc3\x28",
+              "garbage": b"\xff\xff\xff\xff"}
+
+
+METHODS = {"/qpool.v1.InferenceService/Generate": True, "/qpool.v1.InferenceService/Encode": False,
+           "/qpool.v1.ModelService/LoadPipeline": False,
+           "/qpool.v1.ModelService/ListPipelines": False,
+           "/qpool.v1.ModelService/WatchMemory": True}  # method: server-streaming
+# ListPipelinesRequest and WatchMemoryRequest have no string field 1: the UTF-8 case parses there
+# as an unknown field, as protobuf intends.
+UNPARSABLE_CASES = [(m, p) for m in METHODS for p in UNPARSABLE
+                    if p != "not-utf8" or "ListPipelines" not in m and "WatchMemory" not in m]
+
+
+@pytest.mark.parametrize("method,payload", UNPARSABLE_CASES,
+                         ids=[f"{m.rsplit('/', 1)[1]}-{p}" for m, p in UNPARSABLE_CASES])
+def test_requests_that_do_not_parse_are_invalid_argument(client, method, payload):
+    # Note [Requests that do not parse]: gRPC's typed handlers answered UNIMPLEMENTED with an
+    # empty message.
+    streaming = METHODS[method]
+    call = (client.channel.unary_stream if streaming else client.channel.unary_unary)(method)
+    with pytest.raises(grpc.RpcError) as raised:
+        result = call(UNPARSABLE[payload], timeout=30)
+        if streaming:
+            list(result)
+    assert raised.value.code() == INVALID, raised.value
+    assert "the request is not a valid qpool.v1." in raised.value.details()
+    assert_still_serving(client)
+
+
+def test_unparsable_inference_requests_are_counted(client):
+    from conftest import parse_samples, scrape
+
+    def count(rpc):
+        samples = parse_samples(scrape(client))
+        key = ("qpool_requests_total", frozenset({("pipeline", "unknown"), ("rpc", rpc),
+                                                  ("status", "INVALID_ARGUMENT")}))
+        return samples.get(key, 0)
+
+    before = {rpc: count(rpc) for rpc in ("generate", "encode")}
+    for method, rpc in (("Generate", "generate"), ("Encode", "encode")):
+        call = client.channel.unary_stream if rpc == "generate" else client.channel.unary_unary
+        with pytest.raises(grpc.RpcError):
+            result = call(f"/qpool.v1.InferenceService/{method}")(UNPARSABLE["garbage"],
+                                                                  timeout=30)
+            if rpc == "generate":
+                list(result)
+    assert {rpc: count(rpc) - before[rpc] for rpc in before} == {"generate": 1, "encode": 1}
