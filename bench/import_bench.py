@@ -150,7 +150,8 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
     `device` (and how long the server took to start with it loaded); with check_encode, then the
     Encode-only check under `model` offload."""
     start = time.monotonic()
-    proc, address, _ = start_server(server_bin, repo, device, 0, ["--load", name])
+    proc, address, _ = start_server(server_bin, repo, device, 0,
+                                    ["--load", name] + a.server_args.split())
     try:
         client = GrpcClient(address)
         load_seconds = time.monotonic() - start
@@ -279,6 +280,8 @@ def main() -> int:
                    help=f"comma list of the diffusers peers to time, of {', '.join(PEERS)}")
     p.add_argument("--encode-check", action="store_true")
     p.add_argument("--skip-diffusers", action="store_true")
+    p.add_argument("--server-args", default="",
+                   help="more qpool-server flags, space-separated, e.g. '--cudnn-benchmark off'")
     p.add_argument("--graphs-off", action="store_true",
                    help="add a twin of every pipeline with execution.cuda_graphs off")
     a = p.parse_args()
