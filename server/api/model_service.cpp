@@ -66,6 +66,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ModelService::WatchMemory(
   v1::WatchMemoryRequest parsed;
   grpc::Status status = ParseRaw(*request, &parsed);
   if (!status.ok()) return new FinishedWriter(std::move(status));
+  // A sequence never issued (one from before a restart, say) would wait forever in silence.
+  const uint64_t last = pool_.events().last_sequence();
+  if (parsed.after_sequence() > last) {
+    return new FinishedWriter(
+        grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                     StrCat("after_sequence ", parsed.after_sequence(),
+                            " is past the newest memory event, ", last,
+                            " (from before the server restarted?): watch from 0 or from "
+                            "GetMemoryReport's last_sequence")));
+  }
   return new WatchMemoryReactor(watchers_, parsed.after_sequence());  // deletes itself
 }
 

@@ -8,6 +8,8 @@
 #include <system_error>
 #include <type_traits>
 
+#include "config/model_repository.h"
+
 namespace fs = std::filesystem;
 
 namespace qpool::manifest_internal {
@@ -187,19 +189,12 @@ Status Parser::ResolveFile(const YAML::Node& map, const std::string& prefix, con
   // whatever it finds there. A file must resolve, symlinks followed, to a place inside the model
   // repository (the pipeline folder's parent): pipelines may share files through links within
   // the repository, never through links out of it.
-  std::error_code real_ec;
-  std::error_code root_ec;
-  const fs::path real = fs::canonical(resolved, real_ec);
-  const fs::path root = fs::canonical(fs::path(dir_).parent_path(), root_ec);
-  if (real_ec || root_ec) {
-    return Error(field, "cannot be resolved: " + (real_ec ? real_ec : root_ec).message());
-  }
-  auto r = real.begin();
-  for (auto it = root.begin(); it != root.end(); ++it, ++r) {
-    if (r == real.end() || *r != *it) {
-      return Error(field, "resolves to " + real.string() + ", outside the model repository " +
-                              root.string() + " (a symbolic link out of it is refused)");
-    }
+  const std::string root = fs::path(dir_).parent_path().string();
+  const StatusOr<ResolvedPath> real = ResolveWithin(resolved.string(), root);
+  if (!real.ok()) return Error(field, "cannot be resolved: " + real.status().message());
+  if (!real->inside) {
+    return Error(field, "resolves to " + real->real + ", outside the model repository " + root +
+                            " (a symbolic link out of it is refused)");
   }
   *out = resolved.string();
   return Status::Ok();

@@ -102,6 +102,20 @@ Status ValidatePipelineName(const std::string& name) {
   return InvalidArgument(StrCat("invalid pipeline name '", shown, "': ", kValidName));
 }
 
+StatusOr<ResolvedPath> ResolveWithin(const std::string& path, const std::string& root) {
+  std::error_code real_ec;
+  std::error_code root_ec;
+  const fs::path real = fs::canonical(path, real_ec);
+  const fs::path real_root = fs::canonical(root, root_ec);
+  if (real_ec || root_ec) return InvalidArgument((real_ec ? real_ec : root_ec).message());
+  ResolvedPath out{real.string(), true};
+  auto r = real.begin();
+  for (auto it = real_root.begin(); it != real_root.end() && out.inside; ++it, ++r) {
+    out.inside = r != real.end() && *r == *it;
+  }
+  return out;
+}
+
 StatusOr<ModelRepository> ModelRepository::Open(const std::string& root, KindCatalog kinds) {
   std::error_code ec;
   fs::path path = fs::absolute(fs::path(root), ec);
@@ -139,6 +153,15 @@ StatusOr<PipelineManifest> ModelRepository::LoadManifest(const std::string& name
   std::error_code ec;
   if (!fs::is_directory(dir, ec) || !IsRegularFile(dir / "pipeline.yaml")) {
     return NotFound(StrCat("no pipeline named '", name, "' in model repository ", root_));
+  }
+  // Note [Files stay in the repository] holds for the manifest too: one linked from outside would
+  // be parsed, and its text quoted to clients in errors. Where it leads is not said either.
+  const std::string manifest_path = (dir / "pipeline.yaml").string();
+  ASSIGN_OR_RETURN(const ResolvedPath resolved, ResolveWithin(manifest_path, root_));
+  if (!resolved.inside) {
+    return InvalidArgument(StrCat(manifest_path,
+                                  ": resolves outside the model repository (a symbolic link out "
+                                  "of it is refused)"));
   }
   const std::optional<FileIdentity> identity = IdentityOf(dir / "pipeline.yaml");
   {

@@ -18,6 +18,15 @@ namespace qpool {
 // name is, so no client string can reach outside the repository.
 Status ValidatePipelineName(const std::string& name);
 
+// Where `path` resolves to with every symbolic link followed, and whether that lies inside `root`
+// (resolved the same way): Note [Files stay in the repository] in config/manifest_parser.cpp.
+// InvalidArgument with the system's reason when either cannot be resolved.
+struct ResolvedPath {
+  std::string real;
+  bool inside = false;
+};
+StatusOr<ResolvedPath> ResolveWithin(const std::string& path, const std::string& root);
+
 // Note [Manifest cache]
 // ListPipelines reads every manifest of the repository, and clients list often. A parsed manifest
 // is kept with the identity of its pipeline.yaml (device, inode, size, modification and change

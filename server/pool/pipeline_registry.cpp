@@ -336,7 +336,7 @@ StatusOr<std::vector<c10::Device>> PipelineRegistry::BeginUnload(const std::stri
 StatusOr<std::vector<c10::Device>> PipelineRegistry::MarkUnloading(const std::string& name,
                                                                    Entry& entry) {
   if (entry.unloading) {
-    return Unavailable(StrCat("pipeline '", name, "' is being unloaded"));
+    return FailedPrecondition(StrCat("pipeline '", name, "' is being unloaded"));
   }
   int in_flight = 0;
   for (const auto& r : entry.replicas) {

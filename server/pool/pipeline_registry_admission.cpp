@@ -94,7 +94,7 @@ StatusOr<std::unique_ptr<PipelineLease>> PipelineRegistry::AcquireLocked(
     const std::string& name, const RouteOptions& options, std::optional<c10::Device>* scale_out) {
   ASSIGN_OR_RETURN(Entry * entry, LoadedEntry(name));
   if (entry->unloading) {
-    return Unavailable(StrCat("pipeline '", name, "' is being unloaded"));
+    return FailedPrecondition(StrCat("pipeline '", name, "' is being unloaded"));
   }
   int queued = 0;
   for (const auto& r : entry->replicas) queued += r.load->in_flight.load();
