@@ -22,5 +22,13 @@ COPY --from=build /src/build/server/qpool-server /src/build/client/qpool /usr/lo
 # qpool reaches SentencePiece (FLUX's T5 tokenizer) through this shim, looked up in ../lib/qpool/.
 COPY --from=build /src/build/server/libqpool_sentencepiece.so /usr/local/lib/qpool/
 ENV LD_LIBRARY_PATH=/opt/qpool/venv/lib/python3.12/site-packages/torch/lib
-EXPOSE 50051
+# Not root: the uid deploy/kubernetes runs the pod as. HOME is writable for per-user caches
+# (CUDA's kernel cache).
+RUN useradd --system --uid 10001 --user-group --home-dir /tmp --no-create-home qpool
+USER 10001
+ENV HOME=/tmp
+EXPOSE 50051 9100
+# grpc.health.v1 through the CLI: SERVING once the start-up pipelines are loaded.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
+  CMD ["qpool", "--server", "127.0.0.1:50051", "--connect-timeout", "4", "health"]
 ENTRYPOINT ["qpool-server", "--model-repository", "/models", "--listen", "0.0.0.0:50051"]
