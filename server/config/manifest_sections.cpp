@@ -327,18 +327,16 @@ Status Parser::ParseExecution(const YAML::Node& root, ExecutionSpec* e) const {
 }
 
 StatusOr<PipelineManifest> Parser::Parse(const std::string& text) {
-  std::vector<YAML::Node> docs;
+  // One document: ParseManifest's event pass refused texts with more (Note [Manifests without
+  // aliases] in manifest.cpp).
+  YAML::Node root;
   try {
-    docs = YAML::LoadAll(text);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     if (e.mark.is_null()) return InvalidArgument(StrCat(path_, ": invalid YAML: ", e.msg));
     return InvalidArgument(StrCat(path_, ": invalid YAML at line ", e.mark.line + 1, ", column ",
                                   e.mark.column + 1, ": ", e.msg));
   }
-  if (docs.size() > 1) {
-    return InvalidArgument(StrCat(path_, ": holds ", docs.size(), " YAML documents; expected one"));
-  }
-  const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
   if (!root.IsMap()) {
     return InvalidArgument(StrCat(path_, ": the top level must be a mapping with fields kind, ",
                                   "components, tokenizer, ... (got ", Describe(root), ")"));
