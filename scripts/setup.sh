@@ -10,7 +10,7 @@ packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv 
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  libmicrohttpd-dev libsentencepiece-dev libssl-dev openssl prometheus)
+  libmicrohttpd-dev libsentencepiece-dev libssl-dev openssl prometheus clang)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
