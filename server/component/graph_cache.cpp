@@ -1,11 +1,13 @@
 #include "component/graph_cache.h"
 
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/InferenceMode.h>
+#if QPOOL_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#endif
 
 #include <algorithm>
 #include <ios>
@@ -16,6 +18,7 @@
 namespace qpool {
 namespace {
 
+#if QPOOL_WITH_CUDA
 namespace alloc = c10::cuda::CUDACachingAllocator;
 
 // at::cuda::CUDAGraph and the one fact its failure handling needs.
@@ -36,6 +39,13 @@ uint64_t PoolBytes(c10::DeviceIndex device, c10::MempoolId_t pool) {
   return bytes;
 }
 
+c10::Device FirstTensorDevice(const std::vector<c10::IValue>& inputs) {
+  for (const auto& v : inputs) {
+    if (v.isTensor()) return v.toTensor().device();
+  }
+  return c10::Device(c10::kCPU);
+}
+
 // The first line of an error (c10 errors carry a backtrace after it).
 std::string FirstLine(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
@@ -45,13 +55,7 @@ std::string FirstLine(const std::exception& e) {
   const size_t newline = text.find('\n');
   return newline == std::string::npos ? text : text.substr(0, newline);
 }
-
-c10::Device FirstTensorDevice(const std::vector<c10::IValue>& inputs) {
-  for (const auto& v : inputs) {
-    if (v.isTensor()) return v.toTensor().device();
-  }
-  return c10::Device(c10::kCPU);
-}
+#endif
 
 }  // namespace
 
@@ -85,6 +89,7 @@ std::optional<std::string> GraphSignature(const std::vector<c10::IValue>& inputs
   return out.str();
 }
 
+#if QPOOL_WITH_CUDA
 // One captured graph: its static inputs and output, its memory pool and the stream it ran on.
 struct GraphCache::Entry {
   std::string signature;
@@ -112,6 +117,12 @@ struct GraphCache::Entry {
     }
   }
 };
+#else
+// Without CUDA no graph is ever captured (GraphSignature wants a CUDA tensor).
+struct GraphCache::Entry {
+  uint64_t bytes = 0;
+};
+#endif
 
 GraphCache::GraphCache(std::string owner, size_t capacity)
     : owner_(std::move(owner)), capacity_(capacity) {}
@@ -147,6 +158,7 @@ std::optional<torch::Tensor> GraphCache::Run(const std::vector<c10::IValue>& inp
   if (failed_ || capacity == 0) return std::nullopt;
   std::optional<std::string> signature = GraphSignature(inputs);
   if (!signature) return std::nullopt;
+#if QPOOL_WITH_CUDA
   const c10::Device device = FirstTensorDevice(inputs);
   c10::cuda::CUDAGuard guard(device);
   // A capture needs a stream of its own; the default stream's work would be serialized with it.
@@ -173,8 +185,13 @@ std::optional<torch::Tensor> GraphCache::Run(const std::vector<c10::IValue>& inp
     stats_.graphs = entries_.size();
   }
   return Replay(*entries_.front(), inputs);
+#else
+  (void)forward;
+  return std::nullopt;
+#endif
 }
 
+#if QPOOL_WITH_CUDA
 std::optional<torch::Tensor> GraphCache::Replay(Entry& entry,
                                                 const std::vector<c10::IValue>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -260,5 +277,6 @@ std::unique_ptr<GraphCache::Entry> GraphCache::Capture(const std::string& signat
             "); it runs eagerly from now on");
   return nullptr;
 }
+#endif
 
 }  // namespace qpool

@@ -2,9 +2,11 @@
 
 #include <ATen/Context.h>
 #include <c10/core/InferenceMode.h>
+#if QPOOL_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#endif
 
 #include <cstdlib>
 
@@ -15,11 +17,17 @@ namespace {
 
 constexpr size_t kHostAlignment = 4096;
 
+#if QPOOL_WITH_CUDA
 uint64_t AllocatedOn(int index) {
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   return static_cast<uint64_t>(
       c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[agg].current);
 }
+
+void FreePinned(void* p) { cudaFreeHost(p); }
+#else
+void FreePinned(void*) {}  // never allocated: Allocate refuses pinned memory without CUDA
+#endif
 
 bool IsOutOfMemory(const c10::Error& e) {
   return std::string(e.what()).find("out of memory") != std::string::npos;
@@ -42,10 +50,12 @@ StatusOr<ArenaBlock> ArenaAllocator::Allocate(const c10::Device& device, uint64_
       if (!at::globalContext().hasCUDA()) {
         return FailedPrecondition("pinned host memory needs a CUDA device");
       }
+#if QPOOL_WITH_CUDA
       if (cudaHostAlloc(&ptr, n, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
         return ResourceExhausted(StrCat("cannot allocate ", n, " bytes of pinned host memory"));
       }
+#endif
     } else {
       ptr = std::aligned_alloc(kHostAlignment,
                                (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
@@ -62,7 +72,7 @@ StatusOr<ArenaBlock> ArenaAllocator::Allocate(const c10::Device& device, uint64_
           counters->cpu -= n;
           if (pinned) {
             counters->pinned -= n;
-            cudaFreeHost(p);
+            FreePinned(p);
           } else {
             std::free(p);
           }
@@ -73,15 +83,17 @@ StatusOr<ArenaBlock> ArenaAllocator::Allocate(const c10::Device& device, uint64_
   }
   try {
     const auto options = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+#if QPOOL_WITH_CUDA
     if (device.is_cuda()) {
       c10::cuda::CUDAGuard guard(device);
       const uint64_t before = AllocatedOn(device.index());
       block.bytes = torch::empty({static_cast<int64_t>(n)}, options);
       block.allocator_bytes = AllocatedOn(device.index()) - before;
-    } else {
-      block.bytes = torch::empty({static_cast<int64_t>(n)}, options);
-      block.allocator_bytes = 0;  // meta and other devices hold no memory we account
+      return block;
     }
+#endif
+    block.bytes = torch::empty({static_cast<int64_t>(n)}, options);
+    block.allocator_bytes = 0;  // meta and other devices hold no memory we account
   } catch (const c10::Error& e) {
     std::string msg =
         StrCat("cannot allocate ", n, " bytes on ", device.str(), ": ", e.what_without_backtrace());

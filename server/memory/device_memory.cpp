@@ -1,9 +1,11 @@
 #include "memory/device_memory.h"
 
 #include <ATen/Context.h>
+#if QPOOL_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#endif
 
 namespace qpool {
 
@@ -16,6 +18,7 @@ DeviceMemoryStats DeviceMemory::Read(const c10::Device& device) const {
     return stats;
   }
   if (!device.is_cuda()) return stats;
+#if QPOOL_WITH_CUDA
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
   auto u = [](int64_t v) { return static_cast<uint64_t>(v < 0 ? 0 : v); };
@@ -35,6 +38,7 @@ DeviceMemoryStats DeviceMemory::Read(const c10::Device& device) const {
   } else {
     (void)cudaGetLastError();  // leave zeros; the next call may succeed
   }
+#endif
   return stats;
 }
 
@@ -47,11 +51,15 @@ std::vector<DeviceMemoryStats> DeviceMemory::ReadAll(
 }
 
 void DeviceMemory::ResetPeak(const c10::Device& device) const {
+#if QPOOL_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
 }
 
 void DeviceMemory::EmptyCache() const {
+#if QPOOL_WITH_CUDA
   if (at::globalContext().hasCUDA()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
 }
 
 }  // namespace qpool

@@ -1,6 +1,6 @@
 #include "pool/device_pool.h"
 
-#include <c10/cuda/CUDAFunctions.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -15,14 +15,14 @@ StatusOr<c10::Device> ParseDevice(const std::string& text, int num_gpus) {
   static const std::regex kPattern("^(cpu|cuda)(:([0-9]{1,3}))?$");
   std::smatch m;
   if (!std::regex_match(text, m, kPattern) || (m[1] == "cpu" && m[2].matched)) {
-    return InvalidArgument(StrCat("invalid device '", text,
-                                  "'; expected auto, cpu, cuda, cuda:N or cuda:N,cuda:M"));
+    return InvalidArgument(
+        StrCat("invalid device '", text, "'; expected auto, cpu, cuda, cuda:N or cuda:N,cuda:M"));
   }
   if (m[1] == "cpu") return c10::Device(c10::kCPU);
   const int index = m[3].matched ? std::stoi(m[3]) : 0;
   if (index >= num_gpus) {
-    return InvalidArgument(StrCat("device '", text, "' is not available: this server sees ",
-                                  num_gpus, " GPU(s)"));
+    return InvalidArgument(
+        StrCat("device '", text, "' is not available: this server sees ", num_gpus, " GPU(s)"));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
@@ -31,8 +31,9 @@ StatusOr<c10::Device> ParseDevice(const std::string& text, int num_gpus) {
 
 StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(const DevicePoolOptions& options) {
   std::unique_ptr<DevicePool> pool(new DevicePool());
-  const int num_gpus = static_cast<int>(c10::cuda::device_count());
-  pool->workers_.push_back(std::make_unique<DeviceWorker>(c10::Device(c10::kCPU), options.max_queue));
+  const int num_gpus = static_cast<int>(torch::cuda::device_count());
+  pool->workers_.push_back(
+      std::make_unique<DeviceWorker>(c10::Device(c10::kCPU), options.max_queue));
   for (int i = 0; i < num_gpus; ++i) {
     c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
     // Allocator statistics for a device throw until it has had an allocation.
@@ -44,7 +45,8 @@ StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(const DevicePoolOptions
     for (int i = 0; i < num_gpus; ++i) pool->defaults_.emplace_back(c10::kCUDA, i);
     if (num_gpus == 0) pool->defaults_.emplace_back(c10::kCPU);
   } else {
-    if (d == "cuda" && num_gpus == 0) return InvalidArgument("--devices cuda: this server sees no GPU");
+    if (d == "cuda" && num_gpus == 0)
+      return InvalidArgument("--devices cuda: this server sees no GPU");
     ASSIGN_OR_RETURN(pool->defaults_, pool->Candidates(d));
   }
   log::Info("devices: cpu + ", num_gpus, " GPU(s); default placement ", d);
@@ -71,8 +73,8 @@ StatusOr<std::vector<c10::Device>> DevicePool::Candidates(const std::string& req
     const size_t comma = request.find(',', start);
     const std::string one = request.substr(start, comma - start);
     if (one == "cpu" && request != "cpu") {
-      return InvalidArgument(StrCat("invalid device list '", request,
-                                    "': a list names GPUs only (cuda:0,cuda:1)"));
+      return InvalidArgument(
+          StrCat("invalid device list '", request, "': a list names GPUs only (cuda:0,cuda:1)"));
     }
     ASSIGN_OR_RETURN(c10::Device device, ParseDevice(one, num_gpus));
     if (std::find(out.begin(), out.end(), device) == out.end()) out.push_back(device);

@@ -2,8 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#if QPOOL_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <optional>
 
@@ -49,6 +51,7 @@ size_t DeviceWorker::pending() const {
 void DeviceWorker::Loop() {
   // OpenMP's thread count is per thread: take the process-wide setting (--cpu-threads).
   at::init_num_threads();
+#if QPOOL_WITH_CUDA
   // Each GPU worker computes on its own stream so devices never serialize on the default one.
   std::optional<c10::cuda::CUDAGuard> device_guard;
   std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
@@ -56,6 +59,7 @@ void DeviceWorker::Loop() {
     device_guard.emplace(device_);
     stream_guard.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
   }
+#endif
   c10::InferenceMode inference;
   for (;;) {
     Task task;

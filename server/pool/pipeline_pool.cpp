@@ -1,7 +1,9 @@
 #include "pool/pipeline_pool.h"
 
 #include <ATen/Context.h>
+#if QPOOL_WITH_CUDA
 #include <torch/csrc/cuda/memory_snapshot.h>
+#endif
 
 #include <future>
 #include <map>
@@ -246,11 +248,15 @@ StatusOr<std::string> PipelinePool::AllocatorSnapshot() {
   if (!at::globalContext().hasCUDA()) {
     return FailedPrecondition("no CUDA device: the allocator snapshot covers GPUs only");
   }
+#if QPOOL_WITH_CUDA
   try {
     return torch::cuda::_memory_snapshot_pickled();
   } catch (const c10::Error& e) {
     return Internal(StrCat("allocator snapshot failed: ", e.what_without_backtrace()));
   }
+#else
+  return FailedPrecondition("this server was built without CUDA");
+#endif
 }
 
 void PipelinePool::LoadAtStartup(const std::vector<std::string>& requested) {

@@ -1,21 +1,28 @@
 #include "residency/block_copy.h"
 
+#if QPOOL_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace qpool {
 
+// Without CUDA every copy is a host copy, finished when Copy returns (no event).
 void PendingCopy::Wait() const {
   if (!event_) return;
+#if QPOOL_WITH_CUDA
   c10::cuda::CUDAGuard guard(device_);
   static_cast<at::cuda::CUDAEvent*>(event_.get())
       ->block(c10::cuda::getCurrentCUDAStream(device_.index()));
+#endif
 }
 
 void PendingCopy::Synchronize() const {
   if (!event_) return;
+#if QPOOL_WITH_CUDA
   static_cast<at::cuda::CUDAEvent*>(event_.get())->synchronize();
+#endif
 }
 
 StatusOr<PendingCopy> BlockCopier::Copy(const torch::Tensor& dst, const torch::Tensor& src) {
@@ -27,6 +34,7 @@ StatusOr<PendingCopy> BlockCopier::Copy(const torch::Tensor& dst, const torch::T
       dst.copy_(src);
       return PendingCopy();
     }
+#if QPOOL_WITH_CUDA
     const c10::Device device = dst.is_cuda() ? dst.device() : src.device();
     c10::cuda::CUDAGuard guard(device);
     std::shared_ptr<void> stream_holder;
@@ -51,6 +59,9 @@ StatusOr<PendingCopy> BlockCopier::Copy(const torch::Tensor& dst, const torch::T
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(side);
     return PendingCopy(std::static_pointer_cast<void>(done), device);
+#else
+    return Internal("this server was built without CUDA");
+#endif
   } catch (const c10::Error& e) {
     return Internal(StrCat("copying ", src.numel(), " bytes from ", src.device().str(), " to ",
                            dst.device().str(), " failed: ", e.what_without_backtrace()));
