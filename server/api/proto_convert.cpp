@@ -119,9 +119,13 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
       out->mutable_offload_policy()->set_resident_mib(s.policy.stream.resident_mib);
     }
   }
-  out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));
-  out->set_default_width(static_cast<uint32_t>(s.defaults.width));
-  out->set_default_height(static_cast<uint32_t>(s.defaults.height));
+  // Defaults are the manifest's: none when it did not parse (no kind), rather than the built-in
+  // values a reader would take for the pipeline's.
+  if (!s.kind.empty()) {
+    out->set_default_steps(static_cast<uint32_t>(s.defaults.steps));
+    out->set_default_width(static_cast<uint32_t>(s.defaults.width));
+    out->set_default_height(static_cast<uint32_t>(s.defaults.height));
+  }
   for (const auto& name : s.schedulers) out->add_schedulers(name);
 }
 

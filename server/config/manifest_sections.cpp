@@ -174,7 +174,10 @@ Status Parser::ParseLatent(const YAML::Node& root, LatentSpec* l) const {
   RETURN_IF_ERROR(ReadNumber(node, "latent", "channels", &l->channels));
   if (l->channels < 1) return Got("latent.channels", "must be >= 1", l->channels);
   RETURN_IF_ERROR(ReadNumber(node, "latent", "downscale", &l->downscale));
-  if (l->downscale < 1) return Got("latent.downscale", "must be >= 1", l->downscale);
+  // Real autoencoders downscale by 8 or 16; the bound keeps size arithmetic far from overflow.
+  if (l->downscale < 1 || l->downscale > 64) {
+    return Got("latent.downscale", "must be between 1 and 64", l->downscale);
+  }
   RETURN_IF_ERROR(ReadNumber(node, "latent", "scaling_factor", &l->scaling_factor));
   if (l->scaling_factor <= 0) return Got("latent.scaling_factor", "must be > 0", l->scaling_factor);
   RETURN_IF_ERROR(ReadNumber(node, "latent", "shift_factor", &l->shift_factor));

@@ -1,10 +1,21 @@
 #include "pipeline/pipeline_kind.h"
 
+#include "util/log.h"
+
 namespace qpool {
 
 StatusOr<GenerateParams> PipelineKind::ResolveGenerate(const GenerateRequestIn& in,
                                                        const PipelineManifest& manifest) const {
   return ResolveGenerateRequest(in, manifest);
+}
+
+Status PipelineKind::CheckDefaults(const PipelineManifest& manifest) const {
+  GenerateRequestIn defaults;
+  defaults.seed = 0;  // no random draw
+  const StatusOr<GenerateParams> resolved = ResolveGenerate(defaults, manifest);
+  if (resolved.ok()) return Status::Ok();
+  return InvalidArgument(StrCat(manifest.path, ": the defaults make no valid request for kind '",
+                                manifest.kind, "': ", resolved.status().message()));
 }
 
 Status PipelineKind::ValidateEncode(const std::vector<std::string>& prompts,

@@ -61,6 +61,10 @@ class PipelineKind {
   // InvalidArgument naming the field for anything out of range.
   virtual StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,
                                                    const PipelineManifest& manifest) const;
+  // Whether a Generate request of the manifest's defaults alone is valid for this kind (the
+  // manifest parser checks the defaults against the manifest only; a kind may ask more, such as
+  // sizes that are multiples of its patch): InvalidArgument naming the field otherwise.
+  Status CheckDefaults(const PipelineManifest& manifest) const;
   // Checks an Encode request's prompts against the manifest's limits and kMaxPromptBytes.
   virtual Status ValidateEncode(const std::vector<std::string>& prompts,
                                 const PipelineManifest& manifest) const;

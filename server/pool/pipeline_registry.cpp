@@ -255,6 +255,7 @@ StatusOr<LoadResult> PipelineRegistry::Load(
   if (kind == nullptr) {  // the repository parses with these kinds' catalog
     return fail(InvalidArgument(StrCat(m.path, ": kind '", m.kind, "' is not served here")));
   }
+  if (Status defaults = kind->CheckDefaults(m); !defaults.ok()) return fail(defaults);
   auto dtype = ResolveDtype(m.placement.dtype, target);
   if (!dtype.ok()) {
     return fail(
@@ -456,6 +457,11 @@ std::vector<PipelineStatus> PipelineRegistry::List() {
       status.defaults = manifest->defaults;
       if (const PipelineKind* kind = kinds_->Find(manifest->kind)) {
         status.schedulers = SamplerNames(kind->schedule());
+        if (Status defaults = kind->CheckDefaults(*manifest);
+            !defaults.ok() && status.error.empty()) {
+          status.state = PipelineState::kFailed;
+          status.error = defaults.message();
+        }
       }
     } else if (status.error.empty()) {
       status.state = PipelineState::kFailed;

@@ -182,7 +182,8 @@ std::string EncodePng(const uint8_t* rgb, int width, int height, const PngOption
   };
   int threads = options.threads;
   if (threads <= 0) {
-    threads = std::min<int>({pieces, 8, std::max(1u, std::thread::hardware_concurrency())});
+    threads = std::min<int>(
+        {pieces, 8, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))});
   }
   threads = std::min(threads, pieces);
   std::vector<std::thread> helpers;

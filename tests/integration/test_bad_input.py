@@ -115,6 +115,8 @@ def test_broken_manifest_fails_only_its_pipeline(client):
     broken = client.pipelines()["broken"]
     assert broken.state == client.pb2.PIPELINE_STATE_FAILED
     assert "components.unet.file" in broken.error
+    # No defaults of a manifest that does not parse (the built-in ones used to show).
+    assert (broken.kind, broken.default_steps, broken.default_width) == ("", 0, 0), broken
     assert client.pipelines()["tiny"].state == client.pb2.PIPELINE_STATE_LOADED
     assert_still_serving(client)
     # Generate on the failed pipeline is refused, not crashed.

@@ -137,6 +137,15 @@ BROKEN_FILES = [
         "".join(f"{k}: &{k} [{', '.join([f'*{p}'] * 9)}]\n"
                 for p, k in zip("abcdefgh", "bcdefghi")) + "kind: sd\n"),
      True, INVALID, ["{dir}/pipeline.yaml", "alias"]),
+    ("latent-downscale-huge",
+     lambda d, r: edit_manifest(d, "downscale: 8", "downscale: 1073741824"), True, INVALID,
+     ["{dir}/pipeline.yaml", "latent.downscale", "between 1 and 64"]),
+    # Sizes that are multiples of latent.downscale (the parser's check) but not of 8, which the
+    # kind asks: every request without a size would be refused, so the pipeline is broken.
+    ("defaults-not-a-size-of-the-kind",
+     lambda d, r: (edit_manifest(d, "downscale: 8", "downscale: 4"),
+                   edit_manifest(d, "  width: 64", "  width: 60")), True, INVALID,
+     ["{dir}/pipeline.yaml", "defaults", "width must be a positive multiple of 8"]),
     # The manifest itself may not lead out of the repository either, and what it finds there must
     # never reach a client.
     ("manifest-symlink-out-of-repository",
