@@ -11,6 +11,8 @@
 #include <optional>
 #include <thread>
 
+#include "api/agent_check_server.h"
+#include "api/agent_weight.h"
 #include "api/grpc_server.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
@@ -34,6 +36,11 @@ namespace {
 // Note [Drain]
 // On SIGTERM/SIGINT the server drains, within --drain-seconds (default 25 s, inside Kubernetes'
 // default 30 s grace period):
+//   0. With --drain-notice-seconds N, the first N s are a notice: health goes NOT_SERVING and
+//      the agent (--agent-listen) answers "drain" at once, but new requests are still served.
+//      Balancers poll (HAProxy's agent every agent-inter, readiness probes every period), so a
+//      request sent just before they noticed would otherwise be refused; with a notice longer
+//      than their polling interval no request routed by them is refused.
 //   1. health (grpc.health.v1: "" and each service) goes NOT_SERVING and new Generate/Encode
 //      calls get UNAVAILABLE "the server is draining ..." from our own code (RequestRun), while
 //      the port stays open. gRPC's Shutdown is not the first step because it closes the listener
@@ -97,12 +104,22 @@ void WarnAboutExposure(const qpool::ServerOptions& options,
   }
 }
 
-// Steps 1 to 3 of Note [Drain].
-void Drain(qpool::api::GrpcServer& server, qpool::PipelinePool& pool, int drain_seconds) {
+// Steps 0 to 3 of Note [Drain]. `serving` is what the agent check reports.
+void Drain(qpool::api::GrpcServer& server, qpool::PipelinePool& pool, std::atomic<bool>& serving,
+           int drain_seconds, int notice_seconds) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::seconds(drain_seconds);
   // The same instant on the clock gRPC takes (steady time cannot jump while we wait).
   const auto grpc_deadline = std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds);
+  serving = false;
+  if (notice_seconds > 0) {
+    server.SetServing(false);
+    qpool::log::Info(
+        "drain notice: health NOT_SERVING, agent answers drain; new requests are "
+        "still served for ",
+        notice_seconds, " s");
+    std::this_thread::sleep_until(start + std::chrono::seconds(notice_seconds));
+  }
   pool.BeginDrain();
   server.SetServing(false);
   int left = pool.InFlight();
@@ -191,6 +208,20 @@ int Run(int argc, char** argv) {
     }
     metrics_server = std::move(started).value();
   }
+  // What the agent check reports: "drain" until the server serves and once it drains.
+  std::atomic<bool> serving{false};
+  std::unique_ptr<qpool::api::AgentCheckServer> agent_server;
+  if (!options->agent_listen.empty()) {
+    auto started = qpool::api::AgentCheckServer::Start(options->agent_listen, [&pool, &serving] {
+      return qpool::api::AgentAnswer(pool.CurrentLoad(), serving.load());
+    });
+    if (!started.ok()) {
+      std::cerr << "qpool-server: " << started.status().message() << "\n";
+      // As for gRPC: a port in use is the environment's, a malformed address the flag's.
+      return started.status().code() == qpool::StatusCode::kUnavailable ? 1 : 2;
+    }
+    agent_server = std::move(started).value();
+  }
 
   qpool::api::GrpcServerOptions grpc_options;
   grpc_options.listen = options->listen;
@@ -211,8 +242,12 @@ int Run(int argc, char** argv) {
   WarnAboutExposure(*options, grpc_options.access);
   pool.LoadAtStartup(options->load);
   (*server)->SetServing(true);
+  serving = true;
   if (metrics_server) {
     std::cout << "qpool-server metrics on " << metrics_server->address() << std::endl;
+  }
+  if (agent_server) {
+    std::cout << "qpool-server agent on " << agent_server->address() << std::endl;
   }
   std::cout << "qpool-server listening on " << (*server)->address() << std::endl;
   qpool::log::Info("serving model repository ", repository->root(), " on ", (*server)->address());
@@ -220,9 +255,10 @@ int Run(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   qpool::log::Info(signal_number == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down");
-  Drain(**server, pool, options->drain_seconds);
+  Drain(**server, pool, serving, options->drain_seconds, options->drain_notice_seconds);
   pool.UnloadAll();
   (*devices)->Stop();
+  if (agent_server) agent_server->Stop();
   if (metrics_server) metrics_server->Stop();
   qpool::log::Info("stopped");
   return 0;

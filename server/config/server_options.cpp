@@ -88,6 +88,10 @@ std::string ServerUsage() {
   --model-repository DIR   directory of pipeline folders (default: models)
   --listen HOST:PORT       gRPC address (default: 0.0.0.0:50051; port 0 picks a free port)
   --metrics-listen HOST:PORT  Prometheus /metrics address (default: off; port 0 picks one)
+  --agent-listen HOST:PORT  HAProxy agent-check address (default: off; port 0 picks one): each
+                           connection reads one line, "up ready N%" with the server's weight
+                           from its load (queue, devices, memory, resident pipelines), or
+                           "drain" before it serves and while it drains (deploy/haproxy/)
   --load NAMES             pipelines to load at start: comma-separated names, or "all"
   --devices DEVICES        where pipelines go unless their manifest or a load names a device:
                            auto (every GPU, else CPU) | cpu | cuda | cuda:N | cuda:0,cuda:1
@@ -108,6 +112,10 @@ std::string ServerUsage() {
                            in-flight ones get N s to finish and are cancelled after that;
                            then pipelines are unloaded and the server exits 0 (default 25:
                            inside Kubernetes' default 30 s grace period)
+  --drain-notice-seconds N  the first N s of the drain: health NOT_SERVING and the agent says
+                           "drain", but new requests are still served, so that balancers that
+                           poll stop sending before requests are refused; part of
+                           --drain-seconds (default 0: refuse at once)
   --max-watchers N         open WatchMemory streams before RESOURCE_EXHAUSTED (default 256;
                            a stream holds no thread)
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
@@ -140,6 +148,7 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
   static const char* const kFlags[] = {"--model-repository",
                                        "--listen",
                                        "--metrics-listen",
+                                       "--agent-listen",
                                        "--load",
                                        "--devices",
                                        "--device",
@@ -150,6 +159,7 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
                                        "--max-message-mb",
                                        "--max-watchers",
                                        "--drain-seconds",
+                                       "--drain-notice-seconds",
                                        "--cpu-threads",
                                        "--log-level",
                                        "--tls-cert",
@@ -187,6 +197,9 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
       o.listen = value;
     } else if (flag == "--metrics-listen") {
       o.metrics_listen = value;
+    } else if (flag == "--agent-listen") {
+      if (value.empty()) return InvalidArgument("--agent-listen needs HOST:PORT");
+      o.agent_listen = value;
     } else if (flag == "--load") {
       o.load = SplitComma(value);
     } else if (flag == "--devices" || flag == "--device") {
@@ -211,6 +224,8 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
       ASSIGN_OR_RETURN(o.max_watchers, ParseInt(flag, value, 0, 100000));
     } else if (flag == "--drain-seconds") {
       ASSIGN_OR_RETURN(o.drain_seconds, ParseInt(flag, value, 0, 3600));
+    } else if (flag == "--drain-notice-seconds") {
+      ASSIGN_OR_RETURN(o.drain_notice_seconds, ParseInt(flag, value, 0, 3600));
     } else if (flag == "--cpu-threads") {
       ASSIGN_OR_RETURN(o.cpu_threads, ParseInt(flag, value, 0, 1024));
     } else if (flag == "--log-level") {
@@ -259,6 +274,11 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
   if (!o.admin_clients.empty() && o.tls_client_ca.empty()) {
     return InvalidArgument(
         "--admin-clients needs --tls-client-ca: only verified client certificates name a client");
+  }
+  if (o.drain_notice_seconds > o.drain_seconds) {
+    return InvalidArgument(StrCat("--drain-notice-seconds (", o.drain_notice_seconds,
+                                  ") is part of --drain-seconds (", o.drain_seconds,
+                                  ") and cannot exceed it"));
   }
   if (o.metrics_tls == "on" && o.tls_cert.empty()) {
     return InvalidArgument("--metrics-tls on needs --tls-cert and --tls-key");

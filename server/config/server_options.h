@@ -17,6 +17,10 @@ struct ServerOptions {
   // host:port of the Prometheus /metrics endpoint; empty = off. Port 0 picks a free one (printed
   // at start-up as "qpool-server metrics on HOST:PORT").
   std::string metrics_listen;
+  // host:port of HAProxy's agent check (api/agent_check_server.h): each connection gets the
+  // server's weight ("up ready 63%") or "drain"; empty = off. Port 0 picks a free one (printed
+  // at start-up as "qpool-server agent on HOST:PORT").
+  std::string agent_listen;
   // Pipelines loaded at start-up: names, or "all". A failed load is logged, not fatal.
   std::vector<std::string> load;
   // --devices: auto (every GPU, else CPU) | cpu | cuda | cuda:N | cuda:N,cuda:M: where
@@ -42,6 +46,11 @@ struct ServerOptions {
   // Seconds in-flight requests get to finish on SIGTERM/SIGINT (Note [Drain] in main.cpp). 25
   // stays inside Kubernetes' default 30 s grace period, leaving time to unload and exit.
   int drain_seconds = 25;
+  // Seconds, at the start of a drain, during which health is NOT_SERVING and the agent says
+  // "drain" but new requests are still served, so that balancers that poll (HAProxy's agent
+  // check, readiness probes) stop sending before requests are refused (Note [Drain] in
+  // main.cpp). Part of drain_seconds, not added to it. 0: refuse at once.
+  int drain_notice_seconds = 0;
   // Intra-op threads for CPU work (0 = PyTorch's default, one per core). Several servers or
   // test processes sharing a few cores run far faster with 1 each than oversubscribed.
   int cpu_threads = 0;

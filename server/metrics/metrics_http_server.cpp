@@ -14,106 +14,21 @@
 #include <exception>
 
 #include "metrics/text_exposition.h"
+#include "util/listen_socket.h"
 #include "util/log.h"
 
 namespace qpool {
 
 // Note [Metrics listen socket]
-// We create, bind and listen on the socket ourselves and hand it to libmicrohttpd
-// (MHD_OPTION_LISTEN_SOCKET) instead of giving it a sockaddr: that way "HOST:PORT" is resolved
-// with getaddrinfo (names, IPv4, bracketed IPv6), each candidate address is tried in turn, and
-// a failure is a Status carrying errno's text ("Address already in use") and the address,
-// rather than a NULL daemon and a log line. SO_REUSEADDR only allows rebinding over TIME_WAIT
-// connections after a restart; a port another process listens on stays an error. Once passed,
-// the socket belongs to libmicrohttpd: MHD_stop_daemon closes it, and a failed start closes
-// it too on all but its option-parsing paths, which our fixed options never take.
+// We open the listening socket ourselves (Note [Listen sockets] in util/listen_socket.h) and hand
+// it to libmicrohttpd (MHD_OPTION_LISTEN_SOCKET) instead of giving it a sockaddr, so that
+// addresses resolve and fail the same way as our other listeners'. Once passed, the socket
+// belongs to libmicrohttpd: MHD_stop_daemon closes it, and a failed start closes it too on all
+// but its option-parsing paths, which our fixed options never take.
 namespace {
 
 constexpr int kListenBacklog = 64;
 constexpr unsigned kConnectionLimit = 64;
-
-struct HostPort {
-  std::string host;  // without brackets
-  std::string port;
-  bool bracketed = false;
-};
-
-StatusOr<HostPort> ParseListen(const std::string& listen) {
-  auto bad = [&](const std::string& why) {
-    return InvalidArgument("metrics listen address '" + listen + "' " + why +
-                           " (expected HOST:PORT, e.g. 127.0.0.1:9100, 0.0.0.0:9100 or [::]:9100)");
-  };
-  HostPort out;
-  size_t colon;
-  if (!listen.empty() && listen[0] == '[') {
-    const size_t close = listen.find(']');
-    if (close == std::string::npos) return bad("has no ']'");
-    if (close + 1 >= listen.size() || listen[close + 1] != ':') return bad("has no port");
-    out.host = listen.substr(1, close - 1);
-    out.bracketed = true;
-    colon = close + 1;
-  } else {
-    colon = listen.rfind(':');
-    if (colon == std::string::npos) return bad("has no port");
-    out.host = listen.substr(0, colon);
-    if (out.host.find(':') != std::string::npos) return bad("needs brackets around an IPv6 host");
-  }
-  if (out.host.empty()) return bad("has no host");
-  out.port = listen.substr(colon + 1);
-  if (out.port.empty() || out.port.size() > 5 ||
-      out.port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(out.port) > 65535) {
-    return bad("has an invalid port");
-  }
-  return out;
-}
-
-// Numeric host of a bound address (IPv6 in brackets) and its port.
-void DescribeAddress(const sockaddr_storage& address, socklen_t length, std::string* host,
-                     int* port) {
-  char name[NI_MAXHOST] = "?";
-  getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, name, sizeof(name), nullptr, 0,
-              NI_NUMERICHOST);
-  const bool v6 = address.ss_family == AF_INET6;
-  *host = v6 ? "[" + std::string(name) + "]" : std::string(name);
-  *port = v6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port)
-             : ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
-}
-
-// A listening, non-blocking socket on the first of `listen`'s addresses that can be bound.
-StatusOr<int> OpenListenSocket(const std::string& listen, const HostPort& where) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV | (where.bracketed ? AI_NUMERICHOST : 0);
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(where.host.c_str(), where.port.c_str(), &hints, &found);
-  if (rc != 0) {
-    return InvalidArgument("metrics listen address '" + listen + "': cannot resolve host '" +
-                           where.host + "': " + gai_strerror(rc));
-  }
-  int error = 0;
-  int fd = -1;
-  for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      error = errno;
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, kListenBacklog) != 0) {
-      error = errno;
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(found);
-  if (fd < 0) {
-    return Unavailable("cannot listen for metrics on " + listen + ": " + std::strerror(error));
-  }
-  return fd;
-}
 
 void LogFromMhd(void* /*cls*/, const char* format, va_list args) {
   char buffer[512];
@@ -174,20 +89,15 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
     return InvalidArgument("this libmicrohttpd has no TLS: /metrics cannot serve HTTPS");
   }
-  ASSIGN_OR_RETURN(const HostPort where, ParseListen(listen));
-  ASSIGN_OR_RETURN(const int fd, OpenListenSocket(listen, where));
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  std::string host;
-  int port = 0;
-  DescribeAddress(bound, length, &host, &port);
+  ASSIGN_OR_RETURN(const int fd,
+                   OpenListenSocket(listen, {"metrics", "metrics", 9100}, kListenBacklog));
+  const BoundAddress bound = BoundAddressOf(fd);
 
-  unsigned flags = MHD_USE_ERROR_LOG | (bound.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+  unsigned flags = MHD_USE_ERROR_LOG | (bound.ipv6 ? MHD_USE_IPv6 : 0);
   flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL_INTERNAL_THREAD
                                                                   : MHD_USE_POLL_INTERNAL_THREAD;
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(
-      tls ? std::make_unique<const MetricsTls>(std::move(*tls)) : nullptr, host, port));
+      tls ? std::make_unique<const MetricsTls>(std::move(*tls)) : nullptr, bound.host, bound.port));
   // The certificate options come last; without TLS they are the end of the list.
   const MHD_OPTION cert_option = server->tls_ ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END;
   const char* cert = server->tls_ ? server->tls_->cert_pem.c_str() : nullptr;

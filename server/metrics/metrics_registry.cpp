@@ -22,6 +22,11 @@ namespace qpool {
 // repeated within the family (Prometheus rejects the whole scrape on a duplicate series). A
 // collector that throws loses all its samples of that scrape. Collected series are sorted by
 // labels, so the output does not depend on collector order.
+//
+// The registered families are listed before the collectors run and read after them: series a
+// collector creates in a registered family (a loaded pipeline's request series at 0, Note
+// [Counters start at zero] in pool/pool_metrics.cpp) show in the same scrape, while a family a
+// collector registers is read from the next scrape on.
 namespace {
 
 std::vector<std::string> SampleNames(const MetricFamily& family) {
@@ -175,7 +180,6 @@ std::vector<FamilySnapshot> MetricsRegistry::Collect() const {
     for (const auto& [name, family] : families_) families.push_back(family.get());
     for (const auto& [id, collector] : collectors_) collectors.push_back(&collector);
   }
-  for (const MetricFamily* family : families) out.emplace(family->name(), family->Snapshot());
 
   std::vector<SampleSink::Entry> collected;
   for (const Collector* collector : collectors) {
@@ -191,6 +195,9 @@ std::vector<FamilySnapshot> MetricsRegistry::Collect() const {
     }
     collected.insert(collected.end(), sink.entries().begin(), sink.entries().end());
   }
+  // Read after the collectors ran, so series they created in these families show now (Note
+  // [Collector merge]).
+  for (const MetricFamily* family : families) out.emplace(family->name(), family->Snapshot());
   {
     // A collector may have registered families since; they own their names from now on.
     std::lock_guard<std::mutex> lock(mu_);

@@ -76,7 +76,8 @@ class MetricsRegistry {
                                 const std::vector<std::string>& label_names,
                                 const std::vector<double>& bucket_upper_bounds);
 
-  // Runs `collector` at every scrape, after the families are read. Returns its id.
+  // Runs `collector` at every scrape, before the families are read (Note [Collector merge]).
+  // Returns its id.
   CollectorId AddCollector(Collector collector);
   // Stops calling the collector; once this returns it is not running and will not run again,
   // so what it captured may be destroyed. False for an unknown id.

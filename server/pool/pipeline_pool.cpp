@@ -5,9 +5,11 @@
 #include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
+#include <algorithm>
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "pool/encode_run.h"
 #include "pool/generate_run.h"
@@ -29,13 +31,14 @@ PipelinePool::PipelinePool(ModelRepository repository, std::shared_ptr<const Pip
       registry_(std::make_unique<PipelineRegistry>(std::move(repository), std::move(kinds), devices,
                                                    residency, options.admission)),
       loader_(std::make_unique<OnDemandLoader>(*registry_, devices)),
-      load_on_demand_(options.load_on_demand) {
+      load_on_demand_(options.load_on_demand),
+      memory_budget_(options.admission.memory_budget) {
   registry_->SetScaleOut([this](const std::string& name, const c10::Device& device) {
     loader_->AddReplica(name, device);
   });
   if (metrics != nullptr) {
     requests_ = std::make_unique<RequestMetrics>(*metrics);
-    metrics_ = std::make_unique<PoolMetrics>(*metrics, *registry_, devices);
+    metrics_ = std::make_unique<PoolMetrics>(*metrics, *registry_, devices, *requests_);
   }
   idle_ = std::make_unique<IdleOffloader>(*registry_, devices, options.idle_check_period);
 }
@@ -278,6 +281,33 @@ int PipelinePool::InFlight() {
   int n = 0;
   for (const auto& [name, queued] : registry_->Counters().queued) n += queued;
   return n;
+}
+
+PoolLoad PipelinePool::CurrentLoad() {
+  PoolLoad load;
+  load.draining = draining_.load();
+  std::set<std::string> serving;  // devices with a replica
+  for (const auto& pipeline : registry_->ListLoaded()) {
+    ++load.loaded_pipelines;
+    load.in_flight += static_cast<int>(pipeline.in_flight);
+    load.queue_capacity += pipeline.max_queue;
+    bool resident = false;
+    for (const auto& replica : pipeline.replicas) {
+      serving.insert(replica.device);
+      resident = resident || replica.residency == "device";
+    }
+    if (resident) ++load.resident_pipelines;
+  }
+  load.serving_devices = std::max<size_t>(1, serving.size());
+  for (const auto& device : devices_.devices()) {
+    if (serving.count(device.str()) != 0) load.device_tasks += devices_.worker(device).pending();
+    if (!device.is_cuda() || residency_.memory == nullptr) continue;
+    const DeviceMemoryStats stats = residency_.memory->Read(device);
+    load.budget_bytes +=
+        static_cast<uint64_t>(memory_budget_ * static_cast<double>(stats.total_bytes));
+    load.allocated_bytes += stats.allocated_bytes;
+  }
+  return load;
 }
 
 void PipelinePool::UnloadAll() {

@@ -69,6 +69,23 @@ struct MemoryReport {
   uint64_t last_sequence = 0;
 };
 
+// What the pool is doing at one instant, for balancers (Note [Agent weight] in
+// api/agent_weight.h). Plain values, read without stopping any request.
+struct PoolLoad {
+  int in_flight = 0;       // requests queued or running, every pipeline
+  int queue_capacity = 0;  // limits.max_queue of the loaded pipelines, summed
+  // Tasks (requests, loads, moves) waiting or running on the workers of the serving devices.
+  size_t device_tasks = 0;
+  // Devices holding a replica of a loaded pipeline (each has one worker); at least 1.
+  size_t serving_devices = 1;
+  uint64_t budget_bytes = 0;     // GPUs: --memory-budget of their memory, summed; 0 without GPUs
+  uint64_t allocated_bytes = 0;  // GPUs: what their caching allocators hand out, summed
+  int loaded_pipelines = 0;
+  // Loaded pipelines with a replica whose every component is on its device (a CPU replica is).
+  int resident_pipelines = 0;
+  bool draining = false;  // BeginDrain was called
+};
+
 // Note [Pool front door]
 // Every operation is one verb here. The verbs that change a pipeline run on the workers of the
 // devices they touch (PipelineRegistry's protocols: plan under the registry's mutex, one step per
@@ -141,6 +158,9 @@ class PipelinePool {
   bool draining() const { return draining_.load(); }
   // Requests queued or running, every pipeline.
   int InFlight();
+  // The load a balancer weighs the server by. Takes the registry's mutex briefly (as List does)
+  // and reads each GPU's allocator statistics; cheap enough for a few calls a second.
+  PoolLoad CurrentLoad();
   // Stops the idle offloader, then unloads every pipeline (each with its leak check) and waits.
   void UnloadAll();
 
@@ -157,6 +177,7 @@ class PipelinePool {
   std::unique_ptr<PipelineRegistry> registry_;
   std::unique_ptr<OnDemandLoader> loader_;  // on-demand loads and scale-outs
   const bool load_on_demand_;
+  const double memory_budget_;  // PoolOptions::admission.memory_budget, for CurrentLoad
   std::unique_ptr<RequestMetrics> requests_;
   std::unique_ptr<PoolMetrics> metrics_;
   std::unique_ptr<IdleOffloader> idle_;

@@ -1,15 +1,19 @@
 #include "pool/pool_metrics.h"
 
+#include <string>
+#include <vector>
+
 namespace qpool {
 
-PoolMetrics::PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry, DevicePool& devices)
-    : metrics_(metrics), registry_(registry), devices_(devices) {
+PoolMetrics::PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry, DevicePool& devices,
+                         RequestMetrics& requests)
+    : metrics_(metrics), registry_(registry), devices_(devices), requests_(requests) {
   collector_ = metrics.AddCollector([this](SampleSink& sink) { Collect(sink); });
 }
 
 PoolMetrics::~PoolMetrics() { metrics_.RemoveCollector(collector_); }
 
-void PoolMetrics::Collect(SampleSink& sink) const {
+void PoolMetrics::Collect(SampleSink& sink) {
   for (const auto& device : devices_.devices()) {
     sink.AddGauge("qpool_device_queue_depth",
                   "Tasks (requests, loads, moves) waiting or running on the device's worker.",
@@ -33,15 +37,22 @@ void PoolMetrics::Collect(SampleSink& sink) const {
   }
   // Note [Counters start at zero]: every loaded pipeline (and each of its replicas' devices) has
   // these series from its load on, at 0 until the first event, so that an alert on their
-  // increase sees 0 rather than no data.
+  // increase sees 0 rather than no data. So do its request families (RequestMetrics::
+  // CreateSeries), which this collector creates in the registered families: the registry reads
+  // those after running its collectors, so they show in this scrape already.
   const std::vector<PipelineStatus> loaded = registry_.ListLoaded();
   auto evictions = c.evictions;
   auto host_evictions = c.host_evictions;
   auto retries = c.retries;
   for (const auto& p : loaded) {
-    for (const auto& r : p.replicas) evictions.emplace(std::make_pair(p.name, r.device), 0);
+    std::vector<std::string> devices;
+    for (const auto& r : p.replicas) {
+      evictions.emplace(std::make_pair(p.name, r.device), 0);
+      devices.push_back(r.device);
+    }
     host_evictions.emplace(p.name, 0);
     retries.emplace(p.name, 0);
+    requests_.CreateSeries(p.name, devices);
   }
   for (const auto& [key, n] : evictions) {
     sink.AddCounter("qpool_evictions_total",

@@ -6,25 +6,30 @@
 #include "metrics/metrics_registry.h"
 #include "pool/device_pool.h"
 #include "pool/pipeline_registry.h"
+#include "pool/request_metrics.h"
 
 namespace qpool {
 
 // Reads the registry's counters and the workers' queues at each scrape (a collector), so the
-// values are exact at scrape time and nothing is updated on the request path. Thread safety: as
-// MetricsRegistry's collectors; the registry and pool outlive it.
+// values are exact at scrape time and nothing is updated on the request path. At each scrape it
+// also creates each loaded pipeline's request series at 0 (Note [Counters start at zero]).
+// Thread safety: as MetricsRegistry's collectors; the registry and pool outlive it.
 class PoolMetrics {
  public:
-  PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry, DevicePool& devices);
+  // `requests` records into `metrics`; this creates the loaded pipelines' series in it.
+  PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry, DevicePool& devices,
+              RequestMetrics& requests);
   ~PoolMetrics();
   PoolMetrics(const PoolMetrics&) = delete;
   PoolMetrics& operator=(const PoolMetrics&) = delete;
 
  private:
-  void Collect(SampleSink& sink) const;
+  void Collect(SampleSink& sink);
 
   MetricsRegistry& metrics_;
   PipelineRegistry& registry_;
   DevicePool& devices_;
+  RequestMetrics& requests_;
   MetricsRegistry::CollectorId collector_ = 0;
 };
 

@@ -89,4 +89,21 @@ void RequestMetrics::RecordBatch(const std::string& pipeline, const std::string&
   batch_sizes_.WithLabels({pipeline, device}).Observe(static_cast<double>(size));
 }
 
+void RequestMetrics::CreateSeries(const std::string& pipeline,
+                                  const std::vector<std::string>& devices) {
+  const std::string ok = StatusCodeName(StatusCode::kOk);
+  for (RequestRpc rpc : {RequestRpc::kGenerate, RequestRpc::kEncode}) {
+    const std::string name = RequestRpcName(rpc);
+    requests_.WithLabels({pipeline, name, ok});
+    durations_.WithLabels({pipeline, name, ok});
+    queue_.WithLabels({pipeline, name});
+    for (const std::string& device : devices) {
+      if (device.rfind("cuda", 0) != 0) continue;  // measured on GPUs only (RequestRecorder)
+      peak_memory_.WithLabels({pipeline, name, device});
+      working_memory_.WithLabels({pipeline, name, device});
+    }
+  }
+  for (const std::string& device : devices) batch_sizes_.WithLabels({pipeline, device});
+}
+
 }  // namespace qpool

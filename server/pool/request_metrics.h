@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "metrics/metrics_registry.h"
 #include "util/status.h"
@@ -50,6 +51,11 @@ class RequestMetrics {
   // Observes the size (requests) of a Generate batch that ran on `device` (Note [Dynamic
   // batching]).
   void RecordBatch(const std::string& pipeline, const std::string& device, int size);
+  // Creates, at zero, the series of loaded pipeline `pipeline` whose replicas are on `devices`
+  // (Note [Counters start at zero] in pool_metrics.cpp): OK counts, OK durations and queue times
+  // of both RPCs, batch sizes per device and, on CUDA devices, request memory. Series that
+  // exist already keep their values.
+  void CreateSeries(const std::string& pipeline, const std::vector<std::string>& devices);
 
  private:
   CounterFamily& requests_;

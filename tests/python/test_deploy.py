@@ -1,18 +1,21 @@
-"""Offline checks of deploy/: the Kubernetes overlays and the Prometheus alert rules.
+"""Offline checks of deploy/: the Kubernetes overlays, the Grafana dashboard's ConfigMap and the
+Prometheus alert rules.
 
-Each overlay of deploy/kubernetes is rendered by a small kustomize subset (render() below). It
-refuses any kustomization feature it does not implement, so it cannot silently differ from
-kustomize, and is compared with `kubectl kustomize` where kubectl is installed. Every object is
-validated against the Kubernetes 1.33 schema, and the properties qpool depends on are
-asserted: GPUs, probes, drain time, flags, security context. The rules of
-deploy/prometheus go through `promtool check rules` and their unit tests, and every metric they
-use must be documented in docs/metrics.md.
+Each overlay of deploy/kubernetes, and deploy/grafana, is rendered by a small kustomize subset
+(render() below). It refuses any kustomization feature it does not implement, so it cannot
+silently differ from kustomize, and is compared with `kubectl kustomize` where kubectl is
+installed. Every object is validated against the Kubernetes 1.33 schema, and the properties
+qpool depends on are asserted: GPUs, probes, drain time, flags, security context, the dashboard
+ConfigMap carrying deploy/grafana/qpool.json. The rules of deploy/prometheus go through
+`promtool check rules` and their unit tests, and every metric they use must be documented in
+docs/metrics.md. (tests/integration/test_dashboard.py checks the dashboard's queries.)
 
 Run: .venv/bin/python -m pytest tests/python/test_deploy.py
 """
 
 import copy
 import functools
+import json
 import os
 import pathlib
 import re
@@ -26,6 +29,8 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
+GRAFANA = ROOT / "deploy" / "grafana"
+DASHBOARD_CONFIGMAP = "qpool-grafana-dashboard"
 RULES = ROOT / "deploy" / "prometheus" / "qpool-rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "qpool-rules.test.yaml"
 K8S_VERSION = "1.33.0"
@@ -41,12 +46,15 @@ GRPC_PORT = 50051
 METRICS_PORT = 9100
 
 # ---------------------------------------------------------------------------------------------
-# A kustomize subset: resources (files or directories), components, JSON 6902 patches with a
-# kind/name target and an inline list of ops, and images. Order as kustomize's: resources, then
-# components (their resources join, their patches and images apply to everything so far), then
-# this kustomization's patches, then its images.
+# A kustomize subset: resources (files or directories), configMapGenerator entries made of files
+# in the kustomization's folder (with generatorOptions that turn the name hash off), components,
+# JSON 6902 patches with a kind/name target and an inline list of ops, and images. Order as
+# kustomize's: resources and generated ConfigMaps, then components (their resources join, their
+# patches and images apply to everything so far), then this kustomization's patches, then its
+# images.
 
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "components", "patches", "images"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions",
+                      "components", "patches", "images"}
 API_VERSIONS = {"Kustomization": "kustomize.config.k8s.io/v1beta1",
                 "Component": "kustomize.config.k8s.io/v1alpha1"}
 
@@ -108,6 +116,38 @@ def set_images(entry, objects, where):
     assert matched, f"{where}: image {entry['name']} is used by no container"
 
 
+def generate_config_maps(spec, directory):
+    """The ConfigMaps of spec's configMapGenerator: one data key per file, named after it."""
+    options = spec.get("generatorOptions", {})
+    entries = spec.get("configMapGenerator", [])
+    if not set(options) <= {"disableNameSuffixHash", "labels", "annotations"}:
+        raise UnsupportedKustomization(f"{directory}: generatorOptions {sorted(options)}")
+    if entries and options.get("disableNameSuffixHash") is not True:
+        # kustomize appends a hash of the content to the name; this renderer does not compute it.
+        raise UnsupportedKustomization(f"{directory}: configMapGenerator needs generatorOptions "
+                                       "disableNameSuffixHash: true here")
+    generated = []
+    for entry in entries:
+        if set(entry) != {"name", "files"}:
+            raise UnsupportedKustomization(f"{directory}: configMapGenerator entries take name "
+                                           f"and files only, got {sorted(entry)}")
+        data = {}
+        for name in entry["files"]:
+            path = (directory / name).resolve()
+            # kustomize's default load restrictor: nothing outside the kustomization's folder.
+            if "=" in name or path.parent != directory.resolve():
+                raise UnsupportedKustomization(f"{directory}: configMapGenerator file {name!r}: "
+                                               "only files of the kustomization's folder")
+            data[path.name] = path.read_text()
+        metadata = {"name": entry["name"]}
+        for key in ("labels", "annotations"):
+            if options.get(key):
+                metadata[key] = dict(options[key])
+        generated.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+                          "data": data})
+    return generated
+
+
 def render(directory, kind="Kustomization", objects=None):
     """The objects kustomize builds from directory (a Kustomization, or a Component applied to
     objects)."""
@@ -119,6 +159,7 @@ def render(directory, kind="Kustomization", objects=None):
             objects.extend(render(path))
         else:
             objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    objects.extend(generate_config_maps(spec, directory))
     for entry in spec.get("components", []):
         render(directory / entry, "Component", objects)
     for entry in spec.get("patches", []):
@@ -230,9 +271,26 @@ def promtool():
 def test_renderer_refuses_kustomize_features_it_does_not_implement(tmp_path):
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "configMapGenerator": [{"name": "x", "literals": ["A=1"]}]}))
-    with pytest.raises(UnsupportedKustomization, match="configMapGenerator"):
+        "secretGenerator": [{"name": "x", "literals": ["A=1"]}]}))
+    with pytest.raises(UnsupportedKustomization, match="secretGenerator"):
         render(tmp_path)
+
+
+@pytest.mark.parametrize("generator, options", [
+    ({"name": "x", "literals": ["A=1"]}, {"disableNameSuffixHash": True}),
+    ({"name": "x", "files": ["a.json"]}, {}),
+    ({"name": "x", "files": ["../a.json"]}, {"disableNameSuffixHash": True}),
+])
+def test_renderer_refuses_config_maps_it_cannot_generate_like_kustomize(tmp_path, generator,
+                                                                          options):
+    (tmp_path / "a.json").write_text("{}")
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "a.json").write_text("{}")
+    (tmp_path / "k" / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "generatorOptions": options, "configMapGenerator": [generator]}))
+    with pytest.raises(UnsupportedKustomization, match="configMapGenerator"):
+        render(tmp_path / "k")
 
 
 def test_renderer_refuses_strategic_merge_patches(tmp_path):
@@ -245,7 +303,8 @@ def test_renderer_refuses_strategic_merge_patches(tmp_path):
         render(tmp_path)
 
 
-@pytest.mark.parametrize("directory", ["base"] + [f"overlays/{o}" for o in sorted(OVERLAYS)])
+@pytest.mark.parametrize("directory",
+                         ["base", "../grafana"] + [f"overlays/{o}" for o in sorted(OVERLAYS)])
 def test_renderer_agrees_with_kubectl_kustomize(directory):
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -274,7 +333,7 @@ def test_overlay_objects_pass_the_kubernetes_schema(overlay):
         ("ConfigMap", "qpool-config"), ("Deployment", "qpool"), ("Service", "qpool"),
         ("Service", "qpool-metrics"), ("PodDisruptionBudget", "qpool"),
         ("PersistentVolumeClaim", "qpool-models"), ("ServiceMonitor", "qpool"),
-        ("PrometheusRule", "qpool")])
+        ("PrometheusRule", "qpool"), ("ConfigMap", DASHBOARD_CONFIGMAP)])
     for obj in objects:
         if obj["kind"] not in OPERATOR_KINDS:
             validate(obj)
@@ -432,6 +491,19 @@ def test_prometheus_rule_carries_the_rule_file(overlay):
     assert rule["spec"] == {"groups": rule_groups()}, \
         "deploy/kubernetes/monitoring/prometheusrule.yaml differs from " \
         "deploy/prometheus/qpool-rules.yaml"
+
+
+@pytest.mark.parametrize("directory", ["../grafana"] + [f"overlays/{o}" for o in sorted(OVERLAYS)])
+def test_dashboard_config_map_carries_the_dashboard_for_the_grafana_sidecar(directory):
+    dashboard = (GRAFANA / "qpool.json").read_text()
+    config_map = find(rendered(directory), "ConfigMap", DASHBOARD_CONFIGMAP)
+    validate(config_map)
+    # The label Grafana's sidecar looks for (kube-prometheus-stack and the Grafana chart).
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["data"] == {"qpool.json": dashboard}
+    assert json.loads(dashboard)["uid"] == "qpool"
+    # `kubectl apply` keeps the whole object in an annotation, and annotations may hold 256 KiB.
+    assert len(dashboard.encode()) < 200 * 1024
 
 
 def test_hpa_example_scales_the_deployment_on_queue_depth():

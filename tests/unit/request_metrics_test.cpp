@@ -127,5 +127,29 @@ TEST(RequestMetricsTest, ExposesTypedFamiliesOnlyOnceUsed) {
             2);
 }
 
+TEST(RequestMetricsTest, CreateSeriesStartsALoadedPipelinesSeriesAtZero) {
+  MetricsRegistry registry;
+  RequestMetrics metrics(registry);
+  metrics.RecordFinished("tiny", RequestRpc::kGenerate, StatusCode::kOk, 0.5);
+  metrics.CreateSeries("tiny", {"cpu", "cuda:0"});
+
+  const MetricLabels generate_ok = {{"pipeline", "tiny"}, {"rpc", "generate"}, {"status", "OK"}};
+  const MetricLabels encode_ok = {{"pipeline", "tiny"}, {"rpc", "encode"}, {"status", "OK"}};
+  EXPECT_EQ(SampleValue(registry, "qpool_requests_total", generate_ok), 1);  // kept
+  EXPECT_EQ(SampleValue(registry, "qpool_requests_total", encode_ok), 0);
+  EXPECT_EQ(SampleValue(registry, "qpool_request_duration_seconds_count", encode_ok), 0);
+  EXPECT_EQ(SampleValue(registry, "qpool_request_queue_seconds_count",
+                        {{"pipeline", "tiny"}, {"rpc", "encode"}}),
+            0);
+  EXPECT_EQ(
+      SampleValue(registry, "qpool_batch_size_count", {{"pipeline", "tiny"}, {"device", "cpu"}}),
+      0);
+  // Request memory is measured on GPUs only: no CPU series.
+  const MetricLabels cpu = {{"pipeline", "tiny"}, {"rpc", "generate"}, {"device", "cpu"}};
+  const MetricLabels gpu = {{"pipeline", "tiny"}, {"rpc", "generate"}, {"device", "cuda:0"}};
+  EXPECT_TRUE(std::isnan(SampleValue(registry, "qpool_request_peak_memory_bytes_count", cpu)));
+  EXPECT_EQ(SampleValue(registry, "qpool_request_peak_memory_bytes_count", gpu), 0);
+}
+
 }  // namespace
 }  // namespace qpool

@@ -1,0 +1,64 @@
+// AgentCheckServer: HAProxy's agent-check protocol on its own TCP port (--agent-listen). Each
+// connection gets one line (api/agent_weight.h) and is closed; what the peer sends is read and
+// dropped. One thread polls the listening socket and the open connections, all non-blocking.
+//
+// Thread safety: Start, Stop, port and address may be called from any thread. `answer` is called
+// on the server's thread, once per accepted connection.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "util/status.h"
+
+namespace qpool::api {
+
+// Note [Agent connections]
+// HAProxy opens a connection every agent-inter, reads until the first end of line and closes.
+// We compute the answer when we accept, write it, shut our side down and then read (and drop)
+// until the peer closes: closing with unread bytes in our receive buffer (an "agent-send"
+// string) would send a reset, which can destroy the answer before the peer reads it. Each
+// connection is bounded in time (kConnectionTimeoutMs from its accept, written or not) and in
+// number (kMaxConnections; past it a new connection is closed unanswered and the peer keeps what
+// it read last), so slow or stuck peers cannot pile up.
+class AgentCheckServer {
+ public:
+  static constexpr int kMaxConnections = 64;
+  static constexpr int kConnectionTimeoutMs = 2000;
+
+  // Listens on `listen`, "HOST:PORT" (HOST a name or address, IPv6 in brackets: "[::]:50052";
+  // PORT 0 picks a free port), and answers each connection with `answer()`. InvalidArgument for
+  // a malformed or unresolvable address, Unavailable when it cannot be bound (port in use,
+  // address not local); both messages name the address.
+  static StatusOr<std::unique_ptr<AgentCheckServer>> Start(const std::string& listen,
+                                                           std::function<std::string()> answer);
+  // Stops the server.
+  ~AgentCheckServer();
+  AgentCheckServer(const AgentCheckServer&) = delete;
+  AgentCheckServer& operator=(const AgentCheckServer&) = delete;
+
+  // The bound port (the chosen one when started with port 0).
+  int port() const { return port_; }
+  // The bound address as "HOST:PORT" with HOST numeric, e.g. "127.0.0.1:50052".
+  std::string address() const;
+  // Closes the port and every open connection and joins the thread; idempotent.
+  void Stop();
+
+ private:
+  AgentCheckServer(int listen_fd, int wake_fd, std::string host, int port,
+                   std::function<std::string()> answer);
+  void Loop();
+
+  int listen_fd_;      // closed by Stop (-1 then); Loop reads it until Stop joins it
+  const int wake_fd_;  // an eventfd: Stop writes it to end Loop's poll
+  const std::string host_;
+  const int port_;
+  const std::function<std::string()> answer_;
+  std::mutex mu_;  // guards thread_ and listen_fd_'s closing (Stop)
+  std::thread thread_;
+};
+
+}  // namespace qpool::api
