@@ -17,18 +17,24 @@ CONFIG@PIPELINE runs CONFIG on another pipeline of the repository, e.g. a copy o
 manifest enables dynamic batching: `--configs 1gpu,1gpu@sd15-batch8` measures batching off and on
 side by side (docs/model-repository.md, `batching`).
 
-The load is bench/loadgen.py's: a closed loop of `--concurrency` clients after `--warmup`
-requests sent the same way (so every replica is warm). Every configuration's throughput is
+The load is `qpool bench`'s (the CLI's load test, `--cli`, default $QPOOL_CLI_BIN or
+build/client/qpool): a closed loop of `--concurrency` requests in flight after `--warmup`
+requests sent the same way (so every replica is warm), or an open loop with `--rate`. Each
+configuration's run writes its report (summary.json, requests.csv, memory.csv, report.html) into
+`--reports DIR`/CONFIG; this script reads summary.json. Every configuration's throughput is
 compared with the first one measured.
 """
 import argparse
 import dataclasses
+import json
+import os
+import subprocess
 import sys
+import tempfile
 
 import grpc
 
-import loadgen
-from generate_bench import host_info, load_stubs, start_server, stop_server, write_results
+from generate_bench import ROOT, host_info, load_stubs, start_server, stop_server, write_results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,7 @@ CONFIGS = {
     "2gpu": Config(2, description="replicas on cuda:0 and cuda:1"),
 }
 TWO_VS_ONE_TARGET = 1.9
+DEFAULT_REQUESTS = 64
 
 
 def plan_devices(config, kind, gpus):
@@ -83,6 +90,116 @@ def set_replicas(models, pb, pipeline, devices):
         if device not in current:
             models.LoadPipeline(pb.LoadPipelineRequest(name=pipeline, device=device), timeout=600)
     return replica_devices(models, pb, pipeline)
+
+
+def add_workload_args(ap):
+    """The workload's options, passed on to `qpool bench` (see `qpool bench --help`)."""
+    ap.add_argument("--cli", default=os.environ.get("QPOOL_CLI_BIN") or
+                    os.path.join(ROOT, "build", "client", "qpool"),
+                    help="the qpool CLI (default $QPOOL_CLI_BIN or build/client/qpool)")
+    ap.add_argument("--pipeline", default="sd15")
+    ap.add_argument("--prompt", help="the prompt (default: qpool bench's built-in ones, in turn)")
+    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--height", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--scheduler")
+    ap.add_argument("--num-images", type=int)
+    ap.add_argument("--seed", type=int, help="the same seed for every request (default: random)")
+    ap.add_argument("--concurrency", type=int, default=8,
+                    help="closed loop: requests kept in flight")
+    ap.add_argument("--requests", type=int,
+                    help=f"measured requests (default {DEFAULT_REQUESTS}; with --duration, no "
+                    "limit)")
+    ap.add_argument("--duration", type=float, help="measured seconds")
+    ap.add_argument("--warmup", default="16",
+                    help="requests (N) or seconds (Ns) sent first and not counted (default 16)")
+    ap.add_argument("--rate", type=float, help="open loop: arrivals per second")
+    ap.add_argument("--arrivals", choices=("poisson", "uniform"), help="open loop's gaps")
+    ap.add_argument("--deadline", type=float, help="seconds per request (default: none)")
+    ap.add_argument("--random-seed", type=int, help="the open loop's random gaps")
+
+
+def bench_flags(args):
+    """`qpool bench` flags for the workload of `args`, less --pipeline (set per configuration)."""
+    flags = []
+    for name in ("prompt", "width", "height", "steps", "scheduler", "num-images", "seed",
+                 "requests", "duration", "warmup", "rate", "arrivals", "deadline", "random-seed"):
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None:
+            flags += [f"--{name}", str(value)]
+    if args.rate is None:
+        flags += ["--concurrency", str(args.concurrency)]
+    if args.requests is None and args.duration is None:
+        flags += ["--requests", str(DEFAULT_REQUESTS)]
+    return flags
+
+
+def check_bench_flags(ap, cli, flags):
+    """Lets `qpool bench` check the flags before any server starts: against an address where
+    nothing listens it reports a usage error (exit 2) before trying to connect (exit 3)."""
+    if not os.access(cli, os.X_OK):
+        ap.error(f"no qpool CLI at {cli}: build it (target qpool) or pass --cli")
+    probe = subprocess.run([cli, "--server", "127.0.0.1:1", "--connect-timeout", "2", "bench",
+                            "--pipeline", "x", *flags], capture_output=True, text=True,
+                           timeout=60)
+    if probe.returncode == 2:
+        ap.error("qpool bench refused the workload: " + probe.stderr.splitlines()[0])
+
+
+def run_bench(cli, address, pipeline, flags, label, report_dir):
+    """Runs `qpool bench` on `pipeline` at `address`, prints its table and returns its
+    summary.json (with its report written into report_dir)."""
+    cmd = [cli, "--server", address, "bench", "--pipeline", pipeline, *flags, "--label", label,
+           "--out", report_dir]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr passes through
+    print(done.stdout, end="", flush=True)
+    if done.returncode not in (0, 1):  # 1: no request succeeded; the summary's codes say why
+        sys.exit(f"qpool bench exited with {done.returncode}: {' '.join(cmd)}")
+    with open(os.path.join(report_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def server_devices(models, pb):
+    """The server's devices from its memory report: [{"device", "total_bytes"}]."""
+    report = models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0), timeout=60)
+    return [{"device": d.device, "total_bytes": d.total_bytes} for d in report.devices]
+
+
+def ms(summary, key, stat):
+    """A distribution of summary.json in milliseconds, or None when it is empty."""
+    dist = summary.get(key)
+    return None if not dist else dist[stat] * 1000
+
+
+TABLE_COLUMNS = (  # header, width, value of a summary.json, format
+    ("req/s", 8, lambda s: s["throughput_rps"], "{:.3f}"),
+    ("img/s", 8, lambda s: s["throughput_images_per_second"], "{:.3f}"),
+    ("p50 ms", 9, lambda s: ms(s, "latency_seconds", "p50"), "{:.1f}"),
+    ("p90 ms", 9, lambda s: ms(s, "latency_seconds", "p90"), "{:.1f}"),
+    ("p99 ms", 9, lambda s: ms(s, "latency_seconds", "p99"), "{:.1f}"),
+    ("max ms", 9, lambda s: ms(s, "latency_seconds", "max"), "{:.1f}"),
+    ("queue p50 ms", 12, lambda s: ms(s, "queue_seconds", "p50"), "{:.1f}"),
+    ("queue p99 ms", 12, lambda s: ms(s, "queue_seconds", "p99"), "{:.1f}"))
+
+
+def format_table(summaries):
+    """One row per {config: summary.json}: throughput, latency and queue percentiles (ms), OK
+    of sent, then the counts by device and by status code."""
+    def counts(d):
+        return " ".join(f"{k}={v}" for k, v in d.items()) or "-"
+
+    label_width = max([6] + [len(label) for label in summaries])
+    lines = [f"{'config':{label_width}s} {'ok/sent':>9s} " +
+             " ".join(f"{header:>{width}s}" for header, width, _, _ in TABLE_COLUMNS) +
+             "  devices / codes"]
+    for label, s in summaries.items():
+        cells = []
+        for _, width, value_of, fmt in TABLE_COLUMNS:
+            value = value_of(s)
+            cells.append(f"{fmt.format(value) if value is not None else '-':>{width}s}")
+        lines.append(f"{label:{label_width}s} {s['ok']:>4d}/{s['requests']:<4d} " +
+                     " ".join(cells) + f"  {counts(s['devices'])} / {counts(s['codes'])}")
+    return "\n".join(lines)
 
 
 class Server:
@@ -121,10 +238,12 @@ def main():
                     help="the server's devices; cpu: one replica on the CPU")
     ap.add_argument("--configs", default="1gpu,2gpu",
                     help="comma-separated, in order: " + ", ".join(CONFIGS))
-    loadgen.add_workload_args(ap, pipeline="sd15", width=512, height=512, steps=30, warmup=16)
+    add_workload_args(ap)
     ap.add_argument("--cpu-threads", type=int, default=0, help="qpool-server --cpu-threads")
     ap.add_argument("--max-queue", type=int, default=1024, help="qpool-server --max-queue")
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="JSON file: the workload and each configuration's summary")
+    ap.add_argument("--reports", help="directory for each configuration's qpool bench report "
+                    "(default: OUT's name without .json plus -reports, else a temporary one)")
     args = ap.parse_args()
     if not args.address and not (args.server and args.repository):
         ap.error("give --server and --repository, or --address of a running server")
@@ -132,11 +251,15 @@ def main():
     unknown = [c for c in configs if c.split("@")[0] not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
-    workload = loadgen.workload_from_args(ap, args)
+    workload = bench_flags(args)
+    check_bench_flags(ap, args.cli, workload)
+    reports = args.reports or (os.path.splitext(args.out)[0] + "-reports" if args.out
+                               else tempfile.mkdtemp(prefix="qpool-throughput-"))
 
     pb, rpc = load_stubs()
-    results = {"client": host_info(), "workload": dataclasses.asdict(workload),
-               "device": args.device, "configs": {}}
+    results = {"client": host_info(),
+               "workload": {"pipeline": args.pipeline, "qpool_bench_flags": workload},
+               "device": args.device, "reports": reports, "configs": {}}
     summaries = {}
     server = Server(args)
     try:
@@ -149,7 +272,7 @@ def main():
             else:
                 with grpc.insecure_channel(address) as channel:
                     models = rpc.ModelServiceStub(channel)
-                    results["server_devices"] = loadgen.server_devices(models, pb)
+                    results["server_devices"] = server_devices(models, pb)
                     gpus = sum(d["device"].startswith("cuda") for d in results["server_devices"])
                     devices, why = plan_devices(config, args.device, gpus)
                     if devices:
@@ -158,9 +281,8 @@ def main():
                 print(f"{name}: skipped ({why})", flush=True)
                 results["configs"][name] = {"skipped": why}
                 continue
-            run = loadgen.run_workload(address, dataclasses.replace(workload, pipeline=pipeline),
-                                       (pb, rpc))
-            summary = loadgen.summarize(run)
+            summary = run_bench(args.cli, address, pipeline, workload, name,
+                                os.path.join(reports, name))
             summary["pipeline"] = pipeline
             summary["replicas"] = replicas
             summary["server_args"] = list(config.server_args)
@@ -172,7 +294,7 @@ def main():
         server.stop()
 
     if summaries:
-        print(loadgen.format_table(summaries))
+        print(format_table(summaries))
         baseline = next(iter(summaries))
         results["baseline"] = baseline
         for name, summary in list(summaries.items())[1:]:

@@ -26,6 +26,7 @@ struct CommandSpec {
   int max_positional;  // -1 = unlimited
   const char* summary;
   std::vector<FlagSpec> flags;
+  const char* notes = nullptr;  // more help after the options, or none
 };
 
 const std::vector<FlagSpec>& GlobalFlags() {
@@ -102,6 +103,49 @@ const std::vector<CommandSpec>& Commands() {
        0,
        "check the server's health (grpc.health.v1)",
        {{"service", "NAME", "service to check (default: the whole server)"}}},
+      {"bench",
+       "",
+       0,
+       0,
+       "load-test the server: throughput, latency, errors, memory; --out writes a report",
+       {{"pipeline", "NAME", "pipeline of every request (or --mix)"},
+        {"prompt", "TEXT", "the prompt (default: four built-in ones, in turn)"},
+        {"negative", "TEXT", "negative prompt"},
+        {"steps", "N", "denoising steps (default: the pipeline's)", FlagType::kUint32},
+        {"width", "W", "image width (default: the pipeline's)", FlagType::kUint32},
+        {"height", "H", "image height (default: the pipeline's)", FlagType::kUint32},
+        {"guidance", "F", "guidance scale (default: the pipeline's)", FlagType::kNumber},
+        {"num-images", "N", "images per request (default 1)", FlagType::kUint32},
+        {"seed", "S", "the same seed for every request (default: the server picks)",
+         FlagType::kUint},
+        {"scheduler", "NAME", "ddim or euler (default: the pipeline's)"},
+        {"mix", "FILE", "weighted request templates, YAML or JSON, instead of the flags above"},
+        {"concurrency", "N", "closed loop: requests kept in flight (default 8)", FlagType::kUint},
+        {"rate", "R", "open loop: R requests/s, sent on schedule however many are in flight",
+         FlagType::kNumber},
+        {"arrivals", "KIND", "open loop: poisson (default) or uniform gaps"},
+        {"requests", "N", "measured requests (default 100, or none with --duration)",
+         FlagType::kUint},
+        {"duration", "SECONDS", "measure for this long (with --requests: what ends first)",
+         FlagType::kNumber},
+        {"warmup", "N|Ns", "N requests, or N seconds, sent first and not counted (default 0)"},
+        {"deadline", "SECONDS", "deadline of each request (default: --timeout, or none)",
+         FlagType::kNumber},
+        {"memory-interval", "SECONDS", "memory sample period (default 0.25; 0: events only)",
+         FlagType::kNumber},
+        {"random-seed", "N", "seed of the mix's picks and the Poisson gaps (default 0)",
+         FlagType::kUint},
+        {"out", "DIR", "write summary.json, requests.csv, memory.csv and report.html there"},
+        {"label", "TEXT", "name of the run (default: the pipeline or the mix file)"}},
+       "Latency runs from the time a request was due (open loop: its scheduled arrival), so a\n"
+       "client falling behind shows as latency. With --server dns:///NAME:PORT (a Kubernetes\n"
+       "headless Service) requests go round-robin to every address NAME resolves to, and the\n"
+       "report counts them per pod. A mix file is a list of entries such as\n"
+       "  - {name: small, weight: 3, pipeline: sd15, steps: 20, width: 512, height: 512}\n"
+       "with the fields name, weight, pipeline, prompt or prompts, negative_prompt, steps,\n"
+       "width, height, guidance, num_images, seed, scheduler and deadline.\n"
+       "SIGINT or SIGTERM stops sending (a second one cancels the requests in flight) and\n"
+       "still reports. Exit code 0 when at least one measured request succeeded.\n"},
   };
   return commands;
 }
@@ -200,6 +244,7 @@ std::string Usage(const std::string& command) {
     os << "\noptions:\n";
     AppendFlagHelp(os, spec->flags);
   }
+  if (spec->notes != nullptr) os << "\n" << spec->notes;
   os << "\nglobal options:\n";
   AppendFlagHelp(os, GlobalFlags());
   return os.str();

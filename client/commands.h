@@ -22,6 +22,10 @@ int RunUnload(const ParsedArgs& args, const Connection& connection);
 int RunMemory(const ParsedArgs& args, const Connection& connection);
 // health [--service NAME]: grpc.health.v1.Health/Check; exit 0 only when SERVING.
 int RunHealth(const ParsedArgs& args, const Connection& connection);
+// bench: a load test (bench_command.cpp); exit 0 when at least one measured request succeeded.
+int RunBench(const ParsedArgs& args, const Connection& connection);
+// bench's checks of its flags and mix file, made before connecting; throws UsageError.
+void CheckBench(const ParsedArgs& args);
 
 // Required flag: its value, or throws UsageError naming it.
 std::string RequiredFlag(const ParsedArgs& args, const std::string& flag);

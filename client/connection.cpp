@@ -58,6 +58,17 @@ Connection::Connection(const GlobalOptions& options) : options_(options) {
     }
   }
   if (!options_.token_file.empty()) token_ = FirstToken(options_.token_file);
+  // Note [Balancing over a Service]
+  // A dns:/// target may resolve to several servers: the pods behind a Kubernetes headless
+  // Service (an ipv4:/ipv6: target may list several too). gRPC's default policy, pick_first,
+  // would send every call to one of them; round_robin spreads calls over all that are
+  // connected, which is what `qpool bench` needs to load a whole Service. It is the channel's
+  // default service config, so a config the resolver supplies still wins. A target without a
+  // scheme (HOST:PORT) keeps pick_first.
+  if (options_.server.rfind("dns:", 0) == 0 || options_.server.rfind("ipv4:", 0) == 0 ||
+      options_.server.rfind("ipv6:", 0) == 0) {
+    channel_args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}]})");
+  }
   channel_ = grpc::CreateCustomChannel(options_.server, credentials, channel_args);
 }
 

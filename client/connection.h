@@ -14,7 +14,8 @@ namespace qpool::cli {
 class Connection {
  public:
   // Reads the TLS and token files the options name; throws UsageError naming a file that cannot
-  // be read or holds no token.
+  // be read or holds no token. A dns:, ipv4: or ipv6: server address balances calls round-robin
+  // over every address it names (Note [Balancing over a Service] in connection.cpp).
   explicit Connection(const GlobalOptions& options);
 
   // Waits until the channel is READY. On failure prints "cannot reach qpool-server at

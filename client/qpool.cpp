@@ -13,14 +13,22 @@ using qpool::cli::Connection;
 using qpool::cli::ParsedArgs;
 
 using CommandFn = int (*)(const ParsedArgs&, const Connection&);
+using CheckFn = void (*)(const ParsedArgs&);
 
 const std::map<std::string, CommandFn>& CommandTable() {
   static const std::map<std::string, CommandFn> table = {
       {"generate", qpool::cli::RunGenerate}, {"encode", qpool::cli::RunEncode},
       {"list", qpool::cli::RunList},         {"load", qpool::cli::RunLoad},
       {"unload", qpool::cli::RunUnload},     {"memory", qpool::cli::RunMemory},
-      {"health", qpool::cli::RunHealth},
+      {"health", qpool::cli::RunHealth},     {"bench", qpool::cli::RunBench},
   };
+  return table;
+}
+
+// Checks that read files or combine flags, made before connecting (a command without one
+// relies on Parse()).
+const std::map<std::string, CheckFn>& CheckTable() {
+  static const std::map<std::string, CheckFn> table = {{"bench", qpool::cli::CheckBench}};
   return table;
 }
 
@@ -50,6 +58,9 @@ int main(int argc, char** argv) {
   try {
     // Parse() already checked flag types and required flags, so a usage error never waits on
     // the network; the typed getters still throw UsageError for anything it let through.
+    if (const auto check = CheckTable().find(args.command); check != CheckTable().end()) {
+      check->second(args);
+    }
     Connection connection(args.global);
     if (!connection.Connect()) return qpool::cli::kExitUnreachable;
     return run(args, connection);

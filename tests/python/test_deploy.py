@@ -525,6 +525,29 @@ def test_hpa_example_scales_the_deployment_on_queue_depth():
 # ---------------------------------------------------------------------------------------------
 # Prometheus rules.
 
+def test_bench_job_example_targets_the_headless_service_and_is_not_its_endpoint():
+    docs = [d for d in yaml.safe_load_all((KUBE / "examples" / "bench-job.yaml").read_text()) if d]
+    assert len(docs) == 1
+    job = docs[0]
+    validate(job)
+    assert job["kind"] == "Job"
+    base = rendered("base")
+    services = [o for o in base if o["kind"] == "Service"]
+    headless = [s for s in services if s["spec"].get("clusterIP") == "None"]
+    assert len(headless) == 1
+    grpc_port = next(p["port"] for p in headless[0]["spec"]["ports"] if p["name"] == "grpc")
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert f"dns:///{headless[0]['metadata']['name']}." in script and f":{grpc_port}\"" in script
+    assert " bench " in script and "--out /report" in script
+    # The bench pod must not become an endpoint of the Services it loads, nor count for the PDB.
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    selectors = [s["spec"]["selector"] for s in services]
+    selectors += [o["spec"]["selector"]["matchLabels"] for o in base
+                  if o["kind"] == "PodDisruptionBudget"]
+    for selector in selectors:
+        assert not all(labels.get(k) == v for k, v in selector.items()), (selector, labels)
+
+
 def test_rules_pass_promtool_check():
     result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True,
                             text=True, timeout=120)
