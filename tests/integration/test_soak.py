@@ -1,5 +1,6 @@
-"""A bounded soak on the CPU: client threads mix every kind of call against one server for
-QPOOL_SOAK_SECONDS (default 90) and the server comes out of it as it went in.
+"""A bounded soak (on the CPU unless QPOOL_TEST_DEVICE says otherwise): client threads mix every
+kind of call against one server for QPOOL_SOAK_SECONDS (default 90) and the server comes out of
+it as it went in.
 
 The server holds `tiny` and a second copy, `second`, which the mix loads and unloads while other
 calls use it. Each thread draws its calls from its own random.Random with a fixed seed: Generate
@@ -9,10 +10,12 @@ dropped with its whole channel), Encode, ListPipelines, GetMemoryReport, Load/Un
 device (asked once, after the warm-up; a FAILED_PRECONDITION there leaves them out).
 
 At the end: every call got an answer within its deadline and no thread hung; only the expected
-status codes occurred; after unloading everything, no bytes leaked and allocated bytes are back
-to the baseline from before any load; the process's RSS is within 100 MiB, and its thread count
-and open file descriptors within 4, of what they were after the warm-up. The run prints its
+status codes occurred; after unloading everything, no bytes leaked and what stays allocated is
+what the warm-up left (on a GPU, its allocator blocks: cuBLAS and cuDNN workspaces); the
+process's RSS is within 100 MiB, and its open file descriptors and threads within 4, of what they
+were after the warm-up (gRPC's executor threads within gRPC's own bound). The run prints its
 numbers (calls per operation and status code, RSS, threads, descriptors before and after).
+With QPOOL_TEST_DEVICE=cuda:0 it soaks a GPU.
 
   QPOOL_SOAK_SECONDS   how long the mix runs (default 90)
   QPOOL_SOAK_THREADS   client threads (default 8)
@@ -404,9 +407,9 @@ def test_soak(client, pb, capsys):
         time.sleep(0.5)
         after = process_stats(server)
 
-    blocks_after = active_blocks(client)
     unloaded = {name: unload(client, name) for name in ("second", "tiny")}
     end = memory(client)
+    blocks_end = active_blocks(client)
     released = process_stats(server)
 
     counts = collections.Counter(o.code for o in outcomes)
@@ -454,11 +457,18 @@ def test_soak(client, pb, capsys):
           f"leaked: MemoryReport {end['leaked_bytes_total']}, metric {end['leaked_metric']}")
     check(all(r.leaked_bytes == 0 for r in unloaded.values()),
           f"unloads leaked {[(n, r.leaked_bytes) for n, r in unloaded.items()]}")
-    check(end["allocated"] == workspaces,
-          f"allocated {end['allocated']}, held by no pipeline after the warm-up {workspaces}"
-          f" (before any load {baseline['allocated']}); allocator blocks (device, bytes) added "
-          f"during the soak {dict(blocks_after - blocks_before)}, gone "
-          f"{dict(blocks_before - blocks_after)}")
+    if blocks_before:
+        # A GPU: what survives the unloads must be blocks the warm-up left (cuBLAS and cuDNN
+        # workspaces). Allocated minus pipeline bytes is no measure of those there: a pipeline's
+        # CUDA graphs count their pools' segments, which hold more than their allocated blocks.
+        check(not blocks_end - blocks_before,
+              f"allocator blocks (device, bytes) left after unloading everything that the "
+              f"warm-up did not leave: {dict(blocks_end - blocks_before)}; allocated "
+              f"{end['allocated']} (before any load {baseline['allocated']})")
+    else:
+        check(end["allocated"] == workspaces,
+              f"allocated {end['allocated']}, held by no pipeline after the warm-up {workspaces}"
+              f" (before any load {baseline['allocated']})")
     check(after["rss_mib"] <= before["rss_mib"] + RSS_SLACK_MIB,
           f"RSS grew from {before['rss_mib']:.1f} to {after['rss_mib']:.1f} MiB")
     executors = after["thread_names"][GRPC_EXECUTOR]
