@@ -7,7 +7,9 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "component/compiled_forward.h"
 #include "component/stream_ops.h"
+#include "util/file_digest.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -90,6 +92,8 @@ Component::Component(std::string name, torch::jit::Module module)
   Refresh();
 }
 
+Component::~Component() = default;
+
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
   ConfigureExecutorOnce();
@@ -97,7 +101,9 @@ StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
     torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
     module.eval();
     RETURN_IF_ERROR(CheckNoTensorConstants(path, module));
-    return std::unique_ptr<Component>(new Component(name, std::move(module)));
+    std::unique_ptr<Component> component(new Component(name, std::move(module)));
+    component->source_file_ = path;
+    return component;
   } catch (const c10::Error& e) {
     return InvalidArgument(StrCat(path, ": cannot load TorchScript component '", name,
                                   "': ", e.what_without_backtrace()));
@@ -106,9 +112,11 @@ StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
 
 void Component::Refresh() {
   graphs_.Clear();
+  UnbindCompiled();
   std::lock_guard<std::mutex> lock(mu_);
   bytes_.reset();
   slots_.clear();
+  slot_index_.clear();
   dtype_ = c10::kFloat;
   bool have_dtype = false;
   for (const auto& named : module_.named_modules()) {
@@ -125,6 +133,7 @@ void Component::Refresh() {
         dtype_ = t.scalar_type();
         have_dtype = true;
       }
+      slot_index_.emplace(qualified, slots_.size());
       slots_.push_back({object, i, std::move(qualified), role});
     }
   }
@@ -168,6 +177,7 @@ void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Dev
   TORCH_CHECK(tensors.size() == slots_.size(), "Component::Rebind: ", tensors.size(),
               " tensors for ", slots_.size(), " slots");
   graphs_.Clear();  // they read the tensors being replaced
+  UnbindCompiled();
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].owner->setSlot(slots_[i].index, c10::IValue(tensors[i]));
@@ -179,6 +189,7 @@ void Component::Rebind(const std::vector<torch::Tensor>& tensors, const c10::Dev
 
 void Component::RebindOne(size_t i, const torch::Tensor& tensor) {
   graphs_.Clear();
+  UnbindCompiled();
   std::lock_guard<std::mutex> lock(mu_);
   slots_.at(i).owner->setSlot(slots_[i].index, c10::IValue(tensor));
   bytes_.reset();
@@ -247,14 +258,70 @@ ComponentBytes Component::CountBytes() const {
   return bytes;
 }
 
+Status Component::AttachCompiled(const std::string& file, c10::DeviceType device_type,
+                                 const std::string& sha256) {
+  if (!sha256.empty()) {
+    ASSIGN_OR_RETURN(std::string digest, CachedSha256File(file));
+    if (digest != sha256) {
+      return InvalidArgument(StrCat(file, " has SHA-256 ", digest, ", the manifest records ",
+                                    sha256, ": the file is corrupt or not this component's"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string source, CachedSha256File(source_file_));
+  ASSIGN_OR_RETURN(auto compiled, CompiledForward::Load(file, device_type, source));
+  // A CUDA package's names are read when it is first bound, on a GPU.
+  for (const std::string& constant : compiled->constant_names()) {
+    if (slot_index_.count(constant) == 0) {
+      return InvalidArgument(StrCat(file, ": the package reads constant '", constant,
+                                    "', which is no tensor of component '", name_, "'"));
+    }
+  }
+  compiled_ = std::move(compiled);
+  compiled_stale_ = true;
+  log::Info("component '", name_, "': compiled forward ", file, " for ",
+            c10::DeviceTypeName(device_type, /*lower_case=*/true));
+  return Status::Ok();
+}
+
+void Component::UnbindCompiled() {
+  compiled_stale_ = true;
+  if (compiled_) compiled_->Unbind();
+}
+
+bool Component::UseCompiled(const std::vector<c10::IValue>& inputs) {
+  // Streaming binds tensors during the forward through TorchScript's stream ops.
+  if (!compiled_ || stream_hooks_ != nullptr) return false;
+  const c10::Device where = device();
+  if (where.type() != compiled_->device_type()) return false;
+  if (compiled_stale_) {
+    compiled_stale_ = false;
+    const std::vector<torch::Tensor> tensors = Tensors();
+    Status bound = compiled_->Bind(
+        [this, &tensors](const std::string& name) -> const torch::Tensor* {
+          auto it = slot_index_.find(name);
+          return it == slot_index_.end() ? nullptr : &tensors[it->second];
+        },
+        where);
+    if (!bound.ok()) {
+      log::Warn("component '", name_, "': running TorchScript on ", where.str(),
+                ", the compiled forward does not fit: ", bound.message());
+    }
+  }
+  return compiled_->bound() && compiled_->Accepts(inputs);
+}
+
 StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {
   try {
+    const bool compiled = UseCompiled(inputs);
+    if (compiled) compiled_forwards_.fetch_add(1);
     // Streaming binds tensors during the forward, which a graph cannot follow.
     if (stream_hooks_ == nullptr && graphs_.capacity() > 0 && device().is_cuda()) {
-      auto replayed = graphs_.Run(
-          inputs, [this](std::vector<c10::IValue> in) { return module_.forward(std::move(in)); });
+      auto replayed = graphs_.Run(inputs, [this, compiled](std::vector<c10::IValue> in) {
+        return compiled ? compiled_->Run(in) : module_.forward(std::move(in));
+      });
       if (replayed) return c10::IValue(*std::move(replayed));
     }
+    if (compiled) return compiled_->Run(inputs);
     StreamHooksScope streaming(stream_hooks_);
     return module_.forward(std::move(inputs));
   } catch (const std::exception& e) {

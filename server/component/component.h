@@ -4,11 +4,13 @@
 
 #include <torch/script.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "component/graph_cache.h"
@@ -16,7 +18,8 @@
 
 namespace qpool {
 
-class StreamHooks;  // component/stream_ops.h
+class StreamHooks;      // component/stream_ops.h
+class CompiledForward;  // component/compiled_forward.h
 
 // What a tensor is for; accounting reports bytes per role.
 enum class TensorRole { kWeight, kQuantState, kOther };
@@ -57,7 +60,8 @@ struct ComponentBytes {
 // Thread safety: Tensors, Rebind, Bytes and device take an internal mutex, so snapshots may be
 // read from any thread while the owning worker rebinds. Forward, module() and EnableGraphs are
 // the owning worker's only: a component belongs to one pipeline, which one device worker runs at
-// a time. Rebind, RebindOne and Refresh drop the forward's CUDA graphs (Note [Forward graphs]).
+// a time. Rebind, RebindOne and Refresh drop the forward's CUDA graphs (Note [Forward graphs]) and
+// unbind the compiled forward (Note [Compiled forward]); AttachCompiled is the owning worker's.
 class Component {
  public:
   // Loads a TorchScript file onto the CPU. InvalidArgument for unreadable files or graphs that
@@ -127,6 +131,19 @@ class Component {
   // Rebuilds the tensor table after the module's tensors were replaced.
   void Refresh();
 
+  // Adds an AOTInductor package of the forward compiled for `device_type` (Note [Compiled
+  // forward]): Forward runs it while the component lives on that device type and its inputs fit
+  // the compiled signature, TorchScript otherwise. InvalidArgument naming `file` when its SHA-256
+  // is not `sha256` (unless empty), it cannot be opened, was compiled for another device type or
+  // beside another TorchScript file, or reads a constant that is no slot of this component.
+  Status AttachCompiled(const std::string& file, c10::DeviceType device_type,
+                        const std::string& sha256);
+  // The attached compiled forward, or null.
+  CompiledForward* compiled() { return compiled_.get(); }
+  // Forwards answered by the compiled forward so far; any thread.
+  uint64_t compiled_forwards() const { return compiled_forwards_.load(); }
+  ~Component();
+
  private:
   struct Slot {
     c10::intrusive_ptr<c10::ivalue::Object> owner;
@@ -137,6 +154,10 @@ class Component {
 
   Component(std::string name, torch::jit::Module module);
   StatusOr<c10::IValue> Run(std::vector<c10::IValue> inputs);
+  // Whether the compiled forward answers `inputs`, binding it first after a change of the slots.
+  bool UseCompiled(const std::vector<c10::IValue>& inputs);
+  // Marks the compiled forward's bindings stale and points them at no memory.
+  void UnbindCompiled();
   torch::Tensor TensorAt(const Slot& slot) const;
   ComponentBytes CountBytes() const;  // with mu_ held
 
@@ -150,6 +171,11 @@ class Component {
   StreamHooks* stream_hooks_ = nullptr;
   c10::MemoryFormat weight_memory_format_ = c10::MemoryFormat::Contiguous;
   GraphCache graphs_{name_, 0};  // the owning worker's; after module_, which its graphs read
+  std::string source_file_;      // the TorchScript file Load read
+  std::unordered_map<std::string, size_t> slot_index_;  // slot by qualified name
+  std::unique_ptr<CompiledForward> compiled_;           // the owning worker's
+  bool compiled_stale_ = true;  // the slots changed since the compiled forward was bound
+  std::atomic<uint64_t> compiled_forwards_{0};
 };
 
 // The attribute names of a quantized linear layer's quant state (Note [Load-time quantization]

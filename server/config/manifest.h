@@ -22,6 +22,15 @@ struct QuantizationSpec {
   std::vector<std::string> skip;  // linear layers kept in full precision (name substrings)
 };
 
+// An ahead-of-time compiled forward of a component (Note [Compiled forward] in
+// component/compiled_forward.h): an AOTInductor package without weights, run on the component's
+// own tensors while it lives on `device`.
+struct CompiledSpec {
+  std::string file;    // absolute, lexically normalized path inside the pipeline folder
+  std::string device;  // cpu | cuda: the device type the package was compiled for
+  std::string sha256;  // as ComponentSpec::sha256; empty: not checked
+};
+
 // One TorchScript component of a pipeline.
 struct ComponentSpec {
   std::string name;  // e.g. "unet"
@@ -33,6 +42,7 @@ struct ComponentSpec {
   // The component's floating-point dtype where it differs from the pipeline's (e.g. float32 for
   // a VAE that overflows in float16); empty: placement.dtype.
   std::string dtype;
+  std::optional<CompiledSpec> compiled;  // components.<name>.compiled; none: TorchScript only
 };
 
 // A tokenizer's files: CLIP's byte-level BPE (vocab.json + merges.txt), or a SentencePiece

@@ -29,7 +29,9 @@ inline const std::vector<std::string> kTopKeys = {
     "defaults", "limits",     "placement", "offload",     "batching",     "execution"};
 // The top-level keys only some kinds read (KindManifestSpec::sections).
 inline const std::vector<std::string> kKindSectionKeys = {"tokenizer_2", "conditioning"};
-inline const std::vector<std::string> kComponentKeys = {"file", "sha256", "dtype", "quantization"};
+inline const std::vector<std::string> kComponentKeys = {"file", "sha256", "dtype", "quantization",
+                                                        "compiled"};
+inline const std::vector<std::string> kCompiledKeys = {"file", "device", "sha256"};
 inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
@@ -106,6 +108,9 @@ class Parser {
   Status ParseComponents(const YAML::Node& root, PipelineManifest* m) const;
   Status ParseQuantization(const YAML::Node& comp, const std::string& prefix,
                            QuantizationSpec* q) const;
+  // components.<name>.compiled, when present.
+  Status ParseCompiled(const YAML::Node& comp, const std::string& prefix,
+                       std::optional<CompiledSpec>* c) const;
   // The tokenizer section called `key` (tokenizer, tokenizer_2), of `format`.
   Status ParseTokenizer(const YAML::Node& root, const std::string& key, TokenizerFormat format,
                         TokenizerSpec* t) const;

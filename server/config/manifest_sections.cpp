@@ -32,6 +32,24 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
   return ReadStringList(node, field, "skip", &q->skip);
 }
 
+Status Parser::ParseCompiled(const YAML::Node& comp, const std::string& prefix,
+                             std::optional<CompiledSpec>* c) const {
+  if (!comp["compiled"].IsDefined()) return Status::Ok();
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(comp, prefix, "compiled", true, kCompiledKeys, &node));
+  const std::string field = Dotted(prefix, "compiled");
+  CompiledSpec spec;
+  RETURN_IF_ERROR(ResolveFile(node, field, "file", &spec.file));
+  RETURN_IF_ERROR(ReadString(node, field, "device", true, &spec.device));
+  RETURN_IF_ERROR(CheckOneOf(field + ".device", spec.device, {"cpu", "cuda"}));
+  RETURN_IF_ERROR(ReadString(node, field, "sha256", false, &spec.sha256));
+  if (node["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
+    return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
+  }
+  *c = std::move(spec);
+  return Status::Ok();
+}
+
 Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) const {
   const std::vector<std::string>& names = kinds_.at(m->kind).components;
   YAML::Node node;
@@ -54,6 +72,7 @@ Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) cons
       RETURN_IF_ERROR(CheckOneOf(field + ".dtype", spec.dtype, {"float32", "float16", "bfloat16"}));
     }
     RETURN_IF_ERROR(ParseQuantization(comp, field, &spec.quantization));
+    RETURN_IF_ERROR(ParseCompiled(comp, field, &spec.compiled));
     m->components.push_back(std::move(spec));
   }
   return Status::Ok();

@@ -134,6 +134,15 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     if (decl.channels_last && device.is_cuda()) {
       component->set_weight_memory_format(c10::MemoryFormat::ChannelsLast);
     }
+    if (spec->compiled) {  // Note [Compiled forward]
+      const c10::DeviceType type = spec->compiled->device == "cuda" ? c10::kCUDA : c10::kCPU;
+      Status attached =
+          component->AttachCompiled(spec->compiled->file, type, spec->compiled->sha256);
+      if (!attached.ok()) {
+        return InvalidArgument(
+            StrCat(manifest_.path, ": components.", name, ".compiled: ", attached.message()));
+      }
+    }
     components_.push_back(std::move(component));
   }
   std::vector<Component*> components;

@@ -101,6 +101,49 @@ TEST_F(ManifestTest, ComponentDigestsAreParsedAndChecked) {
   }
 }
 
+// Note [Compiled forward]: components.<name>.compiled names a package beside the component, the
+// device type it was compiled for and, optionally, its digest; each field is checked by name.
+TEST_F(ManifestTest, CompiledForwardIsParsedAndChecked) {
+  WriteFile(dir_ + "/unet.cpu.pt2", "x");
+  const std::string digest(64, 'd');
+  auto r =
+      Parse(Build(Parts().UnetExtra("    compiled:\n      file: unet.cpu.pt2\n"
+                                    "      device: cpu\n      sha256: " +
+                                    digest + "\n")));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ComponentSpec* unet = r->FindComponent("unet");
+  ASSERT_TRUE(unet->compiled.has_value());
+  EXPECT_EQ(unet->compiled->file, dir_ + "/unet.cpu.pt2");
+  EXPECT_EQ(unet->compiled->device, "cpu");
+  EXPECT_EQ(unet->compiled->sha256, digest);
+  EXPECT_FALSE(r->FindComponent("vae_decoder")->compiled.has_value());
+
+  const std::string c = "    compiled:\n";
+  struct Case {
+    std::string extra;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {c + "      device: cpu\n", {"field 'components.unet.compiled.file' is required"}},
+      {c + "      file: unet.cpu.pt2\n", {"field 'components.unet.compiled.device' is required"}},
+      {c + "      file: unet.cpu.pt2\n      device: tpu\n",
+       {"field 'components.unet.compiled.device' must be one of: cpu, cuda (got 'tpu')"}},
+      {c + "      file: missing.pt2\n      device: cpu\n",
+       {"field 'components.unet.compiled.file' names a file that does not exist"}},
+      {c + "      file: ../unet.cpu.pt2\n      device: cpu\n",
+       {"field 'components.unet.compiled.file' must not contain a '..' segment"}},
+      {c + "      file: unet.cpu.pt2\n      device: cpu\n      sha256: abc\n",
+       {"field 'components.unet.compiled.sha256' must be 64 lowercase hex digits"}},
+      {c + "      file: unet.cpu.pt2\n      device: cpu\n      dtype: float16\n",
+       {"field 'components.unet.compiled.dtype' is not a known field", "file, device, sha256"}},
+      {"    compiled: unet.cpu.pt2\n", {"field 'components.unet.compiled' must be a mapping"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.extra);
+    ExpectInvalid(Parse(Build(Parts().UnetExtra(k.extra))), k.expect);
+  }
+}
+
 TEST_F(ManifestTest, SdxlManifestParsesItsOwnSections) {
   auto r = Parse(kSdxl);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import bpe, corpus, manifest, tracing
+from . import compile as aot
 from .presets import COMPONENTS, DEFAULT_QUANT_SKIP, PRESETS, Preset, count_parameters
 from .weights import build_component
 
@@ -44,6 +45,9 @@ class ExportOptions:
     dtype: str = "float32"  # float32 | float16
     verbose: bool = True
     threads: int = 0  # torch intra-op threads while exporting; 0 = leave torch's default
+    # Components that also get an AOTInductor package (Note [Compiled forward]), and its device.
+    compile: Tuple[str, ...] = ()
+    compile_device: str = "cpu"
 
 
 @dataclass
@@ -54,6 +58,8 @@ class ComponentReport:
     file: str
     quantized_layers: int = 0
     max_trace_diff: float = 0.0
+    compiled: str = ""  # the package's path, when compiled
+    compile_seconds: float = 0.0
 
 
 @dataclass
@@ -148,7 +154,15 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     with tracing.quiet_torchscript():
         torch.jit.save(traced, path)
     params = sum(p.numel() for p in traced.parameters())
-    return ComponentReport(component, params, _tensor_bytes(traced), path, quantized, diff)
+    report = ComponentReport(component, params, _tensor_bytes(traced), path, quantized, diff)
+    if component in opts.compile:
+        package = os.path.join(folder, aot.package_name(component, opts.compile_device))
+        gen = torch.Generator().manual_seed(opts.seed)
+        report.compile_seconds = aot.compile_component(
+            module, component, example_inputs(preset, component, 2, side, side, vocab, gen),
+            opts.compile_device, package, manifest.sha256_file(path))
+        report.compiled = package
+    return report
 
 
 def _make_stage(out: str) -> str:
@@ -201,12 +215,17 @@ def export(opts: ExportOptions) -> ExportResult:
         for component in COMPONENTS:
             report = export_component(preset, component, opts, stage, len(vocab))
             report.file = os.path.join(out, os.path.basename(report.file))
+            if report.compiled:
+                report.compiled = os.path.join(out, os.path.basename(report.compiled))
             result.components.append(report)
             if opts.verbose:
                 extra = (f"  ({report.quantized_layers} linear layers -> {opts.quantize}, "
                          f"{opts.quant_mode})" if report.quantized_layers else "")
                 print(f"{component:<13} params {report.params:>13,}  bytes "
                       f"{report.tensor_bytes:>15,}  file {report.file}{extra}", flush=True)
+                if report.compiled:
+                    print(f"{'':<13} compiled for {opts.compile_device} in "
+                          f"{report.compile_seconds:.1f} s  file {report.compiled}", flush=True)
 
         quant = {}
         if opts.quantize != "none":
@@ -218,9 +237,10 @@ def export(opts: ExportOptions) -> ExportResult:
                   f"{opts.dtype}, quantize {opts.quantize}"
                   + (f" ({opts.quant_mode})" if opts.quantize != "none" else "")
                   + "\nrandom weights: structurally Stable Diffusion 1.x, not a trained model")
-        text = manifest.dump_manifest(
-            manifest.record_digests(manifest.build_manifest(preset, quant, MAX_LENGTH), stage),
-            header)
+        entries = manifest.record_digests(manifest.build_manifest(preset, quant, MAX_LENGTH), stage)
+        for c in opts.compile:
+            entries["components"][c]["compiled"] = aot.manifest_entry(stage, c, opts.compile_device)
+        text = manifest.dump_manifest(entries, header)
         with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
             f.write(text)
         _install(stage, out)
@@ -271,6 +291,20 @@ def parse_args(argv: Optional[Sequence[str]]):
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for tracing (default: 1 for tiny, which is fastest for small "
                         "ops and immune to oversubscription; all cores otherwise)")
+    p.add_argument("--compile", default="",
+                   help="components that also get an ahead-of-time compiled forward (comma "
+                        f"separated, from {', '.join(aot.COMPILABLE)}): torch.export + "
+                        "AOTInductor writes COMPONENT.DEVICE.pt2 beside COMPONENT.pt, holding "
+                        "generated code but no weights (the server binds the component's own "
+                        "tensors to it), and the manifest gains components.COMPONENT.compiled "
+                        "{file, device, sha256}; the server runs it while the component lives on "
+                        "that device type, TorchScript elsewhere (docs/model-repository.md). "
+                        "Batch 1-64 and latent sides 4-256 are dynamic. Takes about a minute "
+                        "per component for tiny on 2 CPU cores. Not with --quantize")
+    p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
+                   help="device type the packages are compiled for (cuda needs a GPU here; its "
+                        "packages compute in float16 with channels-last UNet weights, as the "
+                        "server places them with placement.dtype auto)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     if a.count_only:
@@ -299,6 +333,14 @@ def parse_args(argv: Optional[Sequence[str]]):
     if a.quantize == "none" and (a.components is not None or a.skip or
                                  a.quant_mode != "prequantized"):
         p.error("--components, --skip and --quant-mode apply only with --quantize int8|nf4")
+    compile_list = _split_list(a.compile)
+    bad = [c for c in compile_list if c not in aot.COMPILABLE]
+    if bad:
+        p.error(f"--compile: unknown component(s) {', '.join(bad)} "
+                f"(choose from {', '.join(aot.COMPILABLE)})")
+    if compile_list and a.quantize != "none":
+        p.error("--compile does not apply with --quantize (the quantized linear op has no "
+                "compiled form)")
     comps = DEFAULT_QUANT_COMPONENTS
     if a.components is not None:
         comps = COMPONENTS if a.components.strip() == "all" else _split_list(a.components)
@@ -310,6 +352,8 @@ def parse_args(argv: Optional[Sequence[str]]):
                          quant_mode=a.quant_mode, blocksize=blocksize, double_quant=a.double_quant,
                          quant_components=tuple(c for c in COMPONENTS if c in comps),
                          skip=_split_list(a.skip), dtype=a.dtype, verbose=not a.quiet,
+                         compile=tuple(c for c in COMPONENTS if c in compile_list),
+                         compile_device=a.compile_device,
                          threads=a.threads if a.threads else (1 if a.preset == "tiny" else 0))
 
 
@@ -329,7 +373,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         result = export(opts)
-    except (ValueError, OSError, tracing.ExportError) as e:
+    except (ValueError, OSError, tracing.ExportError, aot.CompileError) as e:
         print(f"qpool_export: error: {e}", file=sys.stderr)
         return 1
     if opts.verbose:

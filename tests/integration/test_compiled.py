@@ -1,0 +1,72 @@
+"""The compiled forward (Note [Compiled forward] in server/component/compiled_forward.h) through
+the real server: tiny with its UNet also compiled for the CPU (test-models/tiny-compiled, exported
+at build time with `--compile unet`) runs its compiled forward, serves the same images as tiny
+within rounding, holds the same bytes, and unloads without leaks."""
+
+import grpc
+import pytest
+
+from conftest import rpc_error
+from png_reader import max_abs_diff, read_png
+
+# Generated kernels round differently from TorchScript's ops; over a few denoising steps that
+# moves a pixel by a level or two of 255.
+PIXEL_TOLERANCE = 3
+
+
+def assert_same_image(a, b, what):
+    diff = max_abs_diff(read_png(a.images[0].png), read_png(b.images[0].png))
+    assert diff <= PIXEL_TOLERANCE, f"{what}: pixels differ by up to {diff}"
+
+
+@pytest.fixture(scope="module")
+def client(make_server):
+    return make_server(pipelines=("tiny", "tiny-compiled"), load="all")
+
+
+def _components(client, name):
+    listed = client.models.ListPipelines(client.pb2.ListPipelinesRequest(), timeout=30)
+    (pipeline,) = [p for p in listed.pipelines if p.name == name]
+    return {c.name: (c.weight_bytes, c.quant_state_bytes, c.other_bytes, c.graph_bytes)
+            for c in pipeline.components}
+
+
+def test_manifest_names_the_package(source_repository):
+    text = (source_repository / "tiny-compiled" / "pipeline.yaml").read_text()
+    assert "compiled:" in text and "file: unet.cpu.pt2" in text and "device: cpu" in text
+    assert (source_repository / "tiny-compiled" / "unet.cpu.pt2").exists()
+
+
+def test_same_image_as_torchscript_within_rounding(client):
+    for seed in (3, 11):
+        plain = client.generate_one(pipeline="tiny", prompt="a red fox", steps=3, seed=seed)
+        compiled = client.generate_one(pipeline="tiny-compiled", prompt="a red fox", steps=3,
+                                       seed=seed)
+        assert_same_image(compiled, plain, f"seed {seed}")
+
+
+def test_compiled_forward_is_used(client):
+    client.generate_one(pipeline="tiny-compiled", prompt="a fox", steps=2, seed=1)
+    log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
+    assert "compiled forward" in log, "the package was not attached"
+    assert "running TorchScript" not in log
+
+
+def test_same_bytes_as_torchscript(client):
+    assert _components(client, "tiny-compiled") == _components(client, "tiny")
+
+
+def test_offload_is_refused_on_cpu_and_unload_leaks_nothing(client):
+    pb2 = client.pb2
+    error = rpc_error(client.models.OffloadPipeline, pb2.OffloadPipelineRequest(name="tiny-compiled"))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "CPU" in error.details()
+    held = sum(sum(v[:3]) for v in _components(client, "tiny-compiled").values())
+    unloaded = client.models.UnloadPipeline(pb2.UnloadPipelineRequest(name="tiny-compiled"),
+                                            timeout=60)
+    assert unloaded.leaked_bytes == 0
+    assert unloaded.freed_bytes == held
+    loaded = client.models.LoadPipeline(pb2.LoadPipelineRequest(name="tiny-compiled"), timeout=120)
+    assert loaded.pipeline.name == "tiny-compiled"
+    again = client.generate_one(pipeline="tiny-compiled", prompt="a red fox", steps=3, seed=3)
+    plain = client.generate_one(pipeline="tiny", prompt="a red fox", steps=3, seed=3)
+    assert_same_image(again, plain, "after a reload")

@@ -1,0 +1,44 @@
+"""The exporter's --compile options (Note [Compiled forward]); the compile itself is exercised at
+build time (test-models/tiny-compiled) and by the unit and integration tests."""
+
+import pytest
+
+from qpool_export import compile as aot
+from qpool_export.export import parse_args
+
+
+def test_compile_options_are_parsed(tmp_path):
+    opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p"), "--compile", "unet"])
+    assert opts.compile == ("unet",) and opts.compile_device == "cpu"
+    opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p")])
+    assert opts.compile == ()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compile", "refiner"], "--compile: unknown component(s) refiner"),
+    (["--compile", "unet", "--quantize", "int8"], "--compile does not apply with --quantize"),
+    (["--compile", "unet", "--compile-device", "tpu"], "invalid choice: 'tpu'"),
+])
+def test_bad_compile_options_are_refused(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--preset", "tiny", "--out", str(tmp_path / "p")] + args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_signature_and_package_name():
+    import torch
+
+    inputs = (torch.zeros(2, 4, 8, 8), torch.zeros(2), torch.zeros(2, 77, 32))
+    _, signature = aot._dims("unet", inputs)
+    assert signature == ("float32[1:64,4,4:256,4:256];float32[1:64];float32[1:64,77,32]")
+    assert aot.package_name("unet", "cuda") == "unet.cuda.pt2"
+
+
+def test_cuda_needs_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(aot.CompileError, match="needs a GPU"):
+        aot.compile_component(torch.nn.Linear(2, 2), "unet", (), "cuda", str(tmp_path / "x"), "")

@@ -1,0 +1,127 @@
+"""Ahead-of-time compiled forwards: torch.export + AOTInductor packages without weights.
+
+Note [Compiled forward] (server/component/compiled_forward.h)
+The package holds generated code only (`aot_inductor.package_constants_in_so=False`); the server
+supplies the component's own tensors as its constants, found by the qualified names of the eager
+module's parameters and buffers, which are the names of the TorchScript file's tensor slots. The
+package's metadata records what the server checks before it runs the package instead of
+TorchScript: the SHA-256 of the TorchScript file written beside it, every input's dtype and the
+size range of each dimension, and the layout of the 4-d weights.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+SOURCE_KEY = "qpool.source_sha256"
+INPUTS_KEY = "qpool.inputs"
+LAYOUT_KEY = "qpool.weight_layout"
+
+DEVICES = ("cpu", "cuda")
+# Components that can be compiled, and the dimensions of their inputs that vary at run time
+# (what server/pipeline/sd/ passes): batch (images x 2 with guidance) and the latent's sides.
+MAX_BATCH = 64
+MIN_SIDE = 4  # export's guards on the UNet's down-sampling need sides of at least 3
+MAX_SIDE = 256  # latent sides up to 2048-pixel images
+_DYNAMIC: Dict[str, Tuple[Dict[int, str], ...]] = {
+    "text_encoder": ({0: "batch"},),
+    "unet": ({0: "batch", 2: "height", 3: "width"}, {0: "batch"}, {0: "batch"}),
+    "vae_decoder": ({0: "batch", 2: "height", 3: "width"},),
+}
+COMPILABLE = tuple(_DYNAMIC)
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
+
+
+class CompileError(Exception):
+    """The component could not be exported or compiled."""
+
+
+def package_name(component: str, device: str) -> str:
+    return f"{component}.{device}.pt2"
+
+
+def compute_dtype(device: str) -> torch.dtype:
+    """The dtype the server computes in on `device` with placement.dtype auto."""
+    return torch.float16 if device == "cuda" else torch.float32
+
+
+def _dims(component: str, inputs: Sequence[torch.Tensor]):
+    """export's dynamic_shapes and the metadata's input signature."""
+    ranges = {"batch": (1, MAX_BATCH), "height": (MIN_SIDE, MAX_SIDE),
+              "width": (MIN_SIDE, MAX_SIDE)}
+    dims = {name: torch.export.Dim(name, min=lo, max=hi) for name, (lo, hi) in ranges.items()}
+    shapes, entries = [], []
+    for spec, t in zip(_DYNAMIC[component], inputs):
+        shapes.append({axis: dims[name] for axis, name in spec.items()})
+        sizes = []
+        for axis, n in enumerate(t.shape):
+            sizes.append("%d:%d" % ranges[spec[axis]] if axis in spec else str(n))
+        entries.append(f"{_DTYPE_NAMES[t.dtype]}[{','.join(sizes)}]")
+    return tuple(shapes), ";".join(entries)
+
+
+def _keep_float32_buffers(module: torch.nn.Module) -> None:
+    """Frequency tables stay float32 as on the server (Note [Tensors that keep their dtype])."""
+    from .quant import FLOAT32_BUFFERS
+
+    for owner in module.modules():
+        for leaf, buf in list(owner.named_buffers(recurse=False)):
+            if leaf in FLOAT32_BUFFERS and buf is not None and buf.is_floating_point():
+                owner._buffers[leaf] = buf.float()
+
+
+def compile_component(module: torch.nn.Module, component: str,
+                      inputs: Sequence[torch.Tensor], device: str, path: str,
+                      source_sha256: str) -> float:
+    """Writes the AOTInductor package of `module`'s forward for `device` to `path`; returns the
+    seconds it took. `inputs` are float32 CPU examples; floating ones take the device's compute
+    dtype (except 1-d timesteps, which the pipelines pass in float32)."""
+    if component not in _DYNAMIC:
+        raise CompileError(f"--compile: {component} cannot be compiled "
+                           f"(choose from {', '.join(COMPILABLE)})")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CompileError("--compile-device cuda needs a GPU on the exporting machine")
+    start = time.monotonic()
+    dtype = compute_dtype(device)
+    layout = "contiguous"
+    module = module.to(device=device, dtype=dtype).eval()
+    _keep_float32_buffers(module)
+    # Note [Channels-last convolutions]: the server lays out a UNet's 4-d weights channels-last on
+    # GPUs, and the package must read them as they are.
+    if device == "cuda" and component == "unet":
+        module = module.to(memory_format=torch.channels_last)
+        layout = "channels_last"
+    keep_float32 = component == "unet"
+    args = []
+    for i, t in enumerate(inputs):
+        if t.is_floating_point() and not (keep_float32 and i == 1):
+            t = t.to(dtype)
+        args.append(t.to(device))
+    shapes, signature = _dims(component, args)
+    metadata = {SOURCE_KEY: source_sha256, INPUTS_KEY: signature, LAYOUT_KEY: layout}
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, tuple(args), dynamic_shapes=shapes, strict=False)
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=path,
+                inductor_configs={"aot_inductor.package_constants_in_so": False,
+                                  "aot_inductor.metadata": metadata})
+    except Exception as e:  # export and inductor raise many kinds
+        raise CompileError(f"--compile {component}: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    return time.monotonic() - start
+
+
+def manifest_entry(folder: str, component: str, device: str,
+                   sha256: Optional[str] = None) -> Dict[str, str]:
+    """The `compiled:` mapping of one component (docs/model-repository.md)."""
+    from .manifest import sha256_file
+
+    name = package_name(component, device)
+    digest = sha256 or sha256_file(os.path.join(folder, name))
+    return {"file": name, "device": device, "sha256": digest}
