@@ -21,19 +21,33 @@ StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
   return it->second;
 }
 
-// "lo:hi" or "n" (lo == hi).
-StatusOr<std::pair<int64_t, int64_t>> ParseRange(const std::string& text) {
+// "n", "lo:hi" or "lo:hi:step" (sizes lo, lo + step, ... up to hi).
+StatusOr<CompiledDim> ParseDim(const std::string& text) {
+  std::vector<int64_t> parts;
   try {
-    const size_t colon = text.find(':');
-    if (colon == std::string::npos) {
-      const int64_t n = static_cast<int64_t>(std::stoll(text));
-      return std::make_pair(n, n);
+    size_t start = 0;
+    for (;;) {
+      const size_t colon = text.find(':', start);
+      size_t used = 0;
+      const std::string part = text.substr(start, colon - start);
+      parts.push_back(static_cast<int64_t>(std::stoll(part, &used)));
+      if (used != part.size()) throw std::invalid_argument(part);
+      if (colon == std::string::npos) break;
+      start = colon + 1;
     }
-    return std::make_pair(static_cast<int64_t>(std::stoll(text.substr(0, colon))),
-                          static_cast<int64_t>(std::stoll(text.substr(colon + 1))));
   } catch (const std::exception&) {
+    parts.clear();
+  }
+  CompiledDim dim;
+  if (parts.size() == 1) parts.push_back(parts[0]);
+  if (parts.size() == 2) parts.push_back(1);
+  if (parts.size() != 3 || parts[0] < 0 || parts[1] < parts[0] || parts[2] < 1) {
     return InvalidArgument(StrCat("bad dimension '", text, "'"));
   }
+  dim.min = parts[0];
+  dim.max = parts[1];
+  dim.step = parts[2];
+  return dim;
 }
 
 // Points `binding`'s storage at `source`'s bytes, owning nothing; sizes and strides are fixed
@@ -126,7 +140,7 @@ Status CompiledForward::ReadMetadata(const std::string& source_sha256) {
     std::stringstream dims(entry.substr(open + 1, entry.size() - open - 2));
     std::string dim;
     while (std::getline(dims, dim, ',')) {
-      auto range = ParseRange(dim);
+      auto range = ParseDim(dim);
       if (!range.ok())
         return InvalidArgument(StrCat(file_, ": ", kInputsKey, ": ", range.status().message()));
       spec.dims.push_back(*range);
@@ -256,7 +270,10 @@ bool CompiledForward::Accepts(const std::vector<c10::IValue>& inputs) const {
       return false;
     }
     for (int64_t d = 0; d < t.dim(); ++d) {
-      if (t.size(d) < spec.dims[d].first || t.size(d) > spec.dims[d].second) return false;
+      const CompiledDim& dim = spec.dims[d];
+      if (t.size(d) < dim.min || t.size(d) > dim.max || (t.size(d) - dim.min) % dim.step != 0) {
+        return false;
+      }
     }
   }
   return true;

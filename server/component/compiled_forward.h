@@ -59,6 +59,13 @@ namespace qpool {
 //   failed capture turns the cache off as for TorchScript. AOTInductor's own CUDA-graph option is
 //   not used: it would capture inside the runtime, out of sight of qpool's accounting.
 //
+// One dimension of a compiled input: the sizes min, min + step, ... up to max.
+struct CompiledDim {
+  int64_t min = 0;
+  int64_t max = 0;
+  int64_t step = 1;
+};
+
 // Thread safety: none; the owning component's worker calls every method (Component's contract).
 class CompiledForward {
  public:
@@ -106,7 +113,7 @@ class CompiledForward {
  private:
   struct InputSpec {
     c10::ScalarType dtype;
-    std::vector<std::pair<int64_t, int64_t>> dims;  // [min, max] of each dimension
+    std::vector<CompiledDim> dims;
   };
 
   CompiledForward(std::string file, c10::DeviceType device_type);

@@ -50,17 +50,47 @@ def compute_dtype(device: str) -> torch.dtype:
     return torch.float16 if device == "cuda" else torch.float32
 
 
-def _dims(component: str, inputs: Sequence[torch.Tensor]):
-    """export's dynamic_shapes and the metadata's input signature."""
-    ranges = {"batch": (1, MAX_BATCH), "height": (MIN_SIDE, MAX_SIDE),
-              "width": (MIN_SIDE, MAX_SIDE)}
-    dims = {name: torch.export.Dim(name, min=lo, max=hi) for name, (lo, hi) in ranges.items()}
+def _side_multiple(module: torch.nn.Module, component: str) -> int:
+    """What a latent side must be a multiple of: a UNet's skip connections join each
+    down-sampled map with its up-sampled twin, so every stride-2 convolution halves a side that
+    must stay even; export refuses sides it cannot prove fit."""
+    if component != "unet":
+        return 1
+    halvings = sum(1 for m in module.modules()
+                   if isinstance(m, torch.nn.Conv2d) and tuple(m.stride) == (2, 2))
+    return 2 ** halvings
+
+
+def example_side(module: torch.nn.Module, component: str, side: int) -> int:
+    """A latent side to export `component` with: at least two of the deepest level's pixels, as a
+    side of 1 there is specialized by export (size-1 dimensions are)."""
+    return max(side, 2 * _side_multiple(module, component))
+
+
+def _dims(component: str, inputs: Sequence[torch.Tensor], multiple: int = 1):
+    """export's dynamic_shapes and the metadata's input signature ("lo:hi" or "lo:hi:step" for a
+    dimension that varies, "n" for one that does not). Sides start at two of the deepest level's
+    pixels (example_side)."""
+    low = max(-(-MIN_SIDE // multiple) * multiple, 2 * multiple if multiple > 1 else MIN_SIDE)
+    ranges = {"batch": (1, MAX_BATCH, 1), "height": (low, MAX_SIDE, multiple),
+              "width": (low, MAX_SIDE, multiple)}
+    dims = {}
+    for name, (lo, hi, step) in ranges.items():
+        if step == 1:
+            dims[name] = torch.export.Dim(name, min=lo, max=hi)
+        else:  # sides that are multiples of `step`: a derived dimension
+            dims[name] = step * torch.export.Dim(f"{name}_over_{step}", min=lo // step,
+                                                 max=hi // step)
     shapes, entries = [], []
     for spec, t in zip(_DYNAMIC[component], inputs):
         shapes.append({axis: dims[name] for axis, name in spec.items()})
         sizes = []
         for axis, n in enumerate(t.shape):
-            sizes.append("%d:%d" % ranges[spec[axis]] if axis in spec else str(n))
+            if axis not in spec:
+                sizes.append(str(n))
+                continue
+            lo, hi, step = ranges[spec[axis]]
+            sizes.append(f"{lo}:{hi}" if step == 1 else f"{lo}:{hi}:{step}")
         entries.append(f"{_DTYPE_NAMES[t.dtype]}[{','.join(sizes)}]")
     return tuple(shapes), ";".join(entries)
 
@@ -102,7 +132,7 @@ def compile_component(module: torch.nn.Module, component: str,
         if t.is_floating_point() and not (keep_float32 and i == 1):
             t = t.to(dtype)
         args.append(t.to(device))
-    shapes, signature = _dims(component, args)
+    shapes, signature = _dims(component, args, _side_multiple(module, component))
     metadata = {SOURCE_KEY: source_sha256, INPUTS_KEY: signature, LAYOUT_KEY: layout}
     try:
         with torch.no_grad():

@@ -158,8 +158,9 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     if component in opts.compile:
         package = os.path.join(folder, aot.package_name(component, opts.compile_device))
         gen = torch.Generator().manual_seed(opts.seed)
+        big = aot.example_side(module, component, side)
         report.compile_seconds = aot.compile_component(
-            module, component, example_inputs(preset, component, 2, side, side, vocab, gen),
+            module, component, example_inputs(preset, component, 2, big, big, vocab, gen),
             opts.compile_device, package, manifest.sha256_file(path))
         report.compiled = package
     return report
