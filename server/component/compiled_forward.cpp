@@ -153,6 +153,7 @@ Status CompiledForward::ReadMetadata(const std::string& source_sha256) {
 void CompiledForward::OpenRunner(c10::DeviceIndex index) {
   Unbind();
   bindings_.clear();
+  loaded_pointers_.clear();
   loader_.reset();
   loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
       file_, "model", /*run_single_threaded=*/false, /*num_runners=*/1, index);
@@ -221,19 +222,32 @@ Status CompiledForward::Bind(const Lookup& lookup, const c10::Device& device) {
       sources.push_back(t);
     }
     // Note [Compiled forward]: the runner's borrowing tensors, made once and re-pointed in
-    // place, then handed to the runtime again, which caches each constant's data pointer.
-    std::unordered_map<std::string, at::Tensor> constants;
+    // place, then handed to the runtime again, which caches each constant's data pointer. The
+    // runtime keeps pointers to the binding tensors themselves (user-managed constants), which
+    // live as long as the runner: nothing is allocated per bind.
     const bool first = bindings_.empty();
+    if (first) bindings_.reserve(names_.size());  // the runtime holds their addresses
+    torch::inductor::TensorConstantMap constants;
+    std::vector<const void*> pointers;
+    pointers.reserve(names_.size());
     for (size_t i = 0; i < names_.size(); ++i) {
       if (first) {
         bindings_.push_back(NewBinding(*sources[i]));
       } else {
         PointAt(bindings_[i], *sources[i]);
       }
-      constants.emplace(names_[i], bindings_[i]);
+      constants.emplace(internal_[i], &bindings_[i]);
+      pointers.push_back(sources[i]->const_data_ptr());
     }
-    loader_->load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true,
-                            /*user_managed=*/true);
+    // The runtime's cached pointers are still right when every tensor is back where it was
+    // (a rebind onto the same storages; an onload into the same addresses): no update, which
+    // would allocate a handle per constant (Note [Compiled forward]).
+    if (pointers != loaded_pointers_) {
+      loader_->get_runner()->update_constant_buffer(constants, /*use_inactive=*/false,
+                                                    /*validate_full_updates=*/true,
+                                                    /*user_managed=*/true);
+      loaded_pointers_ = std::move(pointers);
+    }
   } catch (const std::exception& e) {
     bindings_.clear();
     loader_.reset();

@@ -41,8 +41,13 @@ namespace qpool {
 //   the slot's; no copy), and after every change of the slots (Rebind, RebindOne, Refresh: a
 //   move, an offload, an unload) the bindings are re-pointed in place and loaded again as
 //   user-managed constants before the next compiled run. Nothing of qpool's is ever referenced
-//   by the runtime: freeing a slot's storage frees its memory. The cost: each load leaks the
-//   runtime's small handle objects (one per constant, tens of bytes) on the host.
+//   by the runtime: freeing a slot's storage frees its memory. They are handed to the runner
+//   itself (update_constant_buffer with pointers to the binding tensors, which live as long as
+//   the runner). LibTorch 2.11's runtime allocates a tensor handle per user-managed constant on
+//   every update and never frees it (about 32 bytes each: 20 KB per update of an SD-1.5 UNet),
+//   so an update happens only when a tensor's address changed since the last one; a rebind
+//   onto the same addresses costs nothing. Under `model` offload every onload may move the
+//   weights, so each can cost an update.
 // - Inductor folds a small parameter into the generated code (tiny's 4-element conv_out.bias is
 //   no constant of its package): that value is baked in, like a TorchScript tensor constant.
 //   Components are immutable while they serve, so the output is unaffected.
@@ -126,11 +131,12 @@ class CompiledForward {
   c10::DeviceType device_type_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   c10::DeviceIndex runner_index_ = -1;
-  std::vector<std::string> names_;           // constant names (qualified), sorted
-  std::vector<std::string> internal_;        // by names_: the runtime's names of the constants
-  std::vector<c10::ScalarType> dtypes_;      // by names_
-  std::vector<std::vector<int64_t>> sizes_;  // by names_: as first bound (the sizes are fixed)
-  std::vector<torch::Tensor> bindings_;      // by names_, while bound
+  std::vector<std::string> names_;            // constant names (qualified), sorted
+  std::vector<std::string> internal_;         // by names_: the runtime's names of the constants
+  std::vector<c10::ScalarType> dtypes_;       // by names_
+  std::vector<std::vector<int64_t>> sizes_;   // by names_: as first bound (the sizes are fixed)
+  std::vector<torch::Tensor> bindings_;       // by names_, while bound
+  std::vector<const void*> loaded_pointers_;  // by names_: the data pointers the runtime holds
   std::vector<InputSpec> inputs_;
   c10::MemoryFormat layout_ = c10::MemoryFormat::Contiguous;
   c10::Device device_{c10::kCPU};
