@@ -3,7 +3,7 @@
 // bytes (api::ParseRaw, Note [Requests that do not parse] in api/raw_call.h), which must agree; a
 // message that parses must serialize and parse back to the same bytes, and then goes through the
 // checks the server runs on it before any LibTorch code:
-//   GenerateRequest      -> native request (FromProto's mapping) -> ResolveGenerateRequest
+//   GenerateRequest      -> native request (api::FromProto) -> ResolveGenerateRequest
 //                           against an sd, an sdxl and a flux pipeline's manifest
 //   EncodeRequest        -> ValidateEncodePrompts
 //   requests naming a pipeline -> ValidatePipelineName
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "api/raw_call.h"
+#include "api/request_convert.h"
 #include "config/manifest.h"
 #include "config/model_repository.h"
 #include "config/offload_policy.h"
@@ -58,30 +59,6 @@ std::vector<Pipeline> MakePipelines() {
   pipelines[2].features.schedule = ScheduleFamily::kFlowMatch;
   pipelines[2].features.size_multiple = 2 * pipelines[2].manifest.latent.downscale;
   return pipelines;
-}
-
-// api::FromProto (server/api/proto_convert.cpp), whose translation unit needs LibTorch: the same
-// field-by-field mapping, an absent optional field staying absent.
-GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
-  GenerateRequestIn in;
-  in.pipeline = r.pipeline();
-  in.prompt = r.prompt();
-  in.negative_prompt = r.negative_prompt();
-  if (r.has_steps()) in.steps = r.steps();
-  if (r.has_guidance_scale()) in.guidance_scale = r.guidance_scale();
-  if (r.has_width()) in.width = r.width();
-  if (r.has_height()) in.height = r.height();
-  if (r.has_num_images()) in.num_images = r.num_images();
-  if (r.has_seed()) in.seed = r.seed();
-  in.scheduler = r.scheduler();
-  if (r.has_original_width()) in.original_width = r.original_width();
-  if (r.has_original_height()) in.original_height = r.original_height();
-  if (r.has_target_width()) in.target_width = r.target_width();
-  if (r.has_target_height()) in.target_height = r.target_height();
-  if (r.has_crop_top()) in.crop_top = r.crop_top();
-  if (r.has_crop_left()) in.crop_left = r.crop_left();
-  if (r.has_true_cfg_scale()) in.true_cfg_scale = r.true_cfg_scale();
-  return in;
 }
 
 // What a client would read for `status`: api::ToGrpc keeps the code and sanitizes the message.
@@ -137,7 +114,7 @@ void CheckName(const std::string& name) {
 }
 
 void CheckGenerate(const v1::GenerateRequest& request, const std::vector<Pipeline>& pipelines) {
-  const GenerateRequestIn in = FromProto(request);
+  const GenerateRequestIn in = api::FromProto(request);
   CheckName(in.pipeline);
   for (const Pipeline& pipeline : pipelines) {
     const PipelineManifest& m = pipeline.manifest;

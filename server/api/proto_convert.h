@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "api/request_convert.h"
 #include "memory/device_memory.h"
 #include "memory/memory_event.h"
 #include "pipeline/generate_request.h"
@@ -15,7 +16,6 @@ namespace qpool::api {
 // Engine status -> gRPC status, message unchanged.
 grpc::Status ToGrpc(const Status& status);
 
-GenerateRequestIn FromProto(const v1::GenerateRequest& request);
 void ToProto(const PipelineStatus& status, v1::PipelineInfo* out);
 void ToProto(const DeviceMemoryStats& stats, v1::DeviceMemory* out);
 // `first_available` is the oldest sequence the log still holds.
