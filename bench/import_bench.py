@@ -7,7 +7,8 @@ asks for imported quantized, and those --load-time asks for quantized by the ser
 serves each with its own qpool-server and times Generate through the qpool CLI, and reads the
 device's peak allocated bytes. Then it times the same diffusers pipeline (fp16) as each of
 --peers asks (PEERS: eager, or compiled) in the same run: same size, steps, scheduler (DDIM)
-and guidance. With --encode-check, the first pipeline is switched to the `model` offload policy
+and guidance. With --compile, an fp16 twin whose components run AOTInductor packages. With
+--encode-check, the first pipeline is switched to the `model` offload policy
 and runs an Encode-only request, after which nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
 execution.cuda_graphs: false). Prints and writes one JSON document.
@@ -284,6 +285,13 @@ def main() -> int:
                    help="more qpool-server flags, space-separated, e.g. '--cudnn-benchmark off'")
     p.add_argument("--graphs-off", action="store_true",
                    help="add a twin of every pipeline with execution.cuda_graphs off")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="build and import the pipelines into --work, then stop (a later run "
+                        "with the same --work times them)")
+    p.add_argument("--compile", default="",
+                   help="comma list of components (unet, vae_decoder, text_encoder): adds the "
+                        "fp16 pipeline '<model>-compiled' imported with their forwards compiled "
+                        "ahead of time for CUDA (from-diffusers --compile)")
     a = p.parse_args()
     model = MODELS[a.model]
     a.size = a.size or model["size"]
@@ -307,6 +315,13 @@ def main() -> int:
     if not os.path.exists(os.path.join(repo, base, "pipeline.yaml")):
         result["import_seconds"][base] = run_import(src, os.path.join(repo, base), "--dtype",
                                                     "float16", "-q")
+    if a.compile:
+        compiled = f"{base}-compiled"
+        names.append(compiled)
+        if not os.path.exists(os.path.join(repo, compiled, "pipeline.yaml")):
+            result["import_seconds"][compiled] = run_import(
+                src, os.path.join(repo, compiled), "--dtype", "float16", "-q", "--compile",
+                a.compile, "--compile-device", "cuda")
     variants = [(f, "prequantized") for f in a.quantize.split(",") if f]
     variants += [(f, "load-time") for f in a.load_time.split(",") if f]
     for fmt, mode in variants:
@@ -323,6 +338,8 @@ def main() -> int:
                 graphs_off_variant(repo, name, eager)
             names.append(eager)
     print(json.dumps(result), flush=True)
+    if a.prepare_only:
+        return 0
     result["qpool"] = {}
     for name in names:
         result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,

@@ -103,6 +103,12 @@ def imported(tmp_path_factory, source_repository):
     assert done.returncode == 0, done.stderr
     assert "layers quantized" in done.stdout
     pipes["sd-q"] = dequantized(build_diffusers_pipeline(work / "sd-q-diffusers", tokenizer_dir))
+    # With the UNet's forward also compiled ahead of time for the CPU (Note [Compiled forward]).
+    done = run_import(work / "sd-eps-diffusers", repository / "sd-compiled", "--dtype", "float32",
+                      "--compile", "unet")
+    assert done.returncode == 0, done.stderr
+    assert "compiled for cpu" in done.stdout
+    pipes["sd-compiled"] = pipes["sd-eps"]
     return pipes, repository
 
 
@@ -219,6 +225,20 @@ def test_images_match_diffusers(client, imported, name, scheduler, steps):
     # The images are not trivially equal: another seed gives another image.
     other = qpool_image(client, name, scheduler, steps, seed=12, prompt=prompt)
     assert np.abs(other - want).max() > 1
+
+
+def test_compiled_unet_matches_diffusers(client, imported):
+    """--compile unet: the server runs the UNet's AOTInductor package, whose generated kernels
+    round differently from TorchScript's ops (a level or two of 255 over a few steps)."""
+    pipes, repository = imported
+    text = (repository / "sd-compiled" / "pipeline.yaml").read_text()
+    assert "file: unet.cpu.pt2" in text and "device: cpu" in text
+    prompt = "a red fox in the snow"
+    want = diffusers_image(pipes["sd-compiled"], "ddim", 4, seed=11, prompt=prompt)
+    got = qpool_image(client, "sd-compiled", "ddim", 4, seed=11, prompt=prompt)
+    assert np.abs(got - want).max() <= 3
+    log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
+    assert "compiled forward" in log, "the package was not attached"
 
 
 def test_clip_skip_matches_diffusers(client, imported):

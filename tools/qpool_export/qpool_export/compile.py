@@ -23,13 +23,15 @@ LAYOUT_KEY = "qpool.weight_layout"
 
 DEVICES = ("cpu", "cuda")
 # Components that can be compiled, and the dimensions of their inputs that vary at run time
-# (what server/pipeline/sd/ passes): batch (images x 2 with guidance) and the latent's sides.
+# (what server/pipeline/sd/ and sdxl/ pass): batch (images x 2 with guidance) and the latent's
+# sides; an SDXL UNet's two extra inputs (pooled text embeddings, time ids) vary with the batch.
 MAX_BATCH = 64
 MIN_SIDE = 4  # export's guards on the UNet's down-sampling need sides of at least 3
 MAX_SIDE = 256  # latent sides up to 2048-pixel images
 _DYNAMIC: Dict[str, Tuple[Dict[int, str], ...]] = {
     "text_encoder": ({0: "batch"},),
-    "unet": ({0: "batch", 2: "height", 3: "width"}, {0: "batch"}, {0: "batch"}),
+    "unet": ({0: "batch", 2: "height", 3: "width"}, {0: "batch"}, {0: "batch"}, {0: "batch"},
+             {0: "batch"}),
     "vae_decoder": ({0: "batch", 2: "height", 3: "width"},),
 }
 COMPILABLE = tuple(_DYNAMIC)
@@ -65,6 +67,31 @@ def example_side(module: torch.nn.Module, component: str, side: int) -> int:
     """A latent side to export `component` with: at least two of the deepest level's pixels, as a
     side of 1 there is specialized by export (size-1 dimensions are)."""
     return max(side, 2 * _side_multiple(module, component))
+
+
+def resized_examples(module: torch.nn.Module, component: str,
+                     inputs: Sequence[torch.Tensor], gen: torch.Generator) -> Tuple[torch.Tensor, ...]:
+    """`inputs` made what export needs of an example: latent sides that are multiples of the
+    UNet's down-sampling and at least example_side, and a batch of at least 2 (export
+    specializes a dimension of size 1). Inputs that change get random values of their dtype
+    (integer ones: the values of their first row)."""
+    multiple = _side_multiple(module, component)
+    out = []
+    for spec, t in zip(_DYNAMIC[component], inputs):
+        shape = list(t.shape)
+        for axis, name in spec.items():
+            if name == "batch":
+                shape[axis] = max(shape[axis], 2)
+            else:
+                side = -(-shape[axis] // multiple) * multiple
+                shape[axis] = example_side(module, component, side)
+        if shape == list(t.shape):
+            out.append(t)
+        elif t.is_floating_point():
+            out.append(torch.randn(shape, generator=gen).to(t.dtype))
+        else:  # token ids: the batch grows by repeating the first row
+            out.append(t[:1].expand(shape).clone())
+    return tuple(out) + tuple(inputs[len(out):])
 
 
 def _dims(component: str, inputs: Sequence[torch.Tensor], multiple: int = 1):
@@ -107,17 +134,17 @@ def _keep_float32_buffers(module: torch.nn.Module) -> None:
 
 def compile_component(module: torch.nn.Module, component: str,
                       inputs: Sequence[torch.Tensor], device: str, path: str,
-                      source_sha256: str) -> float:
+                      source_sha256: str, dtype: Optional[torch.dtype] = None) -> float:
     """Writes the AOTInductor package of `module`'s forward for `device` to `path`; returns the
-    seconds it took. `inputs` are float32 CPU examples; floating ones take the device's compute
-    dtype (except 1-d timesteps, which the pipelines pass in float32)."""
+    seconds it took. `inputs` are float32 CPU examples; floating ones take `dtype`, by default
+    the device's compute dtype (except 1-d timesteps, which the pipelines pass in float32)."""
     if component not in _DYNAMIC:
         raise CompileError(f"--compile: {component} cannot be compiled "
                            f"(choose from {', '.join(COMPILABLE)})")
     if device == "cuda" and not torch.cuda.is_available():
         raise CompileError("--compile-device cuda needs a GPU on the exporting machine")
     start = time.monotonic()
-    dtype = compute_dtype(device)
+    dtype = dtype or compute_dtype(device)
     layout = "contiguous"
     module = module.to(device=device, dtype=dtype).eval()
     _keep_float32_buffers(module)

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import bnb_import
+from . import compile as aot
 from . import manifest as manifest_io
 from . import scheduler_import, tracing
 from .diffusers_components import (Built, build_text_encoder, build_unet, build_vae_decoder,
@@ -82,7 +83,7 @@ class ImportOptions:
     out: str
     # None: bfloat16 for kind flux (its T5 overflows in float16), else float16.
     dtype: Optional[str] = None
-    quantize: Dict[str, str] = field(default_factory=dict)  # component -> int8 | nf4
+    quantize: Dict[str, str] = field(default_factory=dict)  # component -> int8 | nf4 | w8a8
     blocksize: int = 64
     double_quant: bool = False
     clip_skip: int = 0
@@ -90,6 +91,9 @@ class ImportOptions:
     # prequantized: --quantize quantizes now; load-time: the layers stay float (quantizable) and
     # the manifest has the server quantize them when it loads the pipeline.
     quant_mode: str = "prequantized"
+    # Components that also get an AOTInductor package for compile_device (compile.py).
+    compile: Tuple[str, ...] = ()
+    compile_device: str = "cpu"
     verbose: bool = True
 
 
@@ -158,10 +162,24 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
     with tracing.quiet_torchscript():
         torch.jit.save(traced, path)
     formats = sorted({q["format"] for q in built.prequantized.values()})
-    return {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
-            "bytes": _tensor_bytes(traced), "quantized_layers": quantized,
-            "converted_layers": converted, "converted_formats": formats,
-            "max_diff": built.max_diff, "dtype": built.dtype}
+    report = {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
+              "bytes": _tensor_bytes(traced), "quantized_layers": quantized,
+              "converted_layers": converted, "converted_formats": formats,
+              "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None}
+    if built.name in opts.compile:
+        if quantized:
+            raise ImportFailure(f"--compile {built.name}: the component is quantized (the "
+                                f"quantized linear op has no compiled form)")
+        package = os.path.join(stage, aot.package_name(built.name, opts.compile_device))
+        examples = aot.resized_examples(built.module, built.name, built.trace_inputs,
+                                        torch.Generator().manual_seed(0))
+        try:
+            report["compile_seconds"] = aot.compile_component(
+                built.module, built.name, examples, opts.compile_device, package,
+                manifest_io.sha256_file(path), DTYPES[built.dtype] if built.dtype else None)
+        except aot.CompileError as e:
+            raise ImportFailure(str(e)) from e
+    return report
 
 
 def _write_bpe_files(tokenizer_json: str, dest: str) -> None:
@@ -403,6 +421,13 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     if opts.dtype is None:
         opts = dataclasses.replace(opts, dtype="bfloat16" if kind == "flux" else "float16")
     _check_quantize(kind, opts.quantize)
+    for name in opts.compile:
+        if name not in KIND_FILES[kind] or name not in aot.COMPILABLE:
+            raise ImportFailure(f"--compile {name}: kind {kind} has no compilable component "
+                                f"'{name}' (it has "
+                                f"{', '.join(c for c in KIND_FILES[kind] if c in aot.COMPILABLE)})")
+    if opts.compile_device == "cuda" and opts.compile and not torch.cuda.is_available():
+        raise ImportFailure("--compile-device cuda needs a GPU on the importing machine")
     sched_path = os.path.join(src, "scheduler", "scheduler_config.json")
     translate = scheduler_import.translate_flow if kind == "flux" else scheduler_import.translate
     scheduler, sampler = translate(read_json(sched_path), sched_path)
@@ -437,6 +462,9 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
                   f"dtype {opts.dtype}"
                   + (f", quantized {', '.join(f'{c}={f}' for c, f in opts.quantize.items())}"
                      if opts.quantize else "") + ")")
+        for c in opts.compile:
+            manifest["components"][c]["compiled"] = aot.manifest_entry(stage, c,
+                                                                       opts.compile_device)
         with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
             f.write(manifest_io.dump_manifest(manifest_io.record_digests(manifest, stage), header))
         _install(stage, out)
@@ -450,9 +478,9 @@ def _parse_quantize(text: str, parser: argparse.ArgumentParser) -> Dict[str, str
     out: Dict[str, str] = {}
     for item in (s.strip() for s in text.split(",") if s.strip()):
         name, _, fmt = item.partition("=")
-        if name not in QUANT_COMPONENTS or fmt not in ("none", "int8", "nf4"):
+        if name not in QUANT_COMPONENTS or fmt not in ("none", "int8", "nf4", "w8a8"):
             parser.error(f"--quantize: '{item}' is not COMPONENT=FORMAT with COMPONENT one of "
-                         f"{', '.join(QUANT_COMPONENTS)} and FORMAT one of none, int8, nf4")
+                         f"{', '.join(QUANT_COMPONENTS)} and FORMAT one of none, int8, nf4, w8a8")
         out[name] = fmt
     return out
 
@@ -484,12 +512,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--variant", default=None,
                    help="weight files of this variant, e.g. fp16 (diffusion_pytorch_model.fp16."
                         "safetensors)")
+    p.add_argument("--compile", default="",
+                   help="components that also get an ahead-of-time compiled forward, as "
+                        "qpool_export --compile writes it (comma separated: text_encoder, unet, "
+                        "vae_decoder; not a quantized one)")
+    p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
+                   help="device type the packages are compiled for (cuda needs a GPU here)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
                          quantize=_parse_quantize(a.quantize, p), blocksize=a.blocksize,
                          double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
-                         quant_mode=a.quant_mode, verbose=not a.quiet)
+                         quant_mode=a.quant_mode,
+                         compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
+                         compile_device=a.compile_device, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
@@ -501,6 +537,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if r["converted_layers"]:
                 extra += (f"  ({r['converted_layers']} bitsandbytes layers converted to "
                           f"{'/'.join(r['converted_formats'])})")
+            if r["compile_seconds"] is not None:
+                extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
             print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
                   f"max diff vs diffusers {r['max_diff']:.2g}{extra}", flush=True)
         print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
