@@ -92,7 +92,7 @@ RequestTemplate TemplateFromFlags(const ParsedArgs& args) {
   } else {
     t.prompts = DefaultPrompts();
   }
-  t.negative_prompt = GetString(args, "negative").value_or("");
+  t.negative_prompt = GetString(args, "negative");
   t.steps = Uint32Flag(args, "steps");
   t.width = Uint32Flag(args, "width");
   t.height = Uint32Flag(args, "height");
@@ -187,7 +187,7 @@ std::string ModeText(const BenchPlan& plan) {
 json TemplateJson(const RequestTemplate& t) {
   json j = {
       {"name", t.name}, {"weight", t.weight}, {"pipeline", t.pipeline}, {"prompts", t.prompts}};
-  if (!t.negative_prompt.empty()) j["negative_prompt"] = t.negative_prompt;
+  if (t.negative_prompt) j["negative_prompt"] = *t.negative_prompt;
   if (t.steps) j["steps"] = *t.steps;
   if (t.width) j["width"] = *t.width;
   if (t.height) j["height"] = *t.height;
@@ -224,7 +224,7 @@ v1::GenerateRequest ToProto(const RequestTemplate& t, uint64_t nth) {
   v1::GenerateRequest r;
   r.set_pipeline(t.pipeline);
   r.set_prompt(t.prompts[nth % t.prompts.size()]);
-  r.set_negative_prompt(t.negative_prompt);
+  if (t.negative_prompt) r.set_negative_prompt(*t.negative_prompt);
   if (t.steps) r.set_steps(*t.steps);
   if (t.width) r.set_width(*t.width);
   if (t.height) r.set_height(*t.height);

@@ -73,7 +73,7 @@ class EntryParser {
       for (const YAML::Node& p : prompts) t.prompts.push_back(Text(p, "prompts"));
     }
     if (t.prompts.empty()) t.prompts = DefaultPrompts();
-    t.negative_prompt = String("negative_prompt", false).value_or("");
+    t.negative_prompt = String("negative_prompt", false);
     t.steps = Uint32("steps");
     t.width = Uint32("width");
     t.height = Uint32("height");

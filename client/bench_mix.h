@@ -31,8 +31,8 @@ struct RequestTemplate {
   std::string name;  // unique within a mix
   double weight = 1;
   std::string pipeline;
-  std::vector<std::string> prompts;  // request n of this template gets prompts[n % size]
-  std::string negative_prompt;
+  std::vector<std::string> prompts;            // request n of this template gets prompts[n % size]
+  std::optional<std::string> negative_prompt;  // absent: none ("" is a given prompt)
   std::optional<uint32_t> steps;
   std::optional<uint32_t> width;
   std::optional<uint32_t> height;

@@ -56,7 +56,7 @@ const std::vector<CommandSpec>& Commands() {
        "generate images from a prompt and write them as PNG files",
        {{"pipeline", "NAME", "pipeline to run (required)", FlagType::kString, true},
         {"prompt", "TEXT", "the prompt (required)", FlagType::kString, true},
-        {"negative", "TEXT", "negative prompt"},
+        {"negative", "TEXT", "negative prompt (\"\" is an empty one; unset is none)"},
         {"steps", "N", "denoising steps (default: the pipeline's)", FlagType::kUint32},
         {"guidance", "F", "guidance scale; <= 1 disables classifier-free guidance",
          FlagType::kNumber},

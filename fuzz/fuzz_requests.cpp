@@ -121,7 +121,8 @@ void CheckGenerate(const v1::GenerateRequest& request, const std::vector<Pipelin
     const StatusOr<GenerateParams> p = ResolveGenerateRequest(in, m, pipeline.features);
     CheckReply(p.status());
     if (!p.ok()) continue;
-    FUZZ_CHECK(p->prompt.size() <= kMaxPromptBytes && p->negative_prompt.size() <= kMaxPromptBytes,
+    FUZZ_CHECK(p->prompt.size() <= kMaxPromptBytes &&
+                   p->negative_prompt.value_or("").size() <= kMaxPromptBytes,
                "prompt length");
     FUZZ_CHECK(p->steps >= 1 && p->steps <= m.limits.max_steps, "steps");
     const int multiple = pipeline.features.size_multiple;

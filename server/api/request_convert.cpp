@@ -6,7 +6,7 @@ GenerateRequestIn FromProto(const v1::GenerateRequest& r) {
   GenerateRequestIn in;
   in.pipeline = r.pipeline();
   in.prompt = r.prompt();
-  in.negative_prompt = r.negative_prompt();
+  if (r.has_negative_prompt()) in.negative_prompt = r.negative_prompt();
   if (r.has_steps()) in.steps = r.steps();
   if (r.has_guidance_scale()) in.guidance_scale = r.guidance_scale();
   if (r.has_width()) in.width = r.width();

@@ -82,7 +82,8 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   const auto& defaults = manifest.defaults;
   const auto& limits = manifest.limits;
   GenerateParams p;
-  if (in.prompt.size() > kMaxPromptBytes || in.negative_prompt.size() > kMaxPromptBytes) {
+  if (in.prompt.size() > kMaxPromptBytes ||
+      in.negative_prompt.value_or("").size() > kMaxPromptBytes) {
     return InvalidArgument(
         StrCat("prompt and negative_prompt must be at most ", kMaxPromptBytes, " bytes"));
   }

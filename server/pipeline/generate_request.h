@@ -14,7 +14,7 @@ namespace qpool {
 struct GenerateRequestIn {
   std::string pipeline;
   std::string prompt;
-  std::string negative_prompt;
+  std::optional<std::string> negative_prompt;  // absent: none given ("" is a given prompt)
   std::optional<uint32_t> steps;
   std::optional<float> guidance_scale;
   std::optional<uint32_t> width;
@@ -51,7 +51,9 @@ inline constexpr int kMaxConditioningSize = 16384;
 // Every field resolved against the pipeline's defaults and checked against its limits.
 struct GenerateParams {
   std::string prompt;
-  std::string negative_prompt;
+  // Absent is diffusers' negative_prompt=None: an empty prompt for CFG, zeros for kinds that
+  // force them for empty prompts, no true CFG with embedded guidance. "" is a given prompt.
+  std::optional<std::string> negative_prompt;
   int steps = 0;
   double guidance_scale = 0;
   int width = 0;
@@ -66,9 +68,9 @@ struct GenerateParams {
   // With embedded guidance, the scale of classifier-free guidance on top of it (1: off).
   double true_cfg_scale = 1.0;
   // Classifier-free guidance runs the denoiser on both prompts: guidance_scale > 1, or with
-  // embedded guidance true_cfg_scale > 1 and a negative prompt.
+  // embedded guidance true_cfg_scale > 1 and a negative prompt (possibly "").
   bool do_cfg() const {
-    return embedded_guidance ? true_cfg_scale > 1.0 && !negative_prompt.empty()
+    return embedded_guidance ? true_cfg_scale > 1.0 && negative_prompt.has_value()
                              : guidance_scale > 1.0;
   }
   // The scale classifier-free guidance combines the two predictions with.

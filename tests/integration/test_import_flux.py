@@ -359,6 +359,9 @@ CASES = {
                          true_cfg_scale=4.0)),
     "schnell, true CFG 2.5": ("flux-schnell", dict(steps=2, guidance_scale=0.0,
                                                    negative_prompt="a cat", true_cfg_scale=2.5)),
+    # An empty negative prompt that is set runs true CFG against "", as FluxPipeline does.
+    "dev, true CFG 3 with an empty negative prompt": (
+        "flux-dev", dict(steps=3, guidance_scale=3.5, negative_prompt="", true_cfg_scale=3.0)),
     "nf4 transformer and T5": ("flux-nf4", dict(steps=4, guidance_scale=3.5)),
 }
 

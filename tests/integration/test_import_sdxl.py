@@ -477,7 +477,7 @@ def test_served_embeddings_match_diffusers(client, source):
     assert np.abs(got_pooled - pooled.numpy()).max() < 1e-5
 
 
-def diffusers_image(pipe, scheduler, steps, seed, prompt, negative_prompt="",
+def diffusers_image(pipe, scheduler, steps, seed, prompt, negative_prompt=None,
                     guidance_scale=5.0, sizes=None):
     """StableDiffusionXLPipeline's image for a request; `sizes` is the request's size
     conditioning (qpool's field names), None for the defaults."""
@@ -494,16 +494,18 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, negative_prompt="",
             "crops_coords_top_left": (sizes["crop_top"], sizes["crop_left"]),
             "target_size": (sizes["target_height"], sizes["target_width"])}
     with torch.no_grad():
-        # An empty negative prompt is diffusers' None: zeros with force_zeros_for_empty_prompt.
-        out = pipe(prompt=prompt, negative_prompt=negative_prompt or None, height=SIZE,
+        # No negative prompt (None) gives zeros with force_zeros_for_empty_prompt; "" is encoded.
+        out = pipe(prompt=prompt, negative_prompt=negative_prompt, height=SIZE,
                    width=SIZE, num_inference_steps=steps, guidance_scale=guidance_scale,
                    latents=sd_tests.latents_for(seed), output_type="np", **conditioning)
     return np.round(out.images[0] * 255).astype(np.int16)
 
 
-def qpool_image(client, name, scheduler, steps, seed, prompt, negative_prompt="",
+def qpool_image(client, name, scheduler, steps, seed, prompt, negative_prompt=None,
                 guidance_scale=5.0, sizes=None):
-    result = client.generate_one(pipeline=name, prompt=prompt, negative_prompt=negative_prompt,
+    """The served image; a negative_prompt of None leaves the field unset, "" sets it empty."""
+    extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+    result = client.generate_one(pipeline=name, prompt=prompt, **extra,
                                  steps=steps, guidance_scale=guidance_scale, width=SIZE,
                                  height=SIZE, seed=seed, scheduler=scheduler, **(sizes or {}))
     png = read_png(result.images[0].png)
@@ -515,8 +517,10 @@ def qpool_image(client, name, scheduler, steps, seed, prompt, negative_prompt=""
 SIZES = {"original_width": 24, "original_height": 40, "crop_top": 4, "crop_left": 8,
          "target_width": 32, "target_height": 16}
 CASES = {
-    "ddim, empty negative prompt": dict(scheduler="ddim"),
-    "euler, empty negative prompt": dict(scheduler="euler"),
+    "ddim, no negative prompt": dict(scheduler="ddim"),
+    "euler, no negative prompt": dict(scheduler="euler"),
+    # An explicitly empty negative prompt is encoded, not zeroed, as diffusers' "" is.
+    "euler, empty negative prompt": dict(scheduler="euler", negative_prompt=""),
     "ddim, negative prompt": dict(scheduler="ddim", negative_prompt="blurry, low quality"),
     "euler, size conditioning": dict(scheduler="euler", sizes=SIZES),
     "euler, without guidance": dict(scheduler="euler", guidance_scale=1.0),
@@ -539,7 +543,8 @@ def test_served_conditioning_changes_the_image(client):
     """The negative prompt and the size conditioning reach the UNet (the cases above would also
     pass if both sides ignored them)."""
     base = qpool_image(client, "sdxl", "euler", 4, 11, PROMPT)
-    for change in (dict(negative_prompt="blurry, low quality"), dict(sizes=SIZES)):
+    for change in (dict(negative_prompt="blurry, low quality"), dict(negative_prompt=""),
+                   dict(sizes=SIZES)):
         assert np.abs(qpool_image(client, "sdxl", "euler", 4, 11, PROMPT, **change)
                       - base).max() > 1, change
 

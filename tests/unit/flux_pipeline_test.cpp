@@ -81,6 +81,11 @@ TEST(FluxKind, GuidanceIsEmbeddedSizesAreMultiplesOf16AndEulerIsItsSampler) {
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_TRUE(cfg->do_cfg());
   EXPECT_DOUBLE_EQ(cfg->cfg_scale(), 4.0);
+  // An empty negative prompt that is given runs true CFG against "" (diffusers' "", not None).
+  in.negative_prompt = "";
+  auto empty = kind.ResolveGenerate(in, FluxManifest());
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->do_cfg());
   in.true_cfg_scale = 101.0f;
   EXPECT_FALSE(kind.ResolveGenerate(in, FluxManifest()).ok());
   // Kinds whose guidance_scale is CFG refuse it.

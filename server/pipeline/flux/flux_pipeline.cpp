@@ -123,7 +123,7 @@ Status FluxPipeline::EncodeBatch(BatchRun& run) {
   std::vector<std::string> prompts;
   for (const auto& r : run.requests) prompts.push_back(r.item.params->prompt);
   for (const auto& r : run.requests) {
-    if (r.item.params->do_cfg()) prompts.push_back(r.item.params->negative_prompt);
+    if (r.item.params->do_cfg()) prompts.push_back(*r.item.params->negative_prompt);
   }
   ASSIGN_OR_RETURN(Prompts encoded, EncodePrompts(prompts, &component("transformer")));
   run.MarkEncoded();

@@ -140,14 +140,15 @@ void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
 }
 
 Status SdPipeline::EncodeBatch(BatchRun& run) {
-  // Note: with force_zeros_for_empty_prompt, an empty negative prompt is not encoded; its
-  // conditioning is zeros (as diffusers does when no negative prompt is given).
+  // Note: with force_zeros_for_empty_prompt, a request without a negative prompt has zeros as
+  // its negative conditioning, as diffusers does for negative_prompt=None; a negative prompt
+  // that is given, "" included, is encoded.
   const bool zeros = manifest().conditioning.force_zeros_for_empty_prompt;
   std::vector<std::vector<std::string>> groups;
   for (const auto& r : run.requests) {
     const GenerateParams& p = *r.item.params;
-    if (p.do_cfg() && !(zeros && p.negative_prompt.empty())) {
-      groups.push_back({p.negative_prompt, p.prompt});
+    if (p.do_cfg() && !(zeros && !p.negative_prompt.has_value())) {
+      groups.push_back({p.negative_prompt.value_or(""), p.prompt});
     } else {
       groups.push_back({p.prompt});
     }
