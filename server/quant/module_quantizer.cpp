@@ -26,9 +26,10 @@ QuantState ReadState(const torch::jit::Module& m) {
                     m.attr("nested_code").toTensor(), m.attr("offset").toTensor()};
 }
 
-// Describes an already-quantized state, e.g. "nf4 (blocksize 64, double quant)".
+// Describes an already-quantized state, e.g. "nf4 (blocksize 64, double quant)" (a w8a8 layer
+// with calibrated activation scales is "w8a8" like one with ones).
 std::string Describe(const QuantState& s) {
-  if (s.weight.scalar_type() == at::kChar) return "int8";
+  if (s.weight.scalar_type() == at::kChar) return s.code.numel() > 0 ? "w8a8" : "int8";
   if (s.weight.scalar_type() != at::kByte) return "none";
   const int64_t blocksize = s.absmax.numel() > 0 ? 2 * s.weight.numel() / s.absmax.numel() : 0;
   std::string d = "nf4 (blocksize " + std::to_string(blocksize);

@@ -1,5 +1,6 @@
 // Load-time quantization of a TorchScript component: swaps the buffers of every QuantLinear layer
-// (see tools/qpool_export/qpool_export/quant.py) for their int8 / nf4 form, like load_in_4bit.
+// (see tools/qpool_export/qpool_export/quant.py) for their int8 / nf4 / w8a8 form, like
+// load_in_4bit.
 #pragma once
 
 #include <torch/script.h>
@@ -15,7 +16,7 @@ namespace qpool::quant {
 
 // What to quantize at load; mirrors the manifest's QuantizationSpec field by field.
 struct QuantSettings {
-  std::string format = "none";    // none | int8 | nf4
+  std::string format = "none";    // none | int8 | nf4 | w8a8 (activation scales = ones)
   int blocksize = 64;             // nf4 only; power of two in [16, 4096]
   bool double_quant = false;      // nf4 only; 8-bit absmax of absmax
   std::vector<std::string> skip;  // layers kept as they are (qualified-name substrings)
@@ -41,10 +42,11 @@ struct QuantizeReport {
 // tensor table). Each layer's quantization runs on `compute` (the pipeline's GPU: a 12B FLUX
 // transformer quantizes in seconds there instead of a minute on the host), one layer at a time,
 // and its quantized tensors go back to the device the weight was on. The ATen operations are
-// quant.py's, so a load-time quantized layer is byte-identical to a pre-quantized one: int8 and
-// nf4 are exact in IEEE float32 on either device; double quantization's mean of the absmax is a
-// reduction whose order differs between CPU and GPU (measured: other bits in offset and the
-// nested state), so double-quantized layers are quantized where their weights are.
+// quant.py's, so a load-time quantized layer is byte-identical to a pre-quantized one: int8, w8a8
+// (with activation scales of ones: no calibration data exists in the server) and nf4 are exact
+// in IEEE float32 on either device; double quantization's mean of the absmax is a reduction
+// whose order differs between CPU and GPU (measured: other bits in offset and the nested
+// state), so double-quantized layers are quantized where their weights are.
 // Quantizes `module` in place. format "none" changes nothing. InvalidArgument for an unknown
 // format, a bad blocksize, no QuantLinear layer left after `skip`, or a layer already quantized
 // in another format (or blocksize / double quant); nothing is modified then.

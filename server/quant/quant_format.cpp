@@ -8,7 +8,9 @@ StatusOr<QuantFormat> ParseQuantFormat(const std::string& name) {
   if (name == "none") return QuantFormat::kNone;
   if (name == "int8") return QuantFormat::kInt8;
   if (name == "nf4") return QuantFormat::kNf4;
-  return InvalidArgument("unknown quantization format '" + name + "' (expected none, int8 or nf4)");
+  if (name == "w8a8") return QuantFormat::kW8A8;
+  return InvalidArgument("unknown quantization format '" + name +
+                         "' (expected none, int8, nf4 or w8a8)");
 }
 
 const char* QuantFormatName(QuantFormat format) {
@@ -19,6 +21,8 @@ const char* QuantFormatName(QuantFormat format) {
       return "int8";
     case QuantFormat::kNf4:
       return "nf4";
+    case QuantFormat::kW8A8:
+      return "w8a8";
   }
   return "unknown";
 }
@@ -89,23 +93,31 @@ QuantLayout InspectQuantState(const QuantState& s, int64_t in_features, const ch
   }
 
   if (wt == at::kChar) {
-    layout.format = QuantFormat::kInt8;
-    TORCH_CHECK(s.weight.size(1) == in_features, what, ": int8 weight is ", s.weight.sizes(),
+    // int8 (weight-only) or, with activation scales in code, w8a8.
+    const bool w8a8 = s.code.numel() > 0;
+    layout.format = w8a8 ? QuantFormat::kW8A8 : QuantFormat::kInt8;
+    const char* name = QuantFormatName(layout.format);
+    TORCH_CHECK(s.weight.size(1) == in_features, what, ": ", name, " weight is ", s.weight.sizes(),
                 " but the input has ", in_features, " features");
     CheckFloat32(s.absmax, "absmax", what);
-    TORCH_CHECK(s.absmax.numel() == layout.out_features, what, ": int8 absmax must have ",
+    TORCH_CHECK(s.absmax.numel() == layout.out_features, what, ": ", name, " absmax must have ",
                 layout.out_features, " elements (one per output row), got ", s.absmax.numel());
-    CheckEmpty(s.code, "code", "int8", what);
-    CheckEmpty(s.nested_absmax, "nested_absmax", "int8", what);
-    CheckEmpty(s.nested_code, "nested_code", "int8", what);
-    CheckEmpty(s.offset, "offset", "int8", what);
+    if (w8a8) {
+      TORCH_CHECK(
+          s.code.scalar_type() == at::kFloat && s.code.dim() == 1 && s.code.numel() == in_features,
+          what, ": w8a8 code (activation scales) must be float32 [", in_features, "], got ",
+          s.code.scalar_type(), " ", s.code.sizes());
+    }
+    CheckEmpty(s.nested_absmax, "nested_absmax", name, what);
+    CheckEmpty(s.nested_code, "nested_code", name, what);
+    CheckEmpty(s.offset, "offset", name, what);
     layout.padded_in = in_features;
     layout.row_bytes = in_features;
     return layout;
   }
 
   TORCH_CHECK(wt == at::kByte, what, ": weight dtype ", wt,
-              " is not a known format (floating: none, int8: int8, uint8: nf4)");
+              " is not a known format (floating: none, int8: int8 or w8a8, uint8: nf4)");
   layout.format = QuantFormat::kNf4;
   layout.row_bytes = s.weight.size(1);
   layout.padded_in = 2 * layout.row_bytes;

@@ -20,6 +20,12 @@ namespace qpool::quant {
 //   none : weight fp32/fp16/bf16 [N, K]
 //   int8 : weight int8 [N, K]; absmax float32 [N];  w[n, k] = weight[n, k] * (absmax[n] / 127)
 //          (symmetric, per output row; q = round_half_even(w / absmax * 127), absmax 0 -> q 0)
+//   w8a8 : int8's weight and absmax plus code float32 [K] = s, per-input-channel activation
+//          scales (SmoothQuant: the int8 weight was quantized from w[n, k] * s[k], so
+//          w[n, k] = weight[n, k] * (absmax[n] / 127) / s[k]; s = ones without calibration, and
+//          then weight and absmax are int8's bytes). An int8 weight with an empty code is int8
+//          (weight-only); a non-empty code makes it w8a8. The op also quantizes x: see
+//          Note [W8A8 linear] in w8a8_linear.h for what it computes.
 //   nf4  : each row is zero-padded to Kp = roundup(K, blocksize) elements; the padded matrix,
 //          flattened row-major, is cut into blocks of `blocksize` (a power of two >= 16) elements,
 //          so blocks never span rows and a K that is no multiple of blocksize is fine.
@@ -40,7 +46,7 @@ namespace qpool::quant {
 // Python (tools/qpool_export/qpool_export/quant.py) computes exactly the same bytes with the
 // same tensor operations; the unit tests check it byte for byte.
 
-enum class QuantFormat { kNone, kInt8, kNf4 };
+enum class QuantFormat { kNone, kInt8, kNf4, kW8A8 };
 
 // Blocks of absmax values per nested absmax (double quantization).
 inline constexpr int64_t kNestedBlocksize = 256;
@@ -68,9 +74,9 @@ inline constexpr std::array<float, 16> kNf4Code = {
     1.0f,
 };
 
-// "none" | "int8" | "nf4" -> format; InvalidArgument naming the value otherwise.
+// "none" | "int8" | "nf4" | "w8a8" -> format; InvalidArgument naming the value otherwise.
 StatusOr<QuantFormat> ParseQuantFormat(const std::string& name);
-// "none", "int8" or "nf4".
+// "none", "int8", "nf4" or "w8a8".
 const char* QuantFormatName(QuantFormat format);
 // OK when blocksize is a power of two in [kMinBlocksize, kMaxBlocksize].
 Status ValidateBlocksize(int64_t blocksize);
@@ -96,10 +102,10 @@ struct QuantLayout {
   bool double_quant = false;
   int64_t out_features = 0;  // N
   int64_t in_features = 0;   // K (from the activation)
-  int64_t padded_in = 0;     // Kp: K for none/int8, roundup(K, blocksize) for nf4
+  int64_t padded_in = 0;     // Kp: K for none/int8/w8a8, roundup(K, blocksize) for nf4
   int64_t blocksize = 0;     // nf4 only
   int64_t nblocks = 0;       // nf4 only: N * Kp / blocksize
-  int64_t row_bytes = 0;     // bytes of one packed weight row (int8: K, nf4: Kp / 2)
+  int64_t row_bytes = 0;     // bytes of one packed weight row (int8, w8a8: K; nf4: Kp / 2)
 };
 
 // Derives and checks the layout; throws c10::Error naming the offending tensor. `what` prefixes

@@ -10,6 +10,8 @@
 
 #include "quant/quant_kernels.h"
 #include "quant/quant_linear_op.h"
+#include "quant/quantizer.h"
+#include "quant/w8a8_linear.h"
 
 namespace qpool::quant {
 
@@ -88,6 +90,7 @@ at::Tensor DequantizeCuda(const QuantState& s, int64_t in_features, at::ScalarTy
   c10::cuda::CUDAGuard guard(s.weight.device());
   const QuantLayout layout = InspectQuantState(s, in_features, "DequantizeCuda");
   if (layout.format == QuantFormat::kNone) return s.weight.to(dtype);
+  if (layout.format == QuantFormat::kW8A8) return Dequantize(s, in_features, dtype);  // ATen
   PackedWeight packed = MakePacked(s, layout);
   at::Tensor out = at::empty({layout.out_features, in_features}, s.weight.options().dtype(dtype));
   cuda::LaunchDequantize(packed.view, out.data_ptr(), ElemTypeOf(dtype),
@@ -196,7 +199,10 @@ std::optional<cuda::WgmmaTile> WgmmaWins(int64_t m, int64_t in_features, int64_t
 bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, std::nullopt);
-  if (layout.format == QuantFormat::kNone || !x.is_contiguous()) return false;
+  if (layout.format == QuantFormat::kNone || layout.format == QuantFormat::kW8A8 ||
+      !x.is_contiguous()) {
+    return false;
+  }
   PackedWeight packed = MakePacked(s, layout);
   return cuda::WgmmaLinearSupported(packed.view, x.data_ptr(), x.numel() / layout.in_features,
                                     ElemTypeOf(x.scalar_type()));
@@ -205,7 +211,8 @@ bool WgmmaRuns(const at::Tensor& x, const QuantState& s) {
 cuda::MmaPlan MmaPlanFor(const at::Tensor& x, const QuantState& s) {
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, std::nullopt);
-  TORCH_CHECK(layout.format != QuantFormat::kNone, "MmaPlanFor: the weight is not quantized");
+  TORCH_CHECK(layout.format != QuantFormat::kNone && layout.format != QuantFormat::kW8A8,
+              "MmaPlanFor: the weight is not quantized weight-only (int8, nf4)");
   PackedWeight packed = MakePacked(s, layout);
   return cuda::PlanMmaLinear(packed.view, x.numel() / layout.in_features,
                              ElemTypeOf(x.scalar_type()), MmaDeviceOf({}));
@@ -229,6 +236,14 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   TORCH_CHECK(x.is_cuda(), "qpool::quant_linear: the CUDA kernel got x on ", x.device());
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
+  if (layout.format == QuantFormat::kW8A8) {
+    // Note [W8A8 linear]: ATen (cuBLASLt int8 GEMM); the fallback is the int8 path below.
+    return W8A8Linear(x, s, bias,
+                      [path, mma_shape](const at::Tensor& xs, const QuantState& q,
+                                        const std::optional<at::Tensor>& b) {
+                        return QuantLinearCuda(xs, q, b, path, mma_shape);
+                      });
+  }
   const at::ScalarType dtype = x.scalar_type();
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = bias->to(dtype).contiguous();

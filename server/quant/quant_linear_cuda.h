@@ -11,7 +11,9 @@
 
 namespace qpool::quant {
 
-// Which CUDA algorithm computes the product.
+// Which CUDA algorithm computes the product of an int8 or nf4 layer (w8a8 layers multiply in
+// int8 through cuBLASLt, and use the chosen path only where they fall back to weight-only int8:
+// Note [W8A8 linear]).
 enum class CudaPath {
   kAuto,           // kMma for fp16/bf16 x with M <= kMmaMaxRows when the layout allows it
                    // (int8 at M = 1: kFused) and for larger M on large layers (Note [Small-M

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "quant/quantizer.h"
+#include "quant/w8a8_linear.h"
 
 namespace qpool::quant {
 
@@ -77,7 +78,15 @@ at::Tensor QuantLinearCpu(const at::Tensor& x, const at::Tensor& weight, const a
                           const std::optional<at::Tensor>& bias) {
   const QuantState s = MakeState(weight, absmax, code, nested_absmax, nested_code, offset);
   CheckSameDevice(x, s, bias);
-  CheckQuantLinearArgs(x, s, bias);
+  const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
+  if (layout.format == QuantFormat::kW8A8) {  // Note [W8A8 linear]; falls back to this kernel
+    return W8A8Linear(
+        x, s, bias,
+        [](const at::Tensor& xs, const QuantState& q, const std::optional<at::Tensor>& b) {
+          return QuantLinearCpu(xs, q.weight, q.absmax, q.code, q.nested_absmax, q.nested_code,
+                                q.offset, b);
+        });
+  }
   // Note [CPU quant_linear]: the CPU kernel is the reference: dequantize in float32 (exactly the
   // values quant.py's dequantize() computes), one float32 GEMM, then cast. Simple and correct;
   // the CPU only serves tests and small pipelines.

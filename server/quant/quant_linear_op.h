@@ -1,5 +1,5 @@
 // The qpool::quant_linear operator: y = x W^T + b with W stored as none / int8 / nf4 (+ double
-// quant), registered with the dispatcher for CPU, CUDA and Meta.
+// quant) / w8a8, registered with the dispatcher for CPU, CUDA and Meta.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,7 +38,8 @@ QuantLayout CheckQuantLinearArgs(const at::Tensor& x, const QuantState& state,
 // Output shape: x's with the last dimension replaced by N.
 std::vector<int64_t> QuantLinearOutputShape(const at::Tensor& x, int64_t out_features);
 
-// The CPU kernel: dequantize to float32, linear in float32, cast to x's dtype.
+// The CPU kernel: dequantize to float32, linear in float32, cast to x's dtype; w8a8 layers
+// multiply in int8 instead (Note [W8A8 linear]).
 at::Tensor QuantLinearCpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& absmax,
                           const at::Tensor& code, const at::Tensor& nested_absmax,
                           const at::Tensor& nested_code, const at::Tensor& offset,

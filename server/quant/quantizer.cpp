@@ -35,18 +35,9 @@ at::Tensor SafeDivisor(const at::Tensor& absmax) {
   return at::where(absmax == 0, at::ones_like(absmax), absmax);
 }
 
-}  // namespace
-
-at::Tensor NearestCodeIndex(const at::Tensor& x, const at::Tensor& code) {
-  // Midpoints between neighbours; bucketize(right=false) maps a value equal to a midpoint to
-  // the lower code. Same operations in quant.py.
-  const int64_t n = code.numel();
-  at::Tensor mid = code.slice(0, 0, n - 1).add(code.slice(0, 1, n)).div(2);
-  return at::bucketize(x, mid);
-}
-
-StatusOr<QuantState> QuantizeInt8(const at::Tensor& weight, const std::string& name) {
-  RETURN_IF_ERROR(CheckWeight(weight, name));
+// Row-wise symmetric int8 of weight (times column_scale, when defined): weight and absmax of the
+// state, the other slots empty. The weight has passed CheckWeight.
+QuantState QuantizeRowsInt8(const at::Tensor& weight, const at::Tensor& column_scale) {
   c10::AutoGradMode no_grad(false);
   const at::Device device = weight.device();
   const int64_t rows = weight.size(0);
@@ -58,15 +49,55 @@ StatusOr<QuantState> QuantizeInt8(const at::Tensor& weight, const std::string& n
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t r1 = std::min(rows, r0 + chunk_rows);
     at::Tensor w = weight.slice(0, r0, r1).to(at::kFloat);
+    if (column_scale.defined()) w = w.mul(column_scale);
     at::Tensor amax = w.abs().amax(1);
-    at::Tensor scaled = w.div(SafeDivisor(amax).unsqueeze(1)).mul(127);
-    s.weight.slice(0, r0, r1).copy_(scaled.round().clamp(-127, 127).to(at::kChar));
+    s.weight.slice(0, r0, r1).copy_(RowsToInt8(w, amax));
     s.absmax.slice(0, r0, r1).copy_(amax);
   }
   s.code = EmptyState(device);
   s.nested_absmax = EmptyState(device);
   s.nested_code = EmptyState(device);
   s.offset = EmptyState(device);
+  return s;
+}
+
+}  // namespace
+
+at::Tensor NearestCodeIndex(const at::Tensor& x, const at::Tensor& code) {
+  // Midpoints between neighbours; bucketize(right=false) maps a value equal to a midpoint to
+  // the lower code. Same operations in quant.py.
+  const int64_t n = code.numel();
+  at::Tensor mid = code.slice(0, 0, n - 1).add(code.slice(0, 1, n)).div(2);
+  return at::bucketize(x, mid);
+}
+
+at::Tensor RowsToInt8(const at::Tensor& x, const at::Tensor& absmax) {
+  // round() is round-half-to-even on every device; same operations in quant.py.
+  return x.div(SafeDivisor(absmax).unsqueeze(1)).mul(127).round().clamp(-127, 127).to(at::kChar);
+}
+
+StatusOr<QuantState> QuantizeInt8(const at::Tensor& weight, const std::string& name) {
+  RETURN_IF_ERROR(CheckWeight(weight, name));
+  return QuantizeRowsInt8(weight, at::Tensor());
+}
+
+StatusOr<QuantState> QuantizeW8A8(const at::Tensor& weight, const at::Tensor& smooth,
+                                  const std::string& name) {
+  RETURN_IF_ERROR(CheckWeight(weight, name));
+  c10::AutoGradMode no_grad(false);
+  const int64_t k = weight.size(1);
+  const at::TensorOptions f32 = weight.options().dtype(at::kFloat);
+  at::Tensor scale = smooth.defined() ? smooth.to(f32).contiguous() : at::ones({k}, f32);
+  if (scale.dim() != 1 || scale.numel() != k) {
+    return InvalidArgument(name + ": w8a8 activation scales must be [" + std::to_string(k) +
+                           "] (one per input feature), got " + std::to_string(scale.numel()) +
+                           " values in " + std::to_string(scale.dim()) + "-D");
+  }
+  if (smooth.defined() && !(scale.gt(0) & scale.isfinite()).all().item<bool>()) {
+    return InvalidArgument(name + ": w8a8 activation scales must be positive and finite");
+  }
+  QuantState s = QuantizeRowsInt8(weight, smooth.defined() ? scale : at::Tensor());
+  s.code = scale;
   return s;
 }
 
@@ -132,6 +163,8 @@ StatusOr<QuantState> Quantize(const at::Tensor& weight, const QuantOptions& opti
   switch (options.format) {
     case QuantFormat::kInt8:
       return QuantizeInt8(weight, name);
+    case QuantFormat::kW8A8:
+      return QuantizeW8A8(weight, at::Tensor(), name);
     case QuantFormat::kNf4:
       return QuantizeNf4(weight, options.blocksize, options.double_quant, name);
     case QuantFormat::kNone:
@@ -165,6 +198,9 @@ at::Tensor Dequantize(const QuantState& s, int64_t in_features, at::ScalarType d
       return s.weight.to(dtype);
     case QuantFormat::kInt8:
       w = s.weight.to(at::kFloat).mul(s.absmax.div(127).unsqueeze(1));
+      break;
+    case QuantFormat::kW8A8:  // quantized from w * s, column-wise
+      w = s.weight.to(at::kFloat).mul(s.absmax.div(127).unsqueeze(1)).div(s.code);
       break;
     case QuantFormat::kNf4: {
       at::Tensor bytes = s.weight.contiguous();

@@ -14,6 +14,7 @@
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
+#include "testing/c10_error.h"
 
 namespace qpool::quant {
 namespace {
@@ -40,14 +41,7 @@ QuantState ToDevice(const QuantState& s, const at::Device& d) {
                     s.nested_absmax.to(d), s.nested_code.to(d), s.offset.to(d)};
 }
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 // "nf4 320x768 M=77 Half": a case in failure messages.
 std::string CaseName(const FormatCase& f, int64_t n, int64_t k, int64_t m, at::ScalarType dt) {

@@ -33,13 +33,20 @@ NF4_TABLE = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.3949174880981445
              0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
              0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
 
-# name, format, blocksize, double_quant, out, in, bias, x dtype
+# name, format, blocksize, double_quant, out, in, bias, x dtype, x's leading shape, w8a8 with
+# calibrated activation scales (no load-time twin then: the server quantizes with ones)
 GOLDEN_CASES = [
-    ("int8", "int8", 64, False, 24, 40, True, torch.float32),
-    ("nf4_oddk", "nf4", 64, False, 24, 100, True, torch.float32),
-    ("nf4_dq", "nf4", 64, True, 40, 512, False, torch.float32),
-    ("nf4_bs16_dq_bf16", "nf4", 16, True, 12, 24, True, torch.bfloat16),
-    ("none", "none", 64, False, 16, 20, True, torch.float32),
+    ("int8", "int8", 64, False, 24, 40, True, torch.float32, (3, 2), False),
+    ("nf4_oddk", "nf4", 64, False, 24, 100, True, torch.float32, (3, 2), False),
+    ("nf4_dq", "nf4", 64, True, 40, 512, False, torch.float32, (3, 2), False),
+    ("nf4_bs16_dq_bf16", "nf4", 16, True, 12, 24, True, torch.bfloat16, (3, 2), False),
+    ("none", "none", 64, False, 16, 20, True, torch.float32, (3, 2), False),
+    # w8a8: int8 product (M >= 17, K and N multiples of 8), in bfloat16, the weight-only
+    # fallback (M = 6, K = 36), and calibrated activation scales.
+    ("w8a8", "w8a8", 64, False, 24, 40, True, torch.float32, (4, 6), False),
+    ("w8a8_bf16", "w8a8", 64, False, 32, 64, False, torch.bfloat16, (2, 17), False),
+    ("w8a8_fallback", "w8a8", 64, False, 24, 36, True, torch.float32, (3, 2), False),
+    ("w8a8_smooth", "w8a8", 64, False, 16, 48, True, torch.float32, (5, 4), True),
 ]
 
 
@@ -154,7 +161,8 @@ def test_device_mismatch_and_dtype_errors_name_the_tensor():
         layer(torch.ones(2, 32, dtype=torch.int64))
 
 
-@parametrize("fmt,bs,dq", [("int8", 64, False), ("nf4", 64, False), ("nf4", 32, True)])
+@parametrize("fmt,bs,dq", [("int8", 64, False), ("nf4", 64, False), ("nf4", 32, True),
+                           ("w8a8", 64, False)])
 def test_quantize_module_replaces_linears_and_traces_without_constants(fmt, bs, dq):
     torch.manual_seed(5)
     net = nn.Sequential(nn.Linear(40, 48), nn.GELU(), nn.Linear(48, 16, bias=False))
@@ -169,7 +177,7 @@ def test_quantize_module_replaces_linears_and_traces_without_constants(fmt, bs, 
             "0.bias"} <= names
     with torch.no_grad():
         y = net(x)
-    tolerance = 0.02 if fmt == "int8" else 0.3
+    tolerance = {"int8": 0.02, "w8a8": 0.03}.get(fmt, 0.3)
     assert (y - ref).abs().mean() < tolerance * ref.abs().mean()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -197,6 +205,141 @@ def test_meta_and_reference_op_shapes():
     assert meta(x.to("meta")).shape == (2, 3, 6)
 
 
+# ---- w8a8 (Note [W8A8 linear] in server/quant/w8a8_linear.h) ----
+
+def w8a8_error_bound(x, state):
+    """Per-element bound of |w8a8 output - float output| for x [M, K] (in float32): quantizing a
+    row of xs = x / s moves each value by at most a_r / 254 and the weight (of w * s) by at most
+    absmax_n / 254, so |err| <= a_r / 254 * sum|w_hat * s| + absmax_n / 254 * sum|xs|, plus
+    float32 rounding (1e-5 of sum |xs| |w * s|)."""
+    xs = x.float().div(state["code"])
+    ws = state["weight"].float().mul(state["absmax"].div(127).unsqueeze(1))
+    a = xs.abs().amax(1, keepdim=True)
+    return (a / 254 * ws.abs().sum(1) + state["absmax"] / 254 * xs.abs().sum(1, keepdim=True)
+            + 1e-5 * xs.abs().matmul(ws.abs().t()) + 1e-6)
+
+
+def test_w8a8_weight_is_int8_of_the_smoothed_weight():
+    gen = torch.Generator().manual_seed(21)
+    w = heavy_tailed(24, 64, gen) * 0.1
+    plain, int8 = quant.quantize_w8a8(w), quant.quantize_int8(w)
+    assert plain["weight"].dtype == torch.int8 and plain["format"] == "w8a8"
+    assert torch.equal(plain["weight"], int8["weight"])
+    assert torch.equal(plain["absmax"], int8["absmax"])
+    assert torch.equal(plain["code"], torch.ones(64))
+    s = torch.rand(64, generator=gen) + 0.5
+    smoothed = quant.quantize_w8a8(w, s)
+    assert torch.equal(smoothed["weight"], quant.quantize_int8(w * s)["weight"])
+    assert torch.equal(smoothed["code"], s)
+    err = (quant.dequantize(smoothed) - w).abs().mul(s)  # error of w * s, per row
+    assert bool((err.amax(1) <= smoothed["absmax"] / 254 * (1 + 1e-5) + 1e-7).all())
+
+
+@parametrize("m,k,n", [(17, 64, 24), (40, 256, 64), (128, 32, 8)])
+def test_w8a8_int_product_is_within_the_quantization_bound(m, k, n):
+    gen = torch.Generator().manual_seed(22)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen) * 3
+    x[:, 3] *= 20  # an outlier channel
+    s = torch.rand(k, generator=gen) + 0.5
+    state = quant.quantize_w8a8(w, s)
+    assert quant.w8a8_int_matmul_runs(m, k, n)
+    y = quant.w8a8_linear(x, state["weight"], state["absmax"], state["code"])
+    ref = torch.nn.functional.linear(x, w)
+    assert bool(((y - ref).abs() <= w8a8_error_bound(x, state)).all())
+    # The integer product is exact: the same values from a float64 product of the int8 values.
+    xs = x.div(s)
+    amax = xs.abs().amax(1)
+    acc = quant.rows_to_int8(xs, amax).double().matmul(state["weight"].double().t())
+    exact = acc.float().mul(amax.div(127).unsqueeze(1)).mul(state["absmax"].div(127))
+    assert torch.equal(y, exact)
+
+
+def test_w8a8_error_on_gaussian_data():
+    """Measured: mean |error| 1.0% of mean |y| for w8a8, 0.7% for int8 (K = 256)."""
+    gen = torch.Generator().manual_seed(23)
+    w = torch.randn(64, 256, generator=gen) * 0.05
+    x = torch.randn(64, 256, generator=gen)
+    ref = torch.nn.functional.linear(x, w)
+    errors = {}
+    for fmt in ("int8", "w8a8"):
+        layer = quant.QuantLinear.from_linear(_linear(w), fmt)
+        errors[fmt] = ((layer(x) - ref).abs().mean() / ref.abs().mean()).item()
+    assert errors["w8a8"] < 0.015 and errors["int8"] < errors["w8a8"], errors
+
+
+def _linear(w, bias=None):
+    linear = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
+
+
+@parametrize("lead,k", [((2, 8), 64), ((40,), 36), ((3, 1), 64)])
+def test_w8a8_falls_back_to_weight_only_int8(lead, k):
+    """Fewer than 17 rows, or K or N no multiple of 8: the int8 op on x / s, in x's dtype."""
+    gen = torch.Generator().manual_seed(24)
+    w, bias = torch.randn(16, k, generator=gen), torch.randn(16, generator=gen)
+    x = torch.randn(*lead, k, generator=gen)
+    rows = x.numel() // k
+    assert not quant.w8a8_int_matmul_runs(rows, k, 16)
+    w8a8 = quant.QuantLinear.from_linear(_linear(w, bias), "w8a8")
+    int8 = quant.QuantLinear.from_linear(_linear(w, bias), "int8")
+    assert torch.equal(w8a8(x), int8(x))
+    for dtype in (torch.bfloat16, torch.float16):
+        assert torch.equal(w8a8(x.to(dtype)), int8(x.to(dtype)))
+    s = torch.rand(k, generator=gen) + 0.5
+    smoothed = quant.QuantLinear.from_linear(_linear(w, bias), "w8a8", smooth=s)
+    e = torch.empty(0)
+    expected = quant._quant_linear_ref(x.div(s), smoothed.weight, smoothed.absmax, e, e, e, e,
+                                       bias)
+    assert torch.equal(smoothed(x), expected)
+
+
+def test_w8a8_zero_rows_give_the_bias_and_dtypes_follow_x():
+    gen = torch.Generator().manual_seed(25)
+    bias = torch.randn(16, generator=gen)
+    layer = quant.QuantLinear.from_linear(_linear(torch.randn(16, 32, generator=gen), bias),
+                                          "w8a8")
+    x = torch.randn(20, 32, generator=gen)
+    x[5] = 0
+    y = layer(x)
+    assert torch.equal(y[5], bias)
+    assert torch.isfinite(y).all()
+    yb = layer(x.to(torch.bfloat16))
+    assert yb.dtype == torch.bfloat16 and yb.shape == (20, 16)
+    assert (yb.float() - y).abs().max() < 0.05 * y.abs().max()
+
+
+def test_w8a8_smoothing_helps_outlier_channels():
+    """SmoothQuant's point: with a few large activation channels, s = max|x|^0.5 / max|w|^0.5
+    per channel moves the range into the weight and cuts the error."""
+    gen = torch.Generator().manual_seed(26)
+    w = torch.randn(64, 128, generator=gen) * 0.05
+    x = torch.randn(64, 128, generator=gen)
+    x[:, :4] *= 50
+    ref = torch.nn.functional.linear(x, w)
+    s = x.abs().amax(0).sqrt() / w.abs().amax(0).sqrt()
+    plain = quant.QuantLinear.from_linear(_linear(w), "w8a8")(x)
+    smoothed = quant.QuantLinear.from_linear(_linear(w), "w8a8", smooth=s)(x)
+    assert (smoothed - ref).abs().mean() < 0.5 * (plain - ref).abs().mean()
+
+
+def test_w8a8_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"must be \[8\]"):
+        quant.quantize_w8a8(torch.randn(4, 8), torch.ones(7))
+    with pytest.raises(ValueError, match="positive and finite"):
+        quant.quantize_w8a8(torch.randn(4, 8), torch.tensor([1.0] * 7 + [0.0]))
+    layer = quant.QuantLinear.from_linear(nn.Linear(8, 4), "w8a8")
+    layer.code = torch.ones(6)
+    with pytest.raises(RuntimeError, match=r"w8a8 code \(activation scales\) must be"):
+        layer(torch.randn(20, 8))
+    with pytest.raises(ValueError, match="prequantized w8a8 only"):
+        quant.quantize_module(nn.Sequential(nn.Linear(4, 4)), "int8", smooth={"0": torch.ones(4)})
+
+
 class _Golden(nn.Module):
     """A layer plus the input and output the Python reference computed for it."""
 
@@ -212,26 +355,29 @@ class _Golden(nn.Module):
 
 def write_golden(folder: str) -> None:
     """For each case: <name>.pt (pre-quantized, with x_ref / y_ref), <name>_float.pt (float
-    weights for load-time quantization) and a line of cases.txt: name format blocksize dq."""
+    weights for load-time quantization; not for calibrated w8a8) and a line of cases.txt: name
+    format blocksize dq calibrated."""
     os.makedirs(folder, exist_ok=True)
     gen = torch.Generator().manual_seed(1234)
     lines = []
-    for name, fmt, bs, dq, n, k, bias, dtype in GOLDEN_CASES:
+    for name, fmt, bs, dq, n, k, bias, dtype, lead, calibrated in GOLDEN_CASES:
         linear = nn.Linear(k, n, bias=bias)
         with torch.no_grad():
             linear.weight.copy_(heavy_tailed(n, k, gen) * 0.1)
             if bias:
                 linear.bias.copy_(torch.randn(n, generator=gen))
-        x = torch.randn(3, 2, k, generator=gen).to(dtype)
-        for suffix, pre in (("", True), ("_float", False)):
-            layer = quant.QuantLinear.from_linear(copy.deepcopy(linear), fmt, bs, dq, pre)
+        x = torch.randn(*lead, k, generator=gen).to(dtype)
+        smooth = torch.rand(k, generator=gen).mul(3).add(0.25) if calibrated else None
+        for suffix, pre in (("", True), ("_float", False))[:1 if calibrated else 2]:
+            layer = quant.QuantLinear.from_linear(copy.deepcopy(linear), fmt, bs, dq, pre,
+                                                  smooth=smooth)
             with torch.no_grad():
                 y = layer(x)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 traced = torch.jit.trace(_Golden(layer, x, y), x)
                 torch.jit.save(traced, os.path.join(folder, f"{name}{suffix}.pt"))
-        lines.append(f"{name} {fmt} {bs} {int(dq)}\n")
+        lines.append(f"{name} {fmt} {bs} {int(dq)} {int(calibrated)}\n")
     with open(os.path.join(folder, "cases.txt"), "w") as f:
         f.writelines(lines)
 
@@ -240,6 +386,10 @@ def test_write_golden(tmp_path):
     write_golden(str(tmp_path))
     names = (tmp_path / "cases.txt").read_text().split("\n")
     assert len([n for n in names if n]) == len(GOLDEN_CASES)
+    m = torch.jit.load(str(tmp_path / "w8a8_smooth.pt"))
+    assert m.layer.weight.dtype == torch.int8
+    assert dict(m.layer.named_buffers())["code"].shape == (48,)  # .code is the TorchScript
+    assert torch.equal(m(m.x_ref), m.y_ref) and not (tmp_path / "w8a8_smooth_float.pt").exists()
     m = torch.jit.load(str(tmp_path / "nf4_dq.pt"))
     assert torch.equal(m(m.x_ref), m.y_ref)
     assert m.layer.absmax.dtype == torch.uint8

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <sstream>
 #include <string>
 
@@ -19,19 +18,14 @@
 #include "quant/quant_format.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
+#include "quant/w8a8_linear.h"
+#include "testing/c10_error.h"
 #include "testing/test_paths.h"
 
 namespace qpool::quant {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 QuantState StateFor(const at::Tensor& w, QuantFormat f, int64_t bs = 64, bool dq = false) {
   StatusOr<QuantState> s = Quantize(w, QuantOptions{f, bs, dq});
@@ -196,13 +190,14 @@ at::Tensor Forward(torch::jit::Module& m, const at::Tensor& x) { return m.forwar
 TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
   torch::manual_seed(13);
   at::Tensor w1 = at::randn({48, 40}), b1 = at::randn({48}), w2 = at::randn({16, 48});
-  at::Tensor x = at::randn({3, 40});
+  at::Tensor x = at::randn({20, 40});  // 20 rows: w8a8 multiplies in int8 (Note [W8A8 linear])
   struct Case {
     const char* format;
     int bs;
     bool dq;
   };
-  for (Case c : {Case{"int8", 64, false}, Case{"nf4", 64, false}, Case{"nf4", 16, true}}) {
+  for (Case c : {Case{"int8", 64, false}, Case{"nf4", 64, false}, Case{"nf4", 16, true},
+                 Case{"w8a8", 64, false}}) {
     torch::jit::Module net = MakeNet(w1.clone(), b1, w2.clone());
     // Keep only a weak reference to the float weight: quantization must release it.
     c10::weak_intrusive_ptr<c10::StorageImpl> float_storage(
@@ -218,6 +213,8 @@ TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
     EXPECT_EQ(report->bytes_before, (48 * 40 + 16 * 48) * 4);
     if (std::string(c.format) == "int8") {
       EXPECT_EQ(report->bytes_after, 48 * 40 + 48 * 4 + 16 * 48 + 16 * 4);  // q + row absmax
+    } else if (std::string(c.format) == "w8a8") {                           // + activation scales
+      EXPECT_EQ(report->bytes_after, 48 * 40 + 48 * 4 + 40 * 4 + 16 * 48 + 16 * 4 + 48 * 4);
     } else {
       EXPECT_LT(report->bytes_after, report->bytes_before);
     }
@@ -225,12 +222,18 @@ TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
 
     QuantOptions o{*ParseQuantFormat(c.format), c.bs, c.dq};
     QuantState s1 = *Quantize(w1, o), s2 = *Quantize(w2, o);
-    at::Tensor h = at::relu(at::linear(x, Dequantize(s1, 40), b1));
-    at::Tensor expected = at::linear(h, Dequantize(s2, 48));
+    at::Tensor expected;
+    if (o.format == QuantFormat::kW8A8) {  // x is quantized too: the op, checked elsewhere
+      expected = QuantLinear(at::relu(QuantLinear(x, s1, b1)), s2);
+    } else {
+      at::Tensor h = at::relu(at::linear(x, Dequantize(s1, 40), b1));
+      expected = at::linear(h, Dequantize(s2, 48));
+    }
     EXPECT_TRUE(at::allclose(Forward(net, x), expected, 1e-5, 1e-5)) << c.format;
     torch::jit::Module in = net.attr("proj_in").toModule();
     EXPECT_TRUE(at::equal(in.attr("weight").toTensor(), s1.weight));
     EXPECT_TRUE(at::equal(in.attr("absmax").toTensor(), s1.absmax));
+    EXPECT_TRUE(at::equal(in.attr("code").toTensor(), s1.code));
 
     // Quantizing again with the same settings keeps the layers; other settings are refused.
     StatusOr<QuantizeReport> again = QuantizeModule(net, settings);
@@ -238,7 +241,7 @@ TEST(ModuleQuantizer, QuantizesAtLoadTimeAndMatchesTheReference) {
     EXPECT_EQ(again->layers_already_quantized, 2);
     EXPECT_EQ(again->layers_quantized, 0);
     QuantSettings other = settings;
-    other.format = std::string(c.format) == "int8" ? "nf4" : "int8";
+    other.format = std::string(c.format) == "int8" ? "w8a8" : "int8";
     StatusOr<QuantizeReport> conflict = QuantizeModule(net, other);
     ASSERT_FALSE(conflict.ok());
     EXPECT_EQ(conflict.status().code(), StatusCode::kInvalidArgument);
@@ -253,9 +256,9 @@ TEST(ModuleQuantizer, QuantizingOnTheGpuGivesTheCpuBytes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available";
   torch::manual_seed(15);
   at::Tensor w1 = at::randn({320, 520}) * 3, b1 = at::randn({320}), w2 = at::randn({72, 320});
-  for (const char* format : {"int8", "nf4"}) {
+  for (const char* format : {"int8", "nf4", "w8a8"}) {
     for (bool dq : {false, true}) {
-      if (dq && std::string(format) == "int8") continue;
+      if (dq && std::string(format) != "nf4") continue;
       QuantSettings settings;
       settings.format = format;
       settings.double_quant = dq;
@@ -336,7 +339,8 @@ TEST(ModuleQuantizer, ClassifiesQuantStateNames) {
 
 // Note [Python cross-check]: tests/python/test_quant.py --write-golden writes traced QuantLinear
 // modules (pre-quantized, with the reference input and output as buffers) and their float
-// twins. The C++ op must reproduce the outputs, and the C++ load-time quantizer the exact bytes.
+// twins. The C++ op must reproduce the outputs (w8a8's int8 product: exactly), and the C++
+// load-time quantizer the exact bytes (w8a8 with calibrated activation scales has no twin).
 std::string FindPython() {
   if (const char* env = std::getenv("QPOOL_PYTHON")) return env;
   const std::string venv = testing::SourceDir() + "/.venv/bin/python";
@@ -365,8 +369,8 @@ TEST(PythonReference, CppOpAndQuantizerReproduceThePythonReference) {
   }
   std::ifstream cases(dir + "/cases.txt");
   std::string name, format;
-  int blocksize = 0, dq = 0, count = 0;
-  while (cases >> name >> format >> blocksize >> dq) {
+  int blocksize = 0, dq = 0, calibrated = 0, count = 0;
+  while (cases >> name >> format >> blocksize >> dq >> calibrated) {
     SCOPED_TRACE(name);
     ++count;
     torch::jit::Module pre = torch::jit::load(dir + "/" + name + ".pt");
@@ -376,6 +380,11 @@ TEST(PythonReference, CppOpAndQuantizerReproduceThePythonReference) {
     EXPECT_EQ(y.scalar_type(), y_ref.scalar_type());
     EXPECT_TRUE(at::allclose(y.to(at::kFloat), y_ref.to(at::kFloat), 1e-5, 1e-5))
         << (y.to(at::kFloat) - y_ref.to(at::kFloat)).abs().max().item<float>();
+    const int64_t k = x.size(-1);
+    if (format == "w8a8" && W8A8IntMatmulRuns(x.numel() / k, k, y.size(-1))) {
+      EXPECT_TRUE(at::equal(y, y_ref)) << "the int8 product differs from quant.py's";
+    }
+    if (calibrated) continue;
 
     torch::jit::Module fl = torch::jit::load(dir + "/" + name + "_float.pt");
     QuantSettings settings;
@@ -395,7 +404,7 @@ TEST(PythonReference, CppOpAndQuantizerReproduceThePythonReference) {
     }
     EXPECT_TRUE(at::equal(fl.forward({x}).toTensor(), y));
   }
-  EXPECT_EQ(count, 5);
+  EXPECT_EQ(count, 9);
   // Not std::filesystem::remove_all: in a process with libtorch 2.11 loaded it resolves to a
   // broken copy exported by libtorch.so and crashes.
   EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);

@@ -1,11 +1,16 @@
-"""Quantized linear layers for qpool components: int8 (per-row absmax) and NF4 (block-wise,
-optional double quantization), the Python reference of the ``qpool::quant_linear`` op and
-``QuantLinear``, the module the exporter puts in place of ``nn.Linear``.
+"""Quantized linear layers for qpool components: int8 (per-row absmax), w8a8 (int8 weights and
+per-token int8 activations) and NF4 (block-wise, optional double quantization), the Python
+reference of the ``qpool::quant_linear`` op and ``QuantLinear``, the module the exporter puts in
+place of ``nn.Linear``.
 
 Layouts (docs/quantization.md; C++: server/quant/quant_format.h, Note [Quantized weight layouts]):
 
 * none: weight float [N, K]; the five state tensors are empty (numel 0, float32).
 * int8: weight int8 [N, K], absmax float32 [N]; w = q * (absmax / 127).
+* w8a8: int8's weight and absmax, quantized from w * s (column-wise), and code float32 [K] = s,
+  the activation scales (ones without calibration); w = q * (absmax / 127) / s. The op divides x
+  by s, quantizes each row of it to int8 and multiplies in int32 (w8a8_linear(); C++: Note
+  [W8A8 linear] in server/quant/w8a8_linear.h).
 * nf4:  rows zero-padded to Kp = roundup(K, blocksize); weight uint8 [N, Kp / 2] with element 2j in
   the high nibble and 2j+1 in the low nibble (bitsandbytes order); absmax float32 [N * Kp /
   blocksize]; code float32 [16] (NF4_CODE); w = code[nibble] * absmax[block].
@@ -27,12 +32,15 @@ from torch import nn
 # unit_quant_op_test reads it from this file and compares.
 SCHEMA = "quant_linear(Tensor x, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> Tensor"  # noqa: E501
 
-FORMATS = ("none", "int8", "nf4")
+FORMATS = ("none", "int8", "nf4", "w8a8")
 STATE_NAMES = ("absmax", "code", "nested_absmax", "nested_code", "offset")
 # Buffers kept in float32 whatever --dtype says, as the server keeps them (KeepsSavedDtype in
 # server/component/component.h): the sinusoidal frequency tables of timestep and size embeddings.
 FLOAT32_BUFFERS = ("freqs",)
 NESTED_BLOCKSIZE = 256
+# w8a8 multiplies in int8 (torch._int_mm) for at least W8A8_MIN_ROWS rows and K, N multiples of
+# W8A8_MULTIPLE (CUDA's limits, applied on every device), else falls back to weight-only int8.
+W8A8_MIN_ROWS, W8A8_MULTIPLE = 17, 8
 MIN_BLOCKSIZE, MAX_BLOCKSIZE = 16, 4096
 
 # The 16 NormalFloat-4 values of the QLoRA paper, as bitsandbytes publishes them.
@@ -88,6 +96,12 @@ def _safe(absmax: torch.Tensor) -> torch.Tensor:
     return torch.where(absmax == 0, torch.ones_like(absmax), absmax)
 
 
+def rows_to_int8(x: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """clamp(round_half_even(x / absmax * 127), -127, 127) as int8 for the rows of float32 x
+    (a row with absmax 0 is divided by 1: zeros). Weights and w8a8 activations alike."""
+    return x.div(_safe(absmax).unsqueeze(1)).mul(127).round().clamp(-127, 127).to(torch.int8)
+
+
 @torch.no_grad()
 def quantize_int8(w: torch.Tensor, name: str = "weight") -> State:
     """Symmetric per-row int8: {'weight': int8 [N, K], 'absmax': float32 [N], ...}."""
@@ -95,9 +109,33 @@ def quantize_int8(w: torch.Tensor, name: str = "weight") -> State:
     d = w.device
     w = w.detach().to(torch.float32)
     absmax = w.abs().amax(1)
-    q = w.div(_safe(absmax).unsqueeze(1)).mul(127).round().clamp(-127, 127).to(torch.int8)
-    return {"format": "int8", "shape": tuple(w.shape), "weight": q, "absmax": absmax,
-            "code": _empty(d), "nested_absmax": _empty(d), "nested_code": _empty(d),
+    return {"format": "int8", "shape": tuple(w.shape), "weight": rows_to_int8(w, absmax),
+            "absmax": absmax, "code": _empty(d), "nested_absmax": _empty(d),
+            "nested_code": _empty(d), "offset": _empty(d)}
+
+
+@torch.no_grad()
+def quantize_w8a8(w: torch.Tensor, smooth: Optional[torch.Tensor] = None,
+                  name: str = "weight") -> State:
+    """int8 of w * smooth (column-wise) with smooth, the activation scales, as 'code' (ones when
+    None: then weight and absmax are quantize_int8's bytes)."""
+    _check_weight(w, name)
+    d = w.device
+    k = w.shape[1]
+    wf = w.detach().to(torch.float32)
+    if smooth is None:
+        s = torch.ones(k, dtype=torch.float32, device=d)
+    else:
+        s = smooth.detach().to(device=d, dtype=torch.float32).contiguous()
+        if s.dim() != 1 or s.numel() != k:
+            raise ValueError(f"{name}: w8a8 activation scales must be [{k}] (one per input "
+                             f"feature), got {tuple(s.shape)}")
+        if not bool((s.gt(0) & s.isfinite()).all()):
+            raise ValueError(f"{name}: w8a8 activation scales must be positive and finite")
+        wf = wf.mul(s)
+    absmax = wf.abs().amax(1)
+    return {"format": "w8a8", "shape": (w.shape[0], k), "weight": rows_to_int8(wf, absmax),
+            "absmax": absmax, "code": s, "nested_absmax": _empty(d), "nested_code": _empty(d),
             "offset": _empty(d)}
 
 
@@ -140,12 +178,15 @@ def quantize_nf4(w: torch.Tensor, blocksize: int = 64, double_quant: bool = Fals
 
 
 def quantize(w: torch.Tensor, fmt: str, blocksize: int = 64, double_quant: bool = False,
-             name: str = "weight") -> State:
-    """Dispatches on fmt ('none' keeps the weight, with empty state)."""
+             name: str = "weight", smooth: Optional[torch.Tensor] = None) -> State:
+    """Dispatches on fmt ('none' keeps the weight, with empty state; smooth: w8a8's activation
+    scales, ones when None)."""
     if fmt == "int8":
         return quantize_int8(w, name)
     if fmt == "nf4":
         return quantize_nf4(w, blocksize, double_quant, name)
+    if fmt == "w8a8":
+        return quantize_w8a8(w, smooth, name)
     if fmt != "none":
         raise ValueError(f"unknown quantization format {fmt!r} (expected one of {FORMATS})")
     _check_weight(w, name)
@@ -154,12 +195,12 @@ def quantize(w: torch.Tensor, fmt: str, blocksize: int = 64, double_quant: bool 
             **{s: _empty(d) for s in STATE_NAMES}}
 
 
-def _layout(weight, absmax, in_features: int) -> Tuple[str, int, int]:
+def _layout(weight, absmax, code, in_features: int) -> Tuple[str, int, int]:
     """(format, padded_in, blocksize) derived from the tensors, as the C++ op does."""
     if weight.is_floating_point():
         return "none", weight.shape[1], 0
     if weight.dtype == torch.int8:
-        return "int8", weight.shape[1], 0
+        return ("w8a8" if code.numel() > 0 else "int8"), weight.shape[1], 0
     if weight.dtype != torch.uint8:
         raise RuntimeError(f"qpool::quant_linear: weight dtype {weight.dtype} is not a known "
                            f"format")
@@ -183,11 +224,13 @@ def nf4_block_absmax(absmax, nested_absmax, nested_code_t, offset) -> torch.Tens
 def dequantize_tensors(weight, absmax, code, nested_absmax, nested_code_t, offset,
                        in_features: int, dtype=torch.float32) -> torch.Tensor:
     """The [N, in_features] weight the tensors stand for, computed in float32 then cast."""
-    fmt, kp, blocksize = _layout(weight, absmax, in_features)
+    fmt, kp, blocksize = _layout(weight, absmax, code, in_features)
     if fmt == "none":
         return weight.to(dtype)
     if fmt == "int8":
         w = weight.to(torch.float32).mul(absmax.div(127).unsqueeze(1))
+    elif fmt == "w8a8":
+        w = weight.to(torch.float32).mul(absmax.div(127).unsqueeze(1)).div(code)
     else:
         b = weight.contiguous()
         idx = torch.stack([b.bitwise_right_shift(4), b.bitwise_and(15)], 2)
@@ -219,12 +262,44 @@ def _check_devices(x, weight, absmax, code, nested_absmax, nested_code_t, offset
                                f"on x's device")
 
 
+def w8a8_int_matmul_runs(rows: int, in_features: int, out_features: int) -> bool:
+    """Whether w8a8 multiplies in int8 for this many rows of x (else weight-only int8)."""
+    return (rows >= W8A8_MIN_ROWS and in_features > 0 and in_features % W8A8_MULTIPLE == 0
+            and out_features > 0 and out_features % W8A8_MULTIPLE == 0)
+
+
+def w8a8_linear(x, weight, absmax, smooth, bias=None) -> torch.Tensor:
+    """The w8a8 product (C++: W8A8Linear, Note [W8A8 linear]): x / smooth quantized per row to
+    int8, times the int8 weight in int32, scaled by (row absmax / 127) * (absmax / 127), plus
+    bias, in float32, cast to x's dtype; weight-only int8 of x / smooth where
+    w8a8_int_matmul_runs() says no."""
+    k, n = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k)
+    xs = x2.to(torch.float32).div(smooth)
+    if not w8a8_int_matmul_runs(x2.shape[0], k, n):
+        e = _empty(x.device)
+        y = _quant_linear_ref(xs.to(x.dtype), weight, absmax, e, e, e, e, bias)
+        return y.reshape(*x.shape[:-1], n)
+    amax = xs.abs().amax(1)
+    acc = torch._int_mm(rows_to_int8(xs, amax), weight.contiguous().t())
+    y = acc.to(torch.float32).mul(amax.div(127).unsqueeze(1)).mul(absmax.div(127))
+    if bias is not None:
+        y = y.add(bias.to(torch.float32))
+    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
 def _quant_linear_ref(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias):
-    """Python reference of qpool::quant_linear: dequantize in float32, linear, cast."""
+    """Python reference of qpool::quant_linear: dequantize in float32, linear, cast (w8a8:
+    w8a8_linear())."""
     _check_devices(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise RuntimeError(f"qpool::quant_linear: x must be float32, float16 or bfloat16, "
                            f"got {x.dtype}")
+    if weight.dtype == torch.int8 and code.numel() > 0:
+        if code.dtype != torch.float32 or code.shape != (x.shape[-1],):
+            raise RuntimeError(f"qpool::quant_linear: w8a8 code (activation scales) must be "
+                               f"float32 [{x.shape[-1]}], got {code.dtype} {tuple(code.shape)}")
+        return w8a8_linear(x, weight, absmax, code, bias)
     w = dequantize_tensors(weight, absmax, code, nested_absmax, nested_code_t, offset,
                            x.shape[-1])
     b = bias.to(torch.float32) if bias is not None else None
@@ -271,16 +346,17 @@ class QuantLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str, blocksize: int = 64,
                     double_quant: bool = False, prequantize: bool = True,
-                    name: str = "weight") -> "QuantLinear":
+                    name: str = "weight", smooth: Optional[torch.Tensor] = None) -> "QuantLinear":
         """A QuantLinear with linear's weights, quantized now (prequantize) or kept in float
-        (format none, for the server to quantize at load time)."""
+        (format none, for the server to quantize at load time); smooth: w8a8's activation
+        scales (ones when None)."""
         state = quantize(linear.weight, fmt if prequantize else "none", blocksize, double_quant,
-                         name)
+                         name, smooth)
         return cls(linear.in_features, linear.out_features, state, linear.bias)
 
     @property
     def format(self) -> str:
-        return _layout(self.weight, self.absmax, self.in_features)[0]
+        return _layout(self.weight, self.absmax, self.code, self.in_features)[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.qpool.quant_linear(x, self.weight, self.absmax, self.code,
@@ -293,9 +369,11 @@ class QuantLinear(nn.Module):
 
 
 def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_quant: bool = False,
-                    skip: Iterable[str] = (), prequantize: bool = True) -> int:
+                    skip: Iterable[str] = (), prequantize: bool = True,
+                    smooth: Optional[Dict[str, torch.Tensor]] = None) -> int:
     """Replaces every nn.Linear of `module` whose qualified name contains no `skip` substring by a
     QuantLinear (quantized now if prequantize, else in float for load-time quantization).
+    smooth: w8a8 activation scales by qualified layer name (layers it does not name get ones).
     Returns the number of layers replaced; ValueError for a bad format or blocksize, or when no
     layer was replaced."""
     if fmt not in FORMATS:
@@ -304,6 +382,9 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
         check_blocksize(blocksize)
     elif double_quant:
         raise ValueError("double_quant applies to nf4 only")
+    if smooth and (fmt != "w8a8" or not prequantize):
+        raise ValueError("activation scales (smooth) apply to prequantized w8a8 only")
+    smooth = smooth or {}
     skip = [s for s in skip if s]
     targets, skipped = [], 0
     for qualified, child in module.named_modules():
@@ -323,5 +404,6 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
             raise ValueError("the module itself is an nn.Linear; wrap it in a container")
         linear = getattr(parent, attr)
         setattr(parent, attr, QuantLinear.from_linear(linear, fmt, blocksize, double_quant,
-                                                      prequantize, qualified))
+                                                      prequantize, qualified,
+                                                      smooth.get(qualified)))
     return len(targets)

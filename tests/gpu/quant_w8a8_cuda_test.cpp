@@ -1,0 +1,85 @@
+// qpool::quant_linear for w8a8 layers on CUDA (Note [W8A8 linear]): the int8 product through
+// cuBLASLt gives the CPU kernel's values bit for bit, and the fallback (fewer than 17 rows, K or
+// N no multiple of 8) stays within the int8 kernels' tolerance of the CPU.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "quant/quant_format.h"
+#include "quant/quant_linear_cuda.h"
+#include "quant/quant_linear_op.h"
+#include "quant/quantizer.h"
+#include "quant/w8a8_linear.h"
+
+namespace qpool::quant {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available; GPU test skipped"
+
+QuantState OnCuda(const QuantState& s) {
+  const at::Device d(at::kCUDA, 0);
+  return QuantState{s.weight.to(d),        s.absmax.to(d),      s.code.to(d),
+                    s.nested_absmax.to(d), s.nested_code.to(d), s.offset.to(d)};
+}
+
+struct Shape {
+  int64_t m, k, n;
+};
+
+std::string Name(const Shape& s, at::ScalarType dt) {
+  return "M=" + std::to_string(s.m) + " K=" + std::to_string(s.k) + " N=" + std::to_string(s.n) +
+         " " + c10::toString(dt);
+}
+
+TEST(W8A8Cuda, IntProductEqualsTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(41);
+  for (Shape sh :
+       {Shape{17, 64, 24}, Shape{77, 768, 320}, Shape{256, 1280, 5120}, Shape{4096, 320, 320}}) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const at::Tensor bias = at::randn({sh.n});
+    const at::Tensor smooth = at::rand({sh.k}) + 0.5;
+    const QuantState s = *QuantizeW8A8(w, smooth);
+    ASSERT_TRUE(W8A8IntMatmulRuns(sh.m, sh.k, sh.n));
+    for (at::ScalarType dt : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      SCOPED_TRACE(Name(sh, dt));
+      const at::Tensor x = at::randn({sh.m, sh.k}).to(dt);
+      const at::Tensor cpu = QuantLinear(x, s, bias);
+      const at::Tensor gpu = QuantLinear(x.cuda(), OnCuda(s), bias.cuda()).cpu();
+      EXPECT_EQ(gpu.scalar_type(), dt);
+      EXPECT_TRUE(at::equal(gpu, cpu))
+          << (gpu.to(at::kFloat) - cpu.to(at::kFloat)).abs().max().item<float>();
+    }
+  }
+}
+
+TEST(W8A8Cuda, FallbackStaysCloseToTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(42);
+  for (Shape sh : {Shape{1, 320, 1280}, Shape{16, 768, 320}, Shape{77, 36, 64}}) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const QuantState s = *QuantizeW8A8(w);
+    ASSERT_FALSE(W8A8IntMatmulRuns(sh.m, sh.k, sh.n));
+    for (at::ScalarType dt : {at::kFloat, at::kHalf}) {
+      SCOPED_TRACE(Name(sh, dt));
+      const at::Tensor x = at::randn({sh.m, sh.k}).to(dt);
+      const at::Tensor cpu = QuantLinear(x, s).to(at::kFloat);
+      const at::Tensor gpu = QuantLinear(x.cuda(), OnCuda(s)).cpu().to(at::kFloat);
+      const double scale = cpu.abs().max().item<double>();
+      EXPECT_LT((gpu - cpu).abs().max().item<double>(), (dt == at::kFloat ? 1e-4 : 1e-2) * scale);
+    }
+  }
+}
+
+TEST(W8A8Cuda, DequantizeUndoesTheSmoothing) {
+  SKIP_WITHOUT_CUDA();
+  const at::Tensor w = at::randn({40, 64});
+  const QuantState s = *QuantizeW8A8(w, at::rand({64}) + 0.5);
+  EXPECT_TRUE(at::equal(DequantizeCuda(OnCuda(s), 64, at::kFloat).cpu(), Dequantize(s, 64)));
+}
+
+}  // namespace
+}  // namespace qpool::quant
