@@ -148,7 +148,13 @@ std::string Component::quantization() const {
   for (const auto& slot : slots_) {
     if (slot.role != TensorRole::kWeight) continue;
     const auto t = TensorAt(slot);
-    if (t.scalar_type() == c10::kChar) return "int8";
+    if (t.scalar_type() == c10::kChar) {
+      // w8a8 is int8 plus activation scales in the layer's code (Note [Quantized weight layouts]).
+      const auto code = slot.owner->type()->findAttributeSlot("code");
+      const bool w8a8 = code && slot.owner->getSlot(*code).isTensor() &&
+                        slot.owner->getSlot(*code).toTensor().numel() > 0;
+      return w8a8 ? "w8a8" : "int8";
+    }
     if (t.scalar_type() == c10::kByte) return "nf4";
   }
   return "none";

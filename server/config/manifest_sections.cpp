@@ -15,7 +15,7 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
   RETURN_IF_ERROR(GetSection(comp, prefix, "quantization", false, kQuantKeys, &node));
   const std::string field = Dotted(prefix, "quantization");
   RETURN_IF_ERROR(ReadString(node, field, "format", false, &q->format));
-  RETURN_IF_ERROR(CheckOneOf(field + ".format", q->format, {"none", "int8", "nf4"}));
+  RETURN_IF_ERROR(CheckOneOf(field + ".format", q->format, {"none", "int8", "nf4", "w8a8"}));
   RETURN_IF_ERROR(ReadNumber(node, field, "blocksize", &q->blocksize));
   if (!IsPowerOfTwo(q->blocksize) || q->blocksize < 16 || q->blocksize > 4096) {
     return Got(field + ".blocksize", "must be a power of two between 16 and 4096", q->blocksize);

@@ -338,6 +338,7 @@ def test_sd15_latent_downscale_is_8():
     (["--preset", "tiny", "--out", "x", "--quantize", "nf4", "--blocksize", "48"],
      "power of two"),
     (["--preset", "tiny", "--out", "x", "--quantize", "int8", "--double-quant"], "nf4 only"),
+    (["--preset", "tiny", "--out", "x", "--quantize", "w8a8", "--blocksize", "64"], "nf4 only"),
     (["--preset", "tiny", "--out", "x", "--blocksize", "64"], "nf4 only"),
     (["--preset", "tiny", "--out", "x", "--quantize", "int8", "--components", "unet,clip"],
      "unknown component"),
@@ -388,6 +389,8 @@ needs_quant = pytest.mark.skipif(not _quant_available(),
      {"format": "nf4", "blocksize": 64, "double_quant": True}),
     ("nf4", "load-time", ["--blocksize", "128"],
      {"format": "nf4", "blocksize": 128, "double_quant": False}),
+    ("w8a8", "prequantized", [], {"format": "w8a8"}),
+    ("w8a8", "load-time", [], {"format": "w8a8"}),
 ])
 def test_quantized_export(tmp_path, fmt, mode, extra, section):
     out = tmp_path / f"q-{fmt}"
@@ -405,6 +408,11 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
     assert torch.isfinite(noise).all()
     for name in COMPONENT_FILES:
         assert tracing.tensor_constants(jit_load(os.path.join(out, name))) == [], name
+    if fmt == "w8a8" and mode == "prequantized":  # int8 weights, activation scales of ones
+        buffers = dict(unet.named_buffers())
+        int8 = [n[:-len("weight")] for n, b in buffers.items() if b.dtype == torch.int8]
+        assert int8 and all(torch.equal(buffers[p + "code"], torch.ones(
+            buffers[p + "weight"].shape[1])) for p in int8)
 
 
 GROUP_NORM_SHAPES = [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32), ((3, 12, 5, 6), 4)]

@@ -52,7 +52,8 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
       // quantization
       {"format",
        Parts().UnetExtra(q + "      format: fp8\n"),
-       {"field 'components.unet.quantization.format' must be one of: none, int8, nf4 (got 'fp8')"}},
+       {"field 'components.unet.quantization.format' must be one of: none, int8, nf4, w8a8 (got "
+        "'fp8')"}},
       {"blocksize not power of two",
        Parts().UnetExtra(q + "      format: nf4\n      blocksize: 48\n"),
        {"field 'components.unet.quantization.blocksize' must be a power of two between 16 and "

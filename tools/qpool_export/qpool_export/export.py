@@ -36,7 +36,7 @@ class ExportOptions:
     preset: str
     out: str  # the pipeline folder (its name is the pipeline's name)
     seed: int = 0
-    quantize: str = "none"  # none | int8 | nf4
+    quantize: str = "none"  # none | int8 | nf4 | w8a8
     quant_mode: str = "prequantized"  # prequantized | load-time
     blocksize: int = 64
     double_quant: bool = False
@@ -276,7 +276,10 @@ def parse_args(argv: Optional[Sequence[str]]):
                         "nothing written) and exit")
     p.add_argument("--name", help="pipeline name: write OUT/NAME instead of OUT")
     p.add_argument("--seed", type=int, default=0, help="same seed, same weights (default 0)")
-    p.add_argument("--quantize", choices=("none", "int8", "nf4"), default="none")
+    p.add_argument("--quantize", choices=("none", "int8", "nf4", "w8a8"), default="none",
+                   help="int8: int8 weights (row-wise absmax), float products; nf4: 4-bit "
+                        "NormalFloat weights; w8a8: int8 weights and per-token int8 "
+                        "activations, int8 products (docs/quantization.md)")
     p.add_argument("--quant-mode", choices=("prequantized", "load-time"), default="prequantized",
                    help="prequantized: packed weights in the .pt files; load-time: full-precision "
                         "files, the server quantizes when it loads them")
@@ -333,7 +336,8 @@ def parse_args(argv: Optional[Sequence[str]]):
         p.error("--double-quant applies to --quantize nf4 only")
     if a.quantize == "none" and (a.components is not None or a.skip or
                                  a.quant_mode != "prequantized"):
-        p.error("--components, --skip and --quant-mode apply only with --quantize int8|nf4")
+        p.error("--components, --skip and --quant-mode apply only with --quantize "
+                "int8|nf4|w8a8")
     compile_list = _split_list(a.compile)
     bad = [c for c in compile_list if c not in aot.COMPILABLE]
     if bad:
