@@ -42,6 +42,7 @@ class ExportOptions:
     double_quant: bool = False
     quant_components: Tuple[str, ...] = DEFAULT_QUANT_COMPONENTS
     skip: Tuple[str, ...] = ()
+    smoothquant: Optional[float] = None  # w8a8: SmoothQuant alpha (smoothquant.py), or no scales
     dtype: str = "float32"  # float32 | float16
     verbose: bool = True
     threads: int = 0  # torch intra-op threads while exporting; 0 = leave torch's default
@@ -91,15 +92,20 @@ def example_inputs(preset: Preset, component: str, batch: int, h: int, w: int, v
     return (latents,)
 
 
-def _quantize(module: torch.nn.Module, opts: ExportOptions) -> int:
+def _quantize(module: torch.nn.Module, opts: ExportOptions,
+              calibration: Sequence[Tuple[torch.Tensor, ...]] = ()) -> int:
     try:
         from . import quant  # written separately; registers torch.ops.qpool.quant_linear
     except ImportError as e:
         raise ValueError(f"--quantize {opts.quantize} needs qpool_export/quant.py, which could not "
                          f"be imported: {e}") from e
+    smooth = None
+    if opts.smoothquant is not None:
+        from . import smoothquant
+        smooth = smoothquant.calibrate(module, calibration, opts.smoothquant)
     return quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
                                  double_quant=opts.double_quant, skip=list(opts.skip),
-                                 prequantize=opts.quant_mode == "prequantized")
+                                 prequantize=opts.quant_mode == "prequantized", smooth=smooth)
 
 
 def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:
@@ -132,7 +138,13 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     module = build_component(preset, component, opts.seed)
     quantized = 0
     if opts.quantize != "none" and component in opts.quant_components:
-        quantized = _quantize(module, opts)
+        calibration = []
+        if opts.smoothquant is not None:  # 4 batches of random prompts (token ids) or latents
+            gen = torch.Generator().manual_seed(opts.seed + 1)
+            side = preset.trace_latent
+            calibration = [example_inputs(preset, component, 2, side, side, vocab, gen)
+                           for _ in range(4)]
+        quantized = _quantize(module, opts, calibration)
     keep = [n for n, m in module.named_modules() if type(m).__module__.endswith(".quant")]
 
     gen = torch.Generator().manual_seed(opts.seed)
@@ -285,6 +297,10 @@ def parse_args(argv: Optional[Sequence[str]]):
                         "files, the server quantizes when it loads them")
     p.add_argument("--blocksize", type=int, default=None, help="nf4 block size (default 64)")
     p.add_argument("--double-quant", action="store_true", help="nf4: 8-bit absmax of absmax")
+    p.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
+                   help="w8a8, prequantized: SmoothQuant activation scales max|x|^ALPHA / "
+                        "max|w|^(1-ALPHA) per input channel (0.5 is the usual), calibrated on 4 "
+                        "batches of random prompts; default: scales of ones")
     p.add_argument("--components", default=None,
                    help="components to quantize, comma separated, or 'all' "
                         "(default: text_encoder,unet)")
@@ -334,6 +350,10 @@ def parse_args(argv: Optional[Sequence[str]]):
         p.error(f"--blocksize must be a power of two between 16 and 4096 (got {blocksize})")
     if a.double_quant and not nf4:
         p.error("--double-quant applies to --quantize nf4 only")
+    if a.smoothquant is not None and (a.quantize != "w8a8" or a.quant_mode != "prequantized"):
+        p.error("--smoothquant applies to --quantize w8a8 --quant-mode prequantized only")
+    if a.smoothquant is not None and not 0 < a.smoothquant <= 1:
+        p.error(f"--smoothquant must be in (0, 1] (got {a.smoothquant})")
     if a.quantize == "none" and (a.components is not None or a.skip or
                                  a.quant_mode != "prequantized"):
         p.error("--components, --skip and --quant-mode apply only with --quantize "
@@ -356,7 +376,8 @@ def parse_args(argv: Optional[Sequence[str]]):
     return ExportOptions(preset=a.preset, out=out, seed=a.seed, quantize=a.quantize,
                          quant_mode=a.quant_mode, blocksize=blocksize, double_quant=a.double_quant,
                          quant_components=tuple(c for c in COMPONENTS if c in comps),
-                         skip=_split_list(a.skip), dtype=a.dtype, verbose=not a.quiet,
+                         skip=_split_list(a.skip), smoothquant=a.smoothquant, dtype=a.dtype,
+                         verbose=not a.quiet,
                          compile=tuple(c for c in COMPONENTS if c in compile_list),
                          compile_device=a.compile_device,
                          threads=a.threads if a.threads else (1 if a.preset == "tiny" else 0))
