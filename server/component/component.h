@@ -74,7 +74,7 @@ class Component {
   c10::Device device() const;
   // The floating-point dtype of the weights (of the last Rebind; as loaded after Load).
   c10::ScalarType dtype() const;
-  // "none", "int8" or "nf4", derived from the weights of the quantized linear layers.
+  // "none", "int8", "nf4" or "w8a8", derived from the tensors of the quantized linear layers.
   std::string quantization() const;
 
   // Bytes held now, by role. Each storage is counted once; several slots viewing one storage (an
