@@ -50,6 +50,30 @@ Status CheckNoTensorConstants(const std::string& path, const torch::jit::Module&
   return Status::Ok();
 }
 
+// Whether qpool places tensors of `dtype`: the residency copies them into a block and converts
+// floating ones to a compute dtype (Note [Load errors]). The sub-byte integers and the quantized
+// dtypes have no such copy, float4 no conversion, and the bit dtypes no use in a component.
+bool IsPlaceableDtype(c10::ScalarType dtype) {
+  return dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kHalf ||
+         dtype == c10::kBFloat16 || c10::isFloat8Type(dtype) || c10::isComplexType(dtype) ||
+         c10::isIntegralType(dtype, /*includeBool=*/true);
+}
+
+Status CheckPlaceableTensors(const std::string& path, const Component& component) {
+  const std::vector<torch::Tensor> tensors = component.Tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    if (t.layout() == c10::kStrided && t.device().is_cpu() && IsPlaceableDtype(t.scalar_type())) {
+      continue;
+    }
+    return InvalidArgument(StrCat(path, ": tensor '", component.slot_name(i), "' is a ", t.layout(),
+                                  " ", t.scalar_type(), " tensor on ", t.device(),
+                                  "; qpool places strided tensors of floating-point, complex, "
+                                  "integer or boolean dtypes"));
+  }
+  return Status::Ok();
+}
+
 // Note [TorchScript executor]
 // The profiling graph executor re-specializes and optimizes a graph during its first calls:
 // the tiny pipeline's first request took ~12 s on 2 CPU cores, later ones ~0.7 s, and the gain
@@ -94,19 +118,39 @@ Component::Component(std::string name, torch::jit::Module module)
 
 Component::~Component() = default;
 
+// Note [Load errors]
+// A component file is input, and a manifest without a sha256 hands it to LibTorch unchecked:
+// whatever the load throws is INVALID_ARGUMENT naming the file. c10::Error is not all of it:
+// torch::jit::load compiles the file's TorchScript source, and the compiler's errors
+// (torch::jit::ErrorReport) are plain std::exceptions. A file without a forward method loads, but
+// the kind's signature check (Note [Component signatures] in pipeline/pipeline.cpp) reads forward
+// and threw. Either way the exception left the pipeline's load task: the device worker dropped
+// it, and the load never answered. A tensor the residency cannot place (of a dtype it has no
+// copy for, such as the sub-byte Int1) failed the placement as INTERNAL, naming no file; such
+// tensors, and layouts other than strided, are refused here. All three found by
+// fuzz/fuzz_component.
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
   ConfigureExecutorOnce();
   try {
     torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
+    if (!module.find_method("forward")) {  // Note [Load errors]
+      return InvalidArgument(StrCat(path, ": TorchScript component '", name,
+                                    "' has no forward method, which is what runs it"));
+    }
     module.eval();
     RETURN_IF_ERROR(CheckNoTensorConstants(path, module));
     std::unique_ptr<Component> component(new Component(name, std::move(module)));
+    RETURN_IF_ERROR(CheckPlaceableTensors(path, *component));
     component->source_file_ = path;
     return component;
   } catch (const c10::Error& e) {
     return InvalidArgument(StrCat(path, ": cannot load TorchScript component '", name,
                                   "': ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    // Note [Load errors].
+    return InvalidArgument(
+        StrCat(path, ": cannot load TorchScript component '", name, "': ", e.what()));
   }
 }
 
