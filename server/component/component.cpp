@@ -59,17 +59,41 @@ bool IsPlaceableDtype(c10::ScalarType dtype) {
          c10::isIntegralType(dtype, /*includeBool=*/true);
 }
 
+// Whether every element of strided `t` lies inside its storage. LibTorch's loader takes a
+// tensor's sizes, strides and offset from the file as they are (Note [Load errors]).
+bool WithinStorage(const torch::Tensor& t) {
+  if (!t.has_storage() || t.storage_offset() < 0) return false;
+  int64_t last = t.storage_offset();  // the index of the last element, in elements
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) return true;  // no elements
+    int64_t step = 0;
+    if (t.size(d) < 0 || t.stride(d) < 0 ||
+        __builtin_mul_overflow(t.size(d) - 1, t.stride(d), &step) ||
+        __builtin_add_overflow(last, step, &last)) {
+      return false;
+    }
+  }
+  uint64_t bytes = 0;
+  return !__builtin_mul_overflow(static_cast<uint64_t>(last) + 1, t.element_size(), &bytes) &&
+         bytes <= t.storage().nbytes();
+}
+
 Status CheckPlaceableTensors(const std::string& path, const Component& component) {
   const std::vector<torch::Tensor> tensors = component.Tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i];
-    if (t.layout() == c10::kStrided && t.device().is_cpu() && IsPlaceableDtype(t.scalar_type())) {
-      continue;
+    if (t.layout() != c10::kStrided || !t.device().is_cpu() || !IsPlaceableDtype(t.scalar_type())) {
+      return InvalidArgument(StrCat(path, ": tensor '", component.slot_name(i), "' is a ",
+                                    t.layout(), " ", t.scalar_type(), " tensor on ", t.device(),
+                                    "; qpool places strided tensors of floating-point, complex, "
+                                    "integer or boolean dtypes"));
     }
-    return InvalidArgument(StrCat(path, ": tensor '", component.slot_name(i), "' is a ", t.layout(),
-                                  " ", t.scalar_type(), " tensor on ", t.device(),
-                                  "; qpool places strided tensors of floating-point, complex, "
-                                  "integer or boolean dtypes"));
+    if (!WithinStorage(t)) {
+      return InvalidArgument(StrCat(path, ": tensor '", component.slot_name(i), "' of sizes ",
+                                    t.sizes(), ", strides ", t.strides(), " and offset ",
+                                    t.storage_offset(), " reaches beyond its storage of ",
+                                    t.storage().nbytes(), " bytes"));
+    }
   }
   return Status::Ok();
 }
@@ -127,13 +151,23 @@ Component::~Component() = default;
 // and threw. Either way the exception left the pipeline's load task: the device worker dropped
 // it, and the load never answered. A tensor the residency cannot place (of a dtype it has no
 // copy for, such as the sub-byte Int1) failed the placement as INTERNAL, naming no file; such
-// tensors, and layouts other than strided, are refused here. All three found by
+// tensors, and layouts other than strided, are refused here, and so is a tensor whose sizes and
+// strides reach beyond its storage, which LibTorch's loader takes from the file unchecked: the
+// placement's copy of one read past the end of a heap block. All four found by
 // fuzz/fuzz_component.
+//
+// Nor does the load read a file's debug pickles (code/*.debug_pkl: where in the exporting Python
+// code each line of its TorchScript came from), which LibTorch reads to point at an error, in
+// full trust: a 10 KB file whose code does not parse and whose debug pickle is corrupt crashed
+// the process (SEGV in SourceRangeDeserializer), another made it allocate and fill 1.7 GB (a
+// string length). qpool shows an error's last line only (Note [Interpreter errors]), which the
+// debug pickles do not change.
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
   ConfigureExecutorOnce();
   try {
-    torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
+    torch::jit::Module module =
+        torch::jit::load(path, c10::Device(c10::kCPU), /*load_debug_files=*/false);
     if (!module.find_method("forward")) {  // Note [Load errors]
       return InvalidArgument(StrCat(path, ": TorchScript component '", name,
                                     "' has no forward method, which is what runs it"));

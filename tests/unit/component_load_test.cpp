@@ -1,8 +1,11 @@
 // Component::Load refuses component files it cannot serve with INVALID_ARGUMENT naming the file,
 // whatever LibTorch throws while reading them (Note [Load errors]); each case here once left the
-// load as an exception or failed only at placement (found by fuzz/fuzz_component).
+// load as an exception, failed only at placement or cost gigabytes (found by fuzz/fuzz_component).
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdint>
 
 #include "component/component.h"
 #include "testing/test_paths.h"
@@ -36,8 +39,10 @@ TEST(ComponentLoad, RefusesAModuleWithoutForward) {
   ExpectRefused(Component::Load("vae_decoder", path), path, "has no forward method");
 }
 
-// A copy of the TorchScript file `from` whose source files hold `code`, written to `to`.
-void ReplaceCode(const std::string& from, const std::string& code, const std::string& to) {
+// A copy of the TorchScript file `from` whose source files hold `code`, with `debug_pickle` as
+// their debug pickles where it is not empty, written to `to`.
+void ReplaceCode(const std::string& from, const std::string& code, const std::string& to,
+                 const std::string& debug_pickle = "") {
   caffe2::serialize::PyTorchStreamReader reader(from);
   caffe2::serialize::PyTorchStreamWriter writer(to);
   writer.setMinVersion(reader.version());
@@ -49,12 +54,22 @@ void ReplaceCode(const std::string& from, const std::string& code, const std::st
     }
     if (name.rfind("code/", 0) == 0) {
       writer.writeRecord(name, code.data(), code.size());
+      if (!debug_pickle.empty()) {
+        writer.writeRecord(name + ".debug_pkl", debug_pickle.data(), debug_pickle.size());
+      }
       continue;
     }
     auto [data, size] = reader.getRecord(name);
     writer.writeRecord(name, data.get(), size);
   }
   writer.writeEndOfFile();
+}
+
+// The process's peak resident memory so far, in bytes.
+uint64_t PeakRss() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
 }
 
 // TorchScript's compiler reports errors in the file's code as torch::jit::ErrorReport, which is no
@@ -72,6 +87,26 @@ TEST(ComponentLoad, RefusesCodeThatDoesNotCompile) {
   ExpectRefused(Component::Load("vae_decoder", path), path, "cannot load TorchScript component");
 }
 
+// LibTorch reads a file's debug pickles to point at an error in its code, and trusts them: this
+// one's first string claims 2 GiB, which LibTorch allocated and filled before finding the file
+// shorter. The load does not read them.
+TEST(ComponentLoad, DoesNotReadDebugPickles) {
+  torch::jit::Module m("Decoder");
+  m.define(R"JIT(
+    def forward(self, latents):
+        return latents
+  )JIT");
+  const std::string valid = SaveModule(m, "component-debug-pickle");
+  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
+  // Protocol 2, BINUNICODE of 0x7ffffff0 bytes, and no more.
+  const std::string debug_pickle("\x80\x02X\xf0\xff\xff\x7f", 7);
+  ReplaceCode(valid, "class Decoder(Module):\n  def forward(self, latents) -> Tensor:\n    %%%\n",
+              path, debug_pickle);
+  const uint64_t before = PeakRss();
+  ExpectRefused(Component::Load("vae_decoder", path), path, "cannot load TorchScript component");
+  EXPECT_LT(PeakRss() - before, uint64_t{256} << 20);
+}
+
 // A dtype the residency has no copy for failed the placement as INTERNAL, naming no file.
 TEST(ComponentLoad, RefusesTensorsItCannotPlace) {
   torch::jit::Module m("SubByte");
@@ -82,6 +117,23 @@ TEST(ComponentLoad, RefusesTensorsItCannotPlace) {
   )JIT");
   const std::string path = SaveModule(m, "component-int1");
   ExpectRefused(Component::Load("vae_decoder", path), path, "tensor 'bits' is a Strided Int1");
+}
+
+// LibTorch's loader takes a tensor's sizes and strides from the file as they are; the placement's
+// copy of one larger than its storage read past the end of the storage's heap block.
+TEST(ComponentLoad, RefusesTensorsBeyondTheirStorage) {
+  torch::jit::Module m("Decoder");
+  torch::Tensor table = torch::zeros({4});  // a storage of 16 bytes
+  table.unsafeGetTensorImpl()->set_sizes_contiguous({1024});
+  m.register_buffer("table", table);
+  m.define(R"JIT(
+    def forward(self, latents):
+        return latents
+  )JIT");
+  const std::string path = SaveModule(m, "component-beyond-storage");
+  ExpectRefused(Component::Load("vae_decoder", path), path,
+                "tensor 'table' of sizes [1024], strides [1] and offset 0 reaches beyond its "
+                "storage of 16 bytes");
 }
 
 }  // namespace
