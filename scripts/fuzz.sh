@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets of fuzz/ with clang (ASan, LSan, UBSan) and runs each for a while
 # over a fresh copy of its seed corpus. Fails if any target crashes, leaks, times out on an input
 # or runs out of memory; the input that did it is kept (fuzz/README.md).
-# Usage: scripts/fuzz.sh [target...]   (default: every target)
+# Usage: scripts/fuzz.sh [target...]   (default: every target; fuzz_component only where the
+#        PyTorch wheel of .venv is found, as scripts/setup.sh installs it)
 # Env: QPOOL_FUZZ_BUILD_DIR (default build-fuzz), QPOOL_FUZZ_SECONDS per target (default 30),
 #      QPOOL_FUZZ_ARGS extra libFuzzer flags (e.g. "-max_len=16384"), QPOOL_JOBS build jobs.
 set -euo pipefail
@@ -10,8 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${QPOOL_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${QPOOL_FUZZ_SECONDS:-30}
 all=(fuzz_manifest fuzz_clip_tokenizer fuzz_server_options fuzz_token_file fuzz_requests)
-targets=("${all[@]}")
-if (($#)); then targets=("$@"); fi
+torch_targets=(fuzz_component)  # need LibTorch (fuzz/CMakeLists.txt)
 
 for tool in clang clang++; do
   if ! command -v "$tool" >/dev/null 2>&1; then
@@ -19,9 +19,30 @@ for tool in clang clang++; do
     exit 1
   fi
 done
-if [ ! -f "$build/build.ninja" ]; then
-  CC=clang CXX=clang++ cmake -S "$root/fuzz" -B "$build" -G Ninja >/dev/null
+# LibTorch for torch_targets: the PyTorch wheel of .venv, as scripts/build.sh finds it.
+torch_cmake=
+if [ -x "$root/.venv/bin/python" ]; then
+  torch_cmake=$("$root/.venv/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)' \
+    2>/dev/null || true)
 fi
+has_torch() { grep -q '^QPOOL_FUZZ_TORCH:INTERNAL=ON$' "$build/CMakeCache.txt" 2>/dev/null; }
+if [ ! -f "$build/build.ninja" ] || { [ -n "$torch_cmake" ] && ! has_torch; }; then
+  CC=clang CXX=clang++ cmake -S "$root/fuzz" -B "$build" -G Ninja \
+    ${torch_cmake:+-DCMAKE_PREFIX_PATH="$torch_cmake"} >/dev/null
+fi
+if has_torch; then
+  all+=("${torch_targets[@]}")
+else
+  echo "fuzz: no PyTorch in $root/.venv: ${torch_targets[*]} not built" >&2
+fi
+targets=("${all[@]}")
+if (($#)); then targets=("$@"); fi
+for target in "${targets[@]}"; do
+  if [[ ! " ${all[*]} " == *" $target "* ]]; then
+    echo "fuzz: no target $target here (targets: ${all[*]})" >&2
+    exit 1
+  fi
+done
 start=$SECONDS
 cmake --build "$build" -j "${QPOOL_JOBS:-$(nproc)}" --target "${targets[@]}"
 echo "fuzz: built ${#targets[@]} target(s) in $((SECONDS - start)) s"
