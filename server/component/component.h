@@ -64,8 +64,9 @@ struct ComponentBytes {
 // unbind the compiled forward (Note [Compiled forward]); AttachCompiled is the owning worker's.
 class Component {
  public:
-  // Loads a TorchScript file onto the CPU. InvalidArgument for unreadable files or graphs that
-  // hold tensor constants; the message names the file.
+  // Loads a TorchScript file onto the CPU (Note [Load errors] in component.cpp). InvalidArgument,
+  // naming the file, for unreadable or uncompilable files, a module without forward, graphs that
+  // hold tensor constants, and tensors qpool cannot place (dtype, or sizes past their storage).
   static StatusOr<std::unique_ptr<Component>> Load(const std::string& name,
                                                    const std::string& path);
 
