@@ -42,6 +42,8 @@ SIZE = sd_tests.SIZE  # pixels; the tiny VAE downscales by 2: 8 x 8 latents, 4 x
 T5_LENGTH = 32  # tokenizer_2's model_max_length, FluxPipeline's max_sequence_length here
 PROMPT = "a red fox in the snow"
 PROMPTS = [PROMPT, "", "A photo of an astronaut,  riding a horse! ÉCOLE ﬁ ½",
+           # T5's added tokens, single ids in T5TokenizerFast (and sentinel-like text that is not)
+           "a red fox </s> in<extra_id_0>the snow<pad> <unk><extra_id_99> <extra_id_100>",
            "a cat " * 40]  # the last one longer than T5_LENGTH tokens
 COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "vae_decoder")
 NF4 = {"transformer": "nf4", "text_encoder_2": "nf4"}

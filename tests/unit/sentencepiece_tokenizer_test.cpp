@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -81,6 +82,35 @@ TEST_F(SentencePieceTokenizerTest, InvalidUtf8AndUnknownTextStillEncode) {
   ASSERT_EQ(ids.size(), 16u);
   for (int64_t id : ids) EXPECT_LT(id, 40);
   EXPECT_NE(std::find(ids.begin(), ids.end(), 2), ids.end());  // <unk> for unseen characters
+}
+
+// T5TokenizerFast's added tokens (Note [T5 tokenization]): single ids, the text between them
+// encoded part by part.
+TEST_F(SentencePieceTokenizerTest, AddedTokensAreSingleIds) {
+  auto t = SentencePieceTokenizer::Load(Model(), 64);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const auto concat = [](std::vector<std::vector<int64_t>> parts) {
+    std::vector<int64_t> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  const std::vector<int64_t> a = t->Encode("a photo"), b = t->Encode("of a cat");
+  EXPECT_EQ(t->Encode("a photo </s> of a cat"), concat({a, {1}, b}));
+  EXPECT_EQ(t->Encode("a photo<pad>of a cat<unk>"), concat({a, {0}, b, {2}}));
+  // Sentinels follow the 40 pieces in reverse: <extra_id_0> is 139, <extra_id_99> 40.
+  EXPECT_EQ(t->Encode("<extra_id_0>a photo<extra_id_99>"), concat({{139}, a, {40}}));
+  EXPECT_EQ(t->Encode("</s></s>"), (std::vector<int64_t>{1, 1}));
+  // Not added tokens: ordinary text, as SentencePiece alone encodes it.
+  for (const char* text : {"<extra_id_100>", "<extra_id_07>", "<extra_id_>", "<extra_id_5", "</S>",
+                           "<s>", "<", "a <pad"}) {
+    const std::vector<int64_t> ids = t->Encode(text);
+    for (int64_t id : ids) EXPECT_LT(id, 40) << text;
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 0) << text;
+  }
+  // Padded: the added tokens count toward max_length like pieces.
+  const std::vector<int64_t> padded = t->EncodePadded("</s>");
+  EXPECT_EQ(std::vector<int64_t>(padded.begin(), padded.begin() + 3),
+            (std::vector<int64_t>{1, 1, 0}));
 }
 
 TEST_F(SentencePieceTokenizerTest, BadFilesAreNamed) {

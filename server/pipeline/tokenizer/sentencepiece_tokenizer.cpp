@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <mutex>
+#include <string>
 #include <system_error>
 
 #include "pipeline/tokenizer/sentencepiece_shim/sentencepiece_shim.h"
@@ -118,23 +119,68 @@ StatusOr<SentencePieceTokenizer> SentencePieceTokenizer::Load(const std::string&
   }
   t.eos_id_ = info.eos_id;
   t.pad_id_ = info.pad_id;
+  t.unk_id_ = info.unk_id;
   t.vocab_size_ = static_cast<size_t>(info.pieces);
   t.max_length_ = max_length;
   return t;
 }
 
-std::vector<int64_t> SentencePieceTokenizer::Encode(const std::string& text) const {
+void SentencePieceTokenizer::EncodePieces(const std::string& text,
+                                          std::vector<int64_t>* out) const {
   const Shim& shim = *TheShim();  // loaded: Load succeeded
-  const std::string clean = SanitizeUtf8(text);
-  std::vector<int> ids(clean.size() + 8);
-  long n = shim.encode(model_.get(), clean.data(), clean.size(), ids.data(), ids.size());
+  std::vector<int> ids(text.size() + 8);
+  long n = shim.encode(model_.get(), text.data(), text.size(), ids.data(), ids.size());
   if (n > static_cast<long>(ids.size())) {
     ids.resize(n);
-    n = shim.encode(model_.get(), clean.data(), clean.size(), ids.data(), ids.size());
+    n = shim.encode(model_.get(), text.data(), text.size(), ids.data(), ids.size());
   }
   // Encoding fails only for a model that was not loaded; Load guarantees one.
-  if (n < 0) return {};
-  return std::vector<int64_t>(ids.begin(), ids.begin() + n);
+  if (n > 0) out->insert(out->end(), ids.begin(), ids.begin() + n);
+}
+
+int64_t SentencePieceTokenizer::AddedTokenAt(const std::string& text, size_t pos,
+                                             size_t* length) const {
+  const auto starts = [&](const char* token) {
+    *length = std::char_traits<char>::length(token);
+    return text.compare(pos, *length, token) == 0;
+  };
+  if (starts("</s>")) return eos_id_;
+  if (starts("<pad>")) return pad_id_;
+  if (unk_id_ >= 0 && starts("<unk>")) return unk_id_;
+  if (!starts("<extra_id_")) return -1;
+  // A sentinel: its number in decimal without leading zeros, below kSentinels.
+  constexpr int kSentinels = 100;
+  size_t end = pos + *length;
+  int n = 0;
+  size_t digits = 0;
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9' && digits < 3) {
+    n = n * 10 + (text[end] - '0');
+    ++end;
+    ++digits;
+  }
+  if (digits == 0 || (digits > 1 && text[pos + *length] == '0') || n >= kSentinels ||
+      end >= text.size() || text[end] != '>') {
+    return -1;
+  }
+  *length = end + 1 - pos;
+  return static_cast<int64_t>(vocab_size_) + kSentinels - 1 - n;
+}
+
+std::vector<int64_t> SentencePieceTokenizer::Encode(const std::string& text) const {
+  const std::string clean = SanitizeUtf8(text);
+  std::vector<int64_t> ids;
+  size_t done = 0;  // clean[0, done) is encoded
+  for (size_t pos = clean.find('<'); pos != std::string::npos; pos = clean.find('<', pos + 1)) {
+    size_t length = 0;
+    const int64_t id = AddedTokenAt(clean, pos, &length);
+    if (id < 0) continue;
+    EncodePieces(clean.substr(done, pos - done), &ids);
+    ids.push_back(id);
+    done = pos + length;
+    pos = done - 1;
+  }
+  EncodePieces(clean.substr(done), &ids);
+  return ids;
 }
 
 std::vector<int64_t> SentencePieceTokenizer::EncodePadded(const std::string& text) const {
