@@ -138,8 +138,9 @@ def test_runtime_stage_provides_every_library(binaries):
                     # nvidia/* libraries are found through LibTorch's RUNPATH ($ORIGIN/../../nvidia)
                     problems.append(f"{soname}: {folder} is not on LD_LIBRARY_PATH {path}")
                 from_wheel.add(inside)
-            elif where.startswith("/usr/local/cuda"):
-                # The same folders in the wheel the build linked.
+            elif os.path.realpath(where).startswith("/usr/local/cuda"):
+                # The same folders in the wheel the build linked. The toolkit's runtime may be
+                # found through a link outside it (/usr/local/lib/libcudart.so.13 on some hosts).
                 local = [os.path.join(d.replace(IMAGE_SITE, _site_packages()), soname)
                          for d in path if d.startswith(IMAGE_SITE + "/nvidia/")]
                 if not any(os.path.exists(p) for p in local):
