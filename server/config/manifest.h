@@ -78,7 +78,7 @@ struct GenerationDefaults {
   double guidance_scale = 7.5;
   int width = 512;
   int height = 512;
-  std::string scheduler = "ddim";  // ddim | euler
+  std::string scheduler = "ddim";  // one of SamplerNames(the kind's family)
 };
 
 // Requests beyond these are INVALID_ARGUMENT.

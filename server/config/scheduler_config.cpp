@@ -3,7 +3,7 @@
 namespace qpool {
 
 const std::vector<std::string>& SamplerNames(ScheduleFamily family) {
-  static const std::vector<std::string> kDdpm = {"ddim", "euler"};
+  static const std::vector<std::string> kDdpm = {"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"};
   static const std::vector<std::string> kFlowMatch = {"euler"};
   return family == ScheduleFamily::kFlowMatch ? kFlowMatch : kDdpm;
 }

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -54,8 +55,10 @@ class BatchRun {
     return n;
   }
   // Ends the requests whose client cancelled; returns the rows of `latents` (dimension 0) of
-  // those left.
-  torch::Tensor DropCancelled(const torch::Tensor& latents) {
+  // those left, and hands their indices to `kept` (a multistep scheduler's KeepRows) when rows
+  // were dropped.
+  torch::Tensor DropCancelled(const torch::Tensor& latents,
+                              const std::function<void(const torch::Tensor&)>& kept = nullptr) {
     std::vector<int64_t> keep;
     int64_t row = 0;
     bool dropped = false;
@@ -71,7 +74,9 @@ class BatchRun {
       row += n;
     }
     if (!dropped || keep.empty()) return latents;
-    return latents.index_select(0, torch::tensor(keep, torch::kLong).to(latents.device()));
+    const torch::Tensor rows = torch::tensor(keep, torch::kLong).to(latents.device());
+    if (kept) kept(rows);
+    return latents.index_select(0, rows);
   }
   // Hands `r` its result, or keeps it for FinishLast when `r` is the last running request.
   void End(Request& r, StatusOr<GenerateOutput> result) {

@@ -100,7 +100,7 @@ def test_prompt_changes_the_image(client):
     assert png_bytes(a) != png_bytes(b)
 
 
-@pytest.mark.parametrize("scheduler", ["ddim", "euler"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"])
 def test_schedulers(client, scheduler):
     progress, results = client.generate(pipeline="tiny", prompt="a tree", steps=3, seed=9,
                                         scheduler=scheduler)
@@ -111,9 +111,10 @@ def test_schedulers(client, scheduler):
 
 
 def test_schedulers_differ(client):
-    ddim = client.generate_one(pipeline="tiny", prompt="a tree", steps=3, seed=9, scheduler="ddim")
-    euler = client.generate_one(pipeline="tiny", prompt="a tree", steps=3, seed=9, scheduler="euler")
-    assert png_bytes(ddim) != png_bytes(euler)
+    images = {name: tuple(png_bytes(client.generate_one(pipeline="tiny", prompt="a tree", steps=3,
+                                                        seed=9, scheduler=name)))
+              for name in ("ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras")}
+    assert len(set(images.values())) == len(images)
 
 
 def test_negative_prompt_is_used(client):

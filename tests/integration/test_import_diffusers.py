@@ -2,7 +2,8 @@
 weights (no hub), saved with save_pretrained, imported with `python -m qpool_export
 from-diffusers`, served by the real server and compared with the same diffusers pipeline run in
 Python on the same weights and the same initial latents: the prompt embeddings, one denoising
-step and a few steps' decoded images, for epsilon and v-prediction, with DDIM and Euler.
+step and a few steps' decoded images, for epsilon and v-prediction, with DDIM, Euler and
+DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas).
 
 Tolerances: everything runs in float32 on the CPU in both, through the same operations
 (qpool's modules are diffusers' architecture with its parameter names, Note [Importing through
@@ -109,7 +110,36 @@ def imported(tmp_path_factory, source_repository):
     assert done.returncode == 0, done.stderr
     assert "compiled for cpu" in done.stdout
     pipes["sd-compiled"] = pipes["sd-eps"]
+    # A folder whose scheduler is DPM-Solver++ with Karras sigmas: its default sampler.
+    dpm_src = work / "sd-dpm-diffusers"
+    shutil.copytree(work / "sd-eps-diffusers", dpm_src)
+    with_scheduler(dpm_src, "DPMSolverMultistepScheduler", use_karras_sigmas=True)
+    done = run_import(dpm_src, repository / "sd-dpm", "--dtype", "float32")
+    assert done.returncode == 0, done.stderr
+    pipes["sd-dpm"] = load_pipeline(dpm_src)
+    assert type(pipes["sd-dpm"].scheduler).__name__ == "DPMSolverMultistepScheduler"
     return pipes, repository
+
+
+def with_scheduler(src, cls_name, **changes):
+    """Replaces the scheduler of the diffusers folder `src` by `cls_name` made from its config,
+    as a user's folder would ship it."""
+    import diffusers as d
+
+    folder = pathlib.Path(src) / "scheduler"
+    config = json.loads((folder / "scheduler_config.json").read_text())
+    getattr(d, cls_name).from_config(config, **changes).save_config(folder)
+    index = json.loads((pathlib.Path(src) / "model_index.json").read_text())
+    index["scheduler"] = ["diffusers", cls_name]
+    (pathlib.Path(src) / "model_index.json").write_text(json.dumps(index))
+
+
+def load_pipeline(src):
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(src, safety_checker=None)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 QUANTIZED_SPEC = "unet=nf4,text_encoder=int8"
@@ -159,11 +189,22 @@ def clip_skip_embeddings(pipe, texts, skip):
 
 
 def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
-    from diffusers import DDIMScheduler, EulerDiscreteScheduler
+    """`pipe`'s image with the scheduler of qpool's sampler `scheduler` made from its own config,
+    or with None its own scheduler."""
+    from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 
-    cls = {"ddim": DDIMScheduler, "euler": EulerDiscreteScheduler}[scheduler]
-    # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
-    pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False)
+    # The folder's own config: one made from another class's config carries that class's
+    # settings (a DPM-Solver's use_karras_sigmas would reach Euler).
+    if not hasattr(pipe, "qpool_source_scheduler"):
+        pipe.qpool_source_scheduler = pipe.scheduler
+    pipe.scheduler = pipe.qpool_source_scheduler
+    if scheduler is not None:
+        cls, extra = {"ddim": (DDIMScheduler, {}), "euler": (EulerDiscreteScheduler, {}),
+                      "dpmpp_2m": (DPMSolverMultistepScheduler, {"use_karras_sigmas": False}),
+                      "dpmpp_2m_karras": (DPMSolverMultistepScheduler,
+                                          {"use_karras_sigmas": True})}[scheduler]
+        # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
+        pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False, **extra)
     with torch.no_grad():
         if clip_skip:
             embeds = {"prompt_embeds": clip_skip_embeddings(pipe, [prompt], clip_skip),
@@ -213,7 +254,7 @@ def test_prompt_embeddings_match_diffusers(client, imported, name):
 
 
 @pytest.mark.parametrize("name", ["sd-eps", "sd-v", "sd2-v", "sd-q"])
-@pytest.mark.parametrize("scheduler", ["ddim", "euler"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_images_match_diffusers(client, imported, name, scheduler, steps):
     pipes, _ = imported
@@ -224,6 +265,21 @@ def test_images_match_diffusers(client, imported, name, scheduler, steps):
     assert diff.max() <= 1, f"max {diff.max()} levels, mean {diff.mean():.3f}"
     # The images are not trivially equal: another seed gives another image.
     other = qpool_image(client, name, scheduler, steps, seed=12, prompt=prompt)
+    assert np.abs(other - want).max() > 1
+
+
+def test_default_sampler_of_a_dpm_solver_folder_matches_diffusers(client, imported):
+    """A folder shipping DPMSolverMultistepScheduler(use_karras_sigmas=True) is served with
+    dpmpp_2m_karras by default, and a request that names no scheduler gets the image diffusers'
+    pipeline gives with its own scheduler; over 6 steps the second-order updates count."""
+    pipes, _ = imported
+    assert "dpmpp_2m_karras" in client.pipelines()["sd-dpm"].schedulers
+    prompt = "a red fox in the snow"
+    want = diffusers_image(pipes["sd-dpm"], None, 6, seed=5, prompt=prompt)
+    got = qpool_image(client, "sd-dpm", "", 6, seed=5, prompt=prompt)
+    assert np.abs(got - want).max() <= 1
+    # Another sampler gives another image: the default is what matched.
+    other = qpool_image(client, "sd-dpm", "dpmpp_2m", 6, seed=5, prompt=prompt)
     assert np.abs(other - want).max() > 1
 
 
@@ -291,6 +347,15 @@ CASES = {
         lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
                             beta_schedule="squaredcos_cap_v2"),
         "field 'beta_schedule' is 'squaredcos_cap_v2'"),
+    "DPM-Solver of order 3": (
+        lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
+                            _class_name="DPMSolverMultistepScheduler", solver_order=3),
+        "field 'solver_order' is 3; qpool's dpmpp_2m computes 2"),
+    "stochastic DPM-Solver": (
+        lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
+                            _class_name="DPMSolverMultistepScheduler",
+                            algorithm_type="sde-dpmsolver++"),
+        "field 'algorithm_type' is 'sde-dpmsolver++'"),
     "weights that do not match the config": (
         lambda s: edit_json(s / "unet" / "config.json", block_out_channels=[32, 96]),
         "unet: cannot be loaded"),

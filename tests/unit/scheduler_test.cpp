@@ -1,4 +1,5 @@
-// DDIM and Euler schedulers against values computed by hand (SD 1.x config unless stated).
+// DDIM, Euler and DPM-Solver++ 2M schedulers against values computed by hand (SD 1.x config
+// unless stated).
 #include "pipeline/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 
 #include "pipeline/scheduler/ddim_scheduler.h"
+#include "pipeline/scheduler/dpm_solver_scheduler.h"
 #include "pipeline/scheduler/euler_scheduler.h"
 #include "pipeline/scheduler/flow_match_scheduler.h"
 
@@ -272,6 +274,140 @@ TEST(SchedulerDenoise, VPredictionWithOracleRecoversX0) {
   }
 }
 
+// Note [DPM-Solver++ 2M]: n + 1 points of linspace (DDIM takes n), and leading's ratio
+// N / (n + 1).
+TEST(DpmSolverScheduler, TimestepsAndSigmas) {
+  auto lin = Make("dpmpp_2m", WithSpacing("linspace"), 10);
+  ASSERT_NE(lin, nullptr);
+  // round(i * 99.9), i = 10..1; 499.5 rounds half to even.
+  EXPECT_EQ(lin->timesteps(),
+            (std::vector<double>{999, 899, 799, 699, 599, 500, 400, 300, 200, 100}));
+  auto* dpm = dynamic_cast<DpmSolverScheduler*>(lin.get());
+  ASSERT_NE(dpm, nullptr);
+  ASSERT_EQ(dpm->sigmas().size(), 11u);
+  for (int i = 0; i < 10; ++i) {
+    const double want = RefSigma(static_cast<int>(lin->timesteps()[i]));
+    EXPECT_NEAR(dpm->sigmas()[i], want, 1e-6 * want) << i;
+    EXPECT_EQ(dpm->sigmas()[i], static_cast<double>(static_cast<float>(dpm->sigmas()[i])));
+  }
+  EXPECT_EQ(dpm->sigmas().back(), 0.0);
+  EXPECT_EQ(lin->init_noise_sigma(), 1.0);
+
+  auto leading = Make("dpmpp_2m", Sd15(), 10);  // ratio 1000 / 11 = 90, offset 1
+  ASSERT_NE(leading, nullptr);
+  EXPECT_EQ(leading->timesteps(),
+            (std::vector<double>{901, 811, 721, 631, 541, 451, 361, 271, 181, 91}));
+  auto trailing = Make("dpmpp_2m", WithSpacing("trailing"), 4);
+  ASSERT_NE(trailing, nullptr);
+  EXPECT_EQ(trailing->timesteps(), (std::vector<double>{999, 749, 499, 249}));
+}
+
+// Karras et al.'s rho = 7 ramp from the largest to the smallest training sigma; each timestep is
+// its sigma's place on the training grid, rounded.
+TEST(DpmSolverScheduler, KarrasSigmasAndTimesteps) {
+  const int n = 12;
+  auto s = Make("dpmpp_2m_karras", Sd15(), n);
+  ASSERT_NE(s, nullptr);
+  auto* dpm = dynamic_cast<DpmSolverScheduler*>(s.get());
+  ASSERT_NE(dpm, nullptr);
+  const double lo = std::pow(RefSigma(0), 1.0 / 7), hi = std::pow(RefSigma(999), 1.0 / 7);
+  for (int i = 0; i < n; ++i) {
+    const double want = std::pow(hi + i / (n - 1.0) * (lo - hi), 7);
+    EXPECT_NEAR(dpm->sigmas()[i], want, 1e-6 * want) << i;
+    // The timestep's training sigma brackets the step's sigma within one grid step.
+    const int t = static_cast<int>(s->timesteps()[i]);
+    ASSERT_GE(t, 0);
+    ASSERT_LE(t, 999);
+    if (t > 0) EXPECT_GE(dpm->sigmas()[i], RefSigma(t - 1) * (1 - 1e-6)) << i;
+    if (t < 999) EXPECT_LE(dpm->sigmas()[i], RefSigma(t + 1) * (1 + 1e-6)) << i;
+  }
+  EXPECT_EQ(s->timesteps().front(), 999);
+  EXPECT_EQ(s->timesteps().back(), 0);
+  EXPECT_EQ(dpm->sigmas().back(), 0.0);
+  // The same ramp whatever the spacing.
+  auto other = Make("dpmpp_2m_karras", WithSpacing("trailing"), n);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->timesteps(), s->timesteps());
+}
+
+// Two steps by hand (epsilon): the first in first order, the second with the midpoint correction
+// from the first step's data prediction.
+TEST(DpmSolverScheduler, TwoStepsByHand) {
+  auto s = Make("dpmpp_2m", WithSpacing("linspace"), 5);
+  ASSERT_NE(s, nullptr);
+  const auto& sig = dynamic_cast<DpmSolverScheduler*>(s.get())->sigmas();
+  const torch::Tensor x = T({0.7, -1.3});
+  const torch::Tensor e0 = T({0.2, 0.9}), e1 = T({-0.4, 0.1});
+  auto alpha = [](double g) { return 1.0 / std::sqrt(g * g + 1.0); };
+  // Step 0: x0 = x / alpha - sigma * eps; x1 = (alpha1 s1 / (alpha0 s0)) x - alpha1 (s1/s0 - 1) x0.
+  const torch::Tensor d0 = x / alpha(sig[0]) - sig[0] * e0;
+  const torch::Tensor x1 = (alpha(sig[1]) * sig[1]) / (alpha(sig[0]) * sig[0]) * x -
+                           alpha(sig[1]) * (sig[1] / sig[0] - 1) * d0;
+  const torch::Tensor got1 = s->Step(e0, 0, x);
+  EXPECT_LT((got1 - x1).abs().max().item<double>(), 1e-12);
+  // Step 1: D = x0 + (x0 - x0') / (2 r), r = log(s0 / s1) / log(s1 / s2).
+  const torch::Tensor d1 = x1 / alpha(sig[1]) - sig[1] * e1;
+  const double r = std::log(sig[0] / sig[1]) / std::log(sig[1] / sig[2]);
+  const torch::Tensor x2 = (alpha(sig[2]) * sig[2]) / (alpha(sig[1]) * sig[1]) * x1 -
+                           alpha(sig[2]) * (sig[2] / sig[1] - 1) * (d1 + (d1 - d0) / (2 * r));
+  EXPECT_LT((s->Step(e1, 1, got1) - x2).abs().max().item<double>(), 1e-12);
+  // Steps in order only; a new loop starts at 0.
+  EXPECT_THROW(s->Step(e1, 3, x2), c10::Error);
+  EXPECT_NO_THROW(s->Step(e0, 0, x));
+  EXPECT_THROW(s->Step(e0, 2, x), c10::Error);
+}
+
+// Perfect epsilon and v oracles land on x0 exactly: the last step returns the data prediction.
+TEST(DpmSolverScheduler, OraclesRecoverX0) {
+  torch::manual_seed(4);
+  const torch::Tensor x0 = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+  const torch::Tensor noise = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+  for (const char* name : {"dpmpp_2m", "dpmpp_2m_karras"}) {
+    for (const char* prediction : {"epsilon", "v_prediction"}) {
+      SchedulerConfig c = WithSpacing("linspace");
+      c.prediction_type = prediction;
+      auto s = Make(name, c, 20);
+      ASSERT_NE(s, nullptr);
+      const auto& sig = dynamic_cast<DpmSolverScheduler*>(s.get())->sigmas();
+      auto alpha = [](double g) { return 1.0 / std::sqrt(g * g + 1.0); };
+      torch::Tensor x = alpha(sig[0]) * (x0 + sig[0] * noise);
+      for (int i = 0; i < s->num_steps(); ++i) {
+        const double a = alpha(sig[i]);
+        const torch::Tensor out =
+            std::string(prediction) == "epsilon"
+                ? noise
+                : a * noise - a * sig[i] * x0;  // sqrt(ab) eps - sqrt(1-ab) x0
+        x = s->Step(out, i, s->ScaleModelInput(x, i));
+      }
+      EXPECT_LT((x - x0).abs().max().item<double>(), 1e-9) << name << " " << prediction;
+    }
+  }
+}
+
+// Dropping a row of the batch mid-loop (a cancelled request) keeps the other row's trajectory.
+TEST(DpmSolverScheduler, KeepRowsFollowsTheBatch) {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({2, 3}, torch::kFloat64);
+  std::vector<torch::Tensor> eps;
+  for (int i = 0; i < 6; ++i) eps.push_back(torch::randn({2, 3}, torch::kFloat64));
+  auto alone = Make("dpmpp_2m", Sd15(), 6);
+  auto batch = Make("dpmpp_2m", Sd15(), 6);
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(batch, nullptr);
+  torch::Tensor a = x.slice(0, 1, 2), b = x;
+  for (int i = 0; i < 6; ++i) {
+    if (i == 3) {
+      const torch::Tensor rows = torch::tensor(std::vector<int64_t>{1}, torch::kLong);
+      batch->KeepRows(rows);
+      b = b.index_select(0, rows);
+    }
+    a = alone->Step(eps[i].slice(0, 1, 2), i, a);
+    b = batch->Step(i < 3 ? eps[i] : eps[i].slice(0, 1, 2), i, b);
+  }
+  ASSERT_EQ(b.size(0), 1);
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-12);
+}
+
 TEST(SchedulerDtype, HalfInHalfOut) {
   for (const std::string& name : SchedulerNames()) {
     auto s = Make(name, Sd15(), 10);
@@ -312,8 +448,10 @@ TEST(SchedulerErrors, UnknownNameListsValidOnes) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("dpm++"), std::string::npos);
-  EXPECT_NE(s.status().message().find("ddim, euler"), std::string::npos);
-  EXPECT_EQ(SchedulerNames(), (std::vector<std::string>{"ddim", "euler"}));
+  EXPECT_NE(s.status().message().find("ddim, euler, dpmpp_2m, dpmpp_2m_karras"), std::string::npos)
+      << s.status().message();
+  EXPECT_EQ(SchedulerNames(),
+            (std::vector<std::string>{"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"}));
 }
 
 TEST(SchedulerErrors, BadConfigNamesTheField) {

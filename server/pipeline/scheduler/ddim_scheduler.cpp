@@ -72,7 +72,7 @@ std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const 
 }
 
 torch::Tensor DdimScheduler::Step(const torch::Tensor& model_output, int step_index,
-                                  const torch::Tensor& sample) const {
+                                  const torch::Tensor& sample) {
   const auto [c_sample, c_eps] = StepCoefficients(step_index);
   const auto type = ComputeType(sample);
   torch::Tensor x = sample.to(type);

@@ -22,7 +22,7 @@ class DdimScheduler : public Scheduler {
   // DDIM feeds the sample unscaled: returns `sample` itself.
   torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const override;
   torch::Tensor Step(const torch::Tensor& model_output, int step_index,
-                     const torch::Tensor& sample) const override;
+                     const torch::Tensor& sample) override;
 
   // The two coefficients of Step at `step_index`: x_prev = c_sample * x + c_out * output, the
   // model's output being eps or v (Note [DDIM step]).

@@ -65,7 +65,7 @@ torch::Tensor EulerScheduler::ScaleModelInput(const torch::Tensor& sample, int s
 }
 
 torch::Tensor EulerScheduler::Step(const torch::Tensor& model_output, int step_index,
-                                   const torch::Tensor& sample) const {
+                                   const torch::Tensor& sample) {
   CheckStepIndex(step_index);
   const double sigma = sigmas_[step_index];
   const double dt = sigmas_[step_index + 1] - sigma;

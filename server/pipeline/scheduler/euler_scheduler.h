@@ -21,7 +21,7 @@ class EulerScheduler : public Scheduler {
   torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const override;
   // sample + model_output * (sigma_{i+1} - sigma_i).
   torch::Tensor Step(const torch::Tensor& model_output, int step_index,
-                     const torch::Tensor& sample) const override;
+                     const torch::Tensor& sample) override;
 
   // sigma of each step, followed by a final 0 (num_steps() + 1 values).
   const std::vector<double>& sigmas() const { return sigmas_; }

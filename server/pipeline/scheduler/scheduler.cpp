@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "pipeline/scheduler/ddim_scheduler.h"
+#include "pipeline/scheduler/dpm_solver_scheduler.h"
 #include "pipeline/scheduler/euler_scheduler.h"
 #include "util/log.h"
 
@@ -127,7 +128,7 @@ Status ValidateSchedulerConfig(const SchedulerConfig& c) {
 }
 
 const std::vector<std::string>& SchedulerNames() {
-  static const std::vector<std::string> kNames = {"ddim", "euler"};
+  static const std::vector<std::string> kNames = {"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"};
   return kNames;
 }
 
@@ -139,6 +140,10 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
   }
   RETURN_IF_ERROR(ValidateSchedulerConfig(config));
   if (name == "ddim") return std::unique_ptr<Scheduler>(std::make_unique<DdimScheduler>(config));
+  if (name == "dpmpp_2m" || name == "dpmpp_2m_karras") {
+    return std::unique_ptr<Scheduler>(
+        std::make_unique<DpmSolverScheduler>(config, name == "dpmpp_2m_karras"));
+  }
   return std::unique_ptr<Scheduler>(std::make_unique<EulerScheduler>(config));
 }
 

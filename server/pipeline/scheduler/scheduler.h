@@ -20,12 +20,13 @@ namespace qpool {
 //                            x = s->Step(eps, i, x);
 // Scalar coefficients are computed in double; tensor math runs in the sample's dtype, upcast to
 // float32 for half/bfloat16 samples (as diffusers does) and returned in the sample's dtype.
-// Thread-safety: SetTimesteps mutates; the const methods may run concurrently. A scheduler is
-// cheap: make one per request.
+// Thread-safety: SetTimesteps and Step mutate (a multistep scheduler keeps the predictions of the
+// steps it took: call Step for step indices 0, 1, ... in order); the const methods may run
+// concurrently. A scheduler is cheap: make one per denoising loop.
 class Scheduler {
  public:
   virtual ~Scheduler() = default;
-  // "ddim" or "euler".
+  // One of SchedulerNames().
   virtual std::string name() const = 0;
   // Chooses the num_steps model timesteps; InvalidArgument if num_steps < 1 or
   // > num_train_timesteps (or, for DDIM, when steps_offset pushes a timestep out of range).
@@ -39,9 +40,13 @@ class Scheduler {
   // The UNet input for step `step_index` (throws c10::Error when the index is out of range).
   virtual torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const = 0;
   // The previous (less noisy) sample from the model's prediction at `step_index`: epsilon, or v
-  // with prediction_type v_prediction (throws c10::Error when the index is out of range).
+  // with prediction_type v_prediction (throws c10::Error when the index is out of range, or for a
+  // multistep scheduler when step_index is neither 0 nor the one after the last step taken).
   virtual torch::Tensor Step(const torch::Tensor& model_output, int step_index,
-                             const torch::Tensor& sample) const = 0;
+                             const torch::Tensor& sample) = 0;
+  // The batch lost rows: keeps the state of rows `rows` (int64 indices into the batch, in order)
+  // of what Step remembers. Schedulers without state ignore it.
+  virtual void KeepRows(const torch::Tensor& rows) { (void)rows; }
 
   // The validated config this scheduler was made with.
   const SchedulerConfig& config() const { return config_; }
@@ -61,11 +66,11 @@ class Scheduler {
   std::vector<double> timesteps_;
 };
 
-// Makes the scheduler `name` ("ddim" | "euler"); InvalidArgument listing the valid names for
+// Makes the scheduler `name` (one of SchedulerNames()); InvalidArgument listing the valid names for
 // an unknown name, or naming the field of an invalid config.
 StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
                                                    const SchedulerConfig& config);
-// The names MakeScheduler accepts: {"ddim", "euler"}.
+// The names MakeScheduler accepts: {"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"}.
 const std::vector<std::string>& SchedulerNames();
 // OK, or InvalidArgument naming the bad field: betas in (0,1) with beta_start < beta_end,
 // known beta_schedule / timestep_spacing, prediction_type epsilon or v_prediction,

@@ -194,7 +194,8 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
   const int total = static_cast<int>(timesteps.size());
   for (int i = 0; i < total; ++i) {
     const int before = run.running();
-    latents = run.DropCancelled(latents);
+    latents =
+        run.DropCancelled(latents, [&](const torch::Tensor& rows) { scheduler->KeepRows(rows); });
     if (run.running() == 0) return Status::Ok();
     if (run.running() != before) conditioning = run.DenoiserInputs(cfg);
     torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;

@@ -9,12 +9,34 @@ from typing import Dict, Tuple
 from .import_error import ImportFailure
 
 # diffusers scheduler class -> the qpool sampler a request gets by default. PNDM (what SD 1.x
-# folders ship) has no qpool counterpart; DDIM runs the same schedule.
+# folders ship) has no qpool counterpart; DDIM runs the same schedule. DPMSolverMultistep's is
+# dpmpp_2m_karras when its config asks for Karras sigmas.
 DEFAULT_SAMPLER = {
     "DDIMScheduler": "ddim",
     "PNDMScheduler": "ddim",
     "EulerDiscreteScheduler": "euler",
+    "DPMSolverMultistepScheduler": "dpmpp_2m",
 }
+# The class's default timestep_spacing, for a file that leaves it out.
+DEFAULT_SPACING = {"EulerDiscreteScheduler": "linspace", "DPMSolverMultistepScheduler": "linspace"}
+# DPMSolverMultistepScheduler settings qpool's dpmpp_2m computes (the class's defaults), with the
+# values accepted. lower_order_final and euler_at_final change nothing at solver order 2 when the
+# last sigma is 0: that step is first order anyway.
+DPM_ACCEPTED = {
+    "algorithm_type": ("dpmsolver++",),
+    "solver_order": (2,),
+    "solver_type": ("midpoint",),
+    "final_sigmas_type": ("zero",),
+    "variance_type": (None,),
+    "use_lu_lambdas": (False,),
+    "use_flow_sigmas": (False,),
+    "use_dynamic_shifting": (False,),
+    "lambda_min_clipped": (float("-inf"),),
+}
+DPM_DEFAULTS = {"algorithm_type": "dpmsolver++", "solver_order": 2, "solver_type": "midpoint",
+                "final_sigmas_type": "zero", "variance_type": None, "use_lu_lambdas": False,
+                "use_flow_sigmas": False, "use_dynamic_shifting": False,
+                "lambda_min_clipped": float("-inf")}
 
 # Fields whose values qpool's schedulers compute, with the values accepted.
 ACCEPTED = {
@@ -42,7 +64,8 @@ NEUTRAL = {
 IGNORED = {"_class_name", "_diffusers_version", "skip_prk_steps", "dynamic_thresholding_ratio",
            "sample_max_value", "clip_sample_range", "steps_offset", "num_train_timesteps",
            "beta_start", "beta_end", "beta_schedule", "prediction_type", "timestep_spacing",
-           "_use_default_values"}
+           "_use_default_values", "lower_order_final", "euler_at_final", "flow_shift",
+           "time_shift_type", *DPM_ACCEPTED}
 
 
 def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:
@@ -54,9 +77,20 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
                             f"{', '.join(sorted(DEFAULT_SAMPLER))}")
     # DDIMScheduler clips x0 and ends on alpha 1 unless told not to; PNDM and Euler read neither.
     ddim_defaults = {"clip_sample": True, "set_alpha_to_one": True}
+    sampler = DEFAULT_SAMPLER[cls]
+    if cls == "DPMSolverMultistepScheduler":
+        for field, accepted in DPM_ACCEPTED.items():
+            value = config.get(field, DPM_DEFAULTS[field])
+            if value not in accepted:
+                raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's dpmpp_2m "
+                                    f"computes {', '.join(repr(a) for a in accepted)}")
+        if config.get("use_karras_sigmas", False):
+            sampler = "dpmpp_2m_karras"
     for field, neutral in NEUTRAL.items():
         if field in ddim_defaults and cls != "DDIMScheduler":
             continue
+        if field == "use_karras_sigmas" and cls == "DPMSolverMultistepScheduler":
+            continue  # the sampler above
         value = config.get(field, ddim_defaults.get(field, neutral))
         if value != neutral:
             raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's schedulers need "
@@ -67,8 +101,7 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
         "beta_end": float(config.get("beta_end", 0.02)),
         "beta_schedule": config.get("beta_schedule", "linear"),
         # A field the file leaves out takes the class's default, as diffusers does.
-        "timestep_spacing": config.get(
-            "timestep_spacing", "linspace" if cls == "EulerDiscreteScheduler" else "leading"),
+        "timestep_spacing": config.get("timestep_spacing", DEFAULT_SPACING.get(cls, "leading")),
         "steps_offset": int(config.get("steps_offset", 0)),
         "prediction_type": config.get("prediction_type", "epsilon"),
     }
@@ -76,7 +109,7 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
         if section[field] not in accepted:
             raise ImportFailure(f"{where}: field '{field}' is {section[field]!r}; qpool imports "
                                 f"{', '.join(accepted)}")
-    return section, DEFAULT_SAMPLER[cls]
+    return section, sampler
 
 
 # FlowMatchEulerDiscreteScheduler fields the manifest's flow-matching section carries, with
