@@ -481,12 +481,19 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, negative_prompt=None,
                     guidance_scale=5.0, sizes=None):
     """StableDiffusionXLPipeline's image for a request; `sizes` is the request's size
     conditioning (qpool's field names), None for the defaults."""
-    from diffusers import DDIMScheduler, EulerDiscreteScheduler
+    from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 
-    cls = {"ddim": DDIMScheduler, "euler": EulerDiscreteScheduler}[scheduler]
+    cls, extra = {"ddim": (DDIMScheduler, {}), "euler": (EulerDiscreteScheduler, {}),
+                  "dpmpp_2m": (DPMSolverMultistepScheduler, {"use_karras_sigmas": False}),
+                  "dpmpp_2m_karras": (DPMSolverMultistepScheduler,
+                                      {"use_karras_sigmas": True})}[scheduler]
+    # Always from the folder's own config: one made from another class's config carries that
+    # class's settings.
+    if not hasattr(pipe, "qpool_source_scheduler"):
+        pipe.qpool_source_scheduler = pipe.scheduler
     # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
-    pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False,
-                                     set_alpha_to_one=False)
+    pipe.scheduler = cls.from_config(pipe.qpool_source_scheduler.config, clip_sample=False,
+                                     set_alpha_to_one=False, **extra)
     conditioning = {}
     if sizes:
         conditioning = {
@@ -524,6 +531,9 @@ CASES = {
     "ddim, negative prompt": dict(scheduler="ddim", negative_prompt="blurry, low quality"),
     "euler, size conditioning": dict(scheduler="euler", sizes=SIZES),
     "euler, without guidance": dict(scheduler="euler", guidance_scale=1.0),
+    "dpmpp_2m, no negative prompt": dict(scheduler="dpmpp_2m"),
+    "dpmpp_2m_karras, negative prompt": dict(scheduler="dpmpp_2m_karras",
+                                             negative_prompt="blurry, low quality"),
 }
 
 
