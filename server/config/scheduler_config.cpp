@@ -3,7 +3,8 @@
 namespace qpool {
 
 const std::vector<std::string>& SamplerNames(ScheduleFamily family) {
-  static const std::vector<std::string> kDdpm = {"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"};
+  static const std::vector<std::string> kDdpm = {"ddim", "euler", "euler_a", "dpmpp_2m",
+                                                 "dpmpp_2m_karras"};
   static const std::vector<std::string> kFlowMatch = {"euler"};
   return family == ScheduleFamily::kFlowMatch ? kFlowMatch : kDdpm;
 }

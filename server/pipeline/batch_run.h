@@ -22,7 +22,8 @@ struct BatchRequest {
   BatchItem item;
   GenerateOutput output;
   bool running = true;
-  torch::Tensor latents;  // [n, channels, h, w] once the denoising loop is done
+  torch::Tensor latents;                  // [n, channels, h, w] once the denoising loop is done
+  std::vector<at::Generator> generators;  // one per image, from BatchRun::Noise
 };
 
 // Note [The last result waits for the residency]
@@ -99,13 +100,29 @@ class BatchRun {
     if (last_ != nullptr) last_->item.done(std::move(*last_result_));
   }
   // Noise from a CPU generator per image (seed + i for image i of a request), float32 [images,
-  // channels, h, w] on the CPU: identical bytes for a seed on every run, batched or not.
-  torch::Tensor Noise(int64_t channels, int64_t h, int64_t w) const {
+  // channels, h, w] on the CPU: identical bytes for a seed on every run, batched or not. Starts
+  // the generators StepNoise continues.
+  torch::Tensor Noise(int64_t channels, int64_t h, int64_t w) {
     std::vector<torch::Tensor> noise;
-    for (const auto& r : requests) {
+    for (auto& r : requests) {
       const GenerateParams& p = *r.item.params;
+      r.generators.clear();
       for (int64_t i = 0; i < p.num_images; ++i) {
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(p.seed + static_cast<uint64_t>(i));
+        r.generators.push_back(
+            at::make_generator<at::CPUGeneratorImpl>(p.seed + static_cast<uint64_t>(i)));
+        noise.push_back(torch::randn({1, channels, h, w}, r.generators.back(), torch::kFloat));
+      }
+    }
+    return torch::cat(noise);
+  }
+  // The next noise of each running request's images from the generators Noise started, in the
+  // rows of the loop's latents (an ancestral sampler's per-step noise), float32 on the CPU.
+  torch::Tensor StepNoise(int64_t channels, int64_t h, int64_t w) {
+    std::vector<torch::Tensor> noise;
+    for (auto& r : requests) {
+      if (!r.running) continue;
+      TORCH_CHECK(!r.generators.empty(), "StepNoise before Noise");
+      for (at::Generator& gen : r.generators) {
         noise.push_back(torch::randn({1, channels, h, w}, gen, torch::kFloat));
       }
     }

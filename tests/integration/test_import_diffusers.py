@@ -3,7 +3,7 @@ weights (no hub), saved with save_pretrained, imported with `python -m qpool_exp
 from-diffusers`, served by the real server and compared with the same diffusers pipeline run in
 Python on the same weights and the same initial latents: the prompt embeddings, one denoising
 step and a few steps' decoded images, for epsilon and v-prediction, with DDIM, Euler and
-DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas).
+Euler ancestral and DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas).
 
 Tolerances: everything runs in float32 on the CPU in both, through the same operations
 (qpool's modules are diffusers' architecture with its parameter names, Note [Importing through
@@ -192,6 +192,7 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
     """`pipe`'s image with the scheduler of qpool's sampler `scheduler` made from its own config,
     or with None its own scheduler."""
     from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
+    from diffusers import EulerAncestralDiscreteScheduler
 
     # The folder's own config: one made from another class's config carries that class's
     # settings (a DPM-Solver's use_karras_sigmas would reach Euler).
@@ -200,6 +201,7 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
     pipe.scheduler = pipe.qpool_source_scheduler
     if scheduler is not None:
         cls, extra = {"ddim": (DDIMScheduler, {}), "euler": (EulerDiscreteScheduler, {}),
+                      "euler_a": (EulerAncestralDiscreteScheduler, {}),
                       "dpmpp_2m": (DPMSolverMultistepScheduler, {"use_karras_sigmas": False}),
                       "dpmpp_2m_karras": (DPMSolverMultistepScheduler,
                                           {"use_karras_sigmas": True})}[scheduler]
@@ -211,8 +213,12 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
                       "negative_prompt_embeds": clip_skip_embeddings(pipe, [""], clip_skip)}
         else:
             embeds = {"prompt": prompt}
+        # An ancestral sampler's step noise continues the generator of the initial latents, as
+        # qpool's per-image generator does: diffusers draws both from `generator`.
+        noise = ({"generator": torch.Generator().manual_seed(seed)} if scheduler == "euler_a"
+                 else {"latents": latents_for(seed)})
         out = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=steps,
-                   guidance_scale=7.5, latents=latents_for(seed), output_type="np")
+                   guidance_scale=7.5, output_type="np", **noise)
     return np.round(out.images[0] * 255).astype(np.int16)
 
 
@@ -254,7 +260,7 @@ def test_prompt_embeddings_match_diffusers(client, imported, name):
 
 
 @pytest.mark.parametrize("name", ["sd-eps", "sd-v", "sd2-v", "sd-q"])
-@pytest.mark.parametrize("scheduler", ["ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_images_match_diffusers(client, imported, name, scheduler, steps):
     pipes, _ = imported

@@ -17,7 +17,11 @@ TEST(DeviceWorker, RunsTasksInOrderOnItsThread) {
   std::vector<int> order;
   std::promise<std::thread::id> done;
   for (int i = 0; i < 5; ++i) {
-    ASSERT_TRUE(worker.Submit([&order, i](bool run) { if (run) order.push_back(i); }).ok());
+    ASSERT_TRUE(worker
+                    .Submit([&order, i](bool run) {
+                      if (run) order.push_back(i);
+                    })
+                    .ok());
   }
   ASSERT_TRUE(worker.Submit([&](bool run) { done.set_value(std::this_thread::get_id()); }).ok());
   EXPECT_NE(done.get_future().get(), std::this_thread::get_id());
@@ -29,7 +33,12 @@ TEST(DeviceWorker, FullQueueIsResourceExhaustedAndStopDrainsWithRunFalse) {
   std::promise<void> release;
   std::shared_future<void> gate = release.get_future().share();
   std::promise<void> started;
-  ASSERT_TRUE(worker.Submit([&](bool) { started.set_value(); gate.wait(); }).ok());
+  ASSERT_TRUE(worker
+                  .Submit([&](bool) {
+                    started.set_value();
+                    gate.wait();
+                  })
+                  .ok());
   started.get_future().wait();  // the blocking task runs, so the queue is empty again
   std::atomic<int> ran{0}, dropped{0};
   auto count = [&](bool run) { (run ? ran : dropped)++; };

@@ -158,8 +158,9 @@ TEST(GenerateRequest, BadFieldsNameTheField) {
   ExpectInvalid(in, "guidance_scale");
   in = Request();
   in.scheduler = "pndm";
-  ExpectInvalid(
-      in, "unknown scheduler 'pndm'; valid schedulers: ddim, euler, dpmpp_2m, dpmpp_2m_karras");
+  ExpectInvalid(in,
+                "unknown scheduler 'pndm'; valid schedulers: ddim, euler, euler_a, dpmpp_2m, "
+                "dpmpp_2m_karras");
   in = Request();
   in.steps = 4000000000u;  // beyond int: still a clear range error, no overflow
   ExpectInvalid(in, "steps must be between 1 and 50");

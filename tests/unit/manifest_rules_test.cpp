@@ -238,7 +238,8 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
        {"field 'defaults.height' must be between latent.downscale (8)", "(got 4)"}},
       {"default scheduler",
        Parts().Extra("defaults:\n  scheduler: pndm\n"),
-       {"field 'defaults.scheduler' must be one of: ddim, euler, dpmpp_2m, dpmpp_2m_karras (got "
+       {"field 'defaults.scheduler' must be one of: ddim, euler, euler_a, dpmpp_2m, "
+        "dpmpp_2m_karras (got "
         "'pndm')"}},
       // placement
       {"device gpu",

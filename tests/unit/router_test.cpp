@@ -1,9 +1,10 @@
 // The routing policy, eviction plan and working-memory model: pure functions of made-up
 // snapshots (Note [Routing], Note [Working memory]).
+#include "pool/router.h"
+
 #include <gtest/gtest.h>
 
 #include "pool/eviction.h"
-#include "pool/router.h"
 #include "pool/working_memory.h"
 
 namespace qpool {
@@ -50,10 +51,11 @@ void ExpectRoute(const StatusOr<RouteDecision>& got, int replica, const std::str
 
 TEST(RouterTest, IdleResidentReplicaFirst) {
   // Replica 0 is busy; replica 1 is resident and idle; replica 2 is idle but offloaded.
-  ExpectRoute(Route({Gpu(0, 80, 10), Gpu(1, 80, 10), Gpu(2, 80, 0)},
-                    {Replica(0, 0, true, 1, 20), Replica(1, 1, true), Replica(2, 2, false, 0, 0, 2)},
-                    Working(1)),
-              1, "idle");
+  ExpectRoute(
+      Route({Gpu(0, 80, 10), Gpu(1, 80, 10), Gpu(2, 80, 0)},
+            {Replica(0, 0, true, 1, 20), Replica(1, 1, true), Replica(2, 2, false, 0, 0, 2)},
+            Working(1)),
+      1, "idle");
 }
 
 TEST(RouterTest, AmongIdleReplicasTheLeastQueuedDeviceThenTheMostHeadroomThenTheLowestId) {
@@ -107,9 +109,9 @@ TEST(RouterTest, ExcludedDevicesAreSkipped) {
 TEST(RouterTest, ReplicasBeingMovedAreSkippedAndAllMovingIsUnavailable) {
   ReplicaSnapshot moving = Replica(0, 0, true);
   moving.available = false;
-  ExpectRoute(Route({Gpu(0, 80, 10), Gpu(1, 80, 10)}, {moving, Replica(1, 1, true, 2, 8)},
-                    Working(1)),
-              1, "least-loaded");
+  ExpectRoute(
+      Route({Gpu(0, 80, 10), Gpu(1, 80, 10)}, {moving, Replica(1, 1, true, 2, 8)}, Working(1)), 1,
+      "least-loaded");
   auto all = Route({Gpu(0, 80, 10)}, {moving}, Working(1));
   EXPECT_EQ(all.status().code(), StatusCode::kUnavailable);
 }
@@ -160,8 +162,7 @@ TEST(RouterTest, NoBudgetIsUnlimited) {
   ExpectRoute(Route({cpu}, {r}, Working(1000)), 0, "least-loaded");
 }
 
-RouteRequest ScaleOut(uint64_t working_gib, uint64_t replica_gib,
-                      std::vector<std::string> spare) {
+RouteRequest ScaleOut(uint64_t working_gib, uint64_t replica_gib, std::vector<std::string> spare) {
   RouteRequest r = Working(working_gib);
   r.replica_bytes = replica_gib * kGiB;
   r.spare_devices = std::move(spare);
@@ -182,8 +183,8 @@ TEST(RouterTest, EveryReplicaBusyProposesASpareDeviceToScaleOutTo) {
 }
 
 TEST(RouterTest, NoScaleOutWhileAReplicaIsIdleOrWhenNothingFits) {
-  auto idle = Route({Gpu(0, 80, 10), Gpu(1, 80, 10)}, {Replica(0, 0, true)},
-                    ScaleOut(1, 4, {"cuda:1"}));
+  auto idle =
+      Route({Gpu(0, 80, 10), Gpu(1, 80, 10)}, {Replica(0, 0, true)}, ScaleOut(1, 4, {"cuda:1"}));
   ExpectRoute(idle, 0, "idle");
   EXPECT_EQ(idle->scale_out, "");
   // cuda:1 has 3 GiB of headroom and 1 GiB evictable: a 4 GiB replica plus 1 GiB does not fit.
@@ -242,9 +243,9 @@ TEST(EvictionTest, BusyReplicasAreNeverChosen) {
 }
 
 TEST(EvictionTest, TiesGoByNameThenReplica) {
-  auto plan = PlanEviction({Candidate("b", 1, 5), Candidate("a", 1, 5, true, 1),
-                            Candidate("a", 1, 5, true, 0)},
-                           3 * kGiB);
+  auto plan = PlanEviction(
+      {Candidate("b", 1, 5), Candidate("a", 1, 5, true, 1), Candidate("a", 1, 5, true, 0)},
+      3 * kGiB);
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(plan->size(), 3u);
   EXPECT_EQ((*plan)[0].pipeline, "a");

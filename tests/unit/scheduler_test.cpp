@@ -408,10 +408,66 @@ TEST(DpmSolverScheduler, KeepRowsFollowsTheBatch) {
   EXPECT_LT((a - b).abs().max().item<double>(), 1e-12);
 }
 
+// Note [Euler ancestral], by hand: down to sigma_down, then the source's noise times sigma_up.
+TEST(EulerAncestralScheduler, StepByHand) {
+  auto s = Make("euler_a", WithSpacing("linspace"), 5);
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->stochastic());
+  auto* euler = dynamic_cast<EulerScheduler*>(s.get());
+  ASSERT_NE(euler, nullptr);
+  auto plain = Make("euler", WithSpacing("linspace"), 5);
+  EXPECT_EQ(s->timesteps(), plain->timesteps());
+  EXPECT_EQ(s->init_noise_sigma(), plain->init_noise_sigma());
+  const torch::Tensor x = T({0.7, -1.3}), eps = T({0.2, 0.9}), z = T({-0.5, 1.5});
+  EXPECT_THROW(s->Step(eps, 0, x), c10::Error);  // no noise source
+  int draws = 0;
+  s->set_noise_source([&] {
+    ++draws;
+    return z;
+  });
+  for (int i : {0, 3, 4}) {
+    const double sigma = euler->sigmas()[i], next = euler->sigmas()[i + 1];
+    const double up = std::sqrt(next * next * (sigma * sigma - next * next) / (sigma * sigma));
+    const double down = std::sqrt(next * next - up * up);
+    const torch::Tensor x0 = x - sigma * eps;
+    const torch::Tensor want = x + (x - x0) / sigma * (down - sigma) + up * z;
+    EXPECT_LT((s->Step(eps, i, x) - want).abs().max().item<double>(), 1e-12) << i;
+    if (i == 4) EXPECT_EQ(up, 0.0);
+  }
+  EXPECT_EQ(draws, 3);  // every step draws, the last one too (as diffusers)
+  s->set_noise_source([] { return T({1.0, 2.0, 3.0}); });
+  EXPECT_THROW(s->Step(eps, 0, x), c10::Error);  // noise of another shape
+}
+
+// An oracle that knows x0 (eps = (x - x0) / sigma, whatever noise the steps added) lands on x0.
+TEST(EulerAncestralScheduler, OracleRecoversX0) {
+  for (const char* prediction : {"epsilon", "v_prediction"}) {
+    SchedulerConfig c = Sd15();
+    c.prediction_type = prediction;
+    auto s = Make("euler_a", c, 15);
+    ASSERT_NE(s, nullptr);
+    auto* euler = dynamic_cast<EulerScheduler*>(s.get());
+    torch::manual_seed(6);
+    const torch::Tensor x0 = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+    s->set_noise_source([] { return torch::randn({2, 4, 8, 8}, torch::kFloat64); });
+    torch::Tensor x = x0 + euler->sigmas()[0] * torch::randn({2, 4, 8, 8}, torch::kFloat64);
+    for (int i = 0; i < s->num_steps(); ++i) {
+      const double sigma = euler->sigmas()[i];
+      const torch::Tensor eps = (x - x0) / sigma;
+      const double a = 1.0 / (sigma * sigma + 1.0);  // v = sqrt(a) eps - sqrt(1 - a) x0
+      const torch::Tensor out =
+          std::string(prediction) == "epsilon" ? eps : std::sqrt(a) * eps - std::sqrt(1 - a) * x0;
+      x = s->Step(out, i, x);
+    }
+    EXPECT_LT((x - x0).abs().max().item<double>(), 1e-9) << prediction;
+  }
+}
+
 TEST(SchedulerDtype, HalfInHalfOut) {
   for (const std::string& name : SchedulerNames()) {
     auto s = Make(name, Sd15(), 10);
     ASSERT_NE(s, nullptr);
+    s->set_noise_source([] { return torch::zeros({2, 3}); });
     const torch::Tensor x = torch::ones({2, 3}, torch::kHalf);
     const torch::Tensor eps = torch::full({2, 3}, 0.5, torch::kHalf);
     EXPECT_EQ(s->Step(eps, 0, x).scalar_type(), torch::kHalf) << name;
@@ -448,10 +504,11 @@ TEST(SchedulerErrors, UnknownNameListsValidOnes) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("dpm++"), std::string::npos);
-  EXPECT_NE(s.status().message().find("ddim, euler, dpmpp_2m, dpmpp_2m_karras"), std::string::npos)
+  EXPECT_NE(s.status().message().find("ddim, euler, euler_a, dpmpp_2m, dpmpp_2m_karras"),
+            std::string::npos)
       << s.status().message();
   EXPECT_EQ(SchedulerNames(),
-            (std::vector<std::string>{"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"}));
+            (std::vector<std::string>{"ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"}));
 }
 
 TEST(SchedulerErrors, BadConfigNamesTheField) {

@@ -194,7 +194,7 @@ TEST(Streaming, ResidentGroupsStayForTheWholeRun) {
 
 TEST(Streaming, AFailedGroupCopyFailsTheForwardAndLeavesEverythingOnTheHost) {
   FailingAllocator arenas(/*fail_at=*/3, /*count_cpu=*/true);  // the third group's copy
-  arenas.armed = false;                                          // not the host copy
+  arenas.armed = false;                                        // not the host copy
   Fixture f(arenas, Sequential(0, 0));
   ASSERT_TRUE(f.residency->Place(c10::Device(c10::kCPU), c10::kFloat).ok());
   arenas.armed = true;

@@ -102,8 +102,8 @@ Status DpmSolverScheduler::SetTimesteps(int num_steps) {
       if (t < 0 || t >= n_train) {
         return InvalidArgument(StrCat(name(), " scheduler: ", num_steps, " steps with ",
                                       config_.timestep_spacing, " spacing and steps_offset ",
-                                      config_.steps_offset, " reach timestep ", t,
-                                      ", outside [0, ", n_train, ")"));
+                                      config_.steps_offset, " reach timestep ", t, ", outside [0, ",
+                                      n_train, ")"));
       }
       sigmas.push_back(AsFloat(train_sigmas[static_cast<size_t>(t)]));
     }
@@ -125,9 +125,8 @@ torch::Tensor DpmSolverScheduler::ScaleModelInput(const torch::Tensor& sample,
 torch::Tensor DpmSolverScheduler::Step(const torch::Tensor& model_output, int step_index,
                                        const torch::Tensor& sample) {
   CheckStepIndex(step_index);
-  TORCH_CHECK(step_index == 0 || step_index == next_step_, name(), " scheduler: step ",
-              step_index, " after step ", next_step_ - 1,
-              "; a multistep solver takes its steps in order");
+  TORCH_CHECK(step_index == 0 || step_index == next_step_, name(), " scheduler: step ", step_index,
+              " after step ", next_step_ - 1, "; a multistep solver takes its steps in order");
   if (step_index == 0) previous_x0_ = torch::Tensor();
   const auto type = ComputeType(sample);
   const double s = sigmas_[step_index];

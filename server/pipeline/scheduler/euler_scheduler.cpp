@@ -80,4 +80,37 @@ torch::Tensor EulerScheduler::Step(const torch::Tensor& model_output, int step_i
   return prev.to(sample.scalar_type());
 }
 
+// Note [Euler ancestral]
+// From sigma to sigma_next, an ancestral step splits the way down into a deterministic part and
+// fresh noise: sigma_up = sqrt(sigma_next^2 (sigma^2 - sigma_next^2) / sigma^2) and sigma_down =
+// sqrt(sigma_next^2 - sigma_up^2). With x0 = x - sigma * eps (epsilon) or x / (sigma^2 + 1) -
+// v * sigma / sqrt(sigma^2 + 1) (v), x_next = x + (x - x0) / sigma * (sigma_down - sigma) +
+// noise * sigma_up. The last step (sigma_next = 0) adds no noise but, as diffusers, still draws
+// it: the draws of an image's generator stay in step with diffusers' for the same generator.
+torch::Tensor EulerAncestralScheduler::Step(const torch::Tensor& model_output, int step_index,
+                                            const torch::Tensor& sample) {
+  CheckStepIndex(step_index);
+  TORCH_CHECK(noise_, name(), " scheduler: no noise source (set_noise_source)");
+  const double sigma = sigmas()[step_index];
+  const double next = sigmas()[step_index + 1];
+  const double up = std::sqrt(next * next * (sigma * sigma - next * next) / (sigma * sigma));
+  const double down = std::sqrt(std::max(next * next - up * up, 0.0));
+  const auto type = ComputeType(sample);
+  const torch::Tensor x = sample.to(type);
+  const torch::Tensor out = model_output.to(type);
+  torch::Tensor x0;
+  if (config_.prediction_type == "v_prediction") {
+    const double s2 = sigma * sigma + 1.0;
+    x0 = x.div(s2).sub_(out, sigma / std::sqrt(s2));
+  } else {
+    x0 = x.sub(out, sigma);
+  }
+  torch::Tensor prev = x.add((x - x0).div_(sigma), down - sigma);
+  const torch::Tensor noise = noise_();
+  TORCH_CHECK(noise.sizes() == sample.sizes(), name(), " scheduler: noise of shape ", noise.sizes(),
+              " for a sample of shape ", sample.sizes());
+  prev.add_(noise.to(prev.device(), type), up);
+  return prev.to(sample.scalar_type());
+}
+
 }  // namespace qpool

@@ -2,6 +2,8 @@
 // EulerDiscreteScheduler.
 #pragma once
 
+#include <utility>
+
 #include "pipeline/scheduler/scheduler.h"
 
 namespace qpool {
@@ -30,6 +32,20 @@ class EulerScheduler : public Scheduler {
   std::vector<double> train_sigmas_;  // sqrt((1 - a) / a) for each training timestep
   std::vector<double> sigmas_;
   double init_noise_sigma_ = 1.0;
+};
+
+// Euler ancestral ("euler_a"), as diffusers' EulerAncestralDiscreteScheduler: Euler's timesteps,
+// sigmas and input scaling; each step goes down to sigma_down and adds fresh noise of sigma_up
+// (Note [Euler ancestral]). Needs a noise source (set_noise_source).
+class EulerAncestralScheduler final : public EulerScheduler {
+ public:
+  explicit EulerAncestralScheduler(SchedulerConfig config) : EulerScheduler(std::move(config)) {}
+
+  std::string name() const override { return "euler_a"; }
+  bool stochastic() const override { return true; }
+  // Throws c10::Error without a noise source, or when it gives noise of another shape.
+  torch::Tensor Step(const torch::Tensor& model_output, int step_index,
+                     const torch::Tensor& sample) override;
 };
 
 }  // namespace qpool

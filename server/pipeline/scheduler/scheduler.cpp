@@ -127,10 +127,7 @@ Status ValidateSchedulerConfig(const SchedulerConfig& c) {
   return Status::Ok();
 }
 
-const std::vector<std::string>& SchedulerNames() {
-  static const std::vector<std::string> kNames = {"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"};
-  return kNames;
-}
+const std::vector<std::string>& SchedulerNames() { return SamplerNames(ScheduleFamily::kDdpm); }
 
 StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
                                                    const SchedulerConfig& config) {
@@ -140,6 +137,9 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
   }
   RETURN_IF_ERROR(ValidateSchedulerConfig(config));
   if (name == "ddim") return std::unique_ptr<Scheduler>(std::make_unique<DdimScheduler>(config));
+  if (name == "euler_a") {
+    return std::unique_ptr<Scheduler>(std::make_unique<EulerAncestralScheduler>(config));
+  }
   if (name == "dpmpp_2m" || name == "dpmpp_2m_karras") {
     return std::unique_ptr<Scheduler>(
         std::make_unique<DpmSolverScheduler>(config, name == "dpmpp_2m_karras"));

@@ -4,8 +4,10 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/scheduler_config.h"
@@ -48,6 +50,13 @@ class Scheduler {
   // of what Step remembers. Schedulers without state ignore it.
   virtual void KeepRows(const torch::Tensor& rows) { (void)rows; }
 
+  // Fresh noise of a step's sample shape, float32: the next draw of each image's own generator
+  // (BatchRun::StepNoise), so that an image's noise is the same batched or alone.
+  using NoiseSource = std::function<torch::Tensor()>;
+  // Whether Step adds fresh noise (an ancestral sampler): it then needs a noise source.
+  virtual bool stochastic() const { return false; }
+  void set_noise_source(NoiseSource source) { noise_ = std::move(source); }
+
   // The validated config this scheduler was made with.
   const SchedulerConfig& config() const { return config_; }
   // cumprod(1 - beta) over the num_train_timesteps training steps.
@@ -62,6 +71,7 @@ class Scheduler {
   void CheckStepIndex(int step_index) const;
 
   SchedulerConfig config_;
+  NoiseSource noise_;
   std::vector<double> alphas_cumprod_;
   std::vector<double> timesteps_;
 };
@@ -70,7 +80,7 @@ class Scheduler {
 // an unknown name, or naming the field of an invalid config.
 StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
                                                    const SchedulerConfig& config);
-// The names MakeScheduler accepts: {"ddim", "euler", "dpmpp_2m", "dpmpp_2m_karras"}.
+// The names MakeScheduler accepts: {"ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"}.
 const std::vector<std::string>& SchedulerNames();
 // OK, or InvalidArgument naming the bad field: betas in (0,1) with beta_start < beta_end,
 // known beta_schedule / timestep_spacing, prediction_type epsilon or v_prediction,

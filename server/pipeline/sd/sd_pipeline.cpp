@@ -184,6 +184,10 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
   const c10::Device device = this->device();
   torch::Tensor latents =
       (run.Noise(latent.channels, h, w) * scheduler->init_noise_sigma()).to(device, dtype());
+  if (scheduler->stochastic()) {
+    scheduler->set_noise_source(
+        [&run, &latent, h, w] { return run.StepNoise(latent.channels, h, w); });
+  }
 
   const bool cfg = first.do_cfg();
   std::vector<torch::Tensor> conditioning = run.DenoiserInputs(cfg);

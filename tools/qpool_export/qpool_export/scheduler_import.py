@@ -15,10 +15,12 @@ DEFAULT_SAMPLER = {
     "DDIMScheduler": "ddim",
     "PNDMScheduler": "ddim",
     "EulerDiscreteScheduler": "euler",
+    "EulerAncestralDiscreteScheduler": "euler_a",
     "DPMSolverMultistepScheduler": "dpmpp_2m",
 }
 # The class's default timestep_spacing, for a file that leaves it out.
-DEFAULT_SPACING = {"EulerDiscreteScheduler": "linspace", "DPMSolverMultistepScheduler": "linspace"}
+DEFAULT_SPACING = {"EulerDiscreteScheduler": "linspace", "EulerAncestralDiscreteScheduler": "linspace",
+                   "DPMSolverMultistepScheduler": "linspace"}
 # DPMSolverMultistepScheduler settings qpool's dpmpp_2m computes (the class's defaults), with the
 # values accepted. lower_order_final and euler_at_final change nothing at solver order 2 when the
 # last sigma is 0: that step is first order anyway.

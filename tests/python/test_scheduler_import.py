@@ -1,0 +1,60 @@
+"""Tests of qpool_export.scheduler_import: the scheduler configs diffusers writes, class by class,
+become the manifest's scheduler section and default sampler, or are refused naming the field.
+
+Run: .venv/bin/python -m pytest tests/python/test_scheduler_import.py
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+diffusers = pytest.importorskip("diffusers")
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
+from qpool_export import scheduler_import  # noqa: E402
+from qpool_export.import_error import ImportFailure  # noqa: E402
+
+SD15 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+
+
+def written(cls_name, tmp_path, **config):
+    """The scheduler_config.json diffusers writes for `cls_name` made with `config`, parsed."""
+    getattr(diffusers, cls_name)(**config).save_config(tmp_path)
+    return json.loads((tmp_path / "scheduler_config.json").read_text())
+
+
+@pytest.mark.parametrize("cls_name, extra, sampler, spacing", [
+    ("PNDMScheduler", {"skip_prk_steps": True, "steps_offset": 1}, "ddim", "leading"),
+    ("DDIMScheduler", {"clip_sample": False, "set_alpha_to_one": False}, "ddim", "leading"),
+    ("EulerDiscreteScheduler", {}, "euler", "linspace"),
+    ("EulerAncestralDiscreteScheduler", {"timestep_spacing": "trailing"}, "euler_a", "trailing"),
+    ("DPMSolverMultistepScheduler", {}, "dpmpp_2m", "linspace"),
+    ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}, "dpmpp_2m_karras", "linspace"),
+])
+def test_default_sampler_and_section(tmp_path, cls_name, extra, sampler, spacing):
+    config = written(cls_name, tmp_path, **SD15, **extra)
+    section, got = scheduler_import.translate(config, "scheduler_config.json")
+    assert got == sampler
+    assert section["timestep_spacing"] == spacing
+    assert section["beta_start"] == pytest.approx(0.00085)
+    assert section["steps_offset"] == extra.get("steps_offset", 0)
+
+
+@pytest.mark.parametrize("cls_name, config, message", [
+    ("UniPCMultistepScheduler", {}, "field '_class_name' is 'UniPCMultistepScheduler'"),
+    ("DPMSolverMultistepScheduler", {"solver_order": 3}, "field 'solver_order' is 3"),
+    ("DPMSolverMultistepScheduler", {"solver_type": "heun"}, "field 'solver_type' is 'heun'"),
+    ("DPMSolverMultistepScheduler", {"final_sigmas_type": "sigma_min"},
+     "field 'final_sigmas_type' is 'sigma_min'"),
+    ("DPMSolverMultistepScheduler", {"use_lu_lambdas": True}, "field 'use_lu_lambdas' is True"),
+    ("EulerDiscreteScheduler", {"use_karras_sigmas": True}, "field 'use_karras_sigmas' is True"),
+    ("EulerAncestralDiscreteScheduler", {"rescale_betas_zero_snr": True},
+     "field 'rescale_betas_zero_snr' is True"),
+])
+def test_what_the_samplers_do_not_compute_is_refused(tmp_path, cls_name, config, message):
+    with pytest.raises(ImportFailure, match=message.replace("(", r"\(")):
+        scheduler_import.translate(written(cls_name, tmp_path, **SD15, **config),
+                                   "scheduler_config.json")
