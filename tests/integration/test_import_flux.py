@@ -149,6 +149,9 @@ def imported(tmp_path_factory, sources):
     spec = ",".join(f"{c}={f}" for c, f in NF4.items())
     folders["flux-nf4"] = imported_into(repository, "flux-nf4", sources["flux-dev"][0],
                                         "--dtype", "float32", "--quantize", spec)
+    # The transformer's forward also compiled ahead of time for the CPU (Note [Compiled forward]).
+    folders["flux-compiled"] = imported_into(repository, "flux-compiled", sources["flux-dev"][0],
+                                             "--dtype", "float32", "--compile", "transformer")
     return folders
 
 
@@ -277,6 +280,7 @@ def references(sources):
     """{served pipeline: the diffusers pipeline its images should equal}."""
     refs = {name: pipe for name, (_, pipe) in sources.items()}
     refs["flux-nf4"] = dequantized(load_pipeline(sources["flux-dev"][0]), NF4)
+    refs["flux-compiled"] = refs["flux-dev"]
     return refs
 
 
@@ -366,6 +370,25 @@ CASES = {
         "flux-dev", dict(steps=3, guidance_scale=3.5, negative_prompt="", true_cfg_scale=3.0)),
     "nf4 transformer and T5": ("flux-nf4", dict(steps=4, guidance_scale=3.5)),
 }
+
+
+def test_compiled_transformer_matches_diffusers(client, imported, references):
+    """--compile transformer: the server runs the transformer's AOTInductor package (its
+    generated kernels round differently from TorchScript's ops: a level or two of 255), for one
+    image and for two with true CFG (a batch of 4)."""
+    text = (imported["flux-compiled"] / "pipeline.yaml").read_text()
+    assert "file: transformer.cpu.pt2" in text and "device: cpu" in text
+    for request in (dict(steps=4, guidance_scale=3.5),
+                    dict(steps=3, guidance_scale=3.5, images=2, negative_prompt="blurry, dark",
+                         true_cfg_scale=4.0)):
+        want = diffusers_images(references["flux-compiled"], seed=11, prompt=PROMPT, **request)
+        got = qpool_images(client, "flux-compiled", seed=11, prompt=PROMPT, **request)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert np.abs(g - w).max() <= 3
+            assert w.std() > 5, "a flat reference image compares nothing"
+    log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
+    assert "compiled forward" in log, "the package was not attached"
 
 
 @pytest.mark.parametrize("case", list(CASES))

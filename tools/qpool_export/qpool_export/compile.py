@@ -23,17 +23,25 @@ LAYOUT_KEY = "qpool.weight_layout"
 
 DEVICES = ("cpu", "cuda")
 # Components that can be compiled, and the dimensions of their inputs that vary at run time
-# (what server/pipeline/sd/ and sdxl/ pass): batch (images x 2 with guidance) and the latent's
-# sides; an SDXL UNet's two extra inputs (pooled text embeddings, time ids) vary with the batch.
+# (what server/pipeline/sd/, sdxl/ and flux/ pass): batch (images x 2 with guidance) and the
+# latent's sides; an SDXL UNet's two extra inputs (pooled text embeddings, time ids) vary with the
+# batch. A FLUX transformer's image tokens (a packed latent's 2x2 patches) vary with the size, its
+# text tokens are the manifest's T5 length: (hidden states, T5 states, pooled CLIP, timestep,
+# img_ids, txt_ids, guidance).
 MAX_BATCH = 64
 MIN_SIDE = 4  # export's guards on the UNet's down-sampling need sides of at least 3
 MAX_SIDE = 256  # latent sides up to 2048-pixel images
+MAX_TOKENS = (MAX_SIDE // 2) ** 2
 _DYNAMIC: Dict[str, Tuple[Dict[int, str], ...]] = {
     "text_encoder": ({0: "batch"},),
     "unet": ({0: "batch", 2: "height", 3: "width"}, {0: "batch"}, {0: "batch"}, {0: "batch"},
              {0: "batch"}),
     "vae_decoder": ({0: "batch", 2: "height", 3: "width"},),
+    "transformer": ({0: "batch", 1: "tokens"}, {0: "batch"}, {0: "batch"}, {0: "batch"},
+                    {0: "tokens"}, {}, {0: "batch"}),
 }
+# Floating inputs the pipelines pass in float32 whatever the compute dtype, by position.
+_FLOAT32_INPUTS: Dict[str, Tuple[int, ...]] = {"unet": (1,), "transformer": (3, 4, 5, 6)}
 COMPILABLE = tuple(_DYNAMIC)
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
@@ -80,7 +88,7 @@ def resized_examples(module: torch.nn.Module, component: str,
     for spec, t in zip(_DYNAMIC[component], inputs):
         shape = list(t.shape)
         for axis, name in spec.items():
-            if name == "batch":
+            if name in ("batch", "tokens"):
                 shape[axis] = max(shape[axis], 2)
             else:
                 side = -(-shape[axis] // multiple) * multiple
@@ -100,7 +108,7 @@ def _dims(component: str, inputs: Sequence[torch.Tensor], multiple: int = 1):
     pixels (example_side)."""
     low = max(-(-MIN_SIDE // multiple) * multiple, 2 * multiple if multiple > 1 else MIN_SIDE)
     ranges = {"batch": (1, MAX_BATCH, 1), "height": (low, MAX_SIDE, multiple),
-              "width": (low, MAX_SIDE, multiple)}
+              "width": (low, MAX_SIDE, multiple), "tokens": (2, MAX_TOKENS, 1)}
     dims = {}
     for name, (lo, hi, step) in ranges.items():
         if step == 1:
@@ -137,7 +145,8 @@ def compile_component(module: torch.nn.Module, component: str,
                       source_sha256: str, dtype: Optional[torch.dtype] = None) -> float:
     """Writes the AOTInductor package of `module`'s forward for `device` to `path`; returns the
     seconds it took. `inputs` are float32 CPU examples; floating ones take `dtype`, by default
-    the device's compute dtype (except 1-d timesteps, which the pipelines pass in float32)."""
+    the device's compute dtype (except the inputs _FLOAT32_INPUTS names, which the pipelines pass
+    in float32)."""
     if component not in _DYNAMIC:
         raise CompileError(f"--compile: {component} cannot be compiled "
                            f"(choose from {', '.join(COMPILABLE)})")
@@ -153,10 +162,10 @@ def compile_component(module: torch.nn.Module, component: str,
     if device == "cuda" and component == "unet":
         module = module.to(memory_format=torch.channels_last)
         layout = "channels_last"
-    keep_float32 = component == "unet"
+    keep_float32 = _FLOAT32_INPUTS.get(component, ())
     args = []
     for i, t in enumerate(inputs):
-        if t.is_floating_point() and not (keep_float32 and i == 1):
+        if t.is_floating_point() and i not in keep_float32:
             t = t.to(dtype)
         args.append(t.to(device))
     shapes, signature = _dims(component, args, _side_multiple(module, component))

@@ -101,6 +101,9 @@ class Built:
     max_diff: float
     prequantized: Dict[str, object] = field(default_factory=dict)
     dtype: Optional[str] = None  # saved in this dtype instead of the import's --dtype
+    # Example inputs for --compile where the trace's are not what the server passes (sizes that
+    # stay fixed in the package); None: the trace's.
+    compile_inputs: Optional[Tuple[torch.Tensor, ...]] = None
 
 
 def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],

@@ -74,7 +74,10 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
         diff = _check_same(where, diffusers_transformer(compared), mirror(*compared))
     trace_inputs = inputs(2, 3, 2, max(1, min(length, 4)))
     check_inputs = inputs(3, 2, 2, max(1, min(length, 7)))
-    return Built("transformer", mirror, trace_inputs, check_inputs, diff, prequantized), cfg
+    # A compiled forward keeps the text tokens fixed: the manifest's T5 length.
+    compile_inputs = inputs(2, 2, 2, length)
+    return Built("transformer", mirror, trace_inputs, check_inputs, diff, prequantized,
+                 compile_inputs=compile_inputs), cfg
 
 
 def _tie_t5_embeddings(module: torch.nn.Module, state: Dict[str, torch.Tensor], prefix: str,

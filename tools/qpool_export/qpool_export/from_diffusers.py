@@ -94,6 +94,9 @@ class ImportOptions:
     # Components that also get an AOTInductor package for compile_device (compile.py).
     compile: Tuple[str, ...] = ()
     compile_device: str = "cpu"
+    # The dtype the server computes in when the manifest names one (placement.dtype); None: the
+    # device's (set by import_pipeline).
+    compile_dtype: Optional[str] = None
     verbose: bool = True
 
 
@@ -171,12 +174,14 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
             raise ImportFailure(f"--compile {built.name}: the component is quantized (the "
                                 f"quantized linear op has no compiled form)")
         package = os.path.join(stage, aot.package_name(built.name, opts.compile_device))
-        examples = aot.resized_examples(built.module, built.name, built.trace_inputs,
+        examples = aot.resized_examples(built.module, built.name,
+                                        built.compile_inputs or built.trace_inputs,
                                         torch.Generator().manual_seed(0))
+        dtype = built.dtype or opts.compile_dtype
         try:
             report["compile_seconds"] = aot.compile_component(
                 built.module, built.name, examples, opts.compile_device, package,
-                manifest_io.sha256_file(path), DTYPES[built.dtype] if built.dtype else None)
+                manifest_io.sha256_file(path), DTYPES[dtype] if dtype else None)
         except aot.CompileError as e:
             raise ImportFailure(str(e)) from e
     return report
@@ -420,6 +425,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     kind, index = check_model_index(src)
     if opts.dtype is None:
         opts = dataclasses.replace(opts, dtype="bfloat16" if kind == "flux" else "float16")
+    if kind == "flux" and opts.dtype in ("bfloat16", "bf16"):  # build_flux_manifest's placement
+        opts = dataclasses.replace(opts, compile_dtype="bfloat16")
     _check_quantize(kind, opts.quantize)
     for name in opts.compile:
         if name not in KIND_FILES[kind] or name not in aot.COMPILABLE:
@@ -515,7 +522,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--compile", default="",
                    help="components that also get an ahead-of-time compiled forward, as "
                         "qpool_export --compile writes it (comma separated: text_encoder, unet, "
-                        "vae_decoder; not a quantized one)")
+                        "vae_decoder; FLUX: transformer, vae_decoder; not a quantized one)")
     p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
                    help="device type the packages are compiled for (cuda needs a GPU here)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
