@@ -10,7 +10,10 @@ materialised in bf16 on the GPU, given the diffusers weights, traced there and s
 transformer and T5 keep quantizable layers: one set of files serves the bf16 pipeline and the
 NF4 one (`quantization: nf4` in its manifest, quantized by the server at load). Each pipeline is
 then served by its own qpool-server and timed through the qpool CLI; the bf16 one also runs the
-Encode-only check under `model` offload (import_bench.encode_check).
+Encode-only check under `model` offload (import_bench.encode_check). With `--compile` the export
+also writes an AOTInductor package of the transformer (bf16, for the export's device type) and a
+third pipeline, flux-bf16-compiled, whose manifest names it; with `--peers` FluxPipeline is also
+timed with its transformer under torch.compile in the modes named, after its eager runs.
 
   python3 bench/flux_bench.py --phase export --work /tmp/flux --tokenizer TOKDIR --spiece M
   python3 bench/flux_bench.py --phase serve --work /tmp/flux --server S --client C --out R.json
@@ -86,7 +89,20 @@ def build_diffusers(a):
     return pipe
 
 
-def time_diffusers(pipe, a) -> dict:
+def time_diffusers(pipe, a, compile_mode=None) -> dict:
+    """FluxPipeline's latency over a.runs after a.warmup, eager or with its transformer under
+    torch.compile(mode=compile_mode) (the warm-ups include compiling)."""
+    eager = pipe.transformer
+    if compile_mode:
+        torch._dynamo.reset()
+        pipe.transformer = torch.compile(eager, mode=compile_mode, fullgraph=True)
+    try:
+        return _time_pipe(pipe, a)
+    finally:
+        pipe.transformer = eager
+
+
+def _time_pipe(pipe, a) -> dict:
     times = []
     cuda = a.device.startswith("cuda")
     if cuda:
@@ -137,9 +153,45 @@ def _save(module, inputs, path):
         torch.cuda.empty_cache()
 
 
+def _plain_linears(module):
+    """`module` with every QuantLinear kept in float (load-time quantization) back to an
+    nn.Linear on the same tensors (nothing copied): what torch.export compiles as a plain linear,
+    with the parameter names the TorchScript file's tensors have."""
+    from qpool_export.quant import QuantLinear
+
+    for qualified, child in list(module.named_modules()):
+        if isinstance(child, QuantLinear) and child.format == "none":
+            linear = torch.nn.Linear(child.in_features, child.out_features,
+                                     bias=child.bias is not None, device="meta")
+            linear.weight = torch.nn.Parameter(child.weight, requires_grad=False)
+            if child.bias is not None:
+                linear.bias = torch.nn.Parameter(child.bias, requires_grad=False)
+            parent, _, attr = qualified.rpartition(".")
+            setattr(module.get_submodule(parent) if parent else module, attr, linear)
+    return module
+
+
+def compile_transformer(transformer, source: str, folder: str, device: str) -> float:
+    """The AOTInductor package of `transformer` (saved as `source`) into `folder`, for the
+    device type of `device`, in bf16; returns the seconds it took."""
+    from qpool_export import compile as aot
+    from qpool_export import manifest as manifest_io
+    from qpool_export.flux_transformer import image_ids, text_ids
+
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    examples = (torch.randn(2, 4, 64), torch.randn(2, T5_LENGTH, 4096), torch.randn(2, 768),
+                torch.rand(2), image_ids(2, 2), text_ids(T5_LENGTH), torch.full((2,), 3.5))
+    return aot.compile_component(_plain_linears(transformer), "transformer", examples,
+                                 device_type, os.path.join(folder,
+                                                           aot.package_name("transformer",
+                                                                            device_type)),
+                                 manifest_io.sha256_file(source), torch.bfloat16)
+
+
 def export(pipe, a) -> dict:
     """qpool's components of `pipe` into work/repo/flux-bf16, and flux-nf4 (links to the same
-    files, transformer and T5 quantized to NF4 by the server at load)."""
+    files, transformer and T5 quantized to NF4 by the server at load); with a.compile also
+    flux-bf16-compiled (the same files and the transformer's package)."""
     import dataclasses
 
     from qpool_export import from_diffusers as fd
@@ -193,8 +245,13 @@ def export(pipe, a) -> dict:
             t.to(a.device) for t in (torch.rand(1), ids.reshape(-1, 3), torch.zeros(8, 3),
                                torch.full((1,), 3.5)))
         _save(transformer, example, os.path.join(out, "transformer.pt"))
-        del transformer, small
         timings["transformer_seconds"] = time.monotonic() - start
+        if a.compile:
+            compiled = os.path.join(a.work, "repo", "flux-bf16-compiled")
+            os.makedirs(compiled, exist_ok=True)
+            timings["compile_seconds"] = compile_transformer(
+                transformer, os.path.join(out, "transformer.pt"), compiled, a.device)
+        del transformer, small
 
         vae_cfg = SdVaeConfig.from_diffusers(dict(pipe.vae.config), "vae")
         vae = SdVaeDecoder(vae_cfg).to(a.device)
@@ -210,6 +267,8 @@ def export(pipe, a) -> dict:
     variants = {"flux-bf16": {}, "flux-nf4": {
         c: manifest_io.quantization_section("nf4", 64, False)
         for c in ("transformer", "text_encoder_2")}}
+    if a.compile:
+        variants["flux-bf16-compiled"] = {}
     for name, quant_sections in variants.items():
         folder = os.path.join(a.work, "repo", name)
         if name != "flux-bf16":
@@ -220,6 +279,11 @@ def export(pipe, a) -> dict:
         manifest = fd.build_flux_manifest(scheduler, vae_cfg, clip_tok, T5_LENGTH,
                                           quant_sections, "bfloat16")
         manifest["placement"]["device"] = "cuda:0" if a.device.startswith("cuda") else "cpu"
+        if name == "flux-bf16-compiled":
+            from qpool_export import compile as aot
+
+            manifest["components"]["transformer"]["compiled"] = aot.manifest_entry(
+                folder, "transformer", "cuda" if a.device.startswith("cuda") else "cpu")
         with open(os.path.join(folder, "pipeline.yaml"), "w") as f:
             f.write(manifest_io.dump_manifest(manifest, "flux_bench: random FLUX.1-dev weights"))
     timings["export_seconds"] = time.monotonic() - start
@@ -288,7 +352,18 @@ def main() -> int:
     p.add_argument("--guidance", type=float, default=3.5)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--variants", default="flux-bf16,flux-nf4")
+    p.add_argument("--variants", default="flux-bf16,flux-nf4",
+                   help="serve: the pipelines to time (flux-bf16-compiled after an export with "
+                        "--compile)")
+    p.add_argument("--server-args", default="",
+                   help="serve: more qpool-server flags, space-separated")
+    p.add_argument("--batch", type=int, default=1, help="serve: images per request")
+    p.add_argument("--compile", action="store_true",
+                   help="export: also an AOTInductor package of the transformer "
+                        "(flux-bf16-compiled)")
+    p.add_argument("--peers", default="",
+                   help="export: FluxPipeline also with its transformer under torch.compile in "
+                        "these modes (comma separated: default, max-autotune, reduce-overhead)")
     p.add_argument("--residency-check", default="",
                    help="serve: also offload and onload this pipeline between two images")
     a = p.parse_args()
@@ -305,6 +380,9 @@ def main() -> int:
         pipe.to(a.device)
         result["diffusers_bf16"] = time_diffusers(pipe, a)
         print(json.dumps(result["diffusers_bf16"]), flush=True)
+        for mode in filter(None, a.peers.split(",")):
+            result[f"diffusers_bf16_compile_{mode}"] = time_diffusers(pipe, a, mode)
+            print(mode, json.dumps(result[f"diffusers_bf16_compile_{mode}"]), flush=True)
         result["export"] = export(pipe, a)
     else:
         for name in a.variants.split(","):
