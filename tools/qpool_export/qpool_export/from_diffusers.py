@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,7 +32,7 @@ import torch
 from . import bnb_import
 from . import compile as aot
 from . import manifest as manifest_io
-from . import scheduler_import, tracing
+from . import lora_fuse, scheduler_import, tracing
 from .diffusers_components import (Built, build_text_encoder, build_unet, build_vae_decoder,
                                    read_json)
 from .export import _install, _make_stage, _tensor_bytes, validate_name
@@ -97,6 +98,8 @@ class ImportOptions:
     # The dtype the server computes in when the manifest names one (placement.dtype); None: the
     # device's (set by import_pipeline).
     compile_dtype: Optional[str] = None
+    # LoRA files fused into the weights first (lora_fuse.py, Note [Fused LoRAs]).
+    loras: Tuple[lora_fuse.Lora, ...] = ()
     verbose: bool = True
 
 
@@ -440,8 +443,14 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     scheduler, sampler = translate(read_json(sched_path), sched_path)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a folder on disk; never the network
+    origin, lora_work, fused = src, None, []
     stage = _make_stage(out)
     try:
+        if opts.loras:
+            lora_work = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.lora-",
+                                         dir=os.path.dirname(out))
+            fused = lora_fuse.fused_source(src, kind, opts.loras, lora_work, opts.variant)
+            src = lora_work
         gen = torch.Generator().manual_seed(0)
         if kind == "flux":
             reports, clip, t5_length, vae_cfg = _build_flux_components(src, stage, opts, gen)
@@ -464,11 +473,13 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         import diffusers
         import transformers
 
-        header = (f"imported by qpool_export from-diffusers from {src}\n"
+        header = (f"imported by qpool_export from-diffusers from {origin}\n"
                   f"(diffusers {diffusers.__version__}, transformers {transformers.__version__}; "
                   f"dtype {opts.dtype}"
                   + (f", quantized {', '.join(f'{c}={f}' for c, f in opts.quantize.items())}"
-                     if opts.quantize else "") + ")")
+                     if opts.quantize else "") + ")"
+                  + (f"\n{lora_fuse.describe(opts.loras)} into {', '.join(fused)}"
+                     if opts.loras else ""))
         for c in opts.compile:
             manifest["components"][c]["compiled"] = aot.manifest_entry(stage, c,
                                                                        opts.compile_device)
@@ -478,7 +489,11 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return {"out": out, "components": reports, "seconds": time.monotonic() - start}
+    finally:
+        if lora_work is not None:
+            shutil.rmtree(lora_work, ignore_errors=True)
+    return {"out": out, "components": reports, "seconds": time.monotonic() - start,
+            "lora_components": fused}
 
 
 def _parse_quantize(text: str, parser: argparse.ArgumentParser) -> Dict[str, str]:
@@ -525,14 +540,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "vae_decoder; FLUX: transformer, vae_decoder; not a quantized one)")
     p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
                    help="device type the packages are compiled for (cuda needs a GPU here)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                   help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
+                        "in any format diffusers' load_lora_weights reads; repeat for several")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
+    try:
+        loras = tuple(lora_fuse.parse(text) for text in a.lora)
+    except ValueError as e:
+        p.error(str(e))
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
                          quantize=_parse_quantize(a.quantize, p), blocksize=a.blocksize,
                          double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
                          quant_mode=a.quant_mode,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
-                         compile_device=a.compile_device, verbose=not a.quiet)
+                         compile_device=a.compile_device, loras=loras, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
@@ -548,5 +570,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
             print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
                   f"max diff vs diffusers {r['max_diff']:.2g}{extra}", flush=True)
+        if result["lora_components"]:
+            print(f"fused {len(opts.loras)} LoRA file(s) into "
+                  f"{', '.join(result['lora_components'])}", flush=True)
         print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
     return 0
