@@ -100,7 +100,8 @@ def test_prompt_changes_the_image(client):
     assert png_bytes(a) != png_bytes(b)
 
 
-@pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
+                                       "dpmpp_2m_sde", "dpmpp_2m_sde_karras"])
 def test_schedulers(client, scheduler):
     progress, results = client.generate(pipeline="tiny", prompt="a tree", steps=3, seed=9,
                                         scheduler=scheduler)
@@ -113,7 +114,8 @@ def test_schedulers(client, scheduler):
 def test_schedulers_differ(client):
     images = {name: tuple(png_bytes(client.generate_one(pipeline="tiny", prompt="a tree", steps=3,
                                                         seed=9, scheduler=name)))
-              for name in ("ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras")}
+              for name in ("ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
+                           "dpmpp_2m_sde", "dpmpp_2m_sde_karras")}
     assert len(set(images.values())) == len(images)
 
 

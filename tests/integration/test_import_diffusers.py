@@ -3,7 +3,8 @@ weights (no hub), saved with save_pretrained, imported with `python -m qpool_exp
 from-diffusers`, served by the real server and compared with the same diffusers pipeline run in
 Python on the same weights and the same initial latents: the prompt embeddings, one denoising
 step and a few steps' decoded images, for epsilon and v-prediction, with DDIM, Euler and
-Euler ancestral and DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas).
+Euler ancestral and DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas, and its SDE
+form).
 
 Tolerances: everything runs in float32 on the CPU in both, through the same operations
 (qpool's modules are diffusers' architecture with its parameter names, Note [Importing through
@@ -188,6 +189,10 @@ def clip_skip_embeddings(pipe, texts, skip):
     return getattr(encoder, "text_model", encoder).final_layer_norm(hidden)
 
 
+# Samplers that add fresh noise each step, drawn from each image's generator after its latents.
+STOCHASTIC = ("euler_a", "dpmpp_2m_sde", "dpmpp_2m_sde_karras")
+
+
 def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
     """`pipe`'s image with the scheduler of qpool's sampler `scheduler` made from its own config,
     or with None its own scheduler."""
@@ -204,7 +209,10 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
                       "euler_a": (EulerAncestralDiscreteScheduler, {}),
                       "dpmpp_2m": (DPMSolverMultistepScheduler, {"use_karras_sigmas": False}),
                       "dpmpp_2m_karras": (DPMSolverMultistepScheduler,
-                                          {"use_karras_sigmas": True})}[scheduler]
+                                          {"use_karras_sigmas": True}),
+                      "dpmpp_2m_sde_karras": (DPMSolverMultistepScheduler,
+                                              {"use_karras_sigmas": True,
+                                               "algorithm_type": "sde-dpmsolver++"})}[scheduler]
         # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
         pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False, **extra)
     with torch.no_grad():
@@ -215,7 +223,7 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
             embeds = {"prompt": prompt}
         # An ancestral sampler's step noise continues the generator of the initial latents, as
         # qpool's per-image generator does: diffusers draws both from `generator`.
-        noise = ({"generator": torch.Generator().manual_seed(seed)} if scheduler == "euler_a"
+        noise = ({"generator": torch.Generator().manual_seed(seed)} if scheduler in STOCHASTIC
                  else {"latents": latents_for(seed)})
         out = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=steps,
                    guidance_scale=7.5, output_type="np", **noise)
@@ -260,7 +268,8 @@ def test_prompt_embeddings_match_diffusers(client, imported, name):
 
 
 @pytest.mark.parametrize("name", ["sd-eps", "sd-v", "sd2-v", "sd-q"])
-@pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"])
+@pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
+                                       "dpmpp_2m_sde_karras"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_images_match_diffusers(client, imported, name, scheduler, steps):
     pipes, _ = imported
@@ -357,11 +366,11 @@ CASES = {
         lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
                             _class_name="DPMSolverMultistepScheduler", solver_order=3),
         "field 'solver_order' is 3; qpool's dpmpp_2m computes 2"),
-    "stochastic DPM-Solver": (
+    "DPM-Solver of the noise": (
         lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
-                            _class_name="DPMSolverMultistepScheduler",
-                            algorithm_type="sde-dpmsolver++"),
-        "field 'algorithm_type' is 'sde-dpmsolver++'"),
+                            _class_name="DPMSolverMultistepScheduler", algorithm_type="dpmsolver",
+                            final_sigmas_type="sigma_min"),
+        "field 'algorithm_type' is 'dpmsolver'"),
     "weights that do not match the config": (
         lambda s: edit_json(s / "unet" / "config.json", block_out_channels=[32, 96]),
         "unet: cannot be loaded"),

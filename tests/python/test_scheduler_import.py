@@ -33,6 +33,11 @@ def written(cls_name, tmp_path, **config):
     ("EulerAncestralDiscreteScheduler", {"timestep_spacing": "trailing"}, "euler_a", "trailing"),
     ("DPMSolverMultistepScheduler", {}, "dpmpp_2m", "linspace"),
     ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}, "dpmpp_2m_karras", "linspace"),
+    ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++"}, "dpmpp_2m_sde",
+     "linspace"),
+    ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++",
+                                     "use_karras_sigmas": True}, "dpmpp_2m_sde_karras",
+     "linspace"),
 ])
 def test_default_sampler_and_section(tmp_path, cls_name, extra, sampler, spacing):
     config = written(cls_name, tmp_path, **SD15, **extra)
@@ -47,6 +52,9 @@ def test_default_sampler_and_section(tmp_path, cls_name, extra, sampler, spacing
     ("UniPCMultistepScheduler", {}, "field '_class_name' is 'UniPCMultistepScheduler'"),
     ("DPMSolverMultistepScheduler", {"solver_order": 3}, "field 'solver_order' is 3"),
     ("DPMSolverMultistepScheduler", {"solver_type": "heun"}, "field 'solver_type' is 'heun'"),
+    ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver",
+                                     "final_sigmas_type": "sigma_min"},
+     "field 'algorithm_type' is 'sde-dpmsolver'"),
     ("DPMSolverMultistepScheduler", {"final_sigmas_type": "sigma_min"},
      "field 'final_sigmas_type' is 'sigma_min'"),
     ("DPMSolverMultistepScheduler", {"use_lu_lambdas": True}, "field 'use_lu_lambdas' is True"),

@@ -384,6 +384,56 @@ TEST(DpmSolverScheduler, OraclesRecoverX0) {
   }
 }
 
+// The SDE form by hand (Note [DPM-Solver++ 2M]): e^-h of the sample, 1 - e^-2h of D, and fresh
+// noise; a second step uses the first's prediction as the ODE form does.
+TEST(DpmSolverScheduler, SdeStepsByHand) {
+  auto s = Make("dpmpp_2m_sde_karras", Sd15(), 5);
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->stochastic());
+  EXPECT_EQ(s->name(), "dpmpp_2m_sde_karras");
+  const auto& sig = dynamic_cast<DpmSolverScheduler*>(s.get())->sigmas();
+  const torch::Tensor x = T({0.7, -1.3}), e0 = T({0.2, 0.9}), e1 = T({-0.4, 0.1});
+  const torch::Tensor z0 = T({0.3, -0.8}), z1 = T({1.1, 0.5});
+  EXPECT_THROW(s->Step(e0, 0, x), c10::Error);  // no noise source
+  int draws = 0;
+  s->set_noise_source([&] { return ++draws == 1 ? z0 : z1; });
+  auto alpha = [](double g) { return 1.0 / std::sqrt(g * g + 1.0); };
+  auto step = [&](const torch::Tensor& sample, const torch::Tensor& d, const torch::Tensor& z,
+                  int i) {
+    const double a_t = alpha(sig[i + 1]), decay = sig[i + 1] / sig[i];
+    return (a_t * sig[i + 1]) / (alpha(sig[i]) * sig[i]) * decay * sample +
+           a_t * (1 - decay * decay) * d + a_t * sig[i + 1] * std::sqrt(1 - decay * decay) * z;
+  };
+  const torch::Tensor d0 = x / alpha(sig[0]) - sig[0] * e0;
+  const torch::Tensor x1 = step(x, d0, z0, 0);
+  const torch::Tensor got1 = s->Step(e0, 0, x);
+  EXPECT_LT((got1 - x1).abs().max().item<double>(), 1e-12);
+  const torch::Tensor d1 = x1 / alpha(sig[1]) - sig[1] * e1;
+  const double r = std::log(sig[0] / sig[1]) / std::log(sig[1] / sig[2]);
+  const torch::Tensor x2 = step(x1, d1 + (d1 - d0) / (2 * r), z1, 1);
+  EXPECT_LT((s->Step(e1, 1, got1) - x2).abs().max().item<double>(), 1e-12);
+  EXPECT_EQ(draws, 2);
+}
+
+// An oracle that knows x0 (eps = (x / alpha - x0) / sigma, whatever noise the steps added) lands
+// on x0 with the SDE form too.
+TEST(DpmSolverScheduler, SdeOracleRecoversX0) {
+  for (const char* name : {"dpmpp_2m_sde", "dpmpp_2m_sde_karras"}) {
+    auto s = Make(name, WithSpacing("linspace"), 15);
+    ASSERT_NE(s, nullptr);
+    const auto& sig = dynamic_cast<DpmSolverScheduler*>(s.get())->sigmas();
+    torch::manual_seed(7);
+    const torch::Tensor x0 = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+    s->set_noise_source([] { return torch::randn({2, 4, 8, 8}, torch::kFloat64); });
+    auto alpha = [](double g) { return 1.0 / std::sqrt(g * g + 1.0); };
+    torch::Tensor x = alpha(sig[0]) * (x0 + sig[0] * torch::randn({2, 4, 8, 8}, torch::kFloat64));
+    for (int i = 0; i < s->num_steps(); ++i) {
+      x = s->Step((x / alpha(sig[i]) - x0) / sig[i], i, x);
+    }
+    EXPECT_LT((x - x0).abs().max().item<double>(), 1e-9) << name;
+  }
+}
+
 // Dropping a row of the batch mid-loop (a cancelled request) keeps the other row's trajectory.
 TEST(DpmSolverScheduler, KeepRowsFollowsTheBatch) {
   torch::manual_seed(5);
@@ -504,11 +554,14 @@ TEST(SchedulerErrors, UnknownNameListsValidOnes) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("dpm++"), std::string::npos);
-  EXPECT_NE(s.status().message().find("ddim, euler, euler_a, dpmpp_2m, dpmpp_2m_karras"),
-            std::string::npos)
+  EXPECT_NE(
+      s.status().message().find(
+          "ddim, euler, euler_a, dpmpp_2m, dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras"),
+      std::string::npos)
       << s.status().message();
   EXPECT_EQ(SchedulerNames(),
-            (std::vector<std::string>{"ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"}));
+            (std::vector<std::string>{"ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
+                                      "dpmpp_2m_sde", "dpmpp_2m_sde_karras"}));
 }
 
 TEST(SchedulerErrors, BadConfigNamesTheField) {

@@ -19,7 +19,12 @@ namespace qpool {
 //   r = (lambda_s - lambda_s') / h,  D = x0 + (x0 - x0') / (2 r).
 // The first step has no x0' and runs first order; the last step goes to sigma 0, where the
 // first-order update is x0 itself (diffusers' final_sigmas_type "zero", which runs the last step
-// in first order whatever lower_order_final says).
+// in first order whatever lower_order_final says). The SDE form (sde-dpmsolver++) keeps e^-h of
+// the sample, takes 1 - e^-2h of D and adds fresh noise:
+//   x_t = (alpha_t sigma_t / (alpha_s sigma_s)) e^-h x + alpha_t (1 - e^-2h) D
+//         + alpha_t sigma_t sqrt(1 - e^-2h) noise,
+// again x0 itself at sigma 0; the noise is drawn on every step, the last one too, as diffusers
+// draws it.
 // Timesteps (diffusers' set_timesteps for this scheduler, which differ from DDIM's):
 //   linspace: round(linspace(0, N - 1, n + 1)) largest first, without the last (0);
 //   leading:  (n..1) * (N / (n + 1)) (integer division) + steps_offset;
@@ -59,8 +64,8 @@ double SigmaToT(double sigma, const std::vector<double>& log_sigmas) {
 
 }  // namespace
 
-DpmSolverScheduler::DpmSolverScheduler(SchedulerConfig config, bool karras)
-    : Scheduler(std::move(config)), karras_(karras) {}
+DpmSolverScheduler::DpmSolverScheduler(SchedulerConfig config, bool karras, bool sde)
+    : Scheduler(std::move(config)), karras_(karras), sde_(sde) {}
 
 Status DpmSolverScheduler::SetTimesteps(int num_steps) {
   RETURN_IF_ERROR(CheckNumSteps(num_steps));
@@ -127,6 +132,7 @@ torch::Tensor DpmSolverScheduler::Step(const torch::Tensor& model_output, int st
   CheckStepIndex(step_index);
   TORCH_CHECK(step_index == 0 || step_index == next_step_, name(), " scheduler: step ", step_index,
               " after step ", next_step_ - 1, "; a multistep solver takes its steps in order");
+  TORCH_CHECK(!sde_ || noise_, name(), " scheduler: no noise source (set_noise_source)");
   if (step_index == 0) previous_x0_ = torch::Tensor();
   const auto type = ComputeType(sample);
   const double s = sigmas_[step_index];
@@ -137,13 +143,24 @@ torch::Tensor DpmSolverScheduler::Step(const torch::Tensor& model_output, int st
   torch::Tensor x0 = config_.prediction_type == "v_prediction"
                          ? x.mul(alpha_s).sub_(out, alpha_s * s)
                          : x.sub(out, alpha_s * s).div_(alpha_s);
+  torch::Tensor noise;
+  if (sde_) {
+    noise = noise_();
+    TORCH_CHECK(noise.sizes() == sample.sizes(), name(), " scheduler: noise of shape ",
+                noise.sizes(), " for a sample of shape ", sample.sizes());
+  }
   torch::Tensor prev;
   if (t == 0.0) {
     prev = x0;
   } else {
     const double alpha_t = 1.0 / std::sqrt(t * t + 1.0);
-    const double c_sample = (alpha_t * t) / (alpha_s * s);
-    const double c_data = -alpha_t * (t / s - 1.0);
+    const double decay = t / s;  // e^-h
+    double c_sample = (alpha_t * t) / (alpha_s * s);
+    double c_data = -alpha_t * (decay - 1.0);
+    if (sde_) {
+      c_sample *= decay;
+      c_data = alpha_t * (1.0 - decay * decay);
+    }
     torch::Tensor d = x0;
     const double s_prev = step_index > 0 ? sigmas_[step_index - 1] : 0.0;
     if (previous_x0_.defined() && s_prev != s && s != t) {  // equal sigmas: no slope to use
@@ -151,6 +168,9 @@ torch::Tensor DpmSolverScheduler::Step(const torch::Tensor& model_output, int st
       d = x0 + (x0 - previous_x0_.to(type)) * (0.5 / r);
     }
     prev = x.mul(c_sample).add_(d, c_data);
+    if (sde_) {
+      prev.add_(noise.to(prev.device(), type), alpha_t * t * std::sqrt(1.0 - decay * decay));
+    }
   }
   previous_x0_ = x0;
   next_step_ = step_index + 1;

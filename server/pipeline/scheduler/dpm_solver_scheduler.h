@@ -1,5 +1,6 @@
-// DpmSolverScheduler: second-order multistep DPM-Solver++ ("DPM++ 2M"), as diffusers'
-// DPMSolverMultistepScheduler with its defaults, on the model's own timesteps or on Karras sigmas.
+// DpmSolverScheduler: second-order multistep DPM-Solver++ ("DPM++ 2M") and its stochastic form
+// ("DPM++ 2M SDE"), as diffusers' DPMSolverMultistepScheduler with its defaults (algorithm_type
+// dpmsolver++ or sde-dpmsolver++), on the model's own timesteps or on Karras sigmas.
 #pragma once
 
 #include "pipeline/scheduler/scheduler.h"
@@ -9,15 +10,20 @@ namespace qpool {
 // DPM-Solver++ in data prediction, solver order 2 with the midpoint rule, first order on the
 // first step and on the last (whose sigma is 0), no thresholding, epsilon or v prediction.
 // Named "dpmpp_2m" (timesteps by config.timestep_spacing) and "dpmpp_2m_karras" (Karras et al.'s
-// sigmas, rho = 7, between the training schedule's smallest and largest). The step at index i
-// combines the model's prediction there with the one of step i - 1: Step must see the steps of a
-// denoising loop in order (Note [DPM-Solver++ 2M]).
+// sigmas, rho = 7, between the training schedule's smallest and largest), and "dpmpp_2m_sde",
+// "dpmpp_2m_sde_karras" for the stochastic form, which adds fresh noise each step (a noise
+// source: set_noise_source). The step at index i combines the model's prediction there with the
+// one of step i - 1: Step must see the steps of a denoising loop in order (Note [DPM-Solver++
+// 2M]).
 class DpmSolverScheduler : public Scheduler {
  public:
   // `config` must have passed ValidateSchedulerConfig (MakeScheduler does this).
-  DpmSolverScheduler(SchedulerConfig config, bool karras);
+  DpmSolverScheduler(SchedulerConfig config, bool karras, bool sde = false);
 
-  std::string name() const override { return karras_ ? "dpmpp_2m_karras" : "dpmpp_2m"; }
+  std::string name() const override {
+    return std::string(sde_ ? "dpmpp_2m_sde" : "dpmpp_2m") + (karras_ ? "_karras" : "");
+  }
+  bool stochastic() const override { return sde_; }
   // Integer timesteps (see Note [DPM-Solver++ 2M] for how they differ from DDIM's); forgets the
   // previous step's prediction. InvalidArgument when steps_offset pushes a timestep to
   // num_train_timesteps or beyond.
@@ -25,7 +31,8 @@ class DpmSolverScheduler : public Scheduler {
   double init_noise_sigma() const override { return 1.0; }
   // The sample itself: the solver works on the variance-preserving sample.
   torch::Tensor ScaleModelInput(const torch::Tensor& sample, int step_index) const override;
-  // Throws c10::Error unless step_index is 0 or follows the last step taken.
+  // Throws c10::Error unless step_index is 0 or follows the last step taken, and for the SDE form
+  // without a noise source or with noise of another shape.
   torch::Tensor Step(const torch::Tensor& model_output, int step_index,
                      const torch::Tensor& sample) override;
   void KeepRows(const torch::Tensor& rows) override;
@@ -35,6 +42,7 @@ class DpmSolverScheduler : public Scheduler {
 
  private:
   bool karras_;
+  bool sde_;
   torch::Tensor previous_x0_;  // the data prediction of the last step taken (float32 or wider)
   int next_step_ = 0;
   std::vector<double> sigmas_;

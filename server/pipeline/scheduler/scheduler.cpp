@@ -140,9 +140,10 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
   if (name == "euler_a") {
     return std::unique_ptr<Scheduler>(std::make_unique<EulerAncestralScheduler>(config));
   }
-  if (name == "dpmpp_2m" || name == "dpmpp_2m_karras") {
-    return std::unique_ptr<Scheduler>(
-        std::make_unique<DpmSolverScheduler>(config, name == "dpmpp_2m_karras"));
+  if (name.rfind("dpmpp_2m", 0) == 0) {
+    const bool karras = name.size() > 7 && name.compare(name.size() - 7, 7, "_karras") == 0;
+    return std::unique_ptr<Scheduler>(std::make_unique<DpmSolverScheduler>(
+        config, karras, name.find("_sde") != std::string::npos));
   }
   return std::unique_ptr<Scheduler>(std::make_unique<EulerScheduler>(config));
 }

@@ -10,7 +10,8 @@ from .import_error import ImportFailure
 
 # diffusers scheduler class -> the qpool sampler a request gets by default. PNDM (what SD 1.x
 # folders ship) has no qpool counterpart; DDIM runs the same schedule. DPMSolverMultistep's is
-# dpmpp_2m_karras when its config asks for Karras sigmas.
+# dpmpp_2m_karras when its config asks for Karras sigmas, dpmpp_2m_sde(_karras) for
+# sde-dpmsolver++.
 DEFAULT_SAMPLER = {
     "DDIMScheduler": "ddim",
     "PNDMScheduler": "ddim",
@@ -25,7 +26,7 @@ DEFAULT_SPACING = {"EulerDiscreteScheduler": "linspace", "EulerAncestralDiscrete
 # values accepted. lower_order_final and euler_at_final change nothing at solver order 2 when the
 # last sigma is 0: that step is first order anyway.
 DPM_ACCEPTED = {
-    "algorithm_type": ("dpmsolver++",),
+    "algorithm_type": ("dpmsolver++", "sde-dpmsolver++"),
     "solver_order": (2,),
     "solver_type": ("midpoint",),
     "final_sigmas_type": ("zero",),
@@ -86,8 +87,10 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
             if value not in accepted:
                 raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's dpmpp_2m "
                                     f"computes {', '.join(repr(a) for a in accepted)}")
+        if config.get("algorithm_type", DPM_DEFAULTS["algorithm_type"]) == "sde-dpmsolver++":
+            sampler = "dpmpp_2m_sde"
         if config.get("use_karras_sigmas", False):
-            sampler = "dpmpp_2m_karras"
+            sampler += "_karras"
     for field, neutral in NEUTRAL.items():
         if field in ddim_defaults and cls != "DDIMScheduler":
             continue
