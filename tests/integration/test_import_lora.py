@@ -22,10 +22,10 @@ import test_import_diffusers as sd_tests  # noqa: E402 - after the skips
 PROMPT = "a red fox in the snow"
 
 
-def make_lora(pipe, out, seed, text_encoder=True):
-    """A LoRA of rank 4 for `pipe`'s UNet attention (and its text encoder's), with random A and B,
-    saved to out/pytorch_lora_weights.safetensors by StableDiffusionPipeline.save_lora_weights."""
-    from diffusers import StableDiffusionPipeline
+def make_lora(pipe, out, seed, encoders=("text_encoder",)):
+    """A LoRA of rank 4 for `pipe`'s UNet attention and the attention of its text `encoders`,
+    with random A and B, saved to out/pytorch_lora_weights.safetensors by the pipeline class's
+    save_lora_weights."""
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
@@ -42,10 +42,10 @@ def make_lora(pipe, out, seed, text_encoder=True):
 
     torch.manual_seed(seed)
     layers = {"unet_lora_layers": adapted(pipe.unet, 4, ["to_q", "to_k", "to_v", "to_out.0"])}
-    if text_encoder:
-        layers["text_encoder_lora_layers"] = adapted(pipe.text_encoder, 2,
-                                                     ["q_proj", "k_proj", "v_proj", "out_proj"])
-    StableDiffusionPipeline.save_lora_weights(out, safe_serialization=True, **layers)
+    for encoder in encoders:
+        layers[f"{encoder}_lora_layers"] = adapted(getattr(pipe, encoder), 2,
+                                                   ["q_proj", "k_proj", "v_proj", "out_proj"])
+    type(pipe).save_lora_weights(out, safe_serialization=True, **layers)
     return pathlib.Path(out) / "pytorch_lora_weights.safetensors"
 
 
@@ -56,7 +56,7 @@ def source(tmp_path_factory, source_repository):
     tokenizer_dir = pathlib.Path(source_repository) / "tiny" / "tokenizer"
     pipe = sd_tests.build_diffusers_pipeline(work / "sd", tokenizer_dir)
     loras = (make_lora(pipe, work / "a", seed=1), make_lora(pipe, work / "b", seed=2,
-                                                            text_encoder=False))
+                                                            encoders=()))
     return work / "sd", pipe, loras
 
 
