@@ -9,7 +9,9 @@ const std::vector<std::string>& SamplerNames(ScheduleFamily family) {
                                                  "dpmpp_2m",
                                                  "dpmpp_2m_karras",
                                                  "dpmpp_2m_sde",
-                                                 "dpmpp_2m_sde_karras"};
+                                                 "dpmpp_2m_sde_karras",
+                                                 "unipc",
+                                                 "unipc_karras"};
   static const std::vector<std::string> kFlowMatch = {"euler"};
   return family == ScheduleFamily::kFlowMatch ? kFlowMatch : kDdpm;
 }

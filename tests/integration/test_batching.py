@@ -105,7 +105,7 @@ def test_incompatible_requests_run_in_separate_batches(client):
 
 # dpmpp_2m keeps each row's previous prediction: the cancelled row's must leave with it; euler_a
 # draws each step's noise from each image's own generator, the cancelled one's no longer.
-@pytest.mark.parametrize("scheduler", ["ddim", "dpmpp_2m", "euler_a", "dpmpp_2m_sde"])
+@pytest.mark.parametrize("scheduler", ["ddim", "dpmpp_2m", "euler_a", "dpmpp_2m_sde", "unipc"])
 def test_cancelled_member_leaves_the_batch_the_others_finish(client, scheduler):
     requests = requests_for(MAX_BATCH, width=128, height=128, scheduler=scheduler)
     for r in requests:

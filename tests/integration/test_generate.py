@@ -101,7 +101,8 @@ def test_prompt_changes_the_image(client):
 
 
 @pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
-                                       "dpmpp_2m_sde", "dpmpp_2m_sde_karras"])
+                                       "dpmpp_2m_sde", "dpmpp_2m_sde_karras", "unipc",
+                                       "unipc_karras"])
 def test_schedulers(client, scheduler):
     progress, results = client.generate(pipeline="tiny", prompt="a tree", steps=3, seed=9,
                                         scheduler=scheduler)
@@ -115,7 +116,7 @@ def test_schedulers_differ(client):
     images = {name: tuple(png_bytes(client.generate_one(pipeline="tiny", prompt="a tree", steps=3,
                                                         seed=9, scheduler=name)))
               for name in ("ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
-                           "dpmpp_2m_sde", "dpmpp_2m_sde_karras")}
+                           "dpmpp_2m_sde", "dpmpp_2m_sde_karras", "unipc", "unipc_karras")}
     assert len(set(images.values())) == len(images)
 
 

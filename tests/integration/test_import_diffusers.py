@@ -3,8 +3,8 @@ weights (no hub), saved with save_pretrained, imported with `python -m qpool_exp
 from-diffusers`, served by the real server and compared with the same diffusers pipeline run in
 Python on the same weights and the same initial latents: the prompt embeddings, one denoising
 step and a few steps' decoded images, for epsilon and v-prediction, with DDIM, Euler and
-Euler ancestral and DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas, and its SDE
-form).
+Euler ancestral, DPM-Solver++ 2M (on the model's timesteps and on Karras sigmas, and its SDE
+form) and UniPC.
 
 Tolerances: everything runs in float32 on the CPU in both, through the same operations
 (qpool's modules are diffusers' architecture with its parameter names, Note [Importing through
@@ -197,7 +197,7 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
     """`pipe`'s image with the scheduler of qpool's sampler `scheduler` made from its own config,
     or with None its own scheduler."""
     from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
-    from diffusers import EulerAncestralDiscreteScheduler
+    from diffusers import EulerAncestralDiscreteScheduler, UniPCMultistepScheduler
 
     # The folder's own config: one made from another class's config carries that class's
     # settings (a DPM-Solver's use_karras_sigmas would reach Euler).
@@ -212,7 +212,8 @@ def diffusers_image(pipe, scheduler, steps, seed, prompt, clip_skip=None):
                                           {"use_karras_sigmas": True}),
                       "dpmpp_2m_sde_karras": (DPMSolverMultistepScheduler,
                                               {"use_karras_sigmas": True,
-                                               "algorithm_type": "sde-dpmsolver++"})}[scheduler]
+                                               "algorithm_type": "sde-dpmsolver++"}),
+                      "unipc": (UniPCMultistepScheduler, {"use_karras_sigmas": False})}[scheduler]
         # qpool's DDIM neither clips x0 nor ends on alpha 1, as the imported config says.
         pipe.scheduler = cls.from_config(pipe.scheduler.config, clip_sample=False, **extra)
     with torch.no_grad():
@@ -269,7 +270,7 @@ def test_prompt_embeddings_match_diffusers(client, imported, name):
 
 @pytest.mark.parametrize("name", ["sd-eps", "sd-v", "sd2-v", "sd-q"])
 @pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
-                                       "dpmpp_2m_sde_karras"])
+                                       "dpmpp_2m_sde_karras", "unipc"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_images_match_diffusers(client, imported, name, scheduler, steps):
     pipes, _ = imported

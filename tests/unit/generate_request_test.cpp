@@ -160,7 +160,7 @@ TEST(GenerateRequest, BadFieldsNameTheField) {
   in.scheduler = "pndm";
   ExpectInvalid(in,
                 "unknown scheduler 'pndm'; valid schedulers: ddim, euler, euler_a, dpmpp_2m, "
-                "dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras");
+                "dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras, unipc, unipc_karras");
   in = Request();
   in.steps = 4000000000u;  // beyond int: still a clear range error, no overflow
   ExpectInvalid(in, "steps must be between 1 and 50");

@@ -239,7 +239,7 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
       {"default scheduler",
        Parts().Extra("defaults:\n  scheduler: pndm\n"),
        {"field 'defaults.scheduler' must be one of: ddim, euler, euler_a, dpmpp_2m, "
-        "dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras (got 'pndm')"}},
+        "dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras, unipc, unipc_karras (got 'pndm')"}},
       // placement
       {"device gpu",
        Parts().Extra("placement:\n  device: gpu\n"),

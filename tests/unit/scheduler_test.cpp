@@ -434,6 +434,67 @@ TEST(DpmSolverScheduler, SdeOracleRecoversX0) {
   }
 }
 
+// Note [UniPC] by hand over three steps: a first-order prediction, then a step whose corrector
+// (of a first-order prediction: rho_1 = 1/2) precedes a second-order prediction, then one whose
+// corrector solves for (rho_0, rho_1).
+TEST(UniPcScheduler, ThreeStepsByHand) {
+  auto s = Make("unipc", WithSpacing("linspace"), 6);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->timesteps(), Make("dpmpp_2m", WithSpacing("linspace"), 6)->timesteps());
+  const auto& g = dynamic_cast<DpmSolverScheduler*>(s.get())->sigmas();
+  auto alpha = [](double v) { return 1.0 / std::sqrt(v * v + 1.0); };
+  auto x0_of = [&](const torch::Tensor& x, const torch::Tensor& e, int i) {
+    return x / alpha(g[i]) - g[i] * e;
+  };
+  auto base = [&](const torch::Tensor& x, const torch::Tensor& m, int from, int to) {
+    const double b = std::expm1(-std::log(g[from] / g[to]));
+    return (alpha(g[to]) * g[to]) / (alpha(g[from]) * g[from]) * x - alpha(g[to]) * b * m;
+  };
+  auto bh = [&](int from, int to) { return std::expm1(-std::log(g[from] / g[to])); };
+  const torch::Tensor x = T({0.7, -1.3});
+  const torch::Tensor e0 = T({0.2, 0.9}), e1 = T({-0.4, 0.1}), e2 = T({0.5, -0.6});
+  // Step 0: first order.
+  const torch::Tensor m0 = x0_of(x, e0, 0);
+  const torch::Tensor x1 = base(x, m0, 0, 1);
+  const torch::Tensor got1 = s->Step(e0, 0, x);
+  EXPECT_LT((got1 - x1).abs().max().item<double>(), 1e-12);
+  // Step 1: corrector with rho_1 = 1/2, then the second-order predictor.
+  const torch::Tensor m1 = x0_of(x1, e1, 1);
+  const torch::Tensor c1 = base(x, m0, 0, 1) - alpha(g[1]) * bh(0, 1) * 0.5 * (m1 - m0);
+  const double r1 = std::log(g[1] / g[0]) / std::log(g[1] / g[2]);
+  const torch::Tensor x2 = base(c1, m1, 1, 2) - alpha(g[2]) * bh(1, 2) * 0.5 * (m0 - m1) / r1;
+  const torch::Tensor got2 = s->Step(e1, 1, got1);
+  EXPECT_LT((got2 - x2).abs().max().item<double>(), 1e-12);
+  // Step 2: the corrector of a second-order prediction.
+  const torch::Tensor m2 = x0_of(x2, e2, 2);
+  const double h = std::log(g[1] / g[2]), b = bh(1, 2);
+  const double r = std::log(g[1] / g[0]) / h;
+  const double phi1 = b / -h - 1, phi2 = phi1 / -h - 0.5;
+  const double b1 = phi1 / b, b2 = 2 * phi2 / b;
+  const double rho0 = (b1 - b2) / (1 - r), rho1 = b1 - rho0;
+  const torch::Tensor c2 =
+      base(c1, m1, 1, 2) - alpha(g[2]) * b * (rho0 * (m0 - m1) / r + rho1 * (m2 - m1));
+  const double r2 = std::log(g[2] / g[1]) / std::log(g[2] / g[3]);
+  const torch::Tensor x3 = base(c2, m2, 2, 3) - alpha(g[3]) * bh(2, 3) * 0.5 * (m1 - m2) / r2;
+  EXPECT_LT((s->Step(e2, 2, got2) - x3).abs().max().item<double>(), 1e-12);
+}
+
+// A perfect oracle lands on x0 (the predictions all equal x0: every correction vanishes).
+TEST(UniPcScheduler, OracleRecoversX0) {
+  torch::manual_seed(8);
+  const torch::Tensor x0 = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+  const torch::Tensor noise = torch::randn({2, 4, 8, 8}, torch::kFloat64);
+  for (const char* name : {"unipc", "unipc_karras"}) {
+    auto s = Make(name, Sd15(), 12);
+    ASSERT_NE(s, nullptr);
+    const auto& g = dynamic_cast<DpmSolverScheduler*>(s.get())->sigmas();
+    auto alpha = [](double v) { return 1.0 / std::sqrt(v * v + 1.0); };
+    torch::Tensor x = alpha(g[0]) * (x0 + g[0] * noise);
+    for (int i = 0; i < s->num_steps(); ++i) x = s->Step((x / alpha(g[i]) - x0) / g[i], i, x);
+    EXPECT_LT((x - x0).abs().max().item<double>(), 1e-9) << name;
+  }
+}
+
 // Dropping a row of the batch mid-loop (a cancelled request) keeps the other row's trajectory.
 TEST(DpmSolverScheduler, KeepRowsFollowsTheBatch) {
   torch::manual_seed(5);
@@ -554,14 +615,13 @@ TEST(SchedulerErrors, UnknownNameListsValidOnes) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("dpm++"), std::string::npos);
-  EXPECT_NE(
-      s.status().message().find(
-          "ddim, euler, euler_a, dpmpp_2m, dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras"),
-      std::string::npos)
+  EXPECT_NE(s.status().message().find("ddim, euler, euler_a, dpmpp_2m, dpmpp_2m_karras, "
+                                      "dpmpp_2m_sde, dpmpp_2m_sde_karras, unipc, unipc_karras"),
+            std::string::npos)
       << s.status().message();
-  EXPECT_EQ(SchedulerNames(),
-            (std::vector<std::string>{"ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
-                                      "dpmpp_2m_sde", "dpmpp_2m_sde_karras"}));
+  EXPECT_EQ(SchedulerNames(), (std::vector<std::string>{
+                                  "ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
+                                  "dpmpp_2m_sde", "dpmpp_2m_sde_karras", "unipc", "unipc_karras"}));
 }
 
 TEST(SchedulerErrors, BadConfigNamesTheField) {

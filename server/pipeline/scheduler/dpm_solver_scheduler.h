@@ -3,6 +3,8 @@
 // dpmsolver++ or sde-dpmsolver++), on the model's own timesteps or on Karras sigmas.
 #pragma once
 
+#include <utility>
+
 #include "pipeline/scheduler/scheduler.h"
 
 namespace qpool {
@@ -40,12 +42,37 @@ class DpmSolverScheduler : public Scheduler {
   // sigma of each step, followed by a final 0 (num_steps() + 1 values, float32 as in diffusers).
   const std::vector<double>& sigmas() const { return sigmas_; }
 
- private:
+ protected:
+  // The data prediction x0 of the model's output at sigma `s` (Note [DPM-Solver++ 2M]).
+  torch::Tensor DataPrediction(const torch::Tensor& out, const torch::Tensor& x, double s) const;
+
   bool karras_;
   bool sde_;
   torch::Tensor previous_x0_;  // the data prediction of the last step taken (float32 or wider)
   int next_step_ = 0;
   std::vector<double> sigmas_;
+};
+
+// UniPC ("unipc", "unipc_karras"), as diffusers' UniPCMultistepScheduler with its defaults
+// (solver order 2, B(h) = e^-h - 1 ("bh2"), data prediction, the corrector on every step, first
+// order on the first step and the last): DPM-Solver++'s timesteps and sigmas; each step first
+// corrects the sample the model just saw with the model's new prediction (UniC), then predicts
+// the next one (UniP). Note [UniPC].
+class UniPcScheduler final : public DpmSolverScheduler {
+ public:
+  UniPcScheduler(SchedulerConfig config, bool karras)
+      : DpmSolverScheduler(std::move(config), karras) {}
+
+  std::string name() const override { return karras_ ? "unipc_karras" : "unipc"; }
+  Status SetTimesteps(int num_steps) override;
+  torch::Tensor Step(const torch::Tensor& model_output, int step_index,
+                     const torch::Tensor& sample) override;
+  void KeepRows(const torch::Tensor& rows) override;
+
+ private:
+  torch::Tensor older_x0_;     // the data prediction of the step before the last
+  torch::Tensor last_sample_;  // the corrected sample the last step predicted from
+  int last_order_ = 0;         // the order of the last step's prediction
 };
 
 }  // namespace qpool

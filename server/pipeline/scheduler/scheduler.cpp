@@ -140,6 +140,10 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
   if (name == "euler_a") {
     return std::unique_ptr<Scheduler>(std::make_unique<EulerAncestralScheduler>(config));
   }
+  if (name == "unipc" || name == "unipc_karras") {
+    return std::unique_ptr<Scheduler>(
+        std::make_unique<UniPcScheduler>(config, name == "unipc_karras"));
+  }
   if (name.rfind("dpmpp_2m", 0) == 0) {
     const bool karras = name.size() > 7 && name.compare(name.size() - 7, 7, "_karras") == 0;
     return std::unique_ptr<Scheduler>(std::make_unique<DpmSolverScheduler>(

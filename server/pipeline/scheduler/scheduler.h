@@ -81,7 +81,7 @@ class Scheduler {
 StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
                                                    const SchedulerConfig& config);
 // The names MakeScheduler accepts: {"ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras",
-// "dpmpp_2m_sde", "dpmpp_2m_sde_karras"}.
+// "dpmpp_2m_sde", "dpmpp_2m_sde_karras", "unipc", "unipc_karras"}.
 const std::vector<std::string>& SchedulerNames();
 // OK, or InvalidArgument naming the bad field: betas in (0,1) with beta_start < beta_end,
 // known beta_schedule / timestep_spacing, prediction_type epsilon or v_prediction,

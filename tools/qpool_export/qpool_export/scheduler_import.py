@@ -18,10 +18,11 @@ DEFAULT_SAMPLER = {
     "EulerDiscreteScheduler": "euler",
     "EulerAncestralDiscreteScheduler": "euler_a",
     "DPMSolverMultistepScheduler": "dpmpp_2m",
+    "UniPCMultistepScheduler": "unipc",
 }
 # The class's default timestep_spacing, for a file that leaves it out.
 DEFAULT_SPACING = {"EulerDiscreteScheduler": "linspace", "EulerAncestralDiscreteScheduler": "linspace",
-                   "DPMSolverMultistepScheduler": "linspace"}
+                   "DPMSolverMultistepScheduler": "linspace", "UniPCMultistepScheduler": "linspace"}
 # DPMSolverMultistepScheduler settings qpool's dpmpp_2m computes (the class's defaults), with the
 # values accepted. lower_order_final and euler_at_final change nothing at solver order 2 when the
 # last sigma is 0: that step is first order anyway.
@@ -36,6 +37,23 @@ DPM_ACCEPTED = {
     "use_dynamic_shifting": (False,),
     "lambda_min_clipped": (float("-inf"),),
 }
+# UniPCMultistepScheduler settings qpool's unipc computes (its defaults). Without
+# lower_order_final the last step (to sigma 0) would take a second order that has no finite
+# value; diffusers writes solver types it maps to bh2 as bh2.
+UNIPC_ACCEPTED = {
+    "solver_order": (2,),
+    "solver_type": ("bh2",),
+    "predict_x0": (True,),
+    "lower_order_final": (True,),
+    "disable_corrector": ([],),
+    "final_sigmas_type": ("zero",),
+    "use_flow_sigmas": (False,),
+    "use_dynamic_shifting": (False,),
+    "solver_p": (None,),
+}
+UNIPC_DEFAULTS = {"solver_order": 2, "solver_type": "bh2", "predict_x0": True,
+                  "lower_order_final": True, "disable_corrector": [], "final_sigmas_type": "zero",
+                  "use_flow_sigmas": False, "use_dynamic_shifting": False, "solver_p": None}
 DPM_DEFAULTS = {"algorithm_type": "dpmsolver++", "solver_order": 2, "solver_type": "midpoint",
                 "final_sigmas_type": "zero", "variance_type": None, "use_lu_lambdas": False,
                 "use_flow_sigmas": False, "use_dynamic_shifting": False,
@@ -91,10 +109,19 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
             sampler = "dpmpp_2m_sde"
         if config.get("use_karras_sigmas", False):
             sampler += "_karras"
+    if cls == "UniPCMultistepScheduler":
+        for field, accepted in UNIPC_ACCEPTED.items():
+            value = config.get(field, UNIPC_DEFAULTS[field])
+            if value not in accepted:
+                raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's unipc "
+                                    f"computes {', '.join(repr(a) for a in accepted)}")
+        if config.get("use_karras_sigmas", False):
+            sampler += "_karras"
     for field, neutral in NEUTRAL.items():
         if field in ddim_defaults and cls != "DDIMScheduler":
             continue
-        if field == "use_karras_sigmas" and cls == "DPMSolverMultistepScheduler":
+        if field == "use_karras_sigmas" and cls in ("DPMSolverMultistepScheduler",
+                                                    "UniPCMultistepScheduler"):
             continue  # the sampler above
         value = config.get(field, ddim_defaults.get(field, neutral))
         if value != neutral:
