@@ -99,29 +99,24 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
     # DDIMScheduler clips x0 and ends on alpha 1 unless told not to; PNDM and Euler read neither.
     ddim_defaults = {"clip_sample": True, "set_alpha_to_one": True}
     sampler = DEFAULT_SAMPLER[cls]
-    if cls == "DPMSolverMultistepScheduler":
-        for field, accepted in DPM_ACCEPTED.items():
-            value = config.get(field, DPM_DEFAULTS[field])
+    # Multistep solvers: their settings, and Karras sigmas as a sampler of their own.
+    multistep = {"DPMSolverMultistepScheduler": (DPM_ACCEPTED, DPM_DEFAULTS),
+                 "UniPCMultistepScheduler": (UNIPC_ACCEPTED, UNIPC_DEFAULTS)}
+    if cls in multistep:
+        accepted_values, defaults = multistep[cls]
+        for field, accepted in accepted_values.items():
+            value = config.get(field, defaults[field])
             if value not in accepted:
-                raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's dpmpp_2m "
+                raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's {sampler} "
                                     f"computes {', '.join(repr(a) for a in accepted)}")
-        if config.get("algorithm_type", DPM_DEFAULTS["algorithm_type"]) == "sde-dpmsolver++":
+        if config.get("algorithm_type") == "sde-dpmsolver++":
             sampler = "dpmpp_2m_sde"
-        if config.get("use_karras_sigmas", False):
-            sampler += "_karras"
-    if cls == "UniPCMultistepScheduler":
-        for field, accepted in UNIPC_ACCEPTED.items():
-            value = config.get(field, UNIPC_DEFAULTS[field])
-            if value not in accepted:
-                raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's unipc "
-                                    f"computes {', '.join(repr(a) for a in accepted)}")
         if config.get("use_karras_sigmas", False):
             sampler += "_karras"
     for field, neutral in NEUTRAL.items():
         if field in ddim_defaults and cls != "DDIMScheduler":
             continue
-        if field == "use_karras_sigmas" and cls in ("DPMSolverMultistepScheduler",
-                                                    "UniPCMultistepScheduler"):
+        if field == "use_karras_sigmas" and cls in multistep:
             continue  # the sampler above
         value = config.get(field, ddim_defaults.get(field, neutral))
         if value != neutral:
