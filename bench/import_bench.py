@@ -169,7 +169,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
                  str(i), "--scheduler", scheduler, "--guidance", str(a.guidance),
                  "--num-images", str(a.batch), "--out",
-                 os.path.join(a.work, "qpool-{seed}-{i}.png")],
+                 os.path.join(png_dir(a.work, name), "qpool-{seed}-{i}.png")],
                 capture_output=True, text=True)
             if done.returncode != 0:
                 return {"error": done.stderr.strip()[-2000:]}
@@ -194,6 +194,43 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         return result
     finally:
         stop_server(proc)
+
+
+def png_dir(work: str, name: str) -> str:
+    """Where time_qpool keeps `name`'s images, one file per seed and image."""
+    folder = os.path.join(work, "png", name)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def fidelity(work: str, base: str, name: str) -> dict:
+    """`name`'s images against `base`'s for the same requests (seed, prompt, size, steps): PSNR
+    (dB; None where identical) and the largest difference in 8-bit levels, worst and mean over
+    the images both have."""
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+    from png_reader import read_png  # the tests' stdlib PNG decoder
+
+    def pixels(path):
+        with open(path, "rb") as f:
+            png = read_png(f.read())
+        return np.frombuffer(b"".join(png.rows), dtype=np.uint8).astype(np.float64)
+
+    psnrs, largest = [], 0.0
+    for file in sorted(os.listdir(png_dir(work, base))):
+        other = os.path.join(png_dir(work, name), file)
+        if not os.path.exists(other):
+            continue
+        a, b = pixels(os.path.join(png_dir(work, base), file)), pixels(other)
+        mse = float(np.mean((a - b) ** 2))
+        psnrs.append(math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse))
+        largest = max(largest, float(np.abs(a - b).max()))
+    finite = [p for p in psnrs if math.isfinite(p)]
+    return {"images": len(psnrs), "identical": len(psnrs) - len(finite),
+            "min_psnr_db": min(finite) if finite else None,
+            "mean_psnr_db": statistics.mean(finite) if finite else None,
+            "max_abs_diff": largest}
 
 
 def encode_check(client: GrpcClient, name: str) -> dict:
@@ -350,6 +387,10 @@ def main() -> int:
         result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,
                                            check_encode=a.encode_check and name == names[0])
         print(name, json.dumps(result["qpool"][name]), flush=True)
+    # Accuracy beside speed: every variant's images against the fp16 pipeline's.
+    for name in names[1:]:
+        if "error" not in result["qpool"][name]:
+            result["qpool"][name][f"fidelity_vs_{base}"] = fidelity(a.work, base, name)
     for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
         if peer not in PEERS:
             raise SystemExit(f"--peers: unknown peer {peer!r}; known: {', '.join(PEERS)}")
