@@ -111,6 +111,11 @@ def imported(tmp_path_factory, source_repository):
     assert done.returncode == 0, done.stderr
     assert "compiled for cpu" in done.stdout
     pipes["sd-compiled"] = pipes["sd-eps"]
+    # W8A8 with SmoothQuant scales from the components' example inputs.
+    done = run_import(work / "sd-eps-diffusers", repository / "sd-w8a8", "--dtype", "float32",
+                      "--quantize", "unet=w8a8,text_encoder=w8a8", "--smoothquant", "0.5")
+    assert done.returncode == 0, done.stderr
+    pipes["sd-w8a8"] = pipes["sd-eps"]
     # A folder whose scheduler is DPM-Solver++ with Karras sigmas: its default sampler.
     dpm_src = work / "sd-dpm-diffusers"
     shutil.copytree(work / "sd-eps-diffusers", dpm_src)
@@ -282,6 +287,25 @@ def test_images_match_diffusers(client, imported, name, scheduler, steps):
     # The images are not trivially equal: another seed gives another image.
     other = qpool_image(client, name, scheduler, steps, seed=12, prompt=prompt)
     assert np.abs(other - want).max() > 1
+
+
+def test_smoothquant_w8a8_import_stays_close_to_diffusers(client, imported):
+    """--quantize unet=w8a8,text_encoder=w8a8 --smoothquant 0.5: the layers carry calibrated
+    activation scales (not the ones of an uncalibrated w8a8 layer), and the served image stays
+    within W8A8's error of diffusers' float32 image (PSNR; on the CPU tiny pipelines give about
+    50 dB)."""
+    pipes, repository = imported
+    unet = torch.jit.load(str(repository / "sd-w8a8" / "unet.pt"))
+    scales = [t for name, t in unet.named_buffers() if name.endswith(".code")]
+    assert scales and all(t.dtype == torch.float32 and t.dim() == 1 for t in scales)
+    assert any(not torch.equal(t, torch.ones_like(t)) for t in scales)
+    formats = {c.name: c.quantization for c in client.pipelines()["sd-w8a8"].components}
+    assert formats == {"text_encoder": "w8a8", "unet": "w8a8", "vae_decoder": "none"}
+    want = diffusers_image(pipes["sd-w8a8"], "ddim", 4, seed=11, prompt="a red fox in the snow")
+    got = qpool_image(client, "sd-w8a8", "ddim", 4, seed=11, prompt="a red fox in the snow")
+    mse = float(np.mean((got.astype(np.float64) - want) ** 2))
+    assert mse > 0, "w8a8 gave float32's exact image: were the layers quantized?"
+    assert 10 * np.log10(255 ** 2 / mse) > 35
 
 
 def test_default_sampler_of_a_dpm_solver_folder_matches_diffusers(client, imported):

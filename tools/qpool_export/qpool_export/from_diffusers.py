@@ -98,6 +98,8 @@ class ImportOptions:
     # The dtype the server computes in when the manifest names one (placement.dtype); None: the
     # device's (set by import_pipeline).
     compile_dtype: Optional[str] = None
+    # w8a8 components: SmoothQuant's alpha (smoothquant.py), or activation scales of ones.
+    smoothquant: Optional[float] = None
     # LoRA files fused into the weights first (lora_fuse.py, Note [Fused LoRAs]).
     loras: Tuple[lora_fuse.Lora, ...] = ()
     verbose: bool = True
@@ -139,9 +141,17 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
         return 0
     from . import quant
 
+    smooth = None
+    if fmt == "w8a8" and opts.smoothquant is not None:
+        # Activation maxima over the component's example inputs (as the server passes them,
+        # random values); smoothquant.py.
+        from . import smoothquant
+
+        smooth = smoothquant.calibrate(built.module, (built.trace_inputs, built.check_inputs),
+                                       opts.smoothquant)
     return quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
                                  double_quant=opts.double_quant,
-                                 prequantize=opts.quant_mode == "prequantized")
+                                 prequantize=opts.quant_mode == "prequantized", smooth=smooth)
 
 
 def _to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
@@ -525,6 +535,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "stay float in quantizable layers and the server quantizes them when it "
                         "loads the pipeline (the manifest's format can then be changed without "
                         "importing again)")
+    p.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
+                   help="w8a8: SmoothQuant scales with this alpha in (0, 1] from the components' "
+                        "example inputs (default: none)")
     p.add_argument("--blocksize", type=int, default=64, help="nf4 block size (default 64)")
     p.add_argument("--double-quant", action="store_true", help="nf4: 8-bit absmax of absmax")
     p.add_argument("--clip-skip", type=int, default=0,
@@ -549,8 +562,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         loras = tuple(lora_fuse.parse(text) for text in a.lora)
     except ValueError as e:
         p.error(str(e))
+    quantize = _parse_quantize(a.quantize, p)
+    if a.smoothquant is not None:
+        if "w8a8" not in quantize.values() or a.quant_mode != "prequantized":
+            p.error("--smoothquant applies to w8a8 components with --quant-mode prequantized")
+        if not 0 < a.smoothquant <= 1:
+            p.error(f"--smoothquant must be in (0, 1] (got {a.smoothquant})")
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
-                         quantize=_parse_quantize(a.quantize, p), blocksize=a.blocksize,
+                         quantize=quantize, blocksize=a.blocksize, smoothquant=a.smoothquant,
                          double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
                          quant_mode=a.quant_mode,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
