@@ -19,6 +19,16 @@ std::string SaveModule(const torch::jit::Module& m, const std::string& tag) {
   return path;
 }
 
+// A module of TorchScript class `type` whose forward returns its input.
+torch::jit::Module Passthrough(const std::string& type) {
+  torch::jit::Module m(type);
+  m.define(R"JIT(
+    def forward(self, latents):
+        return latents
+  )JIT");
+  return m;
+}
+
 void ExpectRefused(const StatusOr<std::unique_ptr<Component>>& c, const std::string& path,
                    const std::string& why) {
   ASSERT_FALSE(c.ok());
@@ -65,6 +75,16 @@ void ReplaceCode(const std::string& from, const std::string& code, const std::st
   writer.writeEndOfFile();
 }
 
+// A Passthrough("Decoder") saved under `tag`, rewritten with code that does not compile (and
+// `debug_pickle` as its debug pickles where not empty) as vae_decoder.pt beside it; its path.
+std::string DecoderWithBrokenCode(const std::string& tag, const std::string& debug_pickle = "") {
+  const std::string valid = SaveModule(Passthrough("Decoder"), tag);
+  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
+  ReplaceCode(valid, "class Decoder(Module):\n  def forward(self, latents) -> Tensor:\n    %%%\n",
+              path, debug_pickle);
+  return path;
+}
+
 // The process's peak resident memory so far, in bytes.
 uint64_t PeakRss() {
   rusage usage{};
@@ -75,15 +95,7 @@ uint64_t PeakRss() {
 // TorchScript's compiler reports errors in the file's code as torch::jit::ErrorReport, which is no
 // c10::Error.
 TEST(ComponentLoad, RefusesCodeThatDoesNotCompile) {
-  torch::jit::Module m("Decoder");
-  m.define(R"JIT(
-    def forward(self, latents):
-        return latents
-  )JIT");
-  const std::string valid = SaveModule(m, "component-bad-code");
-  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
-  ReplaceCode(valid, "class Decoder(Module):\n  def forward(self, latents) -> Tensor:\n    %%%\n",
-              path);
+  const std::string path = DecoderWithBrokenCode("component-bad-code");
   ExpectRefused(Component::Load("vae_decoder", path), path, "cannot load TorchScript component");
 }
 
@@ -91,17 +103,9 @@ TEST(ComponentLoad, RefusesCodeThatDoesNotCompile) {
 // one's first string claims 2 GiB, which LibTorch allocated and filled before finding the file
 // shorter. The load does not read them.
 TEST(ComponentLoad, DoesNotReadDebugPickles) {
-  torch::jit::Module m("Decoder");
-  m.define(R"JIT(
-    def forward(self, latents):
-        return latents
-  )JIT");
-  const std::string valid = SaveModule(m, "component-debug-pickle");
-  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
   // Protocol 2, BINUNICODE of 0x7ffffff0 bytes, and no more.
-  const std::string debug_pickle("\x80\x02X\xf0\xff\xff\x7f", 7);
-  ReplaceCode(valid, "class Decoder(Module):\n  def forward(self, latents) -> Tensor:\n    %%%\n",
-              path, debug_pickle);
+  const std::string path =
+      DecoderWithBrokenCode("component-debug-pickle", std::string("\x80\x02X\xf0\xff\xff\x7f", 7));
   const uint64_t before = PeakRss();
   ExpectRefused(Component::Load("vae_decoder", path), path, "cannot load TorchScript component");
   EXPECT_LT(PeakRss() - before, uint64_t{256} << 20);
@@ -109,12 +113,8 @@ TEST(ComponentLoad, DoesNotReadDebugPickles) {
 
 // A dtype the residency has no copy for failed the placement as INTERNAL, naming no file.
 TEST(ComponentLoad, RefusesTensorsItCannotPlace) {
-  torch::jit::Module m("SubByte");
+  torch::jit::Module m = Passthrough("SubByte");
   m.register_buffer("bits", torch::empty({8}, torch::dtype(c10::ScalarType::Int1)));
-  m.define(R"JIT(
-    def forward(self, latents):
-        return latents
-  )JIT");
   const std::string path = SaveModule(m, "component-int1");
   ExpectRefused(Component::Load("vae_decoder", path), path, "tensor 'bits' is a Strided Int1");
 }
@@ -122,14 +122,10 @@ TEST(ComponentLoad, RefusesTensorsItCannotPlace) {
 // LibTorch's loader takes a tensor's sizes and strides from the file as they are; the placement's
 // copy of one larger than its storage read past the end of the storage's heap block.
 TEST(ComponentLoad, RefusesTensorsBeyondTheirStorage) {
-  torch::jit::Module m("Decoder");
+  torch::jit::Module m = Passthrough("Decoder");
   torch::Tensor table = torch::zeros({4});  // a storage of 16 bytes
   table.unsafeGetTensorImpl()->set_sizes_contiguous({1024});
   m.register_buffer("table", table);
-  m.define(R"JIT(
-    def forward(self, latents):
-        return latents
-  )JIT");
   const std::string path = SaveModule(m, "component-beyond-storage");
   ExpectRefused(Component::Load("vae_decoder", path), path,
                 "tensor 'table' of sizes [1024], strides [1] and offset 0 reaches beyond its "
