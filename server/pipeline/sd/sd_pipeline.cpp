@@ -185,8 +185,12 @@ Status SdPipeline::DenoiseBatch(BatchRun& run) {
   torch::Tensor latents =
       (run.Noise(latent.channels, h, w) * scheduler->init_noise_sigma()).to(device, dtype());
   if (scheduler->stochastic()) {
-    scheduler->set_noise_source(
-        [&run, &latent, h, w] { return run.StepNoise(latent.channels, h, w); });
+    // Drawn on the CPU (the image's generator); on a GPU copied from pinned memory without
+    // waiting, so that the step does not wait for the denoiser's queued work.
+    scheduler->set_noise_source([&run, &latent, h, w, device] {
+      torch::Tensor noise = run.StepNoise(latent.channels, h, w);
+      return device.is_cuda() ? noise.pin_memory().to(device, /*non_blocking=*/true) : noise;
+    });
   }
 
   const bool cfg = first.do_cfg();
