@@ -397,6 +397,7 @@ bool Component::UseCompiled(const std::vector<c10::IValue>& inputs) {
 StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {
   try {
     const bool compiled = UseCompiled(inputs);
+    forwards_.fetch_add(1);
     if (compiled) compiled_forwards_.fetch_add(1);
     // Streaming binds tensors during the forward, which a graph cannot follow.
     if (stream_hooks_ == nullptr && graphs_.capacity() > 0 && device().is_cuda()) {

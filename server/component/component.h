@@ -141,7 +141,8 @@ class Component {
                         const std::string& sha256);
   // The attached compiled forward, or null.
   CompiledForward* compiled() { return compiled_.get(); }
-  // Forwards answered by the compiled forward so far; any thread.
+  // Forwards run so far, and those of them the compiled forward answered; any thread.
+  uint64_t forwards() const { return forwards_.load(); }
   uint64_t compiled_forwards() const { return compiled_forwards_.load(); }
   ~Component();
 
@@ -176,6 +177,7 @@ class Component {
   std::unordered_map<std::string, size_t> slot_index_;  // slot by qualified name
   std::unique_ptr<CompiledForward> compiled_;           // the owning worker's
   bool compiled_stale_ = true;  // the slots changed since the compiled forward was bound
+  std::atomic<uint64_t> forwards_{0};
   std::atomic<uint64_t> compiled_forwards_{0};
 };
 

@@ -133,6 +133,9 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
     const auto bytes = p.residency().BytesByDevice();
     auto it = bytes.find(rs.device);
     rs.device_bytes = it == bytes.end() ? 0 : it->second;
+    for (const auto& c : p.components()) {
+      rs.forwards.push_back({c->name(), c->forwards(), c->compiled_forwards()});
+    }
     status.in_flight += rs.in_flight;
     status.replicas.push_back(std::move(rs));
   }

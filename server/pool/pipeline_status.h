@@ -27,13 +27,21 @@ struct ComponentStatus {
   uint64_t host_bytes = 0;  // host copy
 };
 
+// How often a replica's component ran, and how often its compiled forward answered.
+struct ComponentForwards {
+  std::string component;
+  uint64_t total = 0;
+  uint64_t compiled = 0;
+};
+
 // One copy of a pipeline on one device.
 struct ReplicaStatus {
   std::string device;
   std::string residency;  // "device", "host" or "partial" (some components on each)
   uint32_t in_flight = 0;
-  uint64_t device_bytes = 0;  // attributed bytes on `device`
-  uint64_t host_bytes = 0;    // pinned host copies
+  uint64_t device_bytes = 0;                // attributed bytes on `device`
+  uint64_t host_bytes = 0;                  // pinned host copies
+  std::vector<ComponentForwards> forwards;  // one per component, in manifest order
 };
 
 // A snapshot for ListPipelines / GetMemoryReport.

@@ -77,6 +77,23 @@ void PoolMetrics::Collect(SampleSink& sink) {
                     {{"pipeline", pipeline}}, static_cast<double>(n));
   }
   for (const auto& p : loaded) {
+    for (const auto& replica : p.replicas) {
+      for (const auto& f : replica.forwards) {
+        auto forwards = [&](const char* path, uint64_t n) {
+          sink.AddCounter("qpool_component_forwards_total",
+                          "Forward calls of a loaded replica's component, by the path that ran "
+                          "them: its compiled forward (an ahead-of-time compiled package) or "
+                          "TorchScript.",
+                          {{"pipeline", p.name},
+                           {"component", f.component},
+                           {"device", replica.device},
+                           {"path", path}},
+                          static_cast<double>(n));
+        };
+        forwards("compiled", f.compiled);
+        forwards("torchscript", f.total - f.compiled);
+      }
+    }
     for (const auto& component : p.components) {
       // component.device is where the component's tensors are: its GPU, or cpu when offloaded.
       auto bytes = [&](const char* kind, uint64_t v) {

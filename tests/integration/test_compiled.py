@@ -6,7 +6,7 @@ within rounding, holds the same bytes, and unloads without leaks."""
 import grpc
 import pytest
 
-from conftest import rpc_error
+from conftest import parse_samples, rpc_error, scrape
 from png_reader import max_abs_diff, read_png
 
 # Generated kernels round differently from TorchScript's ops; over a few denoising steps that
@@ -50,6 +50,34 @@ def test_compiled_forward_is_used(client):
     log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
     assert "compiled forward" in log, "the package was not attached"
     assert "running TorchScript" not in log
+
+
+def forwards(client):
+    """{(pipeline, component, path): count} of qpool_component_forwards_total."""
+    out = {}
+    for (name, labels), value in parse_samples(scrape(client)).items():
+        if name == "qpool_component_forwards_total":
+            labels = dict(labels)
+            out[(labels["pipeline"], labels["component"], labels["path"])] = value
+    return out
+
+
+def test_forwards_are_counted_by_path(client):
+    """qpool_component_forwards_total: each denoising step is one UNet forward, answered by the
+    package in tiny-compiled and by TorchScript in tiny; the text encoder and VAE, which have no
+    package, run TorchScript in both."""
+    before = forwards(client)
+    for name in ("tiny", "tiny-compiled"):
+        client.generate_one(pipeline=name, prompt="a fox", steps=3, seed=2)
+    after = forwards(client)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta[("tiny-compiled", "unet", "compiled")] == 3
+    assert delta[("tiny-compiled", "unet", "torchscript")] == 0
+    assert delta[("tiny", "unet", "torchscript")] == 3
+    assert delta[("tiny", "unet", "compiled")] == 0
+    for name in ("tiny", "tiny-compiled"):
+        assert delta[(name, "vae_decoder", "torchscript")] == 1
+        assert delta[(name, "text_encoder", "compiled")] == 0
 
 
 def test_same_bytes_as_torchscript(client):
