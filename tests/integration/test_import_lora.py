@@ -3,8 +3,8 @@ a tiny SD pipeline with random weights (test_import_diffusers' builder), LoRAs f
 text encoder made here with PEFT (random, non-zero updates) and saved as diffusers saves LoRAs,
 imported with `--lora FILE:SCALE`, served by the real server and compared with diffusers running
 the same LoRAs unfused (PEFT's layers at those scales) on the same weights and initial latents:
-float32 on the CPU, images within one 8-bit level. Then what the importer refuses, leaving the
-repository as it was.
+float32 on the CPU, images within one 8-bit level; the same for an SDXL LoRA of the UNet and both
+text encoders. Then what the importer refuses, leaving the repository as it was.
 """
 
 import copy
@@ -169,3 +169,49 @@ def test_the_scale_is_the_one_asked_for(client, source):
                                     prompt=PROMPT)
     got = sd_tests.qpool_image(client, "sd-lora", "ddim", 4, seed=11, prompt=PROMPT)
     assert np.abs(got - full).max() > 4
+
+
+# ------------------------------------------------------------------ SDXL
+
+
+@pytest.fixture(scope="module")
+def sdxl(tmp_path_factory, source_repository, make_server):
+    """(a client serving sdxl and sdxl-lora, a LoRA for the UNet and both text encoders fused at
+    0.8, and diffusers' pipeline running that LoRA unfused through PEFT)."""
+    import shutil
+
+    import test_import_sdxl as sdxl_tests
+
+    work = tmp_path_factory.mktemp("sdxl-lora")
+    src = work / "sdxl-diffusers"
+    pipe = sdxl_tests.build_sdxl_pipeline(src, pathlib.Path(source_repository) / "tiny" /
+                                          "tokenizer")
+    lora = make_lora(pipe, work / "lora", seed=3, encoders=("text_encoder", "text_encoder_2"))
+    repository = work / "repo"
+    sdxl_tests.imported_into(repository, "sdxl", src, "--dtype", "float32")
+    sdxl_tests.imported_into(repository, "sdxl-lora", src, "--dtype", "float32",
+                             f"--lora={lora}:0.8")
+    reference = sdxl_tests.load_pipeline(src)
+    reference.load_lora_weights(str(lora), adapter_name="style")
+    reference.set_adapters(["style"], adapter_weights=[0.8])
+
+    def setup(models):
+        for name in ("sdxl", "sdxl-lora"):
+            shutil.copytree(repository / name, models / name)
+
+    return make_server(pipelines=(), load="all", setup=setup), reference
+
+
+def test_fused_sdxl_lora_matches_diffusers(sdxl):
+    """sdxl-lora equals StableDiffusionXLPipeline running the LoRA unfused at the same scale,
+    and changes the image."""
+    import test_import_sdxl as sdxl_tests
+
+    client, reference = sdxl
+    for request in (dict(scheduler="euler"),
+                    dict(scheduler="dpmpp_2m_karras", negative_prompt="blurry, low quality")):
+        request.update(steps=4, prompt=PROMPT)
+        want = sdxl_tests.diffusers_image(reference, seed=11, **request)
+        got = sdxl_tests.qpool_image(client, "sdxl-lora", seed=11, **request)
+        assert np.abs(got - want).max() <= 1, request
+        assert np.abs(sdxl_tests.qpool_image(client, "sdxl", seed=11, **request) - got).max() > 8

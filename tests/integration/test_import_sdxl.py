@@ -432,18 +432,6 @@ def served_pipelines(tmp_path_factory, source, imported, bnb_imported):
     done = imported_into(repository, "sdxl-nf4-load", folder, "--dtype", "float32", "--quantize",
                          spec, "--quant-mode", "load-time")
     pipelines["sdxl-nf4-load"] = (done, pipelines["sdxl-nf4"][1])
-    # A LoRA for the UNet and both text encoders fused at 0.8 (Note [Fused LoRAs]); its reference
-    # runs it unfused through PEFT.
-    from test_import_lora import make_lora
-
-    lora = make_lora(pipe, repository.parent / "sdxl-lora-file", seed=3,
-                     encoders=("text_encoder", "text_encoder_2"))
-    done = imported_into(repository, "sdxl-lora", folder, "--dtype", "float32",
-                         f"--lora={lora}:0.8")
-    reference = load_pipeline(folder)
-    reference.load_lora_weights(str(lora), adapter_name="style")
-    reference.set_adapters(["style"], adapter_weights=[0.8])
-    pipelines["sdxl-lora"] = (done, reference)
     return pipelines
 
 
@@ -547,19 +535,6 @@ CASES = {
     "dpmpp_2m_karras, negative prompt": dict(scheduler="dpmpp_2m_karras",
                                              negative_prompt="blurry, low quality"),
 }
-
-
-def test_fused_lora_matches_diffusers(client, served_pipelines):
-    """sdxl-lora: a LoRA of the UNet and both text encoders fused at import equals diffusers
-    running it unfused at the same scale, and changes the image."""
-    _, reference = served_pipelines["sdxl-lora"]
-    for request in (dict(scheduler="euler"),
-                    dict(scheduler="dpmpp_2m_karras", negative_prompt="blurry, low quality")):
-        request.update(steps=4, prompt=PROMPT)
-        want = diffusers_image(reference, seed=11, **request)
-        got = qpool_image(client, "sdxl-lora", seed=11, **request)
-        assert np.abs(got - want).max() <= 1, request
-        assert np.abs(qpool_image(client, "sdxl", seed=11, **request) - got).max() > 8
 
 
 @pytest.mark.parametrize("case", list(CASES))
