@@ -70,19 +70,16 @@ DpmSolverScheduler::DpmSolverScheduler(SchedulerConfig config, bool karras, bool
 Status DpmSolverScheduler::SetTimesteps(int num_steps) {
   RETURN_IF_ERROR(CheckNumSteps(num_steps));
   const int n_train = config_.num_train_timesteps;
-  std::vector<double> train_sigmas;
-  train_sigmas.reserve(alphas_cumprod_.size());
-  for (double a : alphas_cumprod_) train_sigmas.push_back(std::sqrt((1.0 - a) / a));
 
   std::vector<double> timesteps;
   std::vector<double> sigmas;
   if (karras_) {
     std::vector<double> log_sigmas;
-    log_sigmas.reserve(train_sigmas.size());
-    for (double s : train_sigmas) log_sigmas.push_back(std::log(s));
+    log_sigmas.reserve(train_sigmas_.size());
+    for (double s : train_sigmas_) log_sigmas.push_back(std::log(s));
     const double rho = 7.0;
-    const double min_inv = std::pow(train_sigmas.front(), 1.0 / rho);
-    const double max_inv = std::pow(train_sigmas.back(), 1.0 / rho);
+    const double min_inv = std::pow(train_sigmas_.front(), 1.0 / rho);
+    const double max_inv = std::pow(train_sigmas_.back(), 1.0 / rho);
     for (int i = 0; i < num_steps; ++i) {
       const double ramp = num_steps == 1 ? 0.0 : static_cast<double>(i) / (num_steps - 1);
       const double sigma = std::pow(max_inv + ramp * (min_inv - max_inv), rho);
@@ -110,7 +107,7 @@ Status DpmSolverScheduler::SetTimesteps(int num_steps) {
                                       config_.steps_offset, " reach timestep ", t, ", outside [0, ",
                                       n_train, ")"));
       }
-      sigmas.push_back(AsFloat(train_sigmas[static_cast<size_t>(t)]));
+      sigmas.push_back(AsFloat(train_sigmas_[static_cast<size_t>(t)]));
     }
   }
   sigmas.push_back(0.0);

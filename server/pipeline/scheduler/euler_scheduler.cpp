@@ -39,10 +39,7 @@ double Interp(double x, const std::vector<double>& ys) {
 
 }  // namespace
 
-EulerScheduler::EulerScheduler(SchedulerConfig config) : Scheduler(std::move(config)) {
-  train_sigmas_.reserve(alphas_cumprod_.size());
-  for (double a : alphas_cumprod_) train_sigmas_.push_back(std::sqrt((1.0 - a) / a));
-}
+EulerScheduler::EulerScheduler(SchedulerConfig config) : Scheduler(std::move(config)) {}
 
 Status EulerScheduler::SetTimesteps(int num_steps) {
   RETURN_IF_ERROR(CheckNumSteps(num_steps));

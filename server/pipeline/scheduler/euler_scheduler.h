@@ -29,7 +29,6 @@ class EulerScheduler : public Scheduler {
   const std::vector<double>& sigmas() const { return sigmas_; }
 
  private:
-  std::vector<double> train_sigmas_;  // sqrt((1 - a) / a) for each training timestep
   std::vector<double> sigmas_;
   double init_noise_sigma_ = 1.0;
 };

@@ -153,7 +153,10 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
 }
 
 Scheduler::Scheduler(SchedulerConfig config)
-    : config_(std::move(config)), alphas_cumprod_(AlphasCumprod(ComputeBetas(config_))) {}
+    : config_(std::move(config)), alphas_cumprod_(AlphasCumprod(ComputeBetas(config_))) {
+  train_sigmas_.reserve(alphas_cumprod_.size());
+  for (double a : alphas_cumprod_) train_sigmas_.push_back(std::sqrt((1.0 - a) / a));
+}
 
 Status Scheduler::CheckNumSteps(int num_steps) const {
   if (num_steps < 1 || num_steps > config_.num_train_timesteps) {

@@ -61,6 +61,8 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   // cumprod(1 - beta) over the num_train_timesteps training steps.
   const std::vector<double>& alphas_cumprod() const { return alphas_cumprod_; }
+  // sqrt((1 - a) / a) of each training step's alphas_cumprod a (the Euler and DPM-Solver sigma).
+  const std::vector<double>& train_sigmas() const { return train_sigmas_; }
 
  protected:
   // `config` must have passed ValidateSchedulerConfig.
@@ -73,6 +75,7 @@ class Scheduler {
   SchedulerConfig config_;
   NoiseSource noise_;
   std::vector<double> alphas_cumprod_;
+  std::vector<double> train_sigmas_;
   std::vector<double> timesteps_;
 };
 

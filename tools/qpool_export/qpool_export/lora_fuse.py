@@ -15,7 +15,6 @@ bitsandbytes-quantized components (their weights cannot take a float delta witho
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 
 from .diffusers_components import read_json
 from .import_error import ImportFailure
+from .manifest import sha256_file
 
 PIPELINES = {"sd": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline",
              "flux": "FluxPipeline"}
@@ -58,14 +58,8 @@ def parse(text: str) -> Lora:
 
 def describe(loras: Sequence[Lora]) -> str:
     """The loras for the manifest's header: file name, scale and SHA-256 of each."""
-    parts = []
-    for lora in loras:
-        digest = hashlib.sha256()
-        with open(lora.path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        parts.append(f"{os.path.basename(lora.path)} x {lora.scale:g} "
-                     f"(sha256 {digest.hexdigest()})")
+    parts = [f"{os.path.basename(lora.path)} x {lora.scale:g} (sha256 {sha256_file(lora.path)})"
+             for lora in loras]
     return "fused LoRA " + ", ".join(parts)
 
 
