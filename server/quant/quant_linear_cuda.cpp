@@ -1,16 +1,17 @@
 #include "quant/quant_linear_cuda.h"
 
-#include <cstdlib>
-#include <string>
-
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "quant/quant_kernels.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
+#include "quant/w8a8_kernels.h"
 #include "quant/w8a8_linear.h"
 
 namespace qpool::quant {
@@ -28,6 +29,33 @@ cuda::ElemType ElemTypeOf(at::ScalarType t) {
     default:
       TORCH_CHECK(false, "qpool::quant_linear: unsupported dtype ", t);
   }
+}
+
+// Note [W8A8 linear] on CUDA: where the int8 product runs, x is quantized and the product scaled
+// by the fused kernels (Note [Fused W8A8 kernels]) around at::_int_mm; the ATen form elsewhere.
+at::Tensor W8A8LinearCuda(const at::Tensor& x, const QuantState& s,
+                          const std::optional<at::Tensor>& bias, const WeightOnlyLinear& fallback) {
+  const int64_t k = x.size(-1);
+  const int64_t n = s.weight.size(0);
+  const at::Tensor x2 = x.reshape({-1, k}).contiguous();
+  const int64_t m = x2.size(0);
+  if (!W8A8IntMatmulRuns(m, k, n)) return W8A8Linear(x, s, bias, fallback);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cuda::ElemType type = ElemTypeOf(x.scalar_type());
+  const at::Tensor smooth = s.code.contiguous();
+  const at::Tensor absmax = s.absmax.contiguous();
+  const at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
+  const at::Tensor row_amax = at::empty({m}, x.options().dtype(at::kFloat));
+  cuda::LaunchW8A8QuantizeRows(x2.data_ptr(), type, smooth.data_ptr<float>(), m, k,
+                               q.data_ptr<int8_t>(), row_amax.data_ptr<float>(), stream);
+  const at::Tensor acc = at::_int_mm(q, s.weight.contiguous().t());
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({m, n}, x.options());
+  cuda::LaunchW8A8Epilogue(acc.data_ptr<int32_t>(), row_amax.data_ptr<float>(),
+                           absmax.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, m,
+                           n, out.data_ptr(), type, stream);
+  return out.reshape(QuantLinearOutputShape(x, n));
 }
 
 // Contiguous copies of the state (no-ops when already contiguous) and the raw view on them;
@@ -237,12 +265,13 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
   if (layout.format == QuantFormat::kW8A8) {
-    // Note [W8A8 linear]: ATen (cuBLASLt int8 GEMM); the fallback is the int8 path below.
-    return W8A8Linear(x, s, bias,
-                      [path, mma_shape](const at::Tensor& xs, const QuantState& q,
-                                        const std::optional<at::Tensor>& b) {
-                        return QuantLinearCuda(xs, q, b, path, mma_shape);
-                      });
+    // Note [W8A8 linear]: cuBLASLt's int8 GEMM between the fused kernels; the fallback is the
+    // int8 path below.
+    return W8A8LinearCuda(x, s, bias,
+                          [path, mma_shape](const at::Tensor& xs, const QuantState& q,
+                                            const std::optional<at::Tensor>& b) {
+                            return QuantLinearCuda(xs, q, b, path, mma_shape);
+                          });
   }
   const at::ScalarType dtype = x.scalar_type();
   std::optional<at::Tensor> b;

@@ -71,6 +71,10 @@ at::Tensor NearestCodeIndex(const at::Tensor& x, const at::Tensor& code) {
   return at::bucketize(x, mid);
 }
 
+at::Tensor DivideBy127(const at::Tensor& t) {
+  return t.div(at::full({}, 127.0, t.options().dtype(at::kFloat)));
+}
+
 at::Tensor RowsToInt8(const at::Tensor& x, const at::Tensor& absmax) {
   // round() is round-half-to-even on every device; same operations in quant.py.
   return x.div(SafeDivisor(absmax).unsqueeze(1)).mul(127).round().clamp(-127, 127).to(at::kChar);
@@ -197,10 +201,10 @@ at::Tensor Dequantize(const QuantState& s, int64_t in_features, at::ScalarType d
     case QuantFormat::kNone:
       return s.weight.to(dtype);
     case QuantFormat::kInt8:
-      w = s.weight.to(at::kFloat).mul(s.absmax.div(127).unsqueeze(1));
+      w = s.weight.to(at::kFloat).mul(DivideBy127(s.absmax).unsqueeze(1));
       break;
     case QuantFormat::kW8A8:  // quantized from w * s, column-wise
-      w = s.weight.to(at::kFloat).mul(s.absmax.div(127).unsqueeze(1)).div(s.code);
+      w = s.weight.to(at::kFloat).mul(DivideBy127(s.absmax).unsqueeze(1)).div(s.code);
       break;
     case QuantFormat::kNf4: {
       at::Tensor bytes = s.weight.contiguous();

@@ -56,6 +56,10 @@ at::Tensor NearestCodeIndex(const at::Tensor& x, const at::Tensor& code);
 // (it is divided by 1). Weights (int8, w8a8) and w8a8 activations are quantized by it.
 at::Tensor RowsToInt8(const at::Tensor& x, const at::Tensor& absmax);
 
+// float32 t / 127, correctly rounded on every device: divided by a tensor on t's device, since
+// ATen's CUDA division by a host scalar multiplies by its reciprocal (Note [Fused W8A8 kernels]).
+at::Tensor DivideBy127(const at::Tensor& t);
+
 // Bytes of the tensors of a state (weight + quant state).
 int64_t StateBytes(const QuantState& state);
 

@@ -29,7 +29,7 @@ at::Tensor W8A8Linear(const at::Tensor& x, const QuantState& s,
   }
   const at::Tensor amax = xs.abs().amax(1);
   const at::Tensor acc = at::_int_mm(RowsToInt8(xs, amax), s.weight.contiguous().t());
-  at::Tensor y = acc.to(at::kFloat).mul(amax.div(127).unsqueeze(1)).mul(s.absmax.div(127));
+  at::Tensor y = acc.to(at::kFloat).mul(DivideBy127(amax).unsqueeze(1)).mul(DivideBy127(s.absmax));
   if (bias.has_value() && bias->defined()) y = y.add(bias->to(at::kFloat));
   return y.to(x.scalar_type()).reshape(out_shape);
 }

@@ -32,10 +32,11 @@ namespace qpool::quant {
 // format's output. Small M is where the weight-only kernels are fastest anyway (Note [Small-M
 // path choice]). tools/qpool_export/qpool_export/quant.py computes the same values with the
 // same tensor operations (tests/python/test_quant.py checks the C++ op against it).
-// Everything here is ATen (device-agnostic, no host synchronisation, so CUDA-graph capturable:
-// Note [Capture-safe kernels]): a fused CUDA kernel (quantize x in the GEMM's prologue, scale
-// in its epilogue, no int32 [M, N] round trip) can later replace it for CUDA alone, keeping
-// these values.
+// W8A8Linear is ATen (device-agnostic, no host synchronisation, so CUDA-graph capturable:
+// Note [Capture-safe kernels]), the CPU's form. On CUDA, where the int8 product runs, two fused
+// kernels quantize x and scale the product around at::_int_mm with the same values (Note
+// [Fused W8A8 kernels]); a GEMM that quantizes in its prologue and scales in its epilogue (no
+// int32 [M, N] round trip) could later replace all three.
 
 // Smallest number of rows (M) for which at::_int_mm runs on CUDA; K and N must be multiples of
 // kW8A8Multiple.

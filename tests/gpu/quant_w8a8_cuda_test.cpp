@@ -52,6 +52,9 @@ TEST(W8A8Cuda, IntProductEqualsTheCpu) {
       EXPECT_EQ(gpu.scalar_type(), dt);
       EXPECT_TRUE(at::equal(gpu, cpu))
           << (gpu.to(at::kFloat) - cpu.to(at::kFloat)).abs().max().item<float>();
+      // Without a bias, and x with a leading batch dimension (its rows are quantized alike).
+      const at::Tensor x3 = x.reshape({1, sh.m, sh.k});
+      EXPECT_TRUE(at::equal(QuantLinear(x3.cuda(), OnCuda(s)).cpu(), QuantLinear(x3, s)));
     }
   }
 }

@@ -73,7 +73,9 @@ def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed
 
 
 def run_import(src, out, *args):
-    env = dict(os.environ, PYTHONPATH=str(EXPORTER), HF_HUB_OFFLINE="1")
+    # The exporter first, then the caller's path (where diffusers may be installed).
+    path = os.pathsep.join(p for p in (str(EXPORTER), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-m", "qpool_export", "from-diffusers", str(src),
                            "--out", str(out), *args],
                           capture_output=True, text=True, env=env, timeout=600)
