@@ -11,7 +11,8 @@ and guidance. With --compile, an fp16 twin whose components run AOTInductor pack
 --encode-check, the first pipeline is switched to the `model` offload policy
 and runs an Encode-only request, after which nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
-execution.cuda_graphs: false). Prints and writes one JSON document.
+execution.cuda_graphs: false). Prints and writes one JSON document, rewritten after every
+measurement (`complete` is false until the last), so a run cut short keeps what it measured.
 
   python3 bench/import_bench.py --model sdxl --server build/server/qpool-server \\
       --client build/client/qpool --tokenizer build/test-models/tiny/tokenizer \\
@@ -382,22 +383,30 @@ def main() -> int:
     print(json.dumps(result), flush=True)
     if a.prepare_only:
         return 0
+    def save(complete: bool) -> None:
+        # Written after every measurement, so a run cut short keeps what it measured.
+        result["complete"] = complete
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
     result["qpool"] = {}
     for name in names:
         result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,
                                            check_encode=a.encode_check and name == names[0])
         print(name, json.dumps(result["qpool"][name]), flush=True)
+        save(False)
     # Accuracy beside speed: every variant's images against the fp16 pipeline's.
     for name in names[1:]:
         if "error" not in result["qpool"][name]:
             result["qpool"][name][f"fidelity_vs_{base}"] = fidelity(a.work, base, name)
+    save(False)
     for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
         if peer not in PEERS:
             raise SystemExit(f"--peers: unknown peer {peer!r}; known: {', '.join(PEERS)}")
         result[f"diffusers_{peer}"] = time_diffusers(a.model, src, a, peer)
         print(f"diffusers_{peer}", json.dumps(result[f"diffusers_{peer}"]), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+        save(False)
+    save(True)
     print(json.dumps(result, indent=1))
     return 0
 
