@@ -14,6 +14,9 @@ Encode-only check under `model` offload (import_bench.encode_check). With `--com
 also writes an AOTInductor package of the transformer (bf16, for the export's device type) and a
 third pipeline, flux-bf16-compiled, whose manifest names it; with `--peers` FluxPipeline is also
 timed with its transformer under torch.compile in the modes named, after its eager runs.
+With `--nf4-prequantized` the export also writes flux-nf4-prequantized: the same pipeline with
+its transformer and T5 files holding NF4 weights, for load/unload soaks (bench/memory_soak.py)
+whose loads only read and copy them.
 
   python3 bench/flux_bench.py --phase export --work /tmp/flux --tokenizer TOKDIR --spiece M
   python3 bench/flux_bench.py --phase serve --work /tmp/flux --server S --client C --out R.json
@@ -188,10 +191,26 @@ def compile_transformer(transformer, source: str, folder: str, device: str) -> f
                                  manifest_io.sha256_file(source), torch.bfloat16)
 
 
+def _quantize_now(module, blocksize: int = 64) -> int:
+    """Quantizes to NF4, in place, every QuantLinear of `module` that still holds its float
+    weight (the load-time layers), as the server would at load; returns how many."""
+    from qpool_export import quant
+
+    count = 0
+    for child in module.modules():
+        if isinstance(child, quant.QuantLinear) and child.format == "none":
+            state = quant.quantize(child.weight, "nf4", blocksize)
+            for name in ("weight",) + quant.STATE_NAMES:
+                setattr(child, name, state[name])
+            count += 1
+    return count
+
+
 def export(pipe, a) -> dict:
     """qpool's components of `pipe` into work/repo/flux-bf16, and flux-nf4 (links to the same
     files, transformer and T5 quantized to NF4 by the server at load); with a.compile also
-    flux-bf16-compiled (the same files and the transformer's package)."""
+    flux-bf16-compiled (the same files and the transformer's package); with a.nf4_prequantized
+    also flux-nf4-prequantized (transformer and T5 files of its own, quantized now)."""
     import dataclasses
 
     from qpool_export import from_diffusers as fd
@@ -203,6 +222,9 @@ def export(pipe, a) -> dict:
     from qpool_export.t5_encoder import T5Encoder, T5EncoderConfig
 
     out = os.path.join(a.work, "repo", "flux-bf16")
+    prequantized = os.path.join(a.work, "repo", "flux-nf4-prequantized")
+    if a.nf4_prequantized:
+        os.makedirs(prequantized, exist_ok=True)
     os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
     os.makedirs(os.path.join(out, "tokenizer_2"), exist_ok=True)
     for f in ("vocab.json", "merges.txt"):
@@ -226,8 +248,11 @@ def export(pipe, a) -> dict:
         t5 = _materialise(lambda: T5Encoder(t5_cfg, T5_LENGTH), small,
                           pipe.text_encoder_2.state_dict(), a.device)
         quant.quantize_module(t5, "nf4", prequantize=False)
-        _save(t5, (torch.zeros(1, T5_LENGTH, dtype=torch.long, device=a.device),),
-              os.path.join(out, "text_encoder_2.pt"))
+        tokens = (torch.zeros(1, T5_LENGTH, dtype=torch.long, device=a.device),)
+        _save(t5, tokens, os.path.join(out, "text_encoder_2.pt"))
+        if a.nf4_prequantized:
+            _quantize_now(t5)
+            _save(t5, tokens, os.path.join(prequantized, "text_encoder_2.pt"))
         del t5, small
         timings["t5_seconds"] = time.monotonic() - start
 
@@ -251,6 +276,9 @@ def export(pipe, a) -> dict:
             os.makedirs(compiled, exist_ok=True)
             timings["compile_seconds"] = compile_transformer(
                 transformer, os.path.join(out, "transformer.pt"), compiled, a.device)
+        if a.nf4_prequantized:
+            _quantize_now(transformer)
+            _save(transformer, example, os.path.join(prequantized, "transformer.pt"))
         del transformer, small
 
         vae_cfg = SdVaeConfig.from_diffusers(dict(pipe.vae.config), "vae")
@@ -269,6 +297,8 @@ def export(pipe, a) -> dict:
         for c in ("transformer", "text_encoder_2")}}
     if a.compile:
         variants["flux-bf16-compiled"] = {}
+    if a.nf4_prequantized:
+        variants["flux-nf4-prequantized"] = variants["flux-nf4"]
     for name, quant_sections in variants.items():
         folder = os.path.join(a.work, "repo", name)
         if name != "flux-bf16":
@@ -361,6 +391,9 @@ def main() -> int:
     p.add_argument("--compile", action="store_true",
                    help="export: also an AOTInductor package of the transformer "
                         "(flux-bf16-compiled)")
+    p.add_argument("--nf4-prequantized", action="store_true",
+                   help="export: also flux-nf4-prequantized, whose transformer and T5 files hold "
+                        "NF4 weights (quantized at export: a load only reads and copies them)")
     p.add_argument("--peers", default="",
                    help="export: FluxPipeline also with its transformer under torch.compile in "
                         "these modes (comma separated: default, max-autotune, reduce-overhead)")
