@@ -49,6 +49,19 @@ __host__ __device__ __forceinline__ bool Aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// Host dispatch: f(T()) with T the float, fp16 or bf16 type `type` names.
+template <typename F>
+void WithElemType(ElemType type, F&& f) {
+  switch (type) {
+    case ElemType::kFloat:
+      return f(float());
+    case ElemType::kHalf:
+      return f(__half());
+    case ElemType::kBFloat16:
+      return f(__nv_bfloat16());
+  }
+}
+
 // Host dispatch of the tensor-core launchers: f(T()) with T the fp16/bf16 type `type` names
 // (float32 is refused, naming `what`), and f(nf4, double_quant) as std::bool_constant's for the
 // weight's format.

@@ -297,26 +297,12 @@ void FusedAs(const PackedWeightView& w, const void* x, int64_t m, const void* bi
 }  // namespace
 
 void LaunchDequantize(const PackedWeightView& w, void* out, ElemType type, cudaStream_t stream) {
-  switch (type) {
-    case ElemType::kFloat:
-      return DequantizeAs(w, static_cast<float*>(out), stream);
-    case ElemType::kHalf:
-      return DequantizeAs(w, static_cast<__half*>(out), stream);
-    case ElemType::kBFloat16:
-      return DequantizeAs(w, static_cast<__nv_bfloat16*>(out), stream);
-  }
+  WithElemType(type, [&](auto t) { DequantizeAs(w, static_cast<decltype(t)*>(out), stream); });
 }
 
 void LaunchFusedLinear(const PackedWeightView& w, const void* x, int64_t m, const void* bias,
                        void* out, ElemType type, cudaStream_t stream) {
-  switch (type) {
-    case ElemType::kFloat:
-      return FusedAs<float>(w, x, m, bias, out, stream);
-    case ElemType::kHalf:
-      return FusedAs<__half>(w, x, m, bias, out, stream);
-    case ElemType::kBFloat16:
-      return FusedAs<__nv_bfloat16>(w, x, m, bias, out, stream);
-  }
+  WithElemType(type, [&](auto t) { FusedAs<decltype(t)>(w, x, m, bias, out, stream); });
 }
 
 }  // namespace qpool::quant::cuda

@@ -76,24 +76,12 @@ __global__ void __launch_bounds__(kEpilogueThreads)
   }
 }
 
-template <typename F>
-void WithType(ElemType type, F&& f) {
-  switch (type) {
-    case ElemType::kFloat:
-      return f(float());
-    case ElemType::kHalf:
-      return f(__half());
-    case ElemType::kBFloat16:
-      return f(__nv_bfloat16());
-  }
-}
-
 }  // namespace
 
 void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, int64_t m, int64_t k,
                             int8_t* q, float* row_amax, cudaStream_t stream) {
   if (m == 0) return;
-  WithType(type, [&](auto t) {
+  WithElemType(type, [&](auto t) {
     using T = decltype(t);
     QuantizeRowsKernel<T><<<static_cast<unsigned>(m), kRowThreads, 0, stream>>>(
         static_cast<const T*>(x), smooth, k, q, row_amax);
@@ -109,7 +97,7 @@ void LaunchW8A8Epilogue(const int32_t* acc, const float* row_amax, const float* 
   if (vectors == 0) return;
   const int64_t blocks =
       std::min<int64_t>((vectors + kEpilogueThreads - 1) / kEpilogueThreads, int64_t{65535} * 8);
-  WithType(type, [&](auto t) {
+  WithElemType(type, [&](auto t) {
     using T = decltype(t);
     EpilogueKernel<T><<<static_cast<unsigned>(blocks), kEpilogueThreads, 0, stream>>>(
         acc, row_amax, absmax, bias, m, n, static_cast<T*>(out));
