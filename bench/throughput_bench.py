@@ -12,7 +12,8 @@ without a GPU) and configurations needing more devices are skipped with a messag
 
 Configurations, applied in the order given (see CONFIGS):
   1gpu   one replica on cuda:0
-  2gpu   replicas on cuda:0 and cuda:1 (LoadPipeline with an explicit device adds a replica)
+  Ngpu   replicas on cuda:0 .. cuda:N-1 for N in 2, 4, 8 (LoadPipeline with an explicit device
+         adds a replica)
 CONFIG@PIPELINE runs CONFIG on another pipeline of the repository, e.g. a copy of the model whose
 manifest enables dynamic batching: `--configs 1gpu,1gpu@sd15-batch8` measures batching off and on
 side by side (docs/model-repository.md, `batching`).
@@ -23,11 +24,24 @@ requests sent the same way (so every replica is warm), or an open loop with `--r
 configuration's run writes its report (summary.json, requests.csv, memory.csv, report.html) into
 `--reports DIR`/CONFIG; this script reads summary.json. Every configuration's throughput is
 compared with the first one measured.
+
+Scaling runs: `--concurrency-per-replica 2,4` runs every configuration once per value, with that
+many requests in flight per replica (`4gpu` at 2: 8 in flight), for instance
+
+  bench/throughput_bench.py --server build/server/qpool-server --repository models \
+      --pipeline sd15 --configs 1gpu,4gpu --concurrency-per-replica 2,4 --duration 60 \
+      --out bench/results/throughput_sd15_4gpu.json
+
+Each run of N replicas is then set against N times the one-replica run of the same pipeline and
+per-replica concurrency (its scaling efficiency; target 0.9), and against the mean of its own
+devices: requests and peak allocated bytes per device (each within 10% of the mean). Requests
+that failed are listed by status code; a run with any is flagged.
 """
 import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,9 +68,11 @@ class Config:
 
 CONFIGS = {
     "1gpu": Config(1, description="one replica on cuda:0 (on the CPU with --device cpu)"),
-    "2gpu": Config(2, description="replicas on cuda:0 and cuda:1"),
+    **{f"{n}gpu": Config(n, description=f"replicas on cuda:0 .. cuda:{n - 1}") for n in (2, 4, 8)},
 }
 TWO_VS_ONE_TARGET = 1.9
+EFFICIENCY_TARGET = 0.9  # throughput of N replicas / (N x one replica's), per added GPU
+SPREAD_TARGET = 0.10  # requests and peak allocated bytes per device vs their mean
 DEFAULT_REQUESTS = 64
 
 
@@ -119,8 +135,9 @@ def add_workload_args(ap):
     ap.add_argument("--random-seed", type=int, help="the open loop's random gaps")
 
 
-def bench_flags(args):
-    """`qpool bench` flags for the workload of `args`, less --pipeline (set per configuration)."""
+def bench_flags(args, concurrency=None):
+    """`qpool bench` flags for the workload of `args`, less --pipeline (set per configuration);
+    `concurrency` replaces --concurrency."""
     flags = []
     for name in ("prompt", "width", "height", "steps", "scheduler", "num-images", "seed",
                  "requests", "duration", "warmup", "rate", "arrivals", "deadline", "random-seed"):
@@ -128,7 +145,7 @@ def bench_flags(args):
         if value is not None:
             flags += [f"--{name}", str(value)]
     if args.rate is None:
-        flags += ["--concurrency", str(args.concurrency)]
+        flags += ["--concurrency", str(concurrency or args.concurrency)]
     if args.requests is None and args.duration is None:
         flags += ["--requests", str(DEFAULT_REQUESTS)]
     return flags
@@ -202,6 +219,71 @@ def format_table(summaries):
     return "\n".join(lines)
 
 
+def spread(values):
+    """The largest distance of `values` from their mean, as a fraction of the mean (0 when they
+    are equal; None without values or with a mean of 0)."""
+    values = list(values)
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    return max(abs(v - mean) for v in values) / mean if mean > 0 else None
+
+
+def device_balance(summary):
+    """Requests and peak allocated bytes on each of the run's replica devices, and their spreads
+    around the mean (a device that served nothing counts 0 requests)."""
+    devices = summary["replicas"]
+    requests = {d: summary["devices"].get(d, 0) for d in devices}
+    peaks = {m["device"]: m["peak_allocated_bytes"]
+             for m in summary.get("memory", {}).get("series", []) if m["device"] in devices}
+    return {"requests": requests, "requests_spread": spread(requests.values()),
+            "peak_allocated_bytes": peaks,
+            "peak_allocated_spread": spread(peaks.values()) if len(peaks) == len(devices)
+            else None}
+
+
+def scaling(runs):
+    """For every run of several replicas: its throughput against N times the one-replica run of
+    the same pipeline and per-replica concurrency (the run's scaling efficiency), or None where
+    no such run was measured. `runs` maps labels to summaries carrying "pipeline", "replicas"
+    and "per_replica" (the per-replica concurrency, or the total one when it was fixed)."""
+    single = {(s["pipeline"], s["per_replica"]): s for s in runs.values()
+              if len(s["replicas"]) == 1}
+    result = {}
+    for label, s in runs.items():
+        n = len(s["replicas"])
+        base = single.get((s["pipeline"], s["per_replica"]))
+        if n < 2 or base is None or base["throughput_rps"] <= 0:
+            continue
+        result[label] = {"replicas": n, "baseline": base["label"],
+                         "speedup": s["throughput_rps"] / base["throughput_rps"],
+                         "efficiency": s["throughput_rps"] / (n * base["throughput_rps"])}
+    return result
+
+
+def verdicts(runs, scaled):
+    """Lines saying, per run, whether its scaling, balance and errors meet their targets."""
+    lines = []
+    for label, s in runs.items():
+        parts = []
+        if label in scaled:
+            x = scaled[label]
+            parts.append(f"{x['speedup']:.2f}x {x['baseline']} on {x['replicas']} replicas, "
+                         f"efficiency {x['efficiency']:.2f} (target {EFFICIENCY_TARGET})")
+        balance = s.get("balance")
+        if balance and len(s["replicas"]) > 1:
+            for key, name in (("requests_spread", "requests"),
+                              ("peak_allocated_spread", "peak allocated")):
+                if balance[key] is not None:
+                    parts.append(f"{name} per device within {balance[key]:.1%} of the mean "
+                                 f"(target {SPREAD_TARGET:.0%})")
+        failed = {code: n for code, n in s["codes"].items() if code != "OK"}
+        parts.append("errors " + (", ".join(f"{c}={n}" for c, n in failed.items()) if failed
+                                  else "none"))
+        lines.append(f"{label}: " + "; ".join(parts))
+    return lines
+
+
 class Server:
     """The server the configurations run on: one started here (restarted when a configuration
     needs other flags), or the one at --address."""
@@ -239,9 +321,13 @@ def main():
     ap.add_argument("--configs", default="1gpu,2gpu",
                     help="comma-separated, in order: " + ", ".join(CONFIGS))
     add_workload_args(ap)
+    ap.add_argument("--concurrency-per-replica", metavar="K[,K...]",
+                    help="closed loop: run every configuration once per K with K requests in "
+                    "flight per replica (replaces --concurrency)")
     ap.add_argument("--cpu-threads", type=int, default=0, help="qpool-server --cpu-threads")
     ap.add_argument("--max-queue", type=int, default=1024, help="qpool-server --max-queue")
-    ap.add_argument("--out", help="JSON file: the workload and each configuration's summary")
+    ap.add_argument("--out", help="JSON file: the workload and each configuration's summary "
+                    "(rewritten after every run)")
     ap.add_argument("--reports", help="directory for each configuration's qpool bench report "
                     "(default: OUT's name without .json plus -reports, else a temporary one)")
     args = ap.parse_args()
@@ -251,6 +337,16 @@ def main():
     unknown = [c for c in configs if c.split("@")[0] not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
+    per_replica = [None]
+    if args.concurrency_per_replica:
+        if args.rate is not None:
+            ap.error("--concurrency-per-replica is for the closed loop; drop --rate")
+        try:
+            per_replica = [int(k) for k in args.concurrency_per_replica.split(",")]
+        except ValueError:
+            per_replica = [0]
+        if min(per_replica) < 1:
+            ap.error("--concurrency-per-replica takes positive integers, e.g. 2,4")
     workload = bench_flags(args)
     check_bench_flags(ap, args.cli, workload)
     reports = args.reports or (os.path.splitext(args.out)[0] + "-reports" if args.out
@@ -258,8 +354,9 @@ def main():
 
     pb, rpc = load_stubs()
     results = {"client": host_info(),
-               "workload": {"pipeline": args.pipeline, "qpool_bench_flags": workload},
-               "device": args.device, "reports": reports, "configs": {}}
+               "workload": {"pipeline": args.pipeline, "qpool_bench_flags": workload,
+                            "concurrency_per_replica": per_replica[0] and per_replica},
+               "device": args.device, "reports": reports, "configs": {}, "complete": False}
     summaries = {}
     server = Server(args)
     try:
@@ -281,15 +378,22 @@ def main():
                 print(f"{name}: skipped ({why})", flush=True)
                 results["configs"][name] = {"skipped": why}
                 continue
-            summary = run_bench(args.cli, address, pipeline, workload, name,
-                                os.path.join(reports, name))
-            summary["pipeline"] = pipeline
-            summary["replicas"] = replicas
-            summary["server_args"] = list(config.server_args)
-            results["configs"][name] = summaries[name] = summary
-            print(f"{name}: {summary['throughput_rps']:.3f} req/s on {','.join(replicas)}, "
-                  f"devices {summary['devices']}, batch sizes {summary['batch_sizes']}, "
-                  f"codes {summary['codes']}", flush=True)
+            for k in per_replica:
+                concurrency = k * len(replicas) if k else args.concurrency
+                label = f"{name}-c{concurrency}" if k else name
+                flags = bench_flags(args, concurrency) if k else workload
+                summary = run_bench(args.cli, address, pipeline, flags, label,
+                                    os.path.join(reports, label))
+                summary.update(config=name, pipeline=pipeline, replicas=replicas,
+                               concurrency=concurrency if args.rate is None else None,
+                               per_replica=k or f"total {args.concurrency}",
+                               server_args=list(config.server_args))
+                summary["balance"] = device_balance(summary)
+                results["configs"][label] = summaries[label] = summary
+                write_results(args.out, results)
+                print(f"{label}: {summary['throughput_rps']:.3f} req/s on {','.join(replicas)}, "
+                      f"devices {summary['devices']}, batch sizes {summary['batch_sizes']}, "
+                      f"codes {summary['codes']}", flush=True)
     finally:
         server.stop()
 
@@ -304,6 +408,11 @@ def main():
             target = (f" (target {TWO_VS_ONE_TARGET}x)"
                       if (baseline, name) == ("1gpu", "2gpu") else "")
             print(f"{name} vs {baseline}: {ratio:.2f}x throughput{target}")
+        results["scaling"] = scaling(summaries)
+        results["targets"] = {"efficiency": EFFICIENCY_TARGET, "spread": SPREAD_TARGET}
+        for line in verdicts(summaries, results["scaling"]):
+            print(line)
+    results["complete"] = True
     write_results(args.out, results)
     return 0 if summaries else 1
 
