@@ -11,6 +11,7 @@ round. The first request of each pipeline (of each round) is a warm-up and is no
 --client PATH talks to the server through the qpool CLI, on hosts without grpcio.
 """
 import argparse
+import collections
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,11 +55,21 @@ def start_server(binary, repository, device, cpu_threads, extra_args=()):
         if "metrics on" in line:
             metrics = line.strip().rsplit(" ", 1)[1]
         if "listening on" in line:
+            drain_output(proc)
             return proc, line.strip().rsplit(" ", 1)[1], metrics
         if proc.poll() is not None:
             break
     proc.kill()
     sys.exit("qpool-server did not start: " + proc.stderr.read())
+
+
+def drain_output(proc):
+    """Reads the server's stdout and stderr from here on, keeping their last lines in
+    proc.output_tail: a pipe nobody reads fills up and blocks the server's next write (a long
+    load test stalled that way)."""
+    proc.output_tail = collections.deque(maxlen=200)
+    for stream in (proc.stdout, proc.stderr):
+        threading.Thread(target=proc.output_tail.extend, args=(stream,), daemon=True).start()
 
 
 def stop_server(proc):

@@ -131,7 +131,9 @@ def add_workload_args(ap):
                     help="requests (N) or seconds (Ns) sent first and not counted (default 16)")
     ap.add_argument("--rate", type=float, help="open loop: arrivals per second")
     ap.add_argument("--arrivals", choices=("poisson", "uniform"), help="open loop's gaps")
-    ap.add_argument("--deadline", type=float, help="seconds per request (default: none)")
+    ap.add_argument("--deadline", type=float, default=600,
+                    help="seconds per request (default 600: a request the server never answers "
+                    "ends the run as DEADLINE_EXCEEDED instead of holding it forever)")
     ap.add_argument("--random-seed", type=int, help="the open loop's random gaps")
 
 
@@ -373,7 +375,11 @@ def main():
                     gpus = sum(d["device"].startswith("cuda") for d in results["server_devices"])
                     devices, why = plan_devices(config, args.device, gpus)
                     if devices:
-                        replicas = set_replicas(models, pb, pipeline, devices)
+                        try:
+                            replicas = set_replicas(models, pb, pipeline, devices)
+                        except grpc.RpcError as e:
+                            why = f"{pipeline} on {','.join(devices)}: {e.code().name}: " \
+                                  f"{e.details()}"
             if why:
                 print(f"{name}: skipped ({why})", flush=True)
                 results["configs"][name] = {"skipped": why}
@@ -389,6 +395,8 @@ def main():
                                per_replica=k or f"total {args.concurrency}",
                                server_args=list(config.server_args))
                 summary["balance"] = device_balance(summary)
+                if set(summary["codes"]) - {"OK"} and server.proc is not None:
+                    summary["server_output_tail"] = list(server.proc.output_tail)[-40:]
                 results["configs"][label] = summaries[label] = summary
                 write_results(args.out, results)
                 print(f"{label}: {summary['throughput_rps']:.3f} req/s on {','.join(replicas)}, "
