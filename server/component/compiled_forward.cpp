@@ -155,8 +155,11 @@ void CompiledForward::OpenRunner(c10::DeviceIndex index) {
   bindings_.clear();
   loaded_pointers_.clear();
   loader_.reset();
+  // Single-threaded runs: the owning worker is the only caller, and the runtime's threaded
+  // path records an event after each run and queries it before the next, which a CUDA graph
+  // capture forbids (Note [Compiled forward]).
   loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-      file_, "model", /*run_single_threaded=*/false, /*num_runners=*/1, index);
+      file_, "model", /*run_single_threaded=*/true, /*num_runners=*/1, index);
   runner_index_ = index;
   auto* runner = loader_->get_runner();
   const auto fqns = runner->getConstantNamesToOriginalFQNs();

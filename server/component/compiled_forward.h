@@ -61,8 +61,12 @@ namespace qpool {
 //   inputs (dtype and the size range of every dimension) and the layout of the 4-d weights.
 // - CUDA graphs (Note [Forward graphs]) capture whichever forward runs: the package launches its
 //   kernels on the caller's current stream and allocates through the caching allocator, and a
-//   failed capture turns the cache off as for TorchScript. AOTInductor's own CUDA-graph option is
-//   not used: it would capture inside the runtime, out of sight of qpool's accounting.
+//   failed capture turns the cache off as for TorchScript. The runner is opened single-threaded:
+//   its threaded path records a CUDA event after every run and, before the next, queries it to
+//   reclaim the model instance, and querying an event is forbidden while the thread captures, so
+//   every capture of a compiled forward failed and it ran without graphs. The owning worker is
+//   the runner's only caller, so nothing needs the threaded path. AOTInductor's own CUDA-graph
+//   option is not used: it would capture inside the runtime, out of sight of qpool's accounting.
 //
 // One dimension of a compiled input: the sizes min, min + step, ... up to max.
 struct CompiledDim {

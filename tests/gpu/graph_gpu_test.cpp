@@ -1,7 +1,7 @@
 // CUDA graphs of the denoiser's forward (Note [Forward graphs]): a replay returns the eager
-// forward's bytes (fp16, int8 and nf4, whose quant_linear kernels run inside the graph); a move,
-// an offload or an unload drops the graphs and their memory; the cache stays bounded; and the
-// default stream and streamed components never capture.
+// forward's bytes (fp16, int8 and nf4, whose quant_linear kernels run inside the graph, and a
+// forward compiled by AOTInductor); a move, an offload or an unload drops the graphs and their
+// memory; the cache stays bounded; and the default stream and streamed components never capture.
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -102,6 +102,58 @@ TEST_F(GraphGpuTest, ReplayEqualsEagerBitForBit) {
     EXPECT_GT(unet.Bytes().graph, 0u) << name << ": graph memory is the component's";
     EXPECT_EQ(unet.Bytes().graph, stats.bytes);
   }
+}
+
+// The same for a UNet whose forward is an AOTInductor package compiled for CUDA (Note [Compiled
+// forward]; exported at build time where the exporting machine has a GPU): the package's
+// kernels are captured and replayed, and every forward ran the package, not TorchScript.
+TEST_F(GraphGpuTest, CompiledForwardIsCapturedAndReplaysItsEagerBytes) {
+  if (!Exported("tiny-compiled-cuda")) {
+    GTEST_SKIP() << "tiny-compiled-cuda not exported (the build machine had no GPU)";
+  }
+  auto pipeline = Load("tiny-compiled-cuda", kGpu, "none");
+  ASSERT_NE(pipeline, nullptr);
+  Component& unet = Find(*pipeline, "unet");
+  const auto a = UnetInputs(*pipeline, 2, 8, 1);
+  const auto b = UnetInputs(*pipeline, 2, 8, 2);
+  unet.EnableGraphs(0);
+  const torch::Tensor eager_a = Run(unet, a);
+  const torch::Tensor eager_b = Run(unet, b);
+  ASSERT_FALSE(torch::equal(eager_a, eager_b));
+  ASSERT_EQ(unet.compiled_forwards(), 2u) << "the package did not run";
+
+  unet.EnableGraphs(2);
+  EXPECT_TRUE(torch::equal(Run(unet, a), eager_a)) << "warm-up";
+  const torch::Tensor captured_b = Run(unet, b);
+  const torch::Tensor replayed_a = Run(unet, a);
+  const torch::Tensor replayed_b = Run(unet, b);
+  Sync();
+  EXPECT_TRUE(torch::equal(captured_b, eager_b)) << "the capturing call";
+  EXPECT_TRUE(torch::equal(replayed_a, eager_a)) << "a replay";
+  EXPECT_TRUE(torch::equal(replayed_b, eager_b)) << "a replay";
+  const GraphStats stats = unet.graph_stats();
+  EXPECT_EQ(stats.failures, 0u) << "the capture failed";
+  EXPECT_EQ(stats.captures, 1u);
+  EXPECT_EQ(stats.replays, 3u);
+  EXPECT_GT(unet.Bytes().graph, 0u);
+  EXPECT_EQ(unet.compiled_forwards(), 6u);
+
+  // An offload drops the graphs; back on the device, the package is bound again and the warm
+  // signatures capture anew.
+  auto offloaded = pipeline->residency().Offload();
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status().ToString();
+  EXPECT_EQ(unet.Bytes().graph, 0u);
+  auto onloaded = pipeline->residency().Onload(kGpu);
+  ASSERT_TRUE(onloaded.ok()) << onloaded.status().ToString();
+  const torch::Tensor again_a = Run(unet, a);
+  const torch::Tensor again_b = Run(unet, b);
+  Sync();
+  EXPECT_TRUE(torch::equal(again_a, eager_a)) << "after the onload";
+  EXPECT_TRUE(torch::equal(again_b, eager_b)) << "after the onload";
+  EXPECT_EQ(unet.graph_stats().captures, 2u) << "captured again after the move";
+  EXPECT_EQ(unet.graph_stats().failures, 0u);
+  EXPECT_GT(unet.Bytes().graph, 0u);
+  EXPECT_EQ(unet.compiled_forwards(), 8u);
 }
 
 // A request's images are the same bytes with the denoiser's graphs on and off; the loop of three
