@@ -60,13 +60,50 @@ class GraphGpuTest : public ::testing::Test, protected testing::GpuPipelineTest 
 
   static void Sync() { c10::cuda::device_synchronize(); }
 
+  // Two UNet inputs of one signature and their eager outputs.
+  struct EagerPair {
+    std::vector<c10::IValue> a, b;
+    torch::Tensor eager_a, eager_b;
+  };
+
+  // Runs `unet` eagerly on two inputs, then with graphs: the first forward of their signature
+  // is the eager warm-up, the second captures and replays, later ones replay; each must return
+  // exactly the eager bytes, and a returned tensor stays the caller's (the next replay does not
+  // overwrite it).
+  static EagerPair ExpectReplaysEqualEager(Pipeline& pipeline, Component& unet,
+                                           const std::string& name) {
+    EagerPair p{UnetInputs(pipeline, 2, 8, 1), UnetInputs(pipeline, 2, 8, 2), {}, {}};
+    unet.EnableGraphs(0);
+    p.eager_a = Run(unet, p.a);
+    p.eager_b = Run(unet, p.b);
+    EXPECT_FALSE(torch::equal(p.eager_a, p.eager_b)) << name;
+
+    unet.EnableGraphs(2);
+    EXPECT_TRUE(torch::equal(Run(unet, p.a), p.eager_a)) << name << ": warm-up";
+    EXPECT_EQ(unet.graph_stats().captures, 0u);
+    const torch::Tensor captured_b = Run(unet, p.b);
+    const torch::Tensor replayed_a = Run(unet, p.a);
+    const torch::Tensor replayed_b = Run(unet, p.b);
+    Sync();
+    EXPECT_TRUE(torch::equal(captured_b, p.eager_b)) << name << ": the capturing call";
+    EXPECT_TRUE(torch::equal(replayed_a, p.eager_a)) << name << ": a replay";
+    EXPECT_TRUE(torch::equal(replayed_b, p.eager_b)) << name << ": a replay";
+    EXPECT_TRUE(torch::equal(captured_b, p.eager_b)) << name << ": overwritten by a later replay";
+    const GraphStats stats = unet.graph_stats();
+    EXPECT_EQ(stats.captures, 1u) << name;
+    EXPECT_EQ(stats.replays, 3u) << name;
+    EXPECT_EQ(stats.failures, 0u) << name;
+    EXPECT_EQ(stats.graphs, 1u) << name;
+    EXPECT_GT(unet.Bytes().graph, 0u) << name << ": graph memory is the component's";
+    EXPECT_EQ(unet.Bytes().graph, stats.bytes);
+    return p;
+  }
+
   std::optional<c10::cuda::CUDAStreamGuard> stream_;
   c10::InferenceMode inference_;
 };
 
-// The first forward of a shape is the eager warm-up, the second captures and replays, later ones
-// replay: each returns exactly the eager bytes, and a returned tensor is the caller's (the next
-// replay does not overwrite it).
+// TorchScript UNets, fp16 and quantized.
 TEST_F(GraphGpuTest, ReplayEqualsEagerBitForBit) {
   for (const std::string name : {"tiny", "tiny-int8", "tiny-nf4"}) {
     if (!Exported(name)) {
@@ -75,32 +112,7 @@ TEST_F(GraphGpuTest, ReplayEqualsEagerBitForBit) {
     }
     auto pipeline = Load(name, kGpu, "none");
     ASSERT_NE(pipeline, nullptr);
-    Component& unet = Find(*pipeline, "unet");
-    const auto a = UnetInputs(*pipeline, 2, 8, 1);
-    const auto b = UnetInputs(*pipeline, 2, 8, 2);
-    unet.EnableGraphs(0);
-    const torch::Tensor eager_a = Run(unet, a);
-    const torch::Tensor eager_b = Run(unet, b);
-    ASSERT_FALSE(torch::equal(eager_a, eager_b));
-
-    unet.EnableGraphs(2);
-    EXPECT_TRUE(torch::equal(Run(unet, a), eager_a)) << name << ": warm-up";
-    EXPECT_EQ(unet.graph_stats().captures, 0u);
-    const torch::Tensor captured_b = Run(unet, b);
-    const torch::Tensor replayed_a = Run(unet, a);
-    const torch::Tensor replayed_b = Run(unet, b);
-    Sync();
-    EXPECT_TRUE(torch::equal(captured_b, eager_b)) << name << ": the capturing call";
-    EXPECT_TRUE(torch::equal(replayed_a, eager_a)) << name << ": a replay";
-    EXPECT_TRUE(torch::equal(replayed_b, eager_b)) << name << ": a replay";
-    EXPECT_TRUE(torch::equal(captured_b, eager_b)) << name << ": overwritten by a later replay";
-    const GraphStats stats = unet.graph_stats();
-    EXPECT_EQ(stats.captures, 1u) << name;
-    EXPECT_EQ(stats.replays, 3u) << name;
-    EXPECT_EQ(stats.failures, 0u) << name;
-    EXPECT_EQ(stats.graphs, 1u) << name;
-    EXPECT_GT(unet.Bytes().graph, 0u) << name << ": graph memory is the component's";
-    EXPECT_EQ(unet.Bytes().graph, stats.bytes);
+    ExpectReplaysEqualEager(*pipeline, Find(*pipeline, "unet"), name);
   }
 }
 
@@ -114,29 +126,8 @@ TEST_F(GraphGpuTest, CompiledForwardIsCapturedAndReplaysItsEagerBytes) {
   auto pipeline = Load("tiny-compiled-cuda", kGpu, "none");
   ASSERT_NE(pipeline, nullptr);
   Component& unet = Find(*pipeline, "unet");
-  const auto a = UnetInputs(*pipeline, 2, 8, 1);
-  const auto b = UnetInputs(*pipeline, 2, 8, 2);
-  unet.EnableGraphs(0);
-  const torch::Tensor eager_a = Run(unet, a);
-  const torch::Tensor eager_b = Run(unet, b);
-  ASSERT_FALSE(torch::equal(eager_a, eager_b));
-  ASSERT_EQ(unet.compiled_forwards(), 2u) << "the package did not run";
-
-  unet.EnableGraphs(2);
-  EXPECT_TRUE(torch::equal(Run(unet, a), eager_a)) << "warm-up";
-  const torch::Tensor captured_b = Run(unet, b);
-  const torch::Tensor replayed_a = Run(unet, a);
-  const torch::Tensor replayed_b = Run(unet, b);
-  Sync();
-  EXPECT_TRUE(torch::equal(captured_b, eager_b)) << "the capturing call";
-  EXPECT_TRUE(torch::equal(replayed_a, eager_a)) << "a replay";
-  EXPECT_TRUE(torch::equal(replayed_b, eager_b)) << "a replay";
-  const GraphStats stats = unet.graph_stats();
-  EXPECT_EQ(stats.failures, 0u) << "the capture failed";
-  EXPECT_EQ(stats.captures, 1u);
-  EXPECT_EQ(stats.replays, 3u);
-  EXPECT_GT(unet.Bytes().graph, 0u);
-  EXPECT_EQ(unet.compiled_forwards(), 6u);
+  const EagerPair p = ExpectReplaysEqualEager(*pipeline, unet, "tiny-compiled-cuda");
+  EXPECT_EQ(unet.compiled_forwards(), 6u) << "every forward ran the package";
 
   // An offload drops the graphs; back on the device, the package is bound again and the warm
   // signatures capture anew.
@@ -145,11 +136,11 @@ TEST_F(GraphGpuTest, CompiledForwardIsCapturedAndReplaysItsEagerBytes) {
   EXPECT_EQ(unet.Bytes().graph, 0u);
   auto onloaded = pipeline->residency().Onload(kGpu);
   ASSERT_TRUE(onloaded.ok()) << onloaded.status().ToString();
-  const torch::Tensor again_a = Run(unet, a);
-  const torch::Tensor again_b = Run(unet, b);
+  const torch::Tensor again_a = Run(unet, p.a);
+  const torch::Tensor again_b = Run(unet, p.b);
   Sync();
-  EXPECT_TRUE(torch::equal(again_a, eager_a)) << "after the onload";
-  EXPECT_TRUE(torch::equal(again_b, eager_b)) << "after the onload";
+  EXPECT_TRUE(torch::equal(again_a, p.eager_a)) << "after the onload";
+  EXPECT_TRUE(torch::equal(again_b, p.eager_b)) << "after the onload";
   EXPECT_EQ(unet.graph_stats().captures, 2u) << "captured again after the move";
   EXPECT_EQ(unet.graph_stats().failures, 0u);
   EXPECT_GT(unet.Bytes().graph, 0u);
