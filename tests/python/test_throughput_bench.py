@@ -70,3 +70,25 @@ def test_verdicts_name_errors_by_code_and_the_targets():
     assert "1.50x 1gpu-c2 on 2 replicas, efficiency 0.75 (target 0.9)" in lines[1]
     assert "peak allocated per device within 10.0% of the mean" in lines[1]
     assert lines[1].endswith("errors INTERNAL=2")
+
+
+def test_the_scaling_plot_has_a_line_per_series_and_the_linear_reference():
+    import xml.etree.ElementTree as ET
+
+    gpus = lambda n: [f"cuda:{i}" for i in range(n)]  # noqa: E731
+    runs = {r["label"]: r for r in (
+        run("1gpu-c2", "sd15", gpus(1), 2, 3.0), run("2gpu-c4", "sd15", gpus(2), 2, 6.1),
+        run("4gpu-c8", "sd15", gpus(4), 2, 11.4), run("1gpu-c4", "sd15", gpus(1), 4, 3.2),
+        run("4gpu-c16", "sd15", gpus(4), 4, 12.8))}
+    root = ET.fromstring(tb.scaling_svg(runs, "sd15 <scaling>"))
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = root.findall(f"{ns}polyline")
+    assert len(lines) == 4  # two series, each with its linear reference
+    assert len(root.findall(f"{ns}circle")) == 5
+    assert [len(p.get("points").split()) for p in lines] == [3, 2, 2, 2]
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    assert "sd15 <scaling>" in texts and "sd15, 2 in flight per GPU" in texts
+
+
+def test_no_plot_without_two_pool_sizes():
+    assert tb.scaling_svg({"1gpu-c2": run("1gpu-c2", "sd15", ["cuda:0"], 2, 3.0)}, "t") is None
