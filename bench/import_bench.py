@@ -7,9 +7,10 @@ asks for imported quantized, and those --load-time asks for quantized by the ser
 serves each with its own qpool-server and times Generate through the qpool CLI, and reads the
 device's peak allocated bytes. Then it times the same diffusers pipeline (fp16) as each of
 --peers asks (PEERS: eager, or compiled) in the same run: same size, steps, scheduler (DDIM)
-and guidance. With --compile, an fp16 twin whose components run AOTInductor packages. With
---encode-check, the first pipeline is switched to the `model` offload policy
-and runs an Encode-only request, after which nothing of it may be on the GPU. --graphs-off adds
+and guidance. With --compile, an fp16 twin whose components run AOTInductor packages (and with
+--compile-quantized, quantized twins compiled the same way). With --encode-check, the first
+pipeline is switched to the `model` offload policy and runs an Encode-only request, after which
+nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
 execution.cuda_graphs: false). Prints and writes one JSON document, rewritten after every
 measurement (`complete` is false until the last), so a run cut short keeps what it measured.
@@ -335,7 +336,12 @@ def main() -> int:
                    help="comma list of components (unet, vae_decoder, text_encoder): adds the "
                         "fp16 pipeline '<model>-compiled' imported with their forwards compiled "
                         "ahead of time for CUDA (from-diffusers --compile)")
+    p.add_argument("--compile-quantized", default="",
+                   help="comma list of formats of --quantize: adds '<model>-FORMAT-compiled', "
+                        "the prequantized pipeline with the --compile components compiled too")
     a = p.parse_args()
+    if a.compile_quantized and not a.compile:
+        p.error("--compile-quantized needs --compile (the components to compile)")
     model = MODELS[a.model]
     a.size = a.size or model["size"]
     os.makedirs(a.work, exist_ok=True)
@@ -365,15 +371,18 @@ def main() -> int:
             result["import_seconds"][compiled] = run_import(
                 src, os.path.join(repo, compiled), "--dtype", "float16", "-q", "--compile",
                 a.compile, "--compile-device", "cuda")
-    variants = [(f, "prequantized") for f in a.quantize.split(",") if f]
-    variants += [(f, "load-time") for f in a.load_time.split(",") if f]
-    for fmt, mode in variants:
-        name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "")
+    variants = [(f, "prequantized", ()) for f in a.quantize.split(",") if f]
+    variants += [(f, "load-time", ()) for f in a.load_time.split(",") if f]
+    variants += [(f, "prequantized", ("--compile", a.compile, "--compile-device", "cuda"))
+                 for f in a.compile_quantized.split(",") if f]
+    for fmt, mode, compile_args in variants:
+        name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "") + \
+            ("-compiled" if compile_args else "")
         names.append(name)
         if not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
             result["import_seconds"][name] = run_import(
                 src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quant-mode", mode,
-                "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]))
+                "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]), *compile_args)
     if a.graphs_off:
         for name in list(names):
             eager = f"{name}-eager"

@@ -48,6 +48,11 @@ namespace qpool {
 //   so an update happens only when a tensor's address changed since the last one; a rebind
 //   onto the same addresses costs nothing. Under `model` offload every onload may move the
 //   weights, so each can cost an update.
+// - A quantized component's package calls qpool::quant_linear for each quantized layer: the
+//   runtime looks the op up in the dispatcher, where the server registered it, so the layer
+//   runs the server's kernels (its CUDA paths, Note [Capture-safe kernels], included) on the
+//   weights and quant state bound as constants. The exporter compiles against the quant state
+//   in float32, the dtype the component keeps it in (Note [Tensors that keep their dtype]).
 // - Inductor folds a small parameter into the generated code (tiny's 4-element conv_out.bias is
 //   no constant of its package): that value is baked in, like a TorchScript tensor constant.
 //   Components are immutable while they serve, so the output is unaffected.

@@ -116,35 +116,38 @@ TEST_F(GraphGpuTest, ReplayEqualsEagerBitForBit) {
   }
 }
 
-// The same for a UNet whose forward is an AOTInductor package compiled for CUDA (Note [Compiled
-// forward]; exported at build time where the exporting machine has a GPU): the package's
-// kernels are captured and replayed, and every forward ran the package, not TorchScript.
+// The same for UNets whose forward is an AOTInductor package compiled for CUDA, fp16 and NF4
+// (Note [Compiled forward]; exported at build time where the exporting machine has a GPU): the
+// package's kernels, qpool's quantized linear op among them, are captured and replayed, every
+// forward ran the package, not TorchScript, and an offload drops the graphs, after which the
+// package is bound again and the warm signature captures anew.
 TEST_F(GraphGpuTest, CompiledForwardIsCapturedAndReplaysItsEagerBytes) {
-  if (!Exported("tiny-compiled-cuda")) {
-    GTEST_SKIP() << "tiny-compiled-cuda not exported (the build machine had no GPU)";
-  }
-  auto pipeline = Load("tiny-compiled-cuda", kGpu, "none");
-  ASSERT_NE(pipeline, nullptr);
-  Component& unet = Find(*pipeline, "unet");
-  const EagerPair p = ExpectReplaysEqualEager(*pipeline, unet, "tiny-compiled-cuda");
-  EXPECT_EQ(unet.compiled_forwards(), 6u) << "every forward ran the package";
+  bool any = false;
+  for (const std::string name : {"tiny-compiled-cuda", "tiny-nf4-compiled-cuda"}) {
+    if (!Exported(name)) continue;
+    any = true;
+    auto pipeline = Load(name, kGpu, "none");
+    ASSERT_NE(pipeline, nullptr);
+    Component& unet = Find(*pipeline, "unet");
+    const EagerPair p = ExpectReplaysEqualEager(*pipeline, unet, name);
+    EXPECT_EQ(unet.compiled_forwards(), 6u) << name << ": every forward ran the package";
 
-  // An offload drops the graphs; back on the device, the package is bound again and the warm
-  // signatures capture anew.
-  auto offloaded = pipeline->residency().Offload();
-  ASSERT_TRUE(offloaded.ok()) << offloaded.status().ToString();
-  EXPECT_EQ(unet.Bytes().graph, 0u);
-  auto onloaded = pipeline->residency().Onload(kGpu);
-  ASSERT_TRUE(onloaded.ok()) << onloaded.status().ToString();
-  const torch::Tensor again_a = Run(unet, p.a);
-  const torch::Tensor again_b = Run(unet, p.b);
-  Sync();
-  EXPECT_TRUE(torch::equal(again_a, p.eager_a)) << "after the onload";
-  EXPECT_TRUE(torch::equal(again_b, p.eager_b)) << "after the onload";
-  EXPECT_EQ(unet.graph_stats().captures, 2u) << "captured again after the move";
-  EXPECT_EQ(unet.graph_stats().failures, 0u);
-  EXPECT_GT(unet.Bytes().graph, 0u);
-  EXPECT_EQ(unet.compiled_forwards(), 8u);
+    auto offloaded = pipeline->residency().Offload();
+    ASSERT_TRUE(offloaded.ok()) << offloaded.status().ToString();
+    EXPECT_EQ(unet.Bytes().graph, 0u) << name;
+    auto onloaded = pipeline->residency().Onload(kGpu);
+    ASSERT_TRUE(onloaded.ok()) << onloaded.status().ToString();
+    const torch::Tensor again_a = Run(unet, p.a);
+    const torch::Tensor again_b = Run(unet, p.b);
+    Sync();
+    EXPECT_TRUE(torch::equal(again_a, p.eager_a)) << name << ": after the onload";
+    EXPECT_TRUE(torch::equal(again_b, p.eager_b)) << name << ": after the onload";
+    EXPECT_EQ(unet.graph_stats().captures, 2u) << name << ": captured again after the move";
+    EXPECT_EQ(unet.graph_stats().failures, 0u) << name;
+    EXPECT_GT(unet.Bytes().graph, 0u) << name;
+    EXPECT_EQ(unet.compiled_forwards(), 8u) << name;
+  }
+  if (!any) GTEST_SKIP() << "no CUDA-compiled pipeline exported (the build machine had no GPU)";
 }
 
 // A request's images are the same bytes with the denoiser's graphs on and off; the loop of three

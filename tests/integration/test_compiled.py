@@ -1,7 +1,9 @@
 """The compiled forward (Note [Compiled forward] in server/component/compiled_forward.h) through
 the real server: tiny with its UNet also compiled for the CPU (test-models/tiny-compiled, exported
 at build time with `--compile unet`) runs its compiled forward, serves the same images as tiny
-within rounding, holds the same bytes, and unloads without leaks."""
+within rounding, holds the same bytes, and unloads without leaks. tiny-nf4-compiled (`--quantize
+nf4 --compile unet`) does the same against tiny-nf4, its package calling qpool's quantized linear
+op."""
 
 import grpc
 import pytest
@@ -21,7 +23,8 @@ def assert_same_image(a, b, what):
 
 @pytest.fixture(scope="module")
 def client(make_server):
-    return make_server(pipelines=("tiny", "tiny-compiled"), load="all")
+    return make_server(pipelines=("tiny", "tiny-compiled", "tiny-nf4", "tiny-nf4-compiled"),
+                       load="all")
 
 
 def _components(client, name):
@@ -37,12 +40,13 @@ def test_manifest_names_the_package(source_repository):
     assert (source_repository / "tiny-compiled" / "unet.cpu.pt2").exists()
 
 
-def test_same_image_as_torchscript_within_rounding(client):
+@pytest.mark.parametrize("plain_name", ["tiny", "tiny-nf4"])
+def test_same_image_as_torchscript_within_rounding(client, plain_name):
     for seed in (3, 11):
-        plain = client.generate_one(pipeline="tiny", prompt="a red fox", steps=3, seed=seed)
-        compiled = client.generate_one(pipeline="tiny-compiled", prompt="a red fox", steps=3,
-                                       seed=seed)
-        assert_same_image(compiled, plain, f"seed {seed}")
+        plain = client.generate_one(pipeline=plain_name, prompt="a red fox", steps=3, seed=seed)
+        compiled = client.generate_one(pipeline=f"{plain_name}-compiled", prompt="a red fox",
+                                       steps=3, seed=seed)
+        assert_same_image(compiled, plain, f"{plain_name}, seed {seed}")
 
 
 def test_compiled_forward_is_used(client):
@@ -80,8 +84,18 @@ def test_forwards_are_counted_by_path(client):
         assert delta[(name, "text_encoder", "compiled")] == 0
 
 
-def test_same_bytes_as_torchscript(client):
-    assert _components(client, "tiny-compiled") == _components(client, "tiny")
+def test_quantized_package_runs_for_every_step(client):
+    before = forwards(client)
+    client.generate_one(pipeline="tiny-nf4-compiled", prompt="a fox", steps=3, seed=2)
+    after = forwards(client)
+    assert after[("tiny-nf4-compiled", "unet", "compiled")] - \
+        before.get(("tiny-nf4-compiled", "unet", "compiled"), 0) == 3
+    assert after[("tiny-nf4-compiled", "unet", "torchscript")] == 0
+
+
+@pytest.mark.parametrize("plain_name", ["tiny", "tiny-nf4"])
+def test_same_bytes_as_torchscript(client, plain_name):
+    assert _components(client, f"{plain_name}-compiled") == _components(client, plain_name)
 
 
 def test_offload_is_refused_on_cpu_and_unload_leaks_nothing(client):

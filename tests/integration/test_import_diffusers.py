@@ -21,6 +21,7 @@ import sys
 
 import pytest
 
+from conftest import parse_samples, scrape
 from png_reader import read_png
 
 diffusers = pytest.importorskip("diffusers")
@@ -113,6 +114,12 @@ def imported(tmp_path_factory, source_repository):
     assert done.returncode == 0, done.stderr
     assert "compiled for cpu" in done.stdout
     pipes["sd-compiled"] = pipes["sd-eps"]
+    # Quantized and compiled: the package calls qpool's quantized linear op.
+    done = run_import(work / "sd-eps-diffusers", repository / "sd-q-compiled", "--dtype",
+                      "float32", "--quantize", QUANTIZED_SPEC, "--compile", "unet")
+    assert done.returncode == 0, done.stderr
+    assert "compiled for cpu" in done.stdout
+    pipes["sd-q-compiled"] = pipes["sd-q"]
     # W8A8 with SmoothQuant scales from the components' example inputs.
     done = run_import(work / "sd-eps-diffusers", repository / "sd-w8a8", "--dtype", "float32",
                       "--quantize", "unet=w8a8,text_encoder=w8a8", "--smoothquant", "0.5")
@@ -337,6 +344,29 @@ def test_compiled_unet_matches_diffusers(client, imported):
     assert np.abs(got - want).max() <= 3
     log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
     assert "compiled forward" in log, "the package was not attached"
+
+
+def test_quantized_compiled_unet_matches_diffusers(client, imported):
+    """--quantize unet=nf4 --compile unet: the package reads the NF4 weights and quant state in
+    the dtypes the server keeps them in and calls qpool's quantized linear op for every linear
+    layer, so it serves diffusers' image on the dequantized weights as the TorchScript UNet
+    does, within the compiled kernels' rounding."""
+    pipes, repository = imported
+    text = (repository / "sd-q-compiled" / "pipeline.yaml").read_text()
+    assert "file: unet.cpu.pt2" in text
+    prompt = "a red fox in the snow"
+    want = diffusers_image(pipes["sd-q-compiled"], "ddim", 4, seed=11, prompt=prompt)
+    got = qpool_image(client, "sd-q-compiled", "ddim", 4, seed=11, prompt=prompt)
+    assert np.abs(got - want).max() <= 3
+    plain = qpool_image(client, "sd-q", "ddim", 4, seed=11, prompt=prompt)
+    assert np.abs(got - plain).max() <= 3
+    paths = {}
+    for (name, labels), value in parse_samples(scrape(client)).items():
+        labels = dict(labels)
+        if (name == "qpool_component_forwards_total" and labels["pipeline"] == "sd-q-compiled"
+                and labels["component"] == "unet"):
+            paths[labels["path"]] = value
+    assert paths["compiled"] >= 4 and paths["torchscript"] == 0
 
 
 def test_clip_skip_matches_diffusers(client, imported):

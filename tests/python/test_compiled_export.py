@@ -10,13 +10,17 @@ from qpool_export.export import parse_args
 def test_compile_options_are_parsed(tmp_path):
     opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p"), "--compile", "unet"])
     assert opts.compile == ("unet",) and opts.compile_device == "cpu"
+    opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p"), "--compile", "unet",
+                       "--quantize", "nf4"])
+    assert opts.compile == ("unet",) and opts.quantize == "nf4"
     opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p")])
     assert opts.compile == ()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--compile", "refiner"], "--compile: unknown component(s) refiner"),
-    (["--compile", "unet", "--quantize", "int8"], "--compile does not apply with --quantize"),
+    (["--compile", "unet", "--quantize", "int8", "--quant-mode", "load-time"],
+     "--compile with --quantize needs --quant-mode prequantized"),
     (["--compile", "unet", "--compile-device", "tpu"], "invalid choice: 'tpu'"),
 ])
 def test_bad_compile_options_are_refused(tmp_path, capsys, args, message):

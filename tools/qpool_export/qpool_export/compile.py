@@ -140,6 +140,18 @@ def _keep_float32_buffers(module: torch.nn.Module) -> None:
                 owner._buffers[leaf] = buf.float()
 
 
+def _saved_dtype_tensors(module: torch.nn.Module) -> Dict[Tuple[str, str], torch.Tensor]:
+    """The quant state of quantized layers (every buffer but weight and bias), which the server
+    keeps in the dtype it was saved in (Note [Tensors that keep their dtype]): the package must
+    read it in that dtype too."""
+    from .quant import QuantLinear
+
+    return {(owner, leaf): buf for owner, m in module.named_modules()
+            if isinstance(m, QuantLinear)
+            for leaf, buf in m.named_buffers(recurse=False)
+            if leaf not in ("weight", "bias") and buf is not None}
+
+
 def compile_component(module: torch.nn.Module, component: str,
                       inputs: Sequence[torch.Tensor], device: str, path: str,
                       source_sha256: str, dtype: Optional[torch.dtype] = None) -> float:
@@ -155,8 +167,11 @@ def compile_component(module: torch.nn.Module, component: str,
     start = time.monotonic()
     dtype = dtype or compute_dtype(device)
     layout = "contiguous"
+    saved = _saved_dtype_tensors(module)
     module = module.to(device=device, dtype=dtype).eval()
     _keep_float32_buffers(module)
+    for (owner, leaf), buf in saved.items():
+        module.get_submodule(owner)._buffers[leaf] = buf.to(device)
     # Note [Channels-last convolutions]: the server lays out a UNet's 4-d weights channels-last on
     # GPUs, and the package must read them as they are.
     if device == "cuda" and component == "unet":

@@ -363,9 +363,9 @@ def parse_args(argv: Optional[Sequence[str]]):
     if bad:
         p.error(f"--compile: unknown component(s) {', '.join(bad)} "
                 f"(choose from {', '.join(aot.COMPILABLE)})")
-    if compile_list and a.quantize != "none":
-        p.error("--compile does not apply with --quantize (the quantized linear op has no "
-                "compiled form)")
+    if compile_list and a.quantize != "none" and a.quant_mode != "prequantized":
+        p.error("--compile with --quantize needs --quant-mode prequantized (a package is "
+                "compiled for the weights' format)")
     comps = DEFAULT_QUANT_COMPONENTS
     if a.components is not None:
         comps = COMPONENTS if a.components.strip() == "all" else _split_list(a.components)

@@ -183,9 +183,10 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
               "converted_layers": converted, "converted_formats": formats,
               "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None}
     if built.name in opts.compile:
-        if quantized:
-            raise ImportFailure(f"--compile {built.name}: the component is quantized (the "
-                                f"quantized linear op has no compiled form)")
+        if quantized and opts.quant_mode != "prequantized":
+            raise ImportFailure(f"--compile {built.name}: the component is quantized at load "
+                                f"(--quant-mode load-time), and a package is compiled for the "
+                                f"weights' format: use --quant-mode prequantized")
         package = os.path.join(stage, aot.package_name(built.name, opts.compile_device))
         examples = aot.resized_examples(built.module, built.name,
                                         built.compile_inputs or built.trace_inputs,
