@@ -46,3 +46,22 @@ def test_cuda_needs_a_gpu(tmp_path):
         pytest.skip("a GPU is present")
     with pytest.raises(aot.CompileError, match="needs a GPU"):
         aot.compile_component(torch.nn.Linear(2, 2), "unet", (), "cuda", str(tmp_path / "x"), "")
+
+
+def test_examples_take_the_serving_side():
+    """Note [Compile at the serving size]: the latent side the pipeline serves replaces the
+    example's sides (the UNet's rounded up to its down-sampling); batches are at least 2."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    decoder = torch.nn.Conv2d(4, 3, 3, padding=1)
+    (z,) = aot.resized_examples(decoder, "vae_decoder", (torch.zeros(1, 4, 6, 5),), gen, side=64)
+    assert tuple(z.shape) == (2, 4, 64, 64)
+    (z,) = aot.resized_examples(decoder, "vae_decoder", (torch.zeros(1, 4, 6, 5),), gen)
+    assert tuple(z.shape) == (2, 4, 6, 5)
+    unet = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, stride=2, padding=1),
+                               torch.nn.Conv2d(4, 4, 3, stride=2, padding=1))
+    inputs = (torch.zeros(2, 4, 17, 25), torch.zeros(2), torch.zeros(2, 77, 32))
+    sample, t, context = aot.resized_examples(unet, "unet", inputs, gen, side=62)
+    assert tuple(sample.shape) == (2, 4, 64, 64)
+    assert tuple(t.shape) == (2,) and tuple(context.shape) == (2, 77, 32)

@@ -104,6 +104,8 @@ class Built:
     # Example inputs for --compile where the trace's are not what the server passes (sizes that
     # stay fixed in the package); None: the trace's.
     compile_inputs: Optional[Tuple[torch.Tensor, ...]] = None
+    # The latent side a package is compiled at (Note [Compile at the serving size]).
+    compile_side: Optional[int] = None
 
 
 def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],

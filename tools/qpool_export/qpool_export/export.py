@@ -170,7 +170,9 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     if component in opts.compile:
         package = os.path.join(folder, aot.package_name(component, opts.compile_device))
         gen = torch.Generator().manual_seed(opts.seed)
-        big = aot.example_side(module, component, side)
+        # Note [Compile at the serving size]: the preset's default image.
+        serving = int(preset.defaults.get("width", side * preset.vae_decoder.downscale))
+        big = aot.example_side(module, component, serving // preset.vae_decoder.downscale)
         report.compile_seconds = aot.compile_component(
             module, component, example_inputs(preset, component, 2, big, big, vocab, gen),
             opts.compile_device, package, manifest.sha256_file(path))

@@ -190,7 +190,7 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
         package = os.path.join(stage, aot.package_name(built.name, opts.compile_device))
         examples = aot.resized_examples(built.module, built.name,
                                         built.compile_inputs or built.trace_inputs,
-                                        torch.Generator().manual_seed(0))
+                                        torch.Generator().manual_seed(0), built.compile_side)
         dtype = built.dtype or opts.compile_dtype
         try:
             report["compile_seconds"] = aot.compile_component(
@@ -331,6 +331,7 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
         del text
     unet = build_unet(src, kind, (max_length, width), pooled, gen, opts.variant)
     unet_cfg = unet.module.config
+    unet.compile_side = unet_cfg.sample_size
     reports.append(_save(unet, opts, stage))
     del unet
     vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant)
@@ -343,6 +344,7 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
     # dtype its manifest entry names.
     if kind == "sdxl" and vae_cfg.force_upcast and DTYPES[opts.dtype] == torch.float16:
         vae.dtype = "float32"
+    vae.compile_side = unet_cfg.sample_size
     reports.append(_save(vae, opts, stage))
     return reports, tokenizers, unet_cfg, vae_cfg
 
