@@ -62,11 +62,11 @@ def compute_dtype(device: str) -> torch.dtype:
 
 # Note [Compile at the serving size]
 # A package runs at every size of its signature, but Inductor picks its generated kernels' block
-# sizes and reduction strategies for the sizes of the example it compiles: a VAE decoder compiled
-# from a 6x5 latent ran at 512x512 pixels in twice the TorchScript decoder's time. So UNets and
-# VAE decoders compile from an example at the latent side the pipeline serves by default (the
-# UNet config's sample_size; a preset's default width), with the UNet's batch of one image with
-# guidance (2).
+# sizes and reduction strategies for the sizes of the example it compiles, so a package compiled
+# from a small example serves large images with kernels chosen for small ones. UNets and VAE
+# decoders therefore compile from an example at the latent side the pipeline serves by default
+# (the UNet config's sample_size; a preset's default width), with the UNet's batch of one image
+# with guidance (2).
 
 
 def _side_multiple(module: torch.nn.Module, component: str) -> int:
