@@ -65,11 +65,18 @@ def start_server(binary, repository, device, cpu_threads, extra_args=()):
 
 def drain_output(proc):
     """Reads the server's stdout and stderr from here on, keeping their last lines in
-    proc.output_tail: a pipe nobody reads fills up and blocks the server's next write (a long
-    load test stalled that way)."""
+    proc.output_tail and counting their bytes in proc.output_bytes[0]: a pipe nobody reads fills
+    up and blocks the server's next write."""
     proc.output_tail = collections.deque(maxlen=200)
+    proc.output_bytes = [0]
+
+    def drain(stream):
+        for line in stream:
+            proc.output_tail.append(line)
+            proc.output_bytes[0] += len(line)
+
     for stream in (proc.stdout, proc.stderr):
-        threading.Thread(target=proc.output_tail.extend, args=(stream,), daemon=True).start()
+        threading.Thread(target=drain, args=(stream,), daemon=True).start()
 
 
 def stop_server(proc):

@@ -374,6 +374,11 @@ class Server:
             self.server_args = server_args
         return self.address
 
+    def output_bytes(self):
+        """Bytes the started server has written to stdout and stderr so far (None with
+        --address)."""
+        return None if self.proc is None else self.proc.output_bytes[0]
+
     def stop(self):
         if self.proc is not None:
             stop_server(self.proc)
@@ -455,8 +460,11 @@ def main():
                 concurrency = k * len(replicas) if k else args.concurrency
                 label = f"{name}-c{concurrency}" if k else name
                 flags = bench_flags(args, concurrency) if k else workload
+                output_before = server.output_bytes()
                 summary = run_bench(args.cli, address, pipeline, flags, label,
                                     os.path.join(reports, label))
+                if output_before is not None:  # what the server wrote meanwhile
+                    summary["server_output_bytes"] = server.output_bytes() - output_before
                 summary.update(config=name, pipeline=pipeline, replicas=replicas,
                                concurrency=concurrency if args.rate is None else None,
                                per_replica=k or f"total {args.concurrency}",
