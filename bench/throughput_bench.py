@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import grpc
 
@@ -166,17 +167,56 @@ def check_bench_flags(ap, cli, flags):
         ap.error("qpool bench refused the workload: " + probe.stderr.splitlines()[0])
 
 
-def run_bench(cli, address, pipeline, flags, label, report_dir):
+def run_bench(cli, address, pipeline, flags, label, report_dir, timeout):
     """Runs `qpool bench` on `pipeline` at `address`, prints its table and returns its
-    summary.json (with its report written into report_dir)."""
+    summary.json (with its report written into report_dir); None when it has not finished after
+    `timeout` seconds (it is killed)."""
     cmd = [cli, "--server", address, "bench", "--pipeline", pipeline, *flags, "--label", label,
            "--out", report_dir]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr passes through
-    print(done.stdout, end="", flush=True)
-    if done.returncode not in (0, 1):  # 1: no request succeeded; the summary's codes say why
-        sys.exit(f"qpool bench exited with {done.returncode}: {' '.join(cmd)}")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:  # stderr passes
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None
+    print(out, end="", flush=True)
+    if proc.returncode not in (0, 1):  # 1: no request succeeded; the summary's codes say why
+        sys.exit(f"qpool bench exited with {proc.returncode}: {' '.join(cmd)}")
     with open(os.path.join(report_dir, "summary.json")) as f:
         return json.load(f)
+
+
+def run_timeout(args):
+    """Seconds a configuration's `qpool bench` may take: its warm-up and window with 300 s to
+    spare when both are in seconds, else --run-timeout alone."""
+    if args.run_timeout is not None:
+        return args.run_timeout
+    warmup = float(args.warmup[:-1]) if args.warmup.endswith("s") else None
+    if args.duration is None or warmup is None:
+        return 3600.0
+    return warmup + args.duration + 300.0
+
+
+def stall_snapshot(rpc, pb, address, server):
+    """What the server says when a run stalls: each replica's requests in flight, twice 5 s
+    apart (the same numbers twice: nothing finishes), and its last output lines."""
+    snapshot = {"replicas": []}
+    with grpc.insecure_channel(address) as channel:
+        models = rpc.ModelServiceStub(channel)
+        for _ in range(2):
+            try:
+                listed = models.ListPipelines(pb.ListPipelinesRequest(), timeout=30)
+                snapshot["replicas"].append(
+                    {p.name: [{"device": r.device, "in_flight": r.in_flight,
+                               "residency": r.residency} for r in p.replicas]
+                     for p in listed.pipelines if p.replicas})
+            except grpc.RpcError as e:
+                snapshot["replicas"].append(f"ListPipelines failed: {e.code().name}")
+            time.sleep(5)
+    if server.proc is not None:
+        snapshot["server_output_tail"] = list(server.proc.output_tail)[-40:]
+    return snapshot
 
 
 def server_devices(models, pb):
@@ -398,6 +438,10 @@ def main():
     ap.add_argument("--concurrency-per-replica", metavar="K[,K...]",
                     help="closed loop: run every configuration once per K with K requests in "
                     "flight per replica (replaces --concurrency)")
+    ap.add_argument("--run-timeout", type=float,
+                    help="seconds a configuration's load may take before the bench stops, "
+                    "recording what the server says (default: warm-up and --duration in "
+                    "seconds plus 300, else 3600)")
     ap.add_argument("--cpu-threads", type=int, default=0, help="qpool-server --cpu-threads")
     ap.add_argument("--max-queue", type=int, default=1024, help="qpool-server --max-queue")
     ap.add_argument("--out", help="JSON file: the workload and each configuration's summary "
@@ -435,6 +479,8 @@ def main():
     server = Server(args)
     try:
         for name in configs:
+            if "stalled" in results:
+                break  # a stalled server's next numbers would mean nothing
             config = CONFIGS[name.split("@")[0]]
             pipeline = name.split("@")[1] if "@" in name else args.pipeline
             address = server.ensure(config.server_args)
@@ -462,7 +508,14 @@ def main():
                 flags = bench_flags(args, concurrency) if k else workload
                 output_before = server.output_bytes()
                 summary = run_bench(args.cli, address, pipeline, flags, label,
-                                    os.path.join(reports, label))
+                                    os.path.join(reports, label), run_timeout(args))
+                if summary is None:
+                    stalled = stall_snapshot(rpc, pb, address, server)
+                    results["configs"][label] = {"stalled": True, **stalled}
+                    print(f"{label}: not finished after {run_timeout(args):.0f} s; the server "
+                          f"says {json.dumps(stalled)}", flush=True)
+                    results["stalled"] = label
+                    break
                 if output_before is not None:  # what the server wrote meanwhile
                     summary["server_output_bytes"] = server.output_bytes() - output_before
                 summary.update(config=name, pipeline=pipeline, replicas=replicas,
@@ -501,9 +554,9 @@ def main():
             with open(results["plot"], "w") as f:
                 f.write(svg)
             print(f"plot: {results['plot']}")
-    results["complete"] = True
+    results["complete"] = "stalled" not in results
     write_results(args.out, results)
-    return 0 if summaries else 1
+    return 0 if summaries and results["complete"] else 1
 
 
 if __name__ == "__main__":
