@@ -425,6 +425,52 @@ class Server:
             self.proc = None
 
 
+def prepare(server, rpc, pb, args, config, pipeline, results):
+    """Starts (or keeps) the server `config` needs and gives `pipeline` its replicas there.
+    Returns (address, replicas' devices, None), or (address, None, why the configuration cannot
+    run here). Records the server's devices in `results`."""
+    address = server.ensure(config.server_args)
+    if address is None:
+        return None, None, f"needs server flags {' '.join(config.server_args)}; restart the server"
+    with grpc.insecure_channel(address) as channel:
+        models = rpc.ModelServiceStub(channel)
+        results["server_devices"] = server_devices(models, pb)
+        gpus = sum(d["device"].startswith("cuda") for d in results["server_devices"])
+        devices, why = plan_devices(config, args.device, gpus)
+        if why:
+            return address, None, why
+        try:
+            return address, set_replicas(models, pb, pipeline, devices), None
+        except grpc.RpcError as e:
+            return address, None, f"{pipeline} on {','.join(devices)}: {e.code().name}: " \
+                                  f"{e.details()}"
+
+
+def report(summaries, results, args):
+    """Prints the table, every run against the first one and the scaling verdicts; adds the
+    scaling to `results` and writes the plot beside --out."""
+    print(format_table(summaries))
+    baseline = next(iter(summaries))
+    results["baseline"] = baseline
+    for name, summary in list(summaries.items())[1:]:
+        base = summaries[baseline]["throughput_rps"]
+        ratio = summary["throughput_rps"] / base if base > 0 else 0.0
+        summary["throughput_vs_baseline"] = ratio
+        target = (f" (target {TWO_VS_ONE_TARGET}x)"
+                  if (baseline, name) == ("1gpu", "2gpu") else "")
+        print(f"{name} vs {baseline}: {ratio:.2f}x throughput{target}")
+    results["scaling"] = scaling(summaries)
+    results["targets"] = {"efficiency": EFFICIENCY_TARGET, "spread": SPREAD_TARGET}
+    for line in verdicts(summaries, results["scaling"]):
+        print(line)
+    svg = scaling_svg(summaries, f"{args.pipeline}: throughput on 1 to N GPUs")
+    if svg and args.out:
+        results["plot"] = os.path.splitext(args.out)[0] + ".svg"
+        with open(results["plot"], "w") as f:
+            f.write(svg)
+        print(f"plot: {results['plot']}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", help="qpool-server binary to start")
@@ -483,21 +529,7 @@ def main():
                 break  # a stalled server's next numbers would mean nothing
             config = CONFIGS[name.split("@")[0]]
             pipeline = name.split("@")[1] if "@" in name else args.pipeline
-            address = server.ensure(config.server_args)
-            if address is None:
-                why = f"needs server flags {' '.join(config.server_args)}; restart the server"
-            else:
-                with grpc.insecure_channel(address) as channel:
-                    models = rpc.ModelServiceStub(channel)
-                    results["server_devices"] = server_devices(models, pb)
-                    gpus = sum(d["device"].startswith("cuda") for d in results["server_devices"])
-                    devices, why = plan_devices(config, args.device, gpus)
-                    if devices:
-                        try:
-                            replicas = set_replicas(models, pb, pipeline, devices)
-                        except grpc.RpcError as e:
-                            why = f"{pipeline} on {','.join(devices)}: {e.code().name}: " \
-                                  f"{e.details()}"
+            address, replicas, why = prepare(server, rpc, pb, args, config, pipeline, results)
             if why:
                 print(f"{name}: skipped ({why})", flush=True)
                 results["configs"][name] = {"skipped": why}
@@ -534,26 +566,7 @@ def main():
         server.stop()
 
     if summaries:
-        print(format_table(summaries))
-        baseline = next(iter(summaries))
-        results["baseline"] = baseline
-        for name, summary in list(summaries.items())[1:]:
-            base = summaries[baseline]["throughput_rps"]
-            ratio = summary["throughput_rps"] / base if base > 0 else 0.0
-            summary["throughput_vs_baseline"] = ratio
-            target = (f" (target {TWO_VS_ONE_TARGET}x)"
-                      if (baseline, name) == ("1gpu", "2gpu") else "")
-            print(f"{name} vs {baseline}: {ratio:.2f}x throughput{target}")
-        results["scaling"] = scaling(summaries)
-        results["targets"] = {"efficiency": EFFICIENCY_TARGET, "spread": SPREAD_TARGET}
-        for line in verdicts(summaries, results["scaling"]):
-            print(line)
-        svg = scaling_svg(summaries, f"{args.pipeline}: throughput on 1 to N GPUs")
-        if svg and args.out:
-            results["plot"] = os.path.splitext(args.out)[0] + ".svg"
-            with open(results["plot"], "w") as f:
-                f.write(svg)
-            print(f"plot: {results['plot']}")
+        report(summaries, results, args)
     results["complete"] = "stalled" not in results
     write_results(args.out, results)
     return 0 if summaries and results["complete"] else 1
