@@ -92,3 +92,17 @@ def test_the_scaling_plot_has_a_line_per_series_and_the_linear_reference():
 
 def test_no_plot_without_two_pool_sizes():
     assert tb.scaling_svg({"1gpu-c2": run("1gpu-c2", "sd15", ["cuda:0"], 2, 3.0)}, "t") is None
+
+
+def test_a_run_may_take_its_warm_up_and_window_plus_300_seconds():
+    import argparse
+
+    def args(**kw):
+        base = dict(run_timeout=None, warmup="16", duration=None)
+        base.update(kw)
+        return argparse.Namespace(**base)
+
+    assert tb.run_timeout(args(warmup="8s", duration=60)) == 368
+    assert tb.run_timeout(args(warmup="16", duration=60)) == 3600  # warm-up in requests
+    assert tb.run_timeout(args(warmup="8s")) == 3600  # a number of requests, not seconds
+    assert tb.run_timeout(args(warmup="8s", duration=60, run_timeout=90)) == 90
