@@ -66,7 +66,8 @@ def compute_dtype(device: str) -> torch.dtype:
 # from a small example serves large images with kernels chosen for small ones. UNets and VAE
 # decoders therefore compile from an example at the latent side the pipeline serves by default
 # (the UNet config's sample_size; a preset's default width), with the UNet's batch of one image
-# with guidance (2).
+# with guidance (2), and a FLUX transformer from the image tokens of its default 1024x1024 image
+# (sides capped at the signature's MAX_SIDE).
 
 
 def _side_multiple(module: torch.nn.Module, component: str) -> int:

@@ -24,10 +24,12 @@ from .t5_encoder import T5Encoder, T5EncoderConfig
 
 
 def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
-                           gen: torch.Generator, variant: Optional[str] = None
-                           ) -> Tuple[Built, FluxTransformerConfig]:
+                           gen: torch.Generator, variant: Optional[str] = None,
+                           serving_side: int = 2) -> Tuple[Built, FluxTransformerConfig]:
     """`context` is (tokens, width) of text_encoder_2's (T5's) hidden states; `pooled_dim` the
-    width of text_encoder's (CLIP's) pooled text_embeds."""
+    width of text_encoder's (CLIP's) pooled text_embeds; `serving_side` the packed latent's side
+    (in 2x2 patches) at the pipeline's default size, which a compiled forward is compiled at
+    (Note [Compile at the serving size])."""
     from diffusers import FluxTransformer2DModel
 
     where = os.path.join(src, "transformer")
@@ -75,7 +77,7 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
     trace_inputs = inputs(2, 3, 2, max(1, min(length, 4)))
     check_inputs = inputs(3, 2, 2, max(1, min(length, 7)))
     # A compiled forward keeps the text tokens fixed: the manifest's T5 length.
-    compile_inputs = inputs(2, 2, 2, length)
+    compile_inputs = inputs(2, serving_side, serving_side, length)
     return Built("transformer", mirror, trace_inputs, check_inputs, diff, prequantized,
                  compile_inputs=compile_inputs), cfg
 

@@ -74,6 +74,7 @@ KIND_FILES = {"sd": ("text_encoder", "unet", "vae_decoder"),
 QUANT_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "transformer", "vae_decoder")
 # diffusers' default guidance_scale of each pipeline class.
 DEFAULT_GUIDANCE = {"sd": 7.5, "sdxl": 5.0, "flux": 3.5}
+FLUX_DEFAULT_SIZE = 1024  # FluxPipeline's default image side
 # FluxPipeline's default max_sequence_length, and its largest.
 T5_MAX_LENGTH = 512
 
@@ -386,8 +387,13 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
     context = (t5_length, t5.module.config.d_model)
     reports.append(_save(t5, opts, stage))
     del t5
+    # Note [Compile at the serving size]: the latent of the default image, within the compiled
+    # signature's limits.
+    vae_levels = len(read_json(os.path.join(src, "vae", "config.json")).get(
+        "block_out_channels", (0, 0, 0, 0)))
+    latent_side = min(FLUX_DEFAULT_SIZE // 2 ** max(vae_levels - 1, 0), aot.MAX_SIDE)
     transformer, transformer_cfg = build_flux_transformer(src, context, pooled_dim, gen,
-                                                          opts.variant)
+                                                          opts.variant, latent_side // 2)
     reports.append(_save(transformer, opts, stage))
     del transformer
     vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant)
@@ -395,6 +401,7 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the transformer takes 2x2 patches of "
                             f"{transformer_cfg.in_channels // 4} channels")
+    vae.compile_side = latent_side
     reports.append(_save(vae, opts, stage))
     return reports, clip_tokenizer, t5_length, vae_cfg
 
@@ -417,8 +424,9 @@ def build_flux_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, clip: To
         "scheduler": scheduler,
         "latent": {"channels": vae.latent_channels, "downscale": vae.downscale,
                    "scaling_factor": vae.scaling_factor, "shift_factor": vae.shift_factor},
-        "defaults": {"steps": 28, "guidance_scale": DEFAULT_GUIDANCE["flux"], "width": 1024,
-                     "height": 1024, "scheduler": "euler"},
+        "defaults": {"steps": 28, "guidance_scale": DEFAULT_GUIDANCE["flux"],
+                     "width": FLUX_DEFAULT_SIZE, "height": FLUX_DEFAULT_SIZE,
+                     "scheduler": "euler"},
         "limits": {"max_width": 2048, "max_height": 2048},
         "placement": {"device": "auto",
                       "dtype": "bfloat16" if dtype in ("bfloat16", "bf16") else "auto"},
