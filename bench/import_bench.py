@@ -336,6 +336,8 @@ def main() -> int:
                    help="comma list of components (unet, vae_decoder, text_encoder): adds the "
                         "fp16 pipeline '<model>-compiled' imported with their forwards compiled "
                         "ahead of time for CUDA (from-diffusers --compile)")
+    p.add_argument("--compile-mode", default="default",
+                   help="from-diffusers --compile-mode of the compiled pipelines")
     p.add_argument("--compile-quantized", default="",
                    help="comma list of formats of --quantize: adds '<model>-FORMAT-compiled', "
                         "the prequantized pipeline with the --compile components compiled too")
@@ -370,10 +372,11 @@ def main() -> int:
         if not os.path.exists(os.path.join(repo, compiled, "pipeline.yaml")):
             result["import_seconds"][compiled] = run_import(
                 src, os.path.join(repo, compiled), "--dtype", "float16", "-q", "--compile",
-                a.compile, "--compile-device", "cuda")
+                a.compile, "--compile-device", "cuda", "--compile-mode", a.compile_mode)
     variants = [(f, "prequantized", ()) for f in a.quantize.split(",") if f]
     variants += [(f, "load-time", ()) for f in a.load_time.split(",") if f]
-    variants += [(f, "prequantized", ("--compile", a.compile, "--compile-device", "cuda"))
+    variants += [(f, "prequantized", ("--compile", a.compile, "--compile-device", "cuda",
+                                      "--compile-mode", a.compile_mode))
                  for f in a.compile_quantized.split(",") if f]
     for fmt, mode, compile_args in variants:
         name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "") + \

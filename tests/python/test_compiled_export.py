@@ -14,7 +14,10 @@ def test_compile_options_are_parsed(tmp_path):
                        "--quantize", "nf4"])
     assert opts.compile == ("unet",) and opts.quantize == "nf4"
     opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p")])
-    assert opts.compile == ()
+    assert opts.compile == () and opts.compile_mode == "default"
+    opts = parse_args(["--preset", "tiny", "--out", str(tmp_path / "p"), "--compile", "unet",
+                       "--compile-mode", "max-autotune"])
+    assert opts.compile_mode == "max-autotune"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -22,6 +25,7 @@ def test_compile_options_are_parsed(tmp_path):
     (["--compile", "unet", "--quantize", "int8", "--quant-mode", "load-time"],
      "--compile with --quantize needs --quant-mode prequantized"),
     (["--compile", "unet", "--compile-device", "tpu"], "invalid choice: 'tpu'"),
+    (["--compile", "unet", "--compile-mode", "fast"], "invalid choice: 'fast'"),
 ])
 def test_bad_compile_options_are_refused(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:

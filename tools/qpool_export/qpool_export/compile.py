@@ -22,6 +22,8 @@ INPUTS_KEY = "qpool.inputs"
 LAYOUT_KEY = "qpool.weight_layout"
 
 DEVICES = ("cpu", "cuda")
+# Inductor's modes: default, or max-autotune (kernel choices benchmarked at compile time).
+MODES = ("default", "max-autotune")
 # Components that can be compiled, and the dimensions of their inputs that vary at run time
 # (what server/pipeline/sd/, sdxl/ and flux/ pass): batch (images x 2 with guidance) and the
 # latent's sides; an SDXL UNet's two extra inputs (pooled text embeddings, time ids) vary with the
@@ -167,7 +169,8 @@ def _saved_dtype_tensors(module: torch.nn.Module) -> Dict[Tuple[str, str], torch
 
 def compile_component(module: torch.nn.Module, component: str,
                       inputs: Sequence[torch.Tensor], device: str, path: str,
-                      source_sha256: str, dtype: Optional[torch.dtype] = None) -> float:
+                      source_sha256: str, dtype: Optional[torch.dtype] = None,
+                      mode: str = "default") -> float:
     """Writes the AOTInductor package of `module`'s forward for `device` to `path`; returns the
     seconds it took. `inputs` are float32 CPU examples; floating ones take `dtype`, by default
     the device's compute dtype (except the inputs _FLOAT32_INPUTS names, which the pipelines pass
@@ -177,6 +180,8 @@ def compile_component(module: torch.nn.Module, component: str,
                            f"(choose from {', '.join(COMPILABLE)})")
     if device == "cuda" and not torch.cuda.is_available():
         raise CompileError("--compile-device cuda needs a GPU on the exporting machine")
+    if mode not in MODES:
+        raise CompileError(f"--compile-mode {mode}: choose from {', '.join(MODES)}")
     start = time.monotonic()
     dtype = dtype or compute_dtype(device)
     layout = "contiguous"
@@ -204,7 +209,8 @@ def compile_component(module: torch.nn.Module, component: str,
             torch._inductor.aoti_compile_and_package(
                 program, package_path=path,
                 inductor_configs={"aot_inductor.package_constants_in_so": False,
-                                  "aot_inductor.metadata": metadata})
+                                  "aot_inductor.metadata": metadata,
+                                  "max_autotune": mode == "max-autotune"})
     except Exception as e:  # export and inductor raise many kinds
         raise CompileError(f"--compile {component}: {type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''}") from e

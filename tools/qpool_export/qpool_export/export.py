@@ -49,6 +49,7 @@ class ExportOptions:
     # Components that also get an AOTInductor package (Note [Compiled forward]), and its device.
     compile: Tuple[str, ...] = ()
     compile_device: str = "cpu"
+    compile_mode: str = "default"  # compile.MODES
 
 
 @dataclass
@@ -175,7 +176,7 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
         big = aot.example_side(module, component, serving // preset.vae_decoder.downscale)
         report.compile_seconds = aot.compile_component(
             module, component, example_inputs(preset, component, 2, big, big, vocab, gen),
-            opts.compile_device, package, manifest.sha256_file(path))
+            opts.compile_device, package, manifest.sha256_file(path), mode=opts.compile_mode)
         report.compiled = package
     return report
 
@@ -322,11 +323,16 @@ def parse_args(argv: Optional[Sequence[str]]):
                         "{file, device, sha256}; the server runs it while the component lives on "
                         "that device type, TorchScript elsewhere (docs/model-repository.md). "
                         "Batch 1-64 and latent sides 4-256 are dynamic. Takes about a minute "
-                        "per component for tiny on 2 CPU cores. Not with --quantize")
+                        "per component for tiny on 2 CPU cores. With --quantize, only "
+                        "--quant-mode prequantized")
     p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
                    help="device type the packages are compiled for (cuda needs a GPU here; its "
                         "packages compute in float16 with channels-last UNet weights, as the "
                         "server places them with placement.dtype auto)")
+    p.add_argument("--compile-mode", choices=aot.MODES, default="default",
+                   help="max-autotune: Inductor benchmarks its kernel choices (Triton templates "
+                        "against cuBLAS and cuDNN) at the compile example's sizes; compiling takes "
+                        "several times longer")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     if a.count_only:
@@ -381,7 +387,7 @@ def parse_args(argv: Optional[Sequence[str]]):
                          skip=_split_list(a.skip), smoothquant=a.smoothquant, dtype=a.dtype,
                          verbose=not a.quiet,
                          compile=tuple(c for c in COMPONENTS if c in compile_list),
-                         compile_device=a.compile_device,
+                         compile_device=a.compile_device, compile_mode=a.compile_mode,
                          threads=a.threads if a.threads else (1 if a.preset == "tiny" else 0))
 
 

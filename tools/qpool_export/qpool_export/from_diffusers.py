@@ -96,6 +96,7 @@ class ImportOptions:
     # Components that also get an AOTInductor package for compile_device (compile.py).
     compile: Tuple[str, ...] = ()
     compile_device: str = "cpu"
+    compile_mode: str = "default"  # compile.MODES
     # The dtype the server computes in when the manifest names one (placement.dtype); None: the
     # device's (set by import_pipeline).
     compile_dtype: Optional[str] = None
@@ -196,7 +197,8 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
         try:
             report["compile_seconds"] = aot.compile_component(
                 built.module, built.name, examples, opts.compile_device, package,
-                manifest_io.sha256_file(path), DTYPES[dtype] if dtype else None)
+                manifest_io.sha256_file(path), DTYPES[dtype] if dtype else None,
+                mode=opts.compile_mode)
         except aot.CompileError as e:
             raise ImportFailure(str(e)) from e
     return report
@@ -561,9 +563,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--compile", default="",
                    help="components that also get an ahead-of-time compiled forward, as "
                         "qpool_export --compile writes it (comma separated: text_encoder, unet, "
-                        "vae_decoder; FLUX: transformer, vae_decoder; not a quantized one)")
+                        "vae_decoder; FLUX: transformer, vae_decoder; a quantized one only with "
+                        "--quant-mode prequantized)")
     p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
                    help="device type the packages are compiled for (cuda needs a GPU here)")
+    p.add_argument("--compile-mode", choices=aot.MODES, default="default",
+                   help="max-autotune: Inductor benchmarks its kernel choices at the compile "
+                        "example's sizes; compiling takes several times longer")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                    help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
                         "in any format diffusers' load_lora_weights reads; repeat for several")
@@ -584,7 +590,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
                          quant_mode=a.quant_mode,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
-                         compile_device=a.compile_device, loras=loras, verbose=not a.quiet)
+                         compile_device=a.compile_device, compile_mode=a.compile_mode,
+                         loras=loras, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
