@@ -136,6 +136,22 @@ def run_import(src: str, out: str, *args: str) -> float:
     return time.monotonic() - start
 
 
+def layer_error_summary(path: str) -> dict:
+    """Per component of a --layer-error file: layers, the median and largest relative error,
+    the smallest cosine and the three worst layers."""
+    with open(path) as f:
+        errors = json.load(f)
+    out = {}
+    for component, layers in errors.items():
+        rel = sorted(e["relative_error"] for e in layers.values())
+        worst = sorted(layers, key=lambda n: layers[n]["relative_error"], reverse=True)[:3]
+        out[component] = {"layers": len(rel), "median_relative_error": statistics.median(rel),
+                          "max_relative_error": rel[-1],
+                          "min_cosine": min(e["cosine"] for e in layers.values()),
+                          "worst": {n: layers[n] for n in worst}}
+    return out
+
+
 def summary(seconds):
     """Median, nearest-rank p90 and p99 (the smallest value at least that share of the runs
     reach: with 30 runs p99 is the slowest, never below the median), min and max."""
@@ -382,10 +398,17 @@ def main() -> int:
         name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "") + \
             ("-compiled" if compile_args else "")
         names.append(name)
+        # Each quantized layer's own error (from-diffusers --layer-error), beside the images'
+        # PSNR: the worst layers name candidates to leave in float.
+        errors_json = os.path.join(a.work, f"{name}-layer-error.json")
+        error_args = ("--layer-error", errors_json) if mode == "prequantized" else ()
         if not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
             result["import_seconds"][name] = run_import(
                 src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quant-mode", mode,
-                "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]), *compile_args)
+                "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]), *compile_args,
+                *error_args)
+        if os.path.exists(errors_json):
+            result.setdefault("layer_error", {})[name] = layer_error_summary(errors_json)
     if a.graphs_off:
         for name in list(names):
             eager = f"{name}-eager"

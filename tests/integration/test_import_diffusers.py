@@ -121,9 +121,20 @@ def imported(tmp_path_factory, source_repository):
     assert "compiled for cpu" in done.stdout
     pipes["sd-q-compiled"] = pipes["sd-q"]
     # W8A8 with SmoothQuant scales from the components' example inputs.
+    # Each quantized layer's own error against its float layer, written with --layer-error.
+    layers_json = work / "sd-w8a8-layer-error.json"
     done = run_import(work / "sd-eps-diffusers", repository / "sd-w8a8", "--dtype", "float32",
-                      "--quantize", "unet=w8a8,text_encoder=w8a8", "--smoothquant", "0.5")
+                      "--quantize", "unet=w8a8,text_encoder=w8a8", "--smoothquant", "0.5",
+                      "--layer-error", str(layers_json))
     assert done.returncode == 0, done.stderr
+    errors = json.loads(layers_json.read_text())
+    assert set(errors) == {"unet", "text_encoder"}
+    for component, layers in errors.items():
+        assert layers, component
+        for name, e in layers.items():
+            assert e["format"] == "w8a8" and 0 < e["relative_error"] < 0.1, (component, name, e)
+            assert e["cosine"] > 0.99, (component, name, e)
+    assert "relative error" in done.stdout
     pipes["sd-w8a8"] = pipes["sd-eps"]
     # A folder whose scheduler is DPM-Solver++ with Karras sigmas: its default sampler.
     dpm_src = work / "sd-dpm-diffusers"

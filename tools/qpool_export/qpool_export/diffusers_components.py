@@ -106,6 +106,8 @@ class Built:
     compile_inputs: Optional[Tuple[torch.Tensor, ...]] = None
     # The latent side a package is compiled at (Note [Compile at the serving size]).
     compile_side: Optional[int] = None
+    # Quantized layers' own errors against the float layers (layer_error.py), when asked for.
+    layer_errors: Optional[Dict[str, Dict[str, object]]] = None
 
 
 def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],

@@ -102,6 +102,8 @@ class ImportOptions:
     compile_dtype: Optional[str] = None
     # w8a8 components: SmoothQuant's alpha (smoothquant.py), or activation scales of ones.
     smoothquant: Optional[float] = None
+    # A JSON file for every quantized layer's own error against its float layer (layer_error.py).
+    layer_error: Optional[str] = None
     # LoRA files fused into the weights first (lora_fuse.py, Note [Fused LoRAs]).
     loras: Tuple[lora_fuse.Lora, ...] = ()
     verbose: bool = True
@@ -151,9 +153,17 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
 
         smooth = smoothquant.calibrate(built.module, (built.trace_inputs, built.check_inputs),
                                        opts.smoothquant)
-    return quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
-                                 double_quant=opts.double_quant,
-                                 prequantize=opts.quant_mode == "prequantized", smooth=smooth)
+    records = None
+    if opts.layer_error and opts.quant_mode == "prequantized":
+        from . import layer_error
+
+        records = layer_error.capture(built.module, (built.trace_inputs, built.check_inputs))
+    count = quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
+                                  double_quant=opts.double_quant,
+                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth)
+    if records is not None:
+        built.layer_errors = layer_error.errors(built.module, records)
+    return count
 
 
 def _to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
@@ -183,7 +193,8 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
     report = {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
               "bytes": _tensor_bytes(traced), "quantized_layers": quantized,
               "converted_layers": converted, "converted_formats": formats,
-              "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None}
+              "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
+              "layer_errors": built.layer_errors}
     if built.name in opts.compile:
         if quantized and opts.quant_mode != "prequantized":
             raise ImportFailure(f"--compile {built.name}: the component is quantized at load "
@@ -509,6 +520,10 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
             f.write(manifest_io.dump_manifest(manifest_io.record_digests(manifest, stage), header))
         _install(stage, out)
+        if opts.layer_error:
+            with open(opts.layer_error, "w", encoding="utf-8") as f:
+                json.dump({r["name"]: r["layer_errors"] for r in reports if r["layer_errors"]},
+                          f, indent=1)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -548,6 +563,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "stay float in quantizable layers and the server quantizes them when it "
                         "loads the pipeline (the manifest's format can then be changed without "
                         "importing again)")
+    p.add_argument("--layer-error", metavar="FILE",
+                   help="write each quantized layer's own error against its float layer, on "
+                        "the component's example inputs, as JSON (relative error, cosine), and "
+                        "print the worst three per component (--quant-mode prequantized)")
     p.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
                    help="w8a8: SmoothQuant scales with this alpha in (0, 1] from the components' "
                         "example inputs (default: none)")
@@ -585,10 +604,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             p.error("--smoothquant applies to w8a8 components with --quant-mode prequantized")
         if not 0 < a.smoothquant <= 1:
             p.error(f"--smoothquant must be in (0, 1] (got {a.smoothquant})")
+    if a.layer_error is not None and (a.quant_mode != "prequantized" or
+                                      not set(quantize.values()) - {"none"}):
+        p.error("--layer-error needs --quantize with --quant-mode prequantized")
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
                          quantize=quantize, blocksize=a.blocksize, smoothquant=a.smoothquant,
                          double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
-                         quant_mode=a.quant_mode,
+                         quant_mode=a.quant_mode, layer_error=a.layer_error,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
                          loras=loras, verbose=not a.quiet)
@@ -607,6 +629,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
             print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
                   f"max diff vs diffusers {r['max_diff']:.2g}{extra}", flush=True)
+            if r["layer_errors"]:
+                from . import layer_error
+
+                for name in layer_error.worst(r["layer_errors"]):
+                    e = r["layer_errors"][name]
+                    print(f"{'':<14} {e['format']} {name}: relative error "
+                          f"{e['relative_error']:.3g}, cosine {e['cosine']:.5f}", flush=True)
         if result["lora_components"]:
             print(f"fused {len(opts.loras)} LoRA file(s) into "
                   f"{', '.join(result['lora_components'])}", flush=True)
