@@ -18,6 +18,8 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 import torch
 from torch import nn
 
+from .linear_hooks import observe_linears
+
 Records = Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]]
 
 
@@ -25,19 +27,8 @@ def capture(module: nn.Module, batches: Iterable[Sequence[torch.Tensor]]) -> Rec
     """The input and output of every nn.Linear of `module` (by qualified name) over `batches`,
     with the module as it is now (before quantization)."""
     records: Records = {}
-    hooks = []
-    for name, layer in module.named_modules():
-        if isinstance(layer, nn.Linear):
-            def hook(_, args, out, name=name):
-                records.setdefault(name, []).append((args[0].detach(), out.detach()))
-            hooks.append(layer.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                module(*batch)
-    finally:
-        for h in hooks:
-            h.remove()
+    observe_linears(module, batches,
+                    lambda name, x, y: records.setdefault(name, []).append((x, y)))
     return records
 
 

@@ -12,32 +12,23 @@ from typing import Dict, Iterable, Sequence
 import torch
 from torch import nn
 
+from .linear_hooks import observe_linears
+
 # Floor of maxima and scales: a channel that is always zero keeps a finite, positive scale.
 EPS = 1e-5
 
 
-@torch.no_grad()
 def activation_maxima(module: nn.Module, batches: Iterable[Sequence[torch.Tensor]]
                       ) -> Dict[str, torch.Tensor]:
     """max |x| per input channel (float32 [K]) of every nn.Linear of `module`, by qualified
     name, over forward passes on `batches` (each a tuple of positional inputs)."""
     maxima: Dict[str, torch.Tensor] = {}
 
-    def record(name):
-        def hook(_, args):
-            x = args[0].detach()
-            m = x.reshape(-1, x.shape[-1]).abs().amax(0).to(torch.float32)
-            maxima[name] = torch.maximum(maxima[name], m) if name in maxima else m
-        return hook
+    def record(name, x, _):
+        m = x.reshape(-1, x.shape[-1]).abs().amax(0).to(torch.float32)
+        maxima[name] = torch.maximum(maxima[name], m) if name in maxima else m
 
-    hooks = [m.register_forward_pre_hook(record(name)) for name, m in module.named_modules()
-             if isinstance(m, nn.Linear)]
-    try:
-        for inputs in batches:
-            module(*inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    observe_linears(module, batches, record)
     return maxima
 
 
