@@ -36,6 +36,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 from generate_bench import GrpcClient, start_server, stop_server  # noqa: E402
 
 SD15_UNET = dict(
@@ -141,14 +142,15 @@ def layer_error_summary(path: str) -> dict:
     the smallest cosine and the three worst layers."""
     with open(path) as f:
         errors = json.load(f)
+    from qpool_export.layer_error import worst
+
     out = {}
     for component, layers in errors.items():
-        rel = sorted(e["relative_error"] for e in layers.values())
-        worst = sorted(layers, key=lambda n: layers[n]["relative_error"], reverse=True)[:3]
+        rel = [e["relative_error"] for e in layers.values()]
         out[component] = {"layers": len(rel), "median_relative_error": statistics.median(rel),
-                          "max_relative_error": rel[-1],
+                          "max_relative_error": max(rel),
                           "min_cosine": min(e["cosine"] for e in layers.values()),
-                          "worst": {n: layers[n] for n in worst}}
+                          "worst": {n: layers[n] for n in worst(layers)}}
     return out
 
 

@@ -522,6 +522,7 @@ def main():
                             "concurrency_per_replica": per_replica[0] and per_replica},
                "device": args.device, "reports": reports, "configs": {}, "complete": False}
     summaries = {}
+    timeout = run_timeout(args)
     server = Server(args)
     try:
         for name in configs:
@@ -540,11 +541,11 @@ def main():
                 flags = bench_flags(args, concurrency) if k else workload
                 output_before = server.output_bytes()
                 summary = run_bench(args.cli, address, pipeline, flags, label,
-                                    os.path.join(reports, label), run_timeout(args))
+                                    os.path.join(reports, label), timeout)
                 if summary is None:
                     stalled = stall_snapshot(rpc, pb, address, server)
                     results["configs"][label] = {"stalled": True, **stalled}
-                    print(f"{label}: not finished after {run_timeout(args):.0f} s; the server "
+                    print(f"{label}: not finished after {timeout:.0f} s; the server "
                           f"says {json.dumps(stalled)}", flush=True)
                     results["stalled"] = label
                     break

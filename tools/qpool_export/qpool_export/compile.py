@@ -145,26 +145,17 @@ def _dims(component: str, inputs: Sequence[torch.Tensor], multiple: int = 1):
     return tuple(shapes), ";".join(entries)
 
 
-def _keep_float32_buffers(module: torch.nn.Module) -> None:
-    """Frequency tables stay float32 as on the server (Note [Tensors that keep their dtype])."""
-    from .quant import FLOAT32_BUFFERS
-
-    for owner in module.modules():
-        for leaf, buf in list(owner.named_buffers(recurse=False)):
-            if leaf in FLOAT32_BUFFERS and buf is not None and buf.is_floating_point():
-                owner._buffers[leaf] = buf.float()
-
-
-def _saved_dtype_tensors(module: torch.nn.Module) -> Dict[Tuple[str, str], torch.Tensor]:
-    """The quant state of quantized layers (every buffer but weight and bias), which the server
-    keeps in the dtype it was saved in (Note [Tensors that keep their dtype]): the package must
-    read it in that dtype too."""
-    from .quant import QuantLinear
+def _tensors_that_keep_their_dtype(module: torch.nn.Module
+                                   ) -> Dict[Tuple[str, str], torch.Tensor]:
+    """By (owner, leaf): the quant state of quantized layers (every buffer but weight and bias)
+    and the frequency tables, which the server keeps in the dtype they were saved in (Note
+    [Tensors that keep their dtype]): the package must read them in that dtype too."""
+    from .quant import FLOAT32_BUFFERS, QuantLinear
 
     return {(owner, leaf): buf for owner, m in module.named_modules()
-            if isinstance(m, QuantLinear)
             for leaf, buf in m.named_buffers(recurse=False)
-            if leaf not in ("weight", "bias") and buf is not None}
+            if buf is not None and (leaf in FLOAT32_BUFFERS or (
+                isinstance(m, QuantLinear) and leaf not in ("weight", "bias")))}
 
 
 def compile_component(module: torch.nn.Module, component: str,
@@ -185,9 +176,8 @@ def compile_component(module: torch.nn.Module, component: str,
     start = time.monotonic()
     dtype = dtype or compute_dtype(device)
     layout = "contiguous"
-    saved = _saved_dtype_tensors(module)
+    saved = _tensors_that_keep_their_dtype(module)
     module = module.to(device=device, dtype=dtype).eval()
-    _keep_float32_buffers(module)
     for (owner, leaf), buf in saved.items():
         module.get_submodule(owner)._buffers[leaf] = buf.to(device)
     # Note [Channels-last convolutions]: the server lays out a UNet's 4-d weights channels-last on

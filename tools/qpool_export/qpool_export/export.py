@@ -394,7 +394,7 @@ def parse_args(argv: Optional[Sequence[str]]):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "from-diffusers":
-        from .from_diffusers import main as import_main
+        from .from_diffusers_cli import main as import_main
 
         return import_main(args[1:])
     opts = parse_args(args)

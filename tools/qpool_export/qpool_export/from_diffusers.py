@@ -1,9 +1,10 @@
-"""`python -m qpool_export from-diffusers SRC --out REPO/NAME`: imports a diffusers-format
+"""Imports a diffusers-format
 Stable Diffusion 1.x / 2.x folder (model_index.json, text_encoder/, tokenizer/, unet/, vae/,
 scheduler/) as a qpool pipeline folder of kind `sd`, an SDXL folder (StableDiffusionXLPipeline:
 also text_encoder_2/ and tokenizer_2/) as one of kind `sdxl`, and a FLUX.1 folder (FluxPipeline:
 CLIP text_encoder/, T5 text_encoder_2/ with its SentencePiece tokenizer_2/, transformer/, vae/,
-a flow-matching scheduler/) as one of kind `flux`.
+a flow-matching scheduler/) as one of kind `flux` (import_pipeline; the command line,
+`python -m qpool_export from-diffusers SRC --out REPO/NAME`, is from_diffusers_cli.py).
 
 Each component is loaded with diffusers / transformers (the only place qpool uses them), its
 weights are loaded into qpool's trace-clean modules of the same architecture (Note [Importing
@@ -16,12 +17,10 @@ import leaves the repository as it was.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -532,112 +531,3 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
             shutil.rmtree(lora_work, ignore_errors=True)
     return {"out": out, "components": reports, "seconds": time.monotonic() - start,
             "lora_components": fused}
-
-
-def _parse_quantize(text: str, parser: argparse.ArgumentParser) -> Dict[str, str]:
-    out: Dict[str, str] = {}
-    for item in (s.strip() for s in text.split(",") if s.strip()):
-        name, _, fmt = item.partition("=")
-        if name not in QUANT_COMPONENTS or fmt not in ("none", "int8", "nf4", "w8a8"):
-            parser.error(f"--quantize: '{item}' is not COMPONENT=FORMAT with COMPONENT one of "
-                         f"{', '.join(QUANT_COMPONENTS)} and FORMAT one of none, int8, nf4, w8a8")
-        out[name] = fmt
-    return out
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m qpool_export from-diffusers",
-        description="Import a diffusers-format Stable Diffusion 1.x / 2.x, SDXL or FLUX.1 folder "
-                    "as a qpool pipeline folder (docs/model-repository.md, 'Importing diffusers "
-                    "models').")
-    p.add_argument("src", help="the diffusers folder (model_index.json, unet/, vae/, ...)")
-    p.add_argument("--out", required=True, help="pipeline folder to write (REPO/NAME)")
-    p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                   help="dtype of the saved weights (default float16; bfloat16 for FLUX)")
-    p.add_argument("--quantize", default="",
-                   help="components to quantize, e.g. unet=nf4,text_encoder=int8 (SDXL: "
-                        "text_encoder_2 too; FLUX: transformer and text_encoder_2, T5)")
-    p.add_argument("--quant-mode", choices=("prequantized", "load-time"), default="prequantized",
-                   help="prequantized: --quantize quantizes the saved weights; load-time: they "
-                        "stay float in quantizable layers and the server quantizes them when it "
-                        "loads the pipeline (the manifest's format can then be changed without "
-                        "importing again)")
-    p.add_argument("--layer-error", metavar="FILE",
-                   help="write each quantized layer's own error against its float layer, on "
-                        "the component's example inputs, as JSON (relative error, cosine), and "
-                        "print the worst three per component (--quant-mode prequantized)")
-    p.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
-                   help="w8a8: SmoothQuant scales with this alpha in (0, 1] from the components' "
-                        "example inputs (default: none)")
-    p.add_argument("--blocksize", type=int, default=64, help="nf4 block size (default 64)")
-    p.add_argument("--double-quant", action="store_true", help="nf4: 8-bit absmax of absmax")
-    p.add_argument("--clip-skip", type=int, default=0,
-                   help="diffusers' clip_skip: SD uses the text encoder's layer -(N+1) "
-                        "(with its final layer norm; default 0: the last layer), SDXL layer "
-                        "-(N+2) of both encoders (default 0: the penultimate layer)")
-    p.add_argument("--variant", default=None,
-                   help="weight files of this variant, e.g. fp16 (diffusion_pytorch_model.fp16."
-                        "safetensors)")
-    p.add_argument("--compile", default="",
-                   help="components that also get an ahead-of-time compiled forward, as "
-                        "qpool_export --compile writes it (comma separated: text_encoder, unet, "
-                        "vae_decoder; FLUX: transformer, vae_decoder; a quantized one only with "
-                        "--quant-mode prequantized)")
-    p.add_argument("--compile-device", choices=aot.DEVICES, default="cpu",
-                   help="device type the packages are compiled for (cuda needs a GPU here)")
-    p.add_argument("--compile-mode", choices=aot.MODES, default="default",
-                   help="max-autotune: Inductor benchmarks its kernel choices at the compile "
-                        "example's sizes; compiling takes several times longer")
-    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
-                   help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
-                        "in any format diffusers' load_lora_weights reads; repeat for several")
-    p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
-    a = p.parse_args(argv)
-    try:
-        loras = tuple(lora_fuse.parse(text) for text in a.lora)
-    except ValueError as e:
-        p.error(str(e))
-    quantize = _parse_quantize(a.quantize, p)
-    if a.smoothquant is not None:
-        if "w8a8" not in quantize.values() or a.quant_mode != "prequantized":
-            p.error("--smoothquant applies to w8a8 components with --quant-mode prequantized")
-        if not 0 < a.smoothquant <= 1:
-            p.error(f"--smoothquant must be in (0, 1] (got {a.smoothquant})")
-    if a.layer_error is not None and (a.quant_mode != "prequantized" or
-                                      not set(quantize.values()) - {"none"}):
-        p.error("--layer-error needs --quantize with --quant-mode prequantized")
-    opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
-                         quantize=quantize, blocksize=a.blocksize, smoothquant=a.smoothquant,
-                         double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
-                         quant_mode=a.quant_mode, layer_error=a.layer_error,
-                         compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
-                         compile_device=a.compile_device, compile_mode=a.compile_mode,
-                         loras=loras, verbose=not a.quiet)
-    try:
-        result = import_pipeline(opts)
-    except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
-        print(f"qpool_export from-diffusers: error: {e}", file=sys.stderr)
-        return 1
-    if opts.verbose:
-        for r in result["components"]:
-            extra = f"  ({r['quantized_layers']} layers quantized)" if r["quantized_layers"] else ""
-            if r["converted_layers"]:
-                extra += (f"  ({r['converted_layers']} bitsandbytes layers converted to "
-                          f"{'/'.join(r['converted_formats'])})")
-            if r["compile_seconds"] is not None:
-                extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
-            print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
-                  f"max diff vs diffusers {r['max_diff']:.2g}{extra}", flush=True)
-            if r["layer_errors"]:
-                from . import layer_error
-
-                for name in layer_error.worst(r["layer_errors"]):
-                    e = r["layer_errors"][name]
-                    print(f"{'':<14} {e['format']} {name}: relative error "
-                          f"{e['relative_error']:.3g}, cosine {e['cosine']:.5f}", flush=True)
-        if result["lora_components"]:
-            print(f"fused {len(opts.loras)} LoRA file(s) into "
-                  f"{', '.join(result['lora_components'])}", flush=True)
-        print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
-    return 0
