@@ -35,11 +35,13 @@ many requests in flight per replica (`4gpu` at 2: 8 in flight), for instance
 Each run of N replicas is then set against N times the one-replica run of the same pipeline and
 per-replica concurrency (its scaling efficiency; target 0.9), and against the mean of its own
 devices: requests and peak allocated bytes per device (each within 10% of the mean). Requests
-that failed are listed by status code; a run with any is flagged.
+that failed are listed by status code; a run with any is flagged. Each device's service time and
+busy fraction (from the run's requests.csv: `busy cuda:1=0.85/316ms`) tell a device that ran
+slower from one that waited for work. A run during which another process held the GPUs is
+flagged DISTURBED (its numbers are not the server's alone) and the bench exits with 1.
 """
 import argparse
 import dataclasses
-import html
 import json
 import os
 import statistics
@@ -51,6 +53,8 @@ import time
 import grpc
 
 from generate_bench import ROOT, host_info, load_stubs, start_server, stop_server, write_results
+from throughput_devices import device_service, gpu_processes, other_processes
+from throughput_plot import scaling_svg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,77 +324,19 @@ def verdicts(runs, scaled):
                 if balance[key] is not None:
                     parts.append(f"{name} per device within {balance[key]:.1%} of the mean "
                                  f"(target {SPREAD_TARGET:.0%})")
+        service = s.get("device_service") or {}
+        if len(service) > 1:
+            parts.append("busy " + " ".join(
+                f"{d}={x['busy_fraction']:.2f}/{x['service_p50_seconds'] * 1000:.0f}ms"
+                for d, x in service.items() if x["busy_fraction"] is not None))
+        if s.get("other_gpu_processes"):
+            parts.append("DISTURBED by other processes on the GPUs: " + ", ".join(
+                f"{p['pid']} {p['name']}" for p in s["other_gpu_processes"]))
         failed = {code: n for code, n in s["codes"].items() if code != "OK"}
         parts.append("errors " + (", ".join(f"{c}={n}" for c, n in failed.items()) if failed
                                   else "none"))
         lines.append(f"{label}: " + "; ".join(parts))
     return lines
-
-
-def scaling_svg(runs, title):
-    """An SVG plot of throughput against replicas: one solid line per (pipeline, per-replica
-    concurrency) over its runs, and a dashed one for linear scaling from its one-replica run.
-    None when no series has runs of more than one pool size."""
-    series = {}
-    for s in runs.values():
-        series.setdefault((s["pipeline"], s["per_replica"]), []).append(
-            (len(s["replicas"]), s["throughput_rps"]))
-    series = {k: sorted(v) for k, v in series.items() if len({n for n, _ in v}) > 1}
-    if not series:
-        return None
-    width, height, left, right, top, bottom = 640, 400, 60, 190, 40, 50
-    max_n = max(n for points in series.values() for n, _ in points)
-    max_y = 1.1 * max(max(r for _, r in points) for points in series.values())
-    for points in series.values():
-        if points[0][0] == 1:
-            max_y = max(max_y, 1.05 * max_n * points[0][1])
-
-    def x(n):
-        return left + (width - left - right) * (n - 1) / max(max_n - 1, 1)
-
-    def y(v):
-        return height - bottom - (height - top - bottom) * v / max_y
-
-    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="sans-serif" font-size="12">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="20" font-size="14">{html.escape(title)}</text>',
-           f'<line x1="{left}" y1="{y(0):.1f}" x2="{width - right}" y2="{y(0):.1f}" '
-           'stroke="black"/>',
-           f'<line x1="{left}" y1="{top}" x2="{left}" y2="{y(0):.1f}" stroke="black"/>',
-           f'<text x="{(left + width - right) / 2}" y="{height - 12}" text-anchor="middle">'
-           'GPUs (replicas)</text>',
-           f'<text x="16" y="{(top + height - bottom) / 2}" text-anchor="middle" '
-           f'transform="rotate(-90 16 {(top + height - bottom) / 2})">requests / s</text>']
-    for n in range(1, max_n + 1):
-        out.append(f'<text x="{x(n):.1f}" y="{y(0) + 16:.1f}" text-anchor="middle">{n}</text>')
-    for i in range(5):
-        v = max_y * i / 4
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
-    for i, ((pipeline, per_replica), points) in enumerate(sorted(series.items(), key=str)):
-        color = colors[i % len(colors)]
-        label = f"{pipeline}, {per_replica} in flight" + (" per GPU" if isinstance(
-            per_replica, int) else "")
-        coords = " ".join(f"{x(n):.1f},{y(r):.1f}" for n, r in points)
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>')
-        out += [f'<circle cx="{x(n):.1f}" cy="{y(r):.1f}" r="3.5" fill="{color}"/>'
-                for n, r in points]
-        if points[0][0] == 1:
-            linear = f"{x(1):.1f},{y(points[0][1]):.1f} {x(max_n):.1f}," \
-                     f"{y(max_n * points[0][1]):.1f}"
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-dasharray="5,4" '
-                       f'points="{linear}"/>')
-        ly = top + 18 * i
-        out.append(f'<line x1="{width - right + 12}" y1="{ly}" x2="{width - right + 32}" '
-                   f'y2="{ly}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{width - right + 38}" y="{ly + 4}">{html.escape(label)}</text>')
-    ly = top + 18 * len(series)
-    out.append(f'<line x1="{width - right + 12}" y1="{ly}" x2="{width - right + 32}" y2="{ly}" '
-               'stroke="gray" stroke-dasharray="5,4"/>')
-    out.append(f'<text x="{width - right + 38}" y="{ly + 4}">linear</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
 
 
 class Server:
@@ -418,6 +364,13 @@ class Server:
         """Bytes the started server has written to stdout and stderr so far (None with
         --address)."""
         return None if self.proc is None else self.proc.output_bytes[0]
+
+    def other_gpu_processes(self):
+        """Processes on the GPUs that are not the started server ([] with --address or on the
+        CPU, where the server's own cannot be told apart)."""
+        if self.proc is None or self.args.device != "cuda":
+            return []
+        return other_processes(gpu_processes(), {self.proc.pid})
 
     def stop(self):
         if self.proc is not None:
@@ -540,6 +493,7 @@ def main():
                 label = f"{name}-c{concurrency}" if k else name
                 flags = bench_flags(args, concurrency) if k else workload
                 output_before = server.output_bytes()
+                others = server.other_gpu_processes()
                 summary = run_bench(args.cli, address, pipeline, flags, label,
                                     os.path.join(reports, label), timeout)
                 if summary is None:
@@ -556,6 +510,13 @@ def main():
                                per_replica=k or f"total {args.concurrency}",
                                server_args=list(config.server_args))
                 summary["balance"] = device_balance(summary)
+                requests_csv = os.path.join(reports, label, summary["files"]["requests"])
+                if os.path.exists(requests_csv):
+                    summary["device_service"] = device_service(requests_csv,
+                                                               summary["window_seconds"])
+                others = other_processes(others + server.other_gpu_processes(), set())
+                if others:  # before or after the run: its numbers are not the server's alone
+                    summary["other_gpu_processes"] = others
                 if set(summary["codes"]) - {"OK"} and server.proc is not None:
                     summary["server_output_tail"] = list(server.proc.output_tail)[-40:]
                 results["configs"][label] = summaries[label] = summary
@@ -569,8 +530,13 @@ def main():
     if summaries:
         report(summaries, results, args)
     results["complete"] = "stalled" not in results
+    disturbed = [label for label, s in summaries.items() if s.get("other_gpu_processes")]
+    if disturbed:
+        results["disturbed"] = disturbed
+        print(f"other processes held the GPUs during {', '.join(disturbed)}: those numbers are "
+              "not the server's alone", flush=True)
     write_results(args.out, results)
-    return 0 if summaries and results["complete"] else 1
+    return 0 if summaries and results["complete"] and not disturbed else 1
 
 
 if __name__ == "__main__":
