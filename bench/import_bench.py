@@ -12,8 +12,12 @@ and guidance. With --compile, an fp16 twin whose components run AOTInductor pack
 pipeline is switched to the `model` offload policy and runs an Encode-only request, after which
 nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
-execution.cuda_graphs: false). Prints and writes one JSON document, rewritten after every
-measurement (`complete` is false until the last), so a run cut short keeps what it measured.
+execution.cuda_graphs: false). Before the timed servers, one server starts with the first
+pipeline and makes one image (`cold_start`): the machine's first server pays for reading its
+libraries and the GPU's first use, so every `first_image_seconds` after it is a warm machine's.
+Import times are kept in WORK/import_seconds.json across a --prepare-only run and the timed one.
+Prints and writes one JSON document, rewritten after every measurement (`complete` is false until
+the last), so a run cut short keeps what it measured.
 
   python3 bench/import_bench.py --model sdxl --server build/server/qpool-server \\
       --client build/client/qpool --tokenizer build/test-models/tiny/tokenizer \\
@@ -171,10 +175,13 @@ STAGES = ("queue", "encode", "denoise", "decode", "png")
 
 
 def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
-               check_encode: bool, scheduler: str = "ddim", device: str = "cuda:0") -> dict:
+               check_encode: bool, scheduler: str = "ddim", device: str = "cuda:0",
+               cold: bool = False) -> dict:
     """Generate latency through the CLI, then the memory report, with `name` alone loaded on
     `device` (and how long the server took to start with it loaded); with check_encode, then the
-    Encode-only check under `model` offload."""
+    Encode-only check under `model` offload. With `cold`, only the start and one image: the first
+    server on a machine also pays for reading its libraries and the GPU's first use, which every
+    later server finds done (main runs one such server before the timed ones)."""
     start = time.monotonic()
     proc, address, _ = start_server(server_bin, repo, device, 0,
                                     ["--load", name] + a.server_args.split())
@@ -182,7 +189,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         client = GrpcClient(address)
         load_seconds = time.monotonic() - start
         times, stages = [], {stage: [] for stage in STAGES}
-        for i in range(a.warmup + a.runs):
+        for i in range(1 if cold else a.warmup + a.runs):
             done = subprocess.run(
                 [client_bin, "--server", address, "--json", "generate",
                  "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
@@ -196,6 +203,9 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
             timings = json.loads(done.stdout)["timings"]
             if i == 0:
                 first_image = timings["total_seconds"]  # graph captures included
+                if cold:
+                    return {"pipeline": name, "load_seconds": load_seconds,
+                            "first_image_seconds": first_image}
             if i >= a.warmup:
                 times.append(timings["total_seconds"])
                 for stage, values in stages.items():
@@ -379,6 +389,10 @@ def main() -> int:
     import transformers
 
     result["diffusers"], result["transformers"] = diffusers.__version__, transformers.__version__
+    seconds_file = os.path.join(a.work, "import_seconds.json")
+    if os.path.exists(seconds_file):  # imports of an earlier run (--prepare-only) in this work dir
+        with open(seconds_file) as f:
+            result["import_seconds"] = json.load(f)
     base = a.model
     names = [base]
     if not os.path.exists(os.path.join(repo, base, "pipeline.yaml")):
@@ -417,6 +431,8 @@ def main() -> int:
             if not os.path.exists(os.path.join(repo, eager, "pipeline.yaml")):
                 graphs_off_variant(repo, name, eager)
             names.append(eager)
+    with open(seconds_file, "w") as f:
+        json.dump(result["import_seconds"], f, indent=1)
     print(json.dumps(result), flush=True)
     if a.prepare_only:
         return 0
@@ -426,6 +442,10 @@ def main() -> int:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
 
+    # The first server on the machine pays once for what every later one finds done; without
+    # this, the first pipeline's first image would include it.
+    result["cold_start"] = time_qpool(a.server, a.client, repo, names[0], a, False, cold=True)
+    print("cold_start", json.dumps(result["cold_start"]), flush=True)
     result["qpool"] = {}
     for name in names:
         result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,
