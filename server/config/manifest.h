@@ -123,6 +123,9 @@ struct ExecutionSpec {
   // Input shapes (sizes, batch) whose graphs the denoiser keeps, least recently used dropped
   // first: each holds the activation memory of one forward.
   int max_graphs = 4;
+  // Each replica makes one image at the pipeline's defaults before its load ends, so that the
+  // first request runs at full speed (Note [Warm-up at load] in pool/pipeline_registry.h).
+  bool warmup = false;
 };
 
 struct PipelineManifest {

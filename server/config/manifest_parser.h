@@ -55,7 +55,7 @@ inline const std::vector<std::string> kPlacementKeys = {"device", "dtype", "repl
 inline const std::vector<std::string> kOffloadKeys = {"policy", "idle_seconds", "group_mib",
                                                       "prefetch", "resident_mib"};
 inline const std::vector<std::string> kBatchingKeys = {"max_batch", "max_delay_ms"};
-inline const std::vector<std::string> kExecutionKeys = {"cuda_graphs", "max_graphs"};
+inline const std::vector<std::string> kExecutionKeys = {"cuda_graphs", "max_graphs", "warmup"};
 
 // Helpers of the readers and the section parsers.
 std::string Join(const std::vector<std::string>& items);

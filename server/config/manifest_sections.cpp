@@ -342,6 +342,7 @@ Status Parser::ParseExecution(const YAML::Node& root, ExecutionSpec* e) const {
   RETURN_IF_ERROR(GetSection(root, "", "execution", false, kExecutionKeys, &node));
   RETURN_IF_ERROR(ReadBool(node, "execution", "cuda_graphs", &e->cuda_graphs));
   RETURN_IF_ERROR(ReadNumber(node, "execution", "max_graphs", &e->max_graphs));
+  RETURN_IF_ERROR(ReadBool(node, "execution", "warmup", &e->warmup));
   if (e->max_graphs < 1 || e->max_graphs > 16) {
     return Got("execution.max_graphs", "must be between 1 and 16", e->max_graphs);
   }

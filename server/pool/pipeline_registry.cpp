@@ -259,6 +259,17 @@ StatusOr<LoadResult> PipelineRegistry::Load(
     return fail(InvalidArgument(StrCat(m.path, ": kind '", m.kind, "' is not served here")));
   }
   if (Status defaults = kind->CheckDefaults(m); !defaults.ok()) return fail(defaults);
+  std::optional<GenerateParams> warmup;  // Note [Warm-up at load]
+  if (m.execution.warmup) {
+    GenerateRequestIn in;
+    in.pipeline = name;
+    in.prompt = kWarmupPrompt;
+    in.steps = kWarmupSteps;
+    in.seed = 0;
+    auto params = kind->ResolveGenerate(in, m);
+    if (!params.ok()) return fail(params.status());
+    warmup = std::move(params).value();
+  }
   auto dtype = ResolveDtype(m.placement.dtype, target);
   if (!dtype.ok()) {
     return fail(
@@ -270,13 +281,29 @@ StatusOr<LoadResult> PipelineRegistry::Load(
     // The component files are what the load puts on the device (at most: load-time
     // quantization shrinks them); room for them is made before anything is allocated.
     const uint64_t file_bytes = ComponentFileBytes(m);
-    Status room = MakeRoom(target, file_bytes, name,
-                           StrCat("loading '", name, "' (", file_bytes, " bytes of components)"));
+    const uint64_t warmup_bytes =
+        warmup ? NewWorkingModel(*kind)->Estimate(warmup->width, warmup->height, 1) : 0;
+    Status room =
+        MakeRoom(target, file_bytes + warmup_bytes, name,
+                 StrCat("loading '", name, "' (", file_bytes, " bytes of components",
+                        warmup ? StrCat(" and ", warmup_bytes, " for its warm-up") : "", ")"));
     if (!room.ok()) return fail(room);
   }
   const DeviceMemoryStats before =
       residency_.memory ? residency_.memory->Read(target) : DeviceMemoryStats{};
   auto pipeline = kind->Load(m, target, *dtype, residency_);
+  if (pipeline.ok() && warmup) {  // before the replica is registered: no request reaches it first
+    const auto warm_start = std::chrono::steady_clock::now();
+    auto image = (*pipeline)->Generate(*warmup, nullptr, nullptr);
+    if (image.ok()) {
+      log::Info("warmed up pipeline '", name, "' on ", target.str(), " in ",
+                SecondsSince(warm_start), " s");
+    } else {  // drops the pipeline and all its memory before the event reads the device
+      pipeline = Status(image.status().code(),
+                        StrCat("warm-up of '", name, "' on ", target.str(),
+                               " (execution.warmup) failed: ", image.status().message()));
+    }
+  }
   const double seconds = SecondsSince(start);
   if (!pipeline.ok()) {
     RecordEvent(MemoryEventKind::kLoad, name, target, before, 0, seconds, pipeline.status());

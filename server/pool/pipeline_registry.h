@@ -135,6 +135,24 @@ using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Dev
 // against the budget from then on; when they do not fit, the request drops them as it ends
 // (FitGraphs): graphs are a cache, worth less than another pipeline's weights.
 
+// Note [Warm-up at load]
+// A replica's first request pays for what no later one does: the first use of cuDNN and cuBLAS
+// at each shape, the first call of every TorchScript graph and compiled package, and the
+// denoiser's graph warm-up and capture at its size (Note [Forward graphs] in
+// component/graph_cache.h). On an H100 that made an SD 1.5 image's first request take 1.4-1.8 s
+// against 0.24-0.4 s for the next ones. With execution.warmup, Load makes one image on the new
+// replica, on its worker, before the replica is registered, so no request reaches it first: the
+// defaults' size, scheduler and guidance, kWarmupSteps steps (the denoiser's first forward warms
+// up, the second is captured), seed 0, kWarmupPrompt. It is no request: request metrics do not
+// count it and its image is dropped; component forwards do count it. A GPU load that rests on the
+// device makes room for the component files plus one default image's working memory; a load
+// that rests on the host (model, sequential) onloads for the warm-up as a request would, without
+// the request's admission. The load's time includes the warm-up. A warm-up that fails fails the
+// load with its code and message (the defaults' request would fail the same way), and the
+// pipeline is dropped with all its memory.
+inline constexpr int kWarmupSteps = 2;
+inline constexpr char kWarmupPrompt[] = "a photograph of a mountain lake at dawn";
+
 // Thread safety: all public methods take the mutex; loading, unloading and moving run without it
 // (the replica is marked meanwhile). Do not call a public method from another one.
 class PipelineRegistry {

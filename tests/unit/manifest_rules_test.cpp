@@ -199,7 +199,10 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
       {"max_graphs large", Parts().Extra("execution:\n  max_graphs: 17\n"), {"(got 17)"}},
       {"execution unknown key",
        Parts().Extra("execution:\n  graphs: true\n"),
-       {"field 'execution.graphs' is not a known field", "cuda_graphs, max_graphs"}},
+       {"field 'execution.graphs' is not a known field", "cuda_graphs, max_graphs, warmup"}},
+      {"warmup not a boolean",
+       Parts().Extra("execution:\n  warmup: 2\n"),
+       {"field 'execution.warmup' must be a boolean (true or false)", "'2'"}},
       // limits
       {"max_steps",
        Parts().Extra("limits:\n  max_steps: 0\n"),

@@ -62,6 +62,7 @@ batching:
 execution:
   cuda_graphs: false
   max_graphs: 2
+  warmup: true
 )";
 
 // Kind sdxl: a second tokenizer, the conditioning section and a component in its own dtype.
@@ -328,6 +329,7 @@ TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 12.5);
   EXPECT_FALSE(m.execution.cuda_graphs);
   EXPECT_EQ(m.execution.max_graphs, 2);
+  EXPECT_TRUE(m.execution.warmup);
   ASSERT_NE(m.FindComponent("unet"), nullptr);
   EXPECT_EQ(m.FindComponent("unet")->file, dir_ + "/unet.pt");
   EXPECT_EQ(m.FindComponent("refiner"), nullptr);
@@ -374,6 +376,7 @@ TEST_F(ManifestTest, MinimalManifestGetsEveryDefault) {
   EXPECT_DOUBLE_EQ(m.batching.max_delay_ms, 0);
   EXPECT_TRUE(m.execution.cuda_graphs) << "the denoiser replays CUDA graphs unless turned off";
   EXPECT_EQ(m.execution.max_graphs, 4);
+  EXPECT_FALSE(m.execution.warmup) << "a load makes no image unless asked to";
 }
 
 TEST_F(ManifestTest, EmptyOptionalSectionsGetDefaults) {
