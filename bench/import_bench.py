@@ -12,7 +12,8 @@ and guidance. With --compile, an fp16 twin whose components run AOTInductor pack
 pipeline is switched to the `model` offload policy and runs an Encode-only request, after which
 nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
-execution.cuda_graphs: false). Before the timed servers, one server starts with the first
+execution.cuda_graphs: false); --warm a twin that warms up at load ("<name>-warm",
+execution.warmup: true). Before the timed servers, one server starts with the first
 pipeline and makes one image (`cold_start`): the machine's first server pays for reading its
 libraries and the GPU's first use, so every `first_image_seconds` after it is a warm machine's.
 Import times are kept in WORK/import_seconds.json across a --prepare-only run and the timed one.
@@ -119,9 +120,10 @@ def build(model: str, src: str, tokenizer_dir: str) -> None:
     torch.cuda.empty_cache()
 
 
-def graphs_off_variant(repo: str, base: str, name: str) -> None:
-    """A copy of the pipeline `base` (weights hard-linked) whose denoiser runs without CUDA
-    graphs (execution.cuda_graphs: false)."""
+def execution_variant(repo: str, base: str, name: str, execution: str) -> None:
+    """A copy of the pipeline `base` (weights hard-linked) with the manifest's execution section
+    `execution` (YAML lines under it), e.g. "  cuda_graphs: false\n" for a denoiser without
+    CUDA graphs or "  warmup: true\n" for a warm-up at load."""
     dest = os.path.join(repo, name)
     shutil.copytree(os.path.join(repo, base), dest, copy_function=os.link)
     path = os.path.join(dest, "pipeline.yaml")
@@ -129,7 +131,7 @@ def graphs_off_variant(repo: str, base: str, name: str) -> None:
     with open(os.path.join(repo, base, "pipeline.yaml")) as f:
         text = f.read()
     with open(path, "w") as f:
-        f.write(text + "execution:\n  cuda_graphs: false\n")
+        f.write(text + "execution:\n" + execution)
 
 
 def run_import(src: str, out: str, *args: str) -> float:
@@ -357,6 +359,10 @@ def main() -> int:
                    help="more qpool-server flags, space-separated, e.g. '--cudnn-benchmark off'")
     p.add_argument("--graphs-off", action="store_true",
                    help="add a twin of every pipeline with execution.cuda_graphs off")
+    p.add_argument("--warm", action="store_true",
+                   help="add a twin of every pipeline that warms up at load (execution.warmup): "
+                        "its load_seconds include the warm-up, its first_image_seconds show the "
+                        "gain")
     p.add_argument("--prepare-only", action="store_true",
                    help="build and import the pipelines into --work, then stop (a later run "
                         "with the same --work times them)")
@@ -425,12 +431,14 @@ def main() -> int:
                 *error_args)
         if os.path.exists(errors_json):
             result.setdefault("layer_error", {})[name] = layer_error_summary(errors_json)
-    if a.graphs_off:
-        for name in list(names):
-            eager = f"{name}-eager"
-            if not os.path.exists(os.path.join(repo, eager, "pipeline.yaml")):
-                graphs_off_variant(repo, name, eager)
-            names.append(eager)
+    twins = ([("eager", "  cuda_graphs: false\n")] if a.graphs_off else []) + \
+        ([("warm", "  warmup: true\n")] if a.warm else [])
+    for suffix, execution in twins:
+        for name in [n for n in names if not n.endswith(("-eager", "-warm"))]:
+            twin = f"{name}-{suffix}"
+            if not os.path.exists(os.path.join(repo, twin, "pipeline.yaml")):
+                execution_variant(repo, name, twin, execution)
+            names.append(twin)
     with open(seconds_file, "w") as f:
         json.dump(result["import_seconds"], f, indent=1)
     print(json.dumps(result), flush=True)
