@@ -366,11 +366,12 @@ class Server:
         return None if self.proc is None else self.proc.output_bytes[0]
 
     def other_gpu_processes(self):
-        """Processes on the GPUs that are not the started server ([] with --address or on the
-        CPU, where the server's own cannot be told apart)."""
+        """Processes on the GPUs that are not the started server: [] with --address or on the
+        CPU, and where nvidia-smi's process ids are not this machine's (in a container it may
+        list the host's: then the server itself is not among them and cannot be told apart)."""
         if self.proc is None or self.args.device != "cuda":
             return []
-        return other_processes(gpu_processes(), {self.proc.pid})
+        return other_processes(gpu_processes(), {self.proc.pid}, require=self.proc.pid)
 
     def stop(self):
         if self.proc is not None:

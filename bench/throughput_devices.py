@@ -58,8 +58,12 @@ def gpu_processes():
     return parse_compute_apps(out.stdout) if out.returncode == 0 else None
 
 
-def other_processes(processes, own_pids):
-    """The processes of `processes` whose pid is not one of `own_pids`, each listed once."""
+def other_processes(processes, own_pids, require=None):
+    """The processes of `processes` whose pid is not one of `own_pids`, each listed once; none
+    when `require` (a pid that must hold a GPU, such as the server's) is not listed, since then
+    the ids are another namespace's."""
+    if require is not None and require not in {p["pid"] for p in processes or []}:
+        return []
     seen, others = set(), []
     for p in processes or []:
         if p["pid"] not in own_pids and p["pid"] not in seen:

@@ -52,6 +52,10 @@ def test_compute_apps_parse_and_the_servers_own_are_left_out():
     # A process on several GPUs is one process.
     assert [p["pid"] for p in td.other_processes(processes, set())] == [4242, 77]
     assert td.other_processes(None, {1}) == []
+    # Ids of another namespace (a container's nvidia-smi listing the host's): the server is not
+    # among them, so nothing can be called another process.
+    assert td.other_processes(processes, {5}, require=5) == []
+    assert td.other_processes(processes, {4242}, require=4242) == [processes[2]]
 
 
 def test_verdicts_show_each_devices_busy_fraction_and_flag_a_disturbed_run():
