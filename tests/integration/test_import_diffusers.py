@@ -97,10 +97,13 @@ def imported(tmp_path_factory, source_repository):
         assert done.returncode == 0, done.stderr
         assert "max diff vs diffusers" in done.stdout
         pipes[name] = pipe
-    # CLIP skip: the text encoder's second-to-last layer, as diffusers' clip_skip=1.
+    # CLIP skip: the text encoder's second-to-last layer, as diffusers' clip_skip=1; warmed up
+    # at load (the images it serves are checked against diffusers like every other's).
     done = run_import(work / "sd-eps-diffusers", repository / "sd-skip", "--dtype", "float32",
-                      "--clip-skip", "1")
+                      "--clip-skip", "1", "--warmup")
     assert done.returncode == 0, done.stderr
+    manifest = (repository / "sd-skip" / "pipeline.yaml").read_text()
+    assert "execution:\n  warmup: true\n" in manifest
     pipes["sd-skip"] = pipes["sd-eps"]
     # Quantized at import: compared with diffusers running on the dequantized weights.
     done = run_import(work / "sd-eps-diffusers", repository / "sd-q", "--dtype", "float32",

@@ -105,6 +105,7 @@ class ImportOptions:
     layer_error: Optional[str] = None
     # LoRA files fused into the weights first (lora_fuse.py, Note [Fused LoRAs]).
     loras: Tuple[lora_fuse.Lora, ...] = ()
+    warmup: bool = False  # the manifest's execution.warmup (Note [Warm-up at load])
     verbose: bool = True
 
 
@@ -516,6 +517,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         for c in opts.compile:
             manifest["components"][c]["compiled"] = aot.manifest_entry(stage, c,
                                                                        opts.compile_device)
+        if opts.warmup:
+            manifest["execution"] = {"warmup": True}
         with open(os.path.join(stage, "pipeline.yaml"), "w", encoding="utf-8") as f:
             f.write(manifest_io.dump_manifest(manifest_io.record_digests(manifest, stage), header))
         _install(stage, out)

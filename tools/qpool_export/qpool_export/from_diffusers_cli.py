@@ -70,6 +70,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                    help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
                         "in any format diffusers' load_lora_weights reads; repeat for several")
+    p.add_argument("--warmup", action="store_true",
+                   help="the manifest's execution.warmup: each replica makes one image at the "
+                        "defaults as it loads, so its first request runs at full speed")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     try:
@@ -91,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          quant_mode=a.quant_mode, layer_error=a.layer_error,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
-                         loras=loras, verbose=not a.quiet)
+                         loras=loras, warmup=a.warmup, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
