@@ -190,7 +190,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
     try:
         client = GrpcClient(address)
         load_seconds = time.monotonic() - start
-        times, stages = [], {stage: [] for stage in STAGES}
+        times, stages, order = [], {stage: [] for stage in STAGES}, []
         for i in range(1 if cold else a.warmup + a.runs):
             done = subprocess.run(
                 [client_bin, "--server", address, "--json", "generate",
@@ -212,6 +212,9 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                 times.append(timings["total_seconds"])
                 for stage, values in stages.items():
                     values.append(timings[f"{stage}_seconds"])
+                # Each request in order, so a slow one can be placed (the first? every tenth?).
+                order.append([round(timings[f"{key}_seconds"], 6)
+                              for key in ("total", *STAGES)])
         pb = client.pb
         report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
         stats = next(d for d in report.devices if d.device == device)
@@ -219,6 +222,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         result = {"load_seconds": load_seconds, "first_image_seconds": first_image,
                   "latency": summary(times),
                   **{stage: summary(values) for stage, values in stages.items()},
+                  "requests": {"columns": ["total", *STAGES], "seconds": order},
                   "peak_allocated_bytes": stats.peak_allocated_bytes,
                   "pipeline_bytes": stats.pipeline_bytes, "components": components}
         if check_encode:
