@@ -190,7 +190,8 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
     try:
         client = GrpcClient(address)
         load_seconds = time.monotonic() - start
-        times, stages, order = [], {stage: [] for stage in STAGES}, []
+        columns = ("total", *STAGES)
+        rows = []  # each timed request's seconds by column, in order: a slow one can be placed
         for i in range(1 if cold else a.warmup + a.runs):
             done = subprocess.run(
                 [client_bin, "--server", address, "--json", "generate",
@@ -209,20 +210,16 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                     return {"pipeline": name, "load_seconds": load_seconds,
                             "first_image_seconds": first_image}
             if i >= a.warmup:
-                times.append(timings["total_seconds"])
-                for stage, values in stages.items():
-                    values.append(timings[f"{stage}_seconds"])
-                # Each request in order, so a slow one can be placed (the first? every tenth?).
-                order.append([round(timings[f"{key}_seconds"], 6)
-                              for key in ("total", *STAGES)])
+                rows.append([timings[f"{column}_seconds"] for column in columns])
         pb = client.pb
         report = client.models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
         stats = next(d for d in report.devices if d.device == device)
         components, _ = client.memory(name)
+        by_column = dict(zip(columns, map(list, zip(*rows))))
         result = {"load_seconds": load_seconds, "first_image_seconds": first_image,
-                  "latency": summary(times),
-                  **{stage: summary(values) for stage, values in stages.items()},
-                  "requests": {"columns": ["total", *STAGES], "seconds": order},
+                  "latency": summary(by_column["total"]),
+                  **{stage: summary(by_column[stage]) for stage in STAGES},
+                  "requests": {"columns": list(columns), "seconds": rows},
                   "peak_allocated_bytes": stats.peak_allocated_bytes,
                   "pipeline_bytes": stats.pipeline_bytes, "components": components}
         if check_encode:
