@@ -38,6 +38,7 @@
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
+#include "quant/w8a8_linear.h"
 
 namespace qpool::quant {
 namespace {
@@ -56,7 +57,7 @@ const LinearShape kShapes[] = {
     {"flux_mlp_up_3072x12288", 3072, 12288}, {"flux_mlp_down_12288x3072", 12288, 3072},
 };
 
-const int64_t kMs[] = {1, 4, 16, 32, 77, 154, 1024, 4096};
+const int64_t kMs[] = {1, 4, 16, 32, 77, 154, 1024, 4096, 8192};
 
 struct Variant {
   const char* name;
@@ -82,6 +83,12 @@ const Variant kVariants[] = {
     {"nf4_fp16_fused", QuantFormat::kNf4, false, at::kHalf, CudaPath::kFused},
     {"nf4_fp16_mma", QuantFormat::kNf4, false, at::kHalf, CudaPath::kMma},
     {"nf4_fp16_dequant", QuantFormat::kNf4, false, at::kHalf, CudaPath::kDequantMatmul},
+    // w8a8: the automatic product and both int8 products (Note [W8A8 product choice]), at every
+    // M where the int8 product runs.
+    {"w8a8_fp16", QuantFormat::kW8A8, false, at::kHalf, CudaPath::kAuto},
+    {"w8a8_bf16", QuantFormat::kW8A8, false, at::kBFloat16, CudaPath::kAuto},
+    {"w8a8_fp16_wgmma", QuantFormat::kW8A8, false, at::kHalf, CudaPath::kWgmma},
+    {"w8a8_fp16_intmm", QuantFormat::kW8A8, false, at::kHalf, CudaPath::kIntMatmul},
 };
 
 bool ForcedPath(const Variant& v) { return v.path != CudaPath::kAuto; }
@@ -211,7 +218,11 @@ void RegisterAll() {
   for (const LinearShape& shape : kShapes) {
     for (const Variant& v : kVariants) {
       for (int64_t m : kMs) {
-        if (ForcedPath(v) && m != 1 && m != 4 && m != 16 && m != 77) continue;
+        if (v.format == QuantFormat::kW8A8 && m < kW8A8MinRows) continue;
+        if (ForcedPath(v) && v.format != QuantFormat::kW8A8 && m != 1 && m != 4 && m != 16 &&
+            m != 77) {
+          continue;
+        }
         if (v.path == CudaPath::kMma && m > 16) continue;
         const std::string name =
             std::string("quant_linear/") + shape.name + "/" + v.name + "/M:" + std::to_string(m);

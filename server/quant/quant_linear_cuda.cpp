@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -31,10 +32,29 @@ cuda::ElemType ElemTypeOf(at::ScalarType t) {
   }
 }
 
-// Note [W8A8 linear] on CUDA: where the int8 product runs, x is quantized and the product scaled
-// by the fused kernels (Note [Fused W8A8 kernels]) around at::_int_mm; the ATen form elsewhere.
+// Note [W8A8 product choice]
+// Where both int8 products run (Hopper, fp16/bf16 x), the automatic choice takes the
+// warpgroup-MMA kernel (Note [Warpgroup-MMA W8A8 linear]) over at::_int_mm + the epilogue
+// kernel where it measured faster: side by side on an H100 over the ten benchmark layers at
+// M = 154, 1024, 4096 and 8192 (bench/results/quant_linear_w8a8_h100.json), the kernel took
+// 0.39-0.81 of cuBLASLt's time on every layer at M >= 4096, and 0.45-0.94 at M = 1024 except on
+// SD 1.5's 320 x 320 and 768 x 320 projections (1.03-1.11); at M = 154 it won only on the wide
+// feed-forward layers (0.73-0.97; FLUX's 3072 x 3072 took 1.15x). Between 17 and 127 rows
+// nothing was measured and cuBLASLt stays. kWgmma forces the kernel wherever it runs,
+// kIntMatmul cuBLASLt.
+bool W8A8WgmmaWins(int64_t m, int64_t k, int64_t n) {
+  if (m >= 4096) return true;
+  if (m >= 1024) return k * n >= (int64_t{1} << 18);
+  return m >= 128 && std::max(k, n) >= 5120 && k * n >= (int64_t{1} << 22);
+}
+
+// Note [W8A8 linear] on CUDA: where the int8 product runs, x is quantized by the fused kernel
+// (Note [Fused W8A8 kernels]) and multiplied, on Hopper by the warpgroup-MMA kernel that scales
+// in its epilogue where Note [W8A8 product choice] takes it, otherwise by at::_int_mm and
+// scaled by the fused epilogue kernel; the ATen form where the int8 product does not run.
 at::Tensor W8A8LinearCuda(const at::Tensor& x, const QuantState& s,
-                          const std::optional<at::Tensor>& bias, const WeightOnlyLinear& fallback) {
+                          const std::optional<at::Tensor>& bias, CudaPath path,
+                          const WeightOnlyLinear& fallback) {
   const int64_t k = x.size(-1);
   const int64_t n = s.weight.size(0);
   const at::Tensor x2 = x.reshape({-1, k}).contiguous();
@@ -44,17 +64,35 @@ at::Tensor W8A8LinearCuda(const at::Tensor& x, const QuantState& s,
   const cuda::ElemType type = ElemTypeOf(x.scalar_type());
   const at::Tensor smooth = s.code.contiguous();
   const at::Tensor absmax = s.absmax.contiguous();
+  const at::Tensor weight = s.weight.contiguous();
   const at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
   const at::Tensor row_amax = at::empty({m}, x.options().dtype(at::kFloat));
+  const bool wgmma =
+      (path == CudaPath::kWgmma || (path == CudaPath::kAuto && W8A8WgmmaWins(m, k, n))) &&
+      cuda::W8A8WgmmaSupported(m, k, n, q.data_ptr(), weight.data_ptr(), type);
+  const at::Tensor row_scale = wgmma ? at::empty({m}, x.options().dtype(at::kFloat)) : at::Tensor();
   cuda::LaunchW8A8QuantizeRows(x2.data_ptr(), type, smooth.data_ptr<float>(), m, k,
-                               q.data_ptr<int8_t>(), row_amax.data_ptr<float>(), stream);
-  const at::Tensor acc = at::_int_mm(q, s.weight.contiguous().t());
+                               q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+                               wgmma ? row_scale.data_ptr<float>() : nullptr, stream);
   at::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(at::kFloat).contiguous();
+  const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
   at::Tensor out = at::empty({m, n}, x.options());
-  cuda::LaunchW8A8Epilogue(acc.data_ptr<int32_t>(), row_amax.data_ptr<float>(),
-                           absmax.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, m,
-                           n, out.data_ptr(), type, stream);
+  if (wgmma) {
+    const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, k, n, sm_count);
+    at::Tensor workspace;
+    if (bytes > 0) workspace = at::empty({bytes}, x.options().dtype(at::kByte));
+    cuda::LaunchW8A8Wgmma(q.data_ptr<int8_t>(), row_scale.data_ptr<float>(),
+                          weight.data_ptr<int8_t>(), absmax.data_ptr<float>(), bias_ptr, m, k, n,
+                          out.data_ptr(), type, sm_count,
+                          workspace.defined() ? workspace.data_ptr() : nullptr, stream);
+  } else {
+    const at::Tensor acc = at::_int_mm(q, weight.t());
+    cuda::LaunchW8A8Epilogue(acc.data_ptr<int32_t>(), row_amax.data_ptr<float>(),
+                             absmax.data_ptr<float>(), bias_ptr, m, n, out.data_ptr(), type,
+                             stream);
+  }
   return out.reshape(QuantLinearOutputShape(x, n));
 }
 
@@ -126,9 +164,9 @@ at::Tensor DequantizeCuda(const QuantState& s, int64_t in_features, at::ScalarTy
   return out;
 }
 
-// Note [Kernel path override]: QPOOL_QUANT_CUDA_PATH=auto|fused|mma|dequant|wgmma replaces kAuto
-// for the whole process: an operator's escape hatch when a kernel misbehaves on a new GPU, and a
-// way to compare paths end to end. Read once; unknown values are ignored (auto).
+// Note [Kernel path override]: QPOOL_QUANT_CUDA_PATH=auto|fused|mma|dequant|wgmma|intmm replaces
+// kAuto for the whole process: an operator's escape hatch when a kernel misbehaves on a new GPU,
+// and a way to compare paths end to end. Read once; unknown values are ignored (auto).
 static CudaPath PathFromEnvironment() {
   static const CudaPath path = [] {
     const char* env = std::getenv("QPOOL_QUANT_CUDA_PATH");
@@ -137,6 +175,7 @@ static CudaPath PathFromEnvironment() {
     if (v == "mma") return CudaPath::kMma;
     if (v == "dequant") return CudaPath::kDequantMatmul;
     if (v == "wgmma") return CudaPath::kWgmma;
+    if (v == "intmm") return CudaPath::kIntMatmul;
     return CudaPath::kAuto;
   }();
   return path;
@@ -265,14 +304,14 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
   if (layout.format == QuantFormat::kW8A8) {
-    // Note [W8A8 linear]: cuBLASLt's int8 GEMM between the fused kernels; the fallback is the
-    // int8 path below.
-    return W8A8LinearCuda(x, s, bias,
+    // Note [W8A8 linear]: the int8 product; the fallback is the int8 path below.
+    return W8A8LinearCuda(x, s, bias, path,
                           [path, mma_shape](const at::Tensor& xs, const QuantState& q,
                                             const std::optional<at::Tensor>& b) {
                             return QuantLinearCuda(xs, q, b, path, mma_shape);
                           });
   }
+  if (path == CudaPath::kIntMatmul) path = CudaPath::kAuto;  // w8a8 only
   const at::ScalarType dtype = x.scalar_type();
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = bias->to(dtype).contiguous();

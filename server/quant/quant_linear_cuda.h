@@ -11,9 +11,10 @@
 
 namespace qpool::quant {
 
-// Which CUDA algorithm computes the product of an int8 or nf4 layer (w8a8 layers multiply in
-// int8 through cuBLASLt, and use the chosen path only where they fall back to weight-only int8:
-// Note [W8A8 linear]).
+// Which CUDA algorithm computes the product of an int8 or nf4 layer. w8a8 layers multiply in
+// int8, through one warpgroup-MMA kernel on Hopper where it wins (Note [W8A8 product choice];
+// kWgmma: wherever it runs) and through cuBLASLt otherwise (kIntMatmul: always), and use the
+// chosen path only where they fall back to weight-only int8 (Note [W8A8 linear]).
 enum class CudaPath {
   kAuto,           // kMma for fp16/bf16 x with M <= kMmaMaxRows when the layout allows it
                    // (int8 at M = 1: kFused) and for larger M on large layers (Note [Small-M
@@ -25,6 +26,8 @@ enum class CudaPath {
   kDequantMatmul,  // dequantize into a temporary [N, K] weight, then at::linear (cuBLAS)
   kWgmma,          // Hopper warpgroup-MMA kernel that dequantizes in its tile loop (fp16/bf16;
                    // falls back to kAuto where cuda::WgmmaLinearSupported says no)
+  kIntMatmul,      // w8a8: cuBLASLt's int8 GEMM (at::_int_mm) between the fused quantize and
+                   // epilogue kernels, even on Hopper; other formats: as kAuto
 };
 
 // Largest M (rows of x) the automatic choice sends to the CUDA-core fused kernel when the

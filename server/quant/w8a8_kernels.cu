@@ -18,14 +18,79 @@ namespace {
 // each rounded (__fdiv_rn, __fmul_rn, __fadd_rn: no contraction into fused multiply-adds), so
 // the CPU and CUDA give identical bytes. (ATen's CUDA division by a host scalar multiplies by
 // its reciprocal, which is not the CPU's division; hence no ATen scalar division here.)
+// One block per row reads long rows fast but leaves short ones (SD 1.5's K = 320) to a few of
+// its threads, so rows of up to kWarpRowMaxK values (a multiple of 8, 16-byte aligned) are
+// quantized by one warp each, 8 values per lane per 16-byte load, instead. Both compute each
+// value with the same operations.
 constexpr int kRowThreads = 256;
+constexpr int kWarpRowMaxK = 4096;
+constexpr int kWarpRowWarps = 4;  // rows per block
 constexpr int kEpilogueThreads = 256;
 constexpr int kEpilogueVector = 4;
+
+// The quantized value of x / smooth (`xs`) in a row whose divisor is d.
+__device__ __forceinline__ int8_t QuantizeValue(float xs, float d) {
+  const float v = rintf(__fmul_rn(__fdiv_rn(xs, d), 127.f));
+  return static_cast<int8_t>(fminf(fmaxf(v, -127.f), 127.f));
+}
+
+// Writes a row's maximum and, when asked for, its scale on the product, max / 127.
+__device__ __forceinline__ void StoreRowMax(float m, int64_t row, float* row_amax,
+                                            float* row_scale) {
+  row_amax[row] = m;
+  if (row_scale != nullptr) row_scale[row] = __fdiv_rn(m, 127.f);
+}
+
+// x[i .. i + 7] / smooth[i .. i + 7] of a row of 16-bit T, from one 16-byte load of x and two of
+// smooth.
+template <typename T>
+__device__ __forceinline__ void LoadScaled8(const T* xr, const float* smooth, int64_t i,
+                                            float (&xs)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(xr + i);
+  const float4 s0 = *reinterpret_cast<const float4*>(smooth + i);
+  const float4 s1 = *reinterpret_cast<const float4*>(smooth + i + 4);
+  const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(ToFloat(e[j]), sv[j]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWarpRowWarps* kWarp)
+    QuantizeRowsWarpKernel(const T* __restrict__ x, const float* __restrict__ smooth, int64_t m,
+                           int64_t k, int8_t* __restrict__ q, float* __restrict__ row_amax,
+                           float* __restrict__ row_scale) {
+  const int64_t row = blockIdx.x * int64_t{kWarpRowWarps} + threadIdx.x / kWarp;
+  if (row >= m) return;
+  const int lane = threadIdx.x % kWarp;
+  const T* xr = x + row * k;
+  float xs[8];
+  float mx = 0.f;
+  for (int64_t i = 8 * lane; i < k; i += 8 * kWarp) {
+    LoadScaled8(xr, smooth, i, xs);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(xs[j]));
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) StoreRowMax(mx, row, row_amax, row_scale);
+  const float d = mx == 0.f ? 1.f : mx;
+  int8_t* qr = q + row * k;
+  for (int64_t i = 8 * lane; i < k; i += 8 * kWarp) {
+    LoadScaled8(xr, smooth, i, xs);
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      w[j / 4] |= uint32_t{static_cast<uint8_t>(QuantizeValue(xs[j], d))} << (8 * (j % 4));
+    }
+    *reinterpret_cast<uint2*>(qr + i) = make_uint2(w[0], w[1]);
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     QuantizeRowsKernel(const T* __restrict__ x, const float* __restrict__ smooth, int64_t k,
-                       int8_t* __restrict__ q, float* __restrict__ row_amax) {
+                       int8_t* __restrict__ q, float* __restrict__ row_amax,
+                       float* __restrict__ row_scale) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * k;
   float m = 0.f;
@@ -44,13 +109,11 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   __syncthreads();
   m = warp_max[0];
-  if (threadIdx.x == 0) row_amax[row] = m;
+  if (threadIdx.x == 0) StoreRowMax(m, row, row_amax, row_scale);
   const float d = m == 0.f ? 1.f : m;
   int8_t* qr = q + row * k;
-  for (int64_t i = threadIdx.x; i < k; i += kRowThreads) {
-    const float v = rintf(__fmul_rn(__fdiv_rn(__fdiv_rn(ToFloat(xr[i]), smooth[i]), d), 127.f));
-    qr[i] = static_cast<int8_t>(fminf(fmaxf(v, -127.f), 127.f));
-  }
+  for (int64_t i = threadIdx.x; i < k; i += kRowThreads)
+    qr[i] = QuantizeValue(__fdiv_rn(ToFloat(xr[i]), smooth[i]), d);
 }
 
 template <typename T>
@@ -79,12 +142,22 @@ __global__ void __launch_bounds__(kEpilogueThreads)
 }  // namespace
 
 void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, int64_t m, int64_t k,
-                            int8_t* q, float* row_amax, cudaStream_t stream) {
+                            int8_t* q, float* row_amax, float* row_scale, cudaStream_t stream) {
   if (m == 0) return;
   WithElemType(type, [&](auto t) {
     using T = decltype(t);
+    const T* xt = static_cast<const T*>(x);
+    if constexpr (sizeof(T) == 2) {
+      if (k <= kWarpRowMaxK && k % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q)) {
+        const int64_t blocks = (m + kWarpRowWarps - 1) / kWarpRowWarps;
+        QuantizeRowsWarpKernel<T>
+            <<<static_cast<unsigned>(blocks), kWarpRowWarps * kWarp, 0, stream>>>(
+                xt, smooth, m, k, q, row_amax, row_scale);
+        return;
+      }
+    }
     QuantizeRowsKernel<T><<<static_cast<unsigned>(m), kRowThreads, 0, stream>>>(
-        static_cast<const T*>(x), smooth, k, q, row_amax);
+        xt, smooth, k, q, row_amax, row_scale);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -1,6 +1,6 @@
 // CUDA kernels of the w8a8 linear (Note [W8A8 linear], Note [Fused W8A8 kernels]) behind a
 // torch-free interface (raw pointers + stream), like quant_kernels.h. Caller:
-// quant_linear_cuda.cpp, around at::_int_mm.
+// quant_linear_cuda.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,10 +13,11 @@ namespace qpool::quant::cuda {
 
 // For contiguous x [m, k] of `type` and activation scales smooth float32 [k]: row_amax[r] =
 // max_k |x[r, k] / smooth[k]| and q[r, k] = clamp(round_half_even(x[r, k] / smooth[k] / d_r *
-// 127), -127, 127) with d_r = row_amax[r], or 1 where it is 0. Bit-identical to the ATen
-// operations of W8A8Linear on any device. One block per row.
+// 127), -127, 127) with d_r = row_amax[r], or 1 where it is 0; and, when row_scale is not null,
+// row_scale[r] = row_amax[r] / 127 (LaunchW8A8Wgmma's). Bit-identical to the ATen operations of
+// W8A8Linear on any device.
 void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, int64_t m, int64_t k,
-                            int8_t* q, float* row_amax, cudaStream_t stream);
+                            int8_t* q, float* row_amax, float* row_scale, cudaStream_t stream);
 
 // out[r, c] = acc[r, c] * (row_amax[r] / 127) * (absmax[c] / 127) + bias[c], each operation
 // rounded in float32 (no fused multiply-add), cast to `type`, for contiguous int32 acc and out
@@ -24,5 +25,25 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
 void LaunchW8A8Epilogue(const int32_t* acc, const float* row_amax, const float* absmax,
                         const float* bias, int64_t m, int64_t n, void* out, ElemType type,
                         cudaStream_t stream);
+
+// Whether LaunchW8A8Wgmma runs this product on the current device: a Hopper GPU (sm_90a image),
+// fp16/bf16 out, K a multiple of 16, N of 8, 16-byte aligned q and weight.
+bool W8A8WgmmaSupported(int64_t m, int64_t k, int64_t n, const void* q, const void* weight,
+                        ElemType type);
+
+// Bytes of device workspace LaunchW8A8Wgmma needs on `sm_count` multiprocessors: int32 partial
+// sums and flags for the tiles its stream-K schedule splits between blocks; 0 when none.
+int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count);
+
+// out [m, n] (contiguous, `type`, 16-byte aligned) = the w8a8 product of the quantized rows q
+// [m, k] and their row_scale [m] (LaunchW8A8QuantizeRows) and the int8 weight [n, k], scaled
+// and biased as
+// LaunchW8A8Epilogue does to at::_int_mm's product, with the same bytes, in one kernel (Note
+// [Warpgroup-MMA W8A8 linear]). Requires W8A8WgmmaSupported() and, when
+// W8A8WgmmaWorkspaceBytes() is not 0, that many bytes of 16-byte aligned device memory in
+// `workspace`, used on `stream` only.
+void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weight,
+                     const float* absmax, const float* bias, int64_t m, int64_t k, int64_t n,
+                     void* out, ElemType type, int sm_count, void* workspace, cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda

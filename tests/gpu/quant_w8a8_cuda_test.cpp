@@ -1,6 +1,8 @@
-// qpool::quant_linear for w8a8 layers on CUDA (Note [W8A8 linear]): the int8 product through
-// cuBLASLt gives the CPU kernel's values bit for bit, and the fallback (fewer than 17 rows, K or
-// N no multiple of 8) stays within the int8 kernels' tolerance of the CPU.
+// qpool::quant_linear for w8a8 layers on CUDA (Note [W8A8 linear]): the int8 product, through
+// the warpgroup-MMA kernel on Hopper and through cuBLASLt, gives the CPU kernel's values bit for
+// bit, and the fallback (fewer than 17 rows, K or N no multiple of 8) stays within the int8
+// kernels' tolerance of the CPU.
+#include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -11,6 +13,7 @@
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
+#include "quant/w8a8_kernels.h"
 #include "quant/w8a8_linear.h"
 
 namespace qpool::quant {
@@ -55,6 +58,47 @@ TEST(W8A8Cuda, IntProductEqualsTheCpu) {
       // Without a bias, and x with a leading batch dimension (its rows are quantized alike).
       const at::Tensor x3 = x.reshape({1, sh.m, sh.k});
       EXPECT_TRUE(at::equal(QuantLinear(x3.cuda(), OnCuda(s)).cpu(), QuantLinear(x3, s)));
+    }
+  }
+}
+
+bool Hopper() { return at::cuda::getCurrentDeviceProperties()->major == 9; }
+
+// Note [Warpgroup-MMA W8A8 linear]: the kernel's bytes are the CPU's and cuBLASLt's, on shapes
+// whose K, M or N are no multiples of its k-block and tiles, on every tile size, and on ones
+// whose stream-K schedule splits tiles between blocks.
+TEST(W8A8Cuda, WarpgroupKernelEqualsTheCpuAndCublas) {
+  SKIP_WITHOUT_CUDA();
+  if (!Hopper()) GTEST_SKIP() << "the warpgroup-MMA kernel needs compute capability 9.0";
+  torch::manual_seed(43);
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const Shape split{256, 5120, 1280};
+  EXPECT_GT(cuda::W8A8WgmmaWorkspaceBytes(split.m, split.k, split.n, sm_count), 0)
+      << "the stream-K case no longer splits a tile";
+  for (Shape sh : {Shape{17, 64, 24}, Shape{77, 768, 320}, Shape{100, 320, 2560}, split,
+                   Shape{1030, 1280, 136}, Shape{4096, 320, 320}, Shape{333, 2048, 1280}}) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const at::Tensor bias = at::randn({sh.n});
+    const QuantState s = *QuantizeW8A8(w, at::rand({sh.k}) + 0.5);
+    const QuantState sc = OnCuda(s);
+    for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+      SCOPED_TRACE(Name(sh, dt));
+      const at::Tensor x = at::randn({sh.m, sh.k}).to(dt);
+      const at::Tensor xc = x.cuda();
+      const at::Tensor q = at::empty({sh.m, sh.k}, xc.options().dtype(at::kChar));
+      ASSERT_TRUE(cuda::W8A8WgmmaSupported(
+          sh.m, sh.k, sh.n, q.data_ptr(), sc.weight.data_ptr(),
+          dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16));
+      for (bool with_bias : {true, false}) {
+        const std::optional<at::Tensor> b =
+            with_bias ? std::optional<at::Tensor>(bias.cuda()) : std::nullopt;
+        const at::Tensor cpu = QuantLinear(x, s, with_bias ? std::optional(bias) : std::nullopt);
+        const at::Tensor wgmma = QuantLinearCuda(xc, sc, b, CudaPath::kWgmma).cpu();
+        const at::Tensor cublas = QuantLinearCuda(xc, sc, b, CudaPath::kIntMatmul).cpu();
+        EXPECT_TRUE(at::equal(cublas, cpu));
+        EXPECT_TRUE(at::equal(wgmma, cpu))
+            << (wgmma.to(at::kFloat) - cpu.to(at::kFloat)).abs().max().item<float>();
+      }
     }
   }
 }

@@ -4,13 +4,13 @@
 // other devices WgmmaLinearSupported() says no and callers take another path.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
 
 #include "quant/quant_kernels.h"
 #include "quant/sm90/wgmma_common.cuh"
+#include "quant/sm90/wgmma_host.h"
 #include "quant/sm90/wgmma_schedule.h"
 
 namespace qpool::quant::cuda {
@@ -78,9 +78,9 @@ struct Smem {
   static constexpr int kWBytes = 128 * kWRowBytes;
   static constexpr int kScaleBytes = kNf4 ? 128 * 4 : 0;  // the rows' block scales as pairs of T
   static constexpr int kStageBytes = (kXBytes + kWBytes + kScaleBytes + 1023) / 1024 * 1024;
-  static constexpr int kEpiRows = 64;                              // rows of x per epilogue chunk
-  static constexpr int kEpiStride = 64 + 8;                        // T per row of a chunk
-  static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;  // both consumer warpgroups
+  static constexpr int kEpiRows = 64;                                // rows of x per epilogue chunk
+  static constexpr int kEpiStride = 64 + 8;                          // T per row of a chunk
+  static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;    // both consumer warpgroups
   static constexpr int kTableBytes = kNf4 ? kNf4PairTableBytes : 0;  // Note [NF4 pair table]
   static constexpr int kFixed = kEpiBytes + kTableBytes + 256 + 1024;  // + barriers, slack
   // Note [Stage count]: 4 stages at 256 rows measured 3-4% faster than the 5 that fit (median
@@ -97,15 +97,6 @@ using sm90::SegmentCursor;
 // The workspace a schedule needs: a slot of f32 sums per block and a flag per block.
 __host__ __device__ constexpr int64_t SlotFloats(int rows) {
   return int64_t{rows / 2} * 256;  // the consumers' accumulators for tiles of `rows` rows of x
-}
-
-__device__ __forceinline__ void StoreRelease(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int LoadAcquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 template <typename T, int kBn, bool kNf4, bool kDq>
@@ -128,7 +119,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t empty_bar = full_bar + 8 * kStages;
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
   const int64_t N = w.rows, K = w.in_features;
-  const int k_blocks = sched.k_blocks;
   const int b = blockIdx.x;
 
   if (tid == 0) {
@@ -261,28 +251,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
 
     // Note [Stream-K schedule]: contribute, or collect the contributions, or neither.
-    if (first > 0) {
-      float* slot = slots + b * SlotFloats(kBn) + ctid;
-#pragma unroll
-      for (int q = 0; q < kAcc; ++q) __stcg(slot + q * 256, acc[q]);
-      // The barrier orders every consumer's stores before thread 0's release, which is cumulative:
-      // one gpu-scope release instead of a fence per thread.
-      NamedBarrier(3, 256);
-      if (ctid == 0) StoreRelease(flags + b, 1);
+    if (ExchangeSums(sched, b, tile, first, last, ctid, acc, slots, SlotFloats(kBn), flags)) {
       continue;
-    }
-    if (last < k_blocks) {
-      const int64_t tile_end = int64_t{tile + 1} * k_blocks;
-      for (int c = b + 1; sched.Contributes(c, tile_end); ++c) {
-        if (ctid == 0) {
-          while (LoadAcquire(flags + c) == 0) {
-          }
-        }
-        NamedBarrier(3, 256);
-        const float* slot = slots + c * SlotFloats(kBn) + ctid;
-#pragma unroll
-        for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(slot + q * 256);
-      }
     }
 
     // Epilogue. acc[4 c + 2 h + e]: feature row0 + 8 h, row of x 8 c + 2 t + e.
@@ -303,83 +273,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t chunk_addr = epi_addr + cw * L::kEpiRows * L::kEpiStride * 2;
     const T* chunk = reinterpret_cast<const T*>(smem + kStages * L::kStageBytes) +
                      cw * L::kEpiRows * L::kEpiStride;
-    const int j = lane / 8, i8 = lane % 8;  // stmatrix: lane gives row i8 of tile j
-    const uint32_t lane_addr =
-        chunk_addr + ((8 * (j / 2) + i8) * L::kEpiStride + 16 * warp + 8 * (j % 2)) * 2;
-#pragma unroll
-    for (int q = 0; q < kBn / L::kEpiRows; ++q) {
-      NamedBarrier(1 + cw, 128);  // the chunk before has been read
-#pragma unroll
-      for (int c = 8 * q; c < 8 * q + 8; c += 2) {
-        StoreMatrixT4(lane_addr + (c - 8 * q) * 8 * L::kEpiStride * 2, pack(4 * c, 0),
-                      pack(4 * c + 2, 1), pack(4 * c + 4, 0), pack(4 * c + 6, 1));
-      }
-      NamedBarrier(1 + cw, 128);
-#pragma unroll
-      for (int v = tid % 128; v < L::kEpiRows * 8; v += 128) {
-        const int r = v / 8, c8 = v % 8;
-        const int64_t m = m0 + L::kEpiRows * q + r, n = n0 + 64 * cw + 8 * c8;
-        if (m < M && n < N) {
-          *reinterpret_cast<uint4*>(out + m * N + n) =
-              *reinterpret_cast<const uint4*>(chunk + r * L::kEpiStride + 8 * c8);
-        }
-      }
-    }
+    StoreTileTransposed<T, kBn, L::kEpiRows, L::kEpiStride>(
+        chunk_addr, chunk, cw, warp, lane, tid, m0, n0, M, N, out, [&](int c, uint32_t(&r)[4]) {
+          r[0] = pack(4 * c, 0);
+          r[1] = pack(4 * c + 2, 1);
+          r[2] = pack(4 * c + 4, 0);
+          r[3] = pack(4 * c + 6, 1);
+        });
   }
 #endif
 }
 
-using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
-
-EncodeTiledFn EncodeTiled() {
-  static const EncodeTiledFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                    cudaEnableDefault, &found));
-    TORCH_CHECK(found == cudaDriverEntryPointSuccess && p != nullptr,
-                "the CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<EncodeTiledFn>(p);
-  }();
-  return fn;
-}
-
-// 2-D row-major tensor map of [rows, cols] elements of `bytes_per` bytes, box [box_rows, box_cols].
-CUtensorMap TensorMap2d(const void* base, CUtensorMapDataType type, int bytes_per, uint64_t rows,
-                        uint64_t cols, uint32_t box_rows, uint32_t box_cols,
-                        CUtensorMapSwizzle swizzle) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {cols * bytes_per};
-  const cuuint32_t box[2] = {box_cols, box_rows};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      EncodeTiled()(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (", static_cast<int>(r), ")");
-  return map;
-}
-
-// Whether this build's image of the kernels runs on the current device: compiled for sm_90a
-// only, so any other device has no image (cudaFuncGetAttributes fails). Cached per device.
+// Whether this build's image of the kernels runs on the current device (Note [sm_90a image]).
 bool KernelsLoadable() {
-  static std::atomic<uint64_t> known{0}, yes{0};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((known.load(std::memory_order_acquire) & bit) == 0) {
-    cudaFuncAttributes attributes;
-    const cudaError_t err =
-        cudaFuncGetAttributes(&attributes, WgmmaLinearKernel<__half, 256, true, false>);
-    if (err == cudaSuccess && attributes.binaryVersion == 90) {
-      yes.fetch_or(bit, std::memory_order_release);
-    } else {
-      (void)cudaGetLastError();  // clear the sticky-free error of the failed query
-    }
-    known.fetch_or(bit, std::memory_order_release);
-  }
-  return (yes.load(std::memory_order_acquire) & bit) != 0;
+  static Sm90ImageCache cache;
+  return cache.Loads(reinterpret_cast<const void*>(WgmmaLinearKernel<__half, 256, true, false>));
 }
 
 // The schedule of a launch (Note [Stream-K schedule]) and whether it splits any tile.

@@ -9,6 +9,7 @@
 
 #include "quant/quant_mma_common.cuh"
 #include "quant/sm90/wgmma_ops.cuh"
+#include "quant/sm90/wgmma_schedule.h"
 
 namespace qpool::quant::cuda {
 namespace {
@@ -205,6 +206,86 @@ __device__ __forceinline__ void StoreMatrixT4(uint32_t addr, uint32_t r0, uint32
       "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
       "r"(r0), "r"(r1), "r"(r2), "r"(r3)
       : "memory");
+}
+
+__device__ __forceinline__ void StoreRelease(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Note [Stream-K schedule] in a consumer warpgroup pair (thread ctid of 256), after a segment
+// [first, last) of `tile`: a contribution stores the accumulators in block b's workspace slot
+// (`slot_words` words per block) and sets its flag, and the caller skips the epilogue (true); an
+// owner that stops early adds the slots of the blocks after it that contribute to its tile, in
+// block order (false).
+template <int kAcc, typename A>
+__device__ __forceinline__ bool ExchangeSums(const sm90::Schedule& sched, int b, int tile,
+                                             int first, int last, int ctid, A (&acc)[kAcc],
+                                             A* slots, int64_t slot_words, int* flags) {
+  if (first > 0) {
+    A* slot = slots + b * slot_words + ctid;
+#pragma unroll
+    for (int q = 0; q < kAcc; ++q) __stcg(slot + q * 256, acc[q]);
+    // The barrier orders every consumer's stores before thread 0's release, which is cumulative:
+    // one gpu-scope release instead of a fence per thread.
+    NamedBarrier(3, 256);
+    if (ctid == 0) StoreRelease(flags + b, 1);
+    return true;
+  }
+  if (last < sched.k_blocks) {
+    const int64_t tile_end = int64_t{tile + 1} * sched.k_blocks;
+    for (int c = b + 1; sched.Contributes(c, tile_end); ++c) {
+      if (ctid == 0) {
+        while (LoadAcquire(flags + c) == 0) {
+        }
+      }
+      NamedBarrier(3, 256);
+      const A* slot = slots + c * slot_words + ctid;
+#pragma unroll
+      for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(slot + q * 256);
+    }
+  }
+  return false;
+}
+
+// The epilogue's store of consumer warpgroup cw's 64 features x kBn rows of x: its D fragments
+// (feature rows, the transpose of out's) go through its shared-memory chunk of kEpiRows rows of
+// kEpiStride T at `chunk_addr` (`chunk` the same bytes) with stmatrix, kEpiRows rows of out at a
+// time, then to out [M, N] as 16-byte rows. `fragments(c, r)` gives the stmatrix registers of
+// row groups c and c + 1 (c even): r[0], r[1] features row0 and row0 + 8 of rows 8 c + 2 t + e,
+// r[2], r[3] the same of rows 8 (c + 1) + 2 t + e, as pairs of T (e = 0 low).
+template <typename T, int kBn, int kEpiRows, int kEpiStride, typename Fragments>
+__device__ __forceinline__ void StoreTileTransposed(uint32_t chunk_addr, const T* chunk, int cw,
+                                                    int warp, int lane, int tid, int64_t m0,
+                                                    int64_t n0, int M, int64_t N, T* out,
+                                                    Fragments&& fragments) {
+  const int j = lane / 8, i8 = lane % 8;  // stmatrix: lane gives row i8 of tile j
+  const uint32_t lane_addr =
+      chunk_addr + ((8 * (j / 2) + i8) * kEpiStride + 16 * warp + 8 * (j % 2)) * 2;
+#pragma unroll
+  for (int q = 0; q < kBn / kEpiRows; ++q) {
+    NamedBarrier(1 + cw, 128);  // the chunk before has been read
+#pragma unroll
+    for (int c = 8 * q; c < 8 * q + 8; c += 2) {
+      uint32_t r[4];
+      fragments(c, r);
+      StoreMatrixT4(lane_addr + (c - 8 * q) * 8 * kEpiStride * 2, r[0], r[1], r[2], r[3]);
+    }
+    NamedBarrier(1 + cw, 128);
+#pragma unroll
+    for (int v = tid % 128; v < kEpiRows * 8; v += 128) {
+      const int rr = v / 8, c8 = v % 8;
+      const int64_t m = m0 + kEpiRows * q + rr, n = n0 + 64 * cw + 8 * c8;
+      if (m < M && n < N) {
+        *reinterpret_cast<uint4*>(out + m * N + n) =
+            *reinterpret_cast<const uint4*>(chunk + rr * kEpiStride + 8 * c8);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,293 @@
+// The w8a8 product on Hopper (sm_90a): int8 x int8 on the warpgroup tensor cores with the
+// scaling and the bias in the epilogue, so the int32 product never leaves the registers.
+// Compiled for sm_90a only (server/quant/sm90/CMakeLists.txt); on other devices
+// W8A8WgmmaSupported() says no and the caller multiplies through cuBLASLt.
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "quant/sm90/wgmma_common.cuh"
+#include "quant/sm90/wgmma_host.h"
+#include "quant/sm90/wgmma_schedule.h"
+#include "quant/w8a8_kernels.h"
+
+namespace qpool::quant::cuda {
+namespace {
+
+// Note [Warpgroup-MMA W8A8 linear]
+// For the quantized rows q [M, K] of x with their absolute maxima row_amax [M] (Note [Fused
+// W8A8 kernels]) and a w8a8 weight w [N, K] int8 with absmax [N], one persistent kernel computes
+//   out[r, c] = (acc[r, c] * (row_amax[r] / 127)) * (absmax[c] / 127) (+ bias[c]),
+//   acc = q w^T in int32,
+// the float operations of LaunchW8A8Epilogue, each rounded, in the same order (row_amax / 127
+// comes from the quantizing kernel, row_scale, so the epilogue divides only per feature): the
+// int32 sums
+// are exact whatever the order of their products, so the output is the bytes of at::_int_mm
+// followed by that epilogue, i.e. the CPU's (Note [W8A8 linear]). What it saves: the int32
+// [M, N] product's write and read (8 bytes per output against fp16's 2) and a launch, and the
+// tensor cores run int8 at twice their fp16 rate.
+// It is organised as the weight-only kernel (Note [Warpgroup-MMA large-M linear]) without the
+// weight decode: out^T = w q^T, three warpgroups, one producer lane loading each k-block of 128
+// values, q's tile (kBn rows) and the weight's (128 rows) of 128 bytes each, with TMA in the
+// 128-byte swizzled layout, into a stage of a kStages-deep ring (`full` and `empty` mbarriers);
+// two consumer warpgroups, 64 features each, issuing four m64nkBnk32 wgmma's per k-block with
+// both operands read from shared memory through their matrix descriptors (the k32 step is 32
+// bytes along a swizzled row, as fp16's k16 step is), int32 accumulators; the persistent
+// schedule and its stream-K splits (Note [Stream-K schedule]) exchange int32 partial sums, whose
+// sum is exact in any order. K need not be a multiple of the k-block: the tensor maps fill what
+// lies past K (and past M or N) with zeros, which add nothing.
+// Requirements (W8A8WgmmaSupported): fp16/bf16 out, K % 16 == 0 (TMA row strides), N % 8 == 0
+// (16-byte stores of the output), 16-byte aligned q, weight and out.
+constexpr int kThreads = 384;
+constexpr int kKBlock = 128;  // int8 values, one 128-byte swizzled row
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kMaxSmem = 227 * 1024 - 1024;
+
+template <int kBn>
+struct Smem {
+  static constexpr int kXBytes = kBn * kKBlock;
+  static constexpr int kWBytes = 128 * kKBlock;
+  static constexpr int kStageBytes = kXBytes + kWBytes;  // multiples of 1024: swizzle atoms
+  static constexpr int kEpiRows = 64;
+  static constexpr int kEpiStride = 64 + 8;
+  static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;
+  static constexpr int kFixed = kEpiBytes + 256 + 1024;  // + barriers, alignment slack
+  static constexpr int kMaxStages = kBn == 256 ? 4 : 8;
+  static constexpr int kStages = std::min(kMaxStages, (kMaxSmem - kFixed) / kStageBytes);
+  static constexpr int kBytes = kStages * kStageBytes + kFixed;
+  static_assert(kStages >= 3, "shared memory too small for the pipeline");
+};
+
+using sm90::Schedule;
+using sm90::SegmentCursor;
+
+// int32 words of a block's workspace slot: the consumers' accumulators for `rows`-row tiles.
+__host__ __device__ constexpr int64_t SlotWords(int rows) { return int64_t{rows / 2} * 256; }
+
+__device__ __forceinline__ float RowScale(const float* row_scale, int64_t r, int M) {
+  return r < M ? __ldg(row_scale + r) : 0.f;
+}
+
+template <typename T, int kBn>
+__global__ void __launch_bounds__(kThreads, 1)
+    W8A8WgmmaKernel(const __grid_constant__ CUtensorMap q_map,
+                    const __grid_constant__ CUtensorMap w_map, int M, int N, const float* row_scale,
+                    const float* absmax, const float* bias, T* out, Schedule sched, int* slots,
+                    int* flags) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem<kBn>;
+  constexpr int kStages = L::kStages;
+  constexpr int kAcc = kBn / 2;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t epi_addr = smem_addr + kStages * L::kStageBytes;
+  const uint32_t full_bar = epi_addr + L::kEpiBytes;  // kStages barriers of 8 bytes
+  const uint32_t empty_bar = full_bar + 8 * kStages;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
+  const int b = blockIdx.x;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(full_bar + 8 * s, 1);
+      BarrierInit(empty_bar + 8 * s, 8);  // one per consumer warp
+    }
+    BarrierInitFence();
+    TmaPrefetchDescriptor(&q_map);
+    TmaPrefetchDescriptor(&w_map);
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one lane issues every load
+    SetMaxRegistersDown<kProducerRegs>();
+    if (tid != 0) return;
+    SegmentCursor segments(sched, b);
+    int it = 0, tile = 0, first = 0, last = 0;
+    while (segments.Next(tile, first, last)) {
+      int m0 = 0, n0 = 0;
+      sched.TileStart(tile, kBn, m0, n0);
+      for (int kb = first; kb < last; ++kb, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) BarrierWait(empty_bar + 8 * s, (it / kStages - 1) & 1);
+        const uint32_t stage = smem_addr + s * L::kStageBytes;
+        BarrierArriveExpectTx(full_bar + 8 * s, L::kStageBytes);
+        TmaLoad2d(stage, &q_map, full_bar + 8 * s, kb * kKBlock, m0);
+        TmaLoad2d(stage + L::kXBytes, &w_map, full_bar + 8 * s, kb * kKBlock, n0);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  SetMaxRegistersUp<kConsumerRegs>();
+  const int cw = wg - 1, warp = (tid / kWarp) % 4, g = lane / 4, t = lane % 4;
+  const int row0 = 64 * cw + 16 * warp + g;  // the lane's features row0, row0 + 8 of the tile
+  int acc[kAcc];
+  const int ctid = tid - 128;  // 0..255 over both consumer warpgroups
+  SegmentCursor segments(sched, b);
+  int it = 0, tile = 0, first = 0, last = 0;
+  while (segments.Next(tile, first, last)) {
+    int m0 = 0, n0 = 0;
+    sched.TileStart(tile, kBn, m0, n0);
+    for (int kb = first; kb < last; ++kb, ++it) {
+      const int s = it % kStages;
+      BarrierWait(full_bar + 8 * s, (it / kStages) & 1);
+      const uint32_t stage = smem_addr + s * L::kStageBytes;
+      const uint32_t w_tile = stage + L::kXBytes + cw * 64 * kKBlock;
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        sm90::WgmmaSsS8<kBn>::Run(acc, SwizzledDesc(w_tile + 32 * k), SwizzledDesc(stage + 32 * k),
+                                  kb > first || k > 0);
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();  // the k-block before is done: release its stage
+      if (kb > first) {
+        __syncwarp();
+        if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
+      }
+    }
+    WgmmaWait<0>();
+    __syncwarp();
+    if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
+
+    // Note [Stream-K schedule]: contribute, or collect the contributions, or neither (int32
+    // sums: exact in any order).
+    if (ExchangeSums(sched, b, tile, first, last, ctid, acc, slots, SlotWords(kBn), flags)) {
+      continue;
+    }
+
+    // Epilogue. acc[4 c + 2 h + e]: feature row0 + 8 h, row of x 8 c + 2 t + e.
+    float col_scale[2] = {0.f, 0.f}, shift[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + row0 + 8 * h;
+      if (n < N) {
+        col_scale[h] = __fdiv_rn(__ldg(absmax + n), 127.f);
+        if (bias != nullptr) shift[h] = __ldg(bias + n);
+      }
+    }
+    auto value = [&](int i, int h, float rs) {
+      const float y = __fmul_rn(__fmul_rn(__int2float_rn(acc[i]), rs), col_scale[h]);
+      return uint32_t{Bits(FromFloat<T>(bias != nullptr ? __fadd_rn(y, shift[h]) : y))};
+    };
+    const uint32_t chunk_addr = epi_addr + cw * L::kEpiRows * L::kEpiStride * 2;
+    const T* chunk = reinterpret_cast<const T*>(smem + kStages * L::kStageBytes) +
+                     cw * L::kEpiRows * L::kEpiStride;
+    StoreTileTransposed<T, kBn, L::kEpiRows, L::kEpiStride>(
+        chunk_addr, chunk, cw, warp, lane, tid, m0, n0, M, N, out, [&](int c, uint32_t(&r)[4]) {
+          const int64_t row = m0 + 8 * c + 2 * t;  // rows 8 c + 2 t + e and 8 more
+          const float s0 = RowScale(row_scale, row, M), s1 = RowScale(row_scale, row + 1, M);
+          const float s8 = RowScale(row_scale, row + 8, M), s9 = RowScale(row_scale, row + 9, M);
+          r[0] = value(4 * c, 0, s0) | (value(4 * c + 1, 0, s1) << 16);
+          r[1] = value(4 * c + 2, 1, s0) | (value(4 * c + 3, 1, s1) << 16);
+          r[2] = value(4 * c + 4, 0, s8) | (value(4 * c + 5, 0, s9) << 16);
+          r[3] = value(4 * c + 6, 1, s8) | (value(4 * c + 7, 1, s9) << 16);
+        });
+  }
+#endif
+}
+
+bool KernelsLoadable() {
+  static Sm90ImageCache cache;  // Note [sm_90a image]
+  return cache.Loads(reinterpret_cast<const void*>(W8A8WgmmaKernel<__half, 256>));
+}
+
+// Rows of q per output tile: the smallest of 64, 128 and 256 that holds M, 256 beyond.
+int TileRows(int64_t m) { return m <= 64 ? 64 : m <= 128 ? 128 : 256; }
+
+Schedule MakeSchedule(int64_t m, int64_t k, int64_t n, int sm_count, bool* split) {
+  const int rows = TileRows(m);
+  const int64_t m_tiles = (m + rows - 1) / rows, n_tiles = (n + 127) / 128;
+  const int64_t tiles = m_tiles * n_tiles;
+  TORCH_CHECK(tiles < (int64_t{1} << 31), "LaunchW8A8Wgmma: too many tiles");
+  const int k_blocks = static_cast<int>((k + kKBlock - 1) / kKBlock);
+  const bool x_in_l2 = m * k <= sm90::kRasterBandBytes;
+  Schedule sched = sm90::PlanSchedule(tiles, k_blocks, sm_count, WgmmaSchedule::kAuto, x_in_l2);
+  sched.raster =
+      sm90::PlanRaster(static_cast<int>(m_tiles), static_cast<int>(n_tiles), int64_t{rows} * k);
+  *split = sm90::SplitsTiles(sched);
+  return sched;
+}
+
+template <typename T, int kBn>
+void Launch(const int8_t* q, const float* row_scale, const int8_t* w, const float* absmax,
+            const float* bias, int m, int64_t k, int n, T* out, int sm_count, void* workspace,
+            cudaStream_t stream) {
+  using L = Smem<kBn>;
+  static std::atomic<uint64_t> prepared{0};
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  auto kernel = W8A8WgmmaKernel<T, kBn>;
+  if ((prepared.load(std::memory_order_acquire) & bit) == 0) {
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+    prepared.fetch_or(bit, std::memory_order_release);
+  }
+  const CUtensorMap q_map = TensorMap2d(q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, m, k, kBn, kKBlock,
+                                        CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap w_map = TensorMap2d(w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, n, k, 128, kKBlock,
+                                        CU_TENSOR_MAP_SWIZZLE_128B);
+  bool split = false;
+  const Schedule sched = MakeSchedule(m, k, n, sm_count, &split);
+  int* slots = nullptr;
+  int* flags = nullptr;
+  if (split) {
+    TORCH_CHECK(workspace != nullptr, "LaunchW8A8Wgmma: this shape needs a workspace");
+    slots = static_cast<int*>(workspace);
+    flags = slots + sched.blocks * SlotWords(kBn);
+    C10_CUDA_CHECK(cudaMemsetAsync(flags, 0, sizeof(int) * sched.blocks, stream));
+  }
+  kernel<<<sched.blocks, kThreads, L::kBytes, stream>>>(q_map, w_map, m, n, row_scale, absmax, bias,
+                                                        out, sched, slots, flags);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool W8A8WgmmaSupported(int64_t m, int64_t k, int64_t n, const void* q, const void* weight,
+                        ElemType type) {
+  if (type == ElemType::kFloat || m < 1 || k < 16 || n < 8) return false;
+  if (k % 16 != 0 || n % 8 != 0 || !Aligned16(q) || !Aligned16(weight)) return false;
+  if (m > (int64_t{1} << 30) || n > (int64_t{1} << 30)) return false;
+  return KernelsLoadable();
+}
+
+int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count) {
+  if (m == 0 || n == 0) return 0;
+  bool split = false;
+  const Schedule sched = MakeSchedule(m, k, n, sm_count, &split);
+  if (!split) return 0;
+  return sched.blocks * (SlotWords(TileRows(m)) + 1) * int64_t{sizeof(int)};
+}
+
+void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weight,
+                     const float* absmax, const float* bias, int64_t m, int64_t k, int64_t n,
+                     void* out, ElemType type, int sm_count, void* workspace, cudaStream_t stream) {
+  if (m == 0 || n == 0) return;
+  TORCH_CHECK(Aligned16(out), "LaunchW8A8Wgmma: out must be 16-byte aligned");
+  TORCH_CHECK(sm_count >= 1, "LaunchW8A8Wgmma: no multiprocessors");
+  WithHalfType(type, "LaunchW8A8Wgmma", [&](auto t) {
+    using T = decltype(t);
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n);
+    T* o = static_cast<T*>(out);
+    switch (TileRows(m)) {
+      case 64:
+        return Launch<T, 64>(q, row_scale, weight, absmax, bias, mi, k, ni, o, sm_count, workspace,
+                             stream);
+      case 128:
+        return Launch<T, 128>(q, row_scale, weight, absmax, bias, mi, k, ni, o, sm_count, workspace,
+                              stream);
+      default:
+        return Launch<T, 256>(q, row_scale, weight, absmax, bias, mi, k, ni, o, sm_count, workspace,
+                              stream);
+    }
+  });
+}
+
+}  // namespace qpool::quant::cuda
