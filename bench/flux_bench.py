@@ -8,7 +8,9 @@ components from those same modules with qpool_export's FLUX modules (the ones th
 checks against diffusers in tests/integration/test_import_flux.py): built on the meta device,
 materialised in bf16 on the GPU, given the diffusers weights, traced there and saved. The
 transformer and T5 keep quantizable layers: one set of files serves the bf16 pipeline and the
-NF4 one (`quantization: nf4` in its manifest, quantized by the server at load). Each pipeline is
+NF4 one (`quantization: nf4` in its manifest, quantized by the server at load) and flux-w8a8
+(the transformer in w8a8, quantized at load; `--variants flux-bf16,flux-w8a8` times it). Each
+pipeline is
 then served by its own qpool-server and timed through the qpool CLI; the bf16 one also runs the
 Encode-only check under `model` offload (import_bench.encode_check). With `--compile` the export
 also writes an AOTInductor package of the transformer (bf16, for the export's device type) and a
@@ -294,7 +296,10 @@ def export(pipe, a) -> dict:
     clip_tok = fd.Tokenizer("tokenizer", 77, "<|endoftext|>")
     variants = {"flux-bf16": {}, "flux-nf4": {
         c: manifest_io.quantization_section("nf4", 64, False)
-        for c in ("transformer", "text_encoder_2")}}
+        for c in ("transformer", "text_encoder_2")},
+        # The transformer's linears in w8a8 at load (all of them hold 9 to 38 million weights,
+        # where the int8 product pays: docs/quantization.md); T5, run once per request, in bf16.
+        "flux-w8a8": {"transformer": manifest_io.quantization_section("w8a8", 64, False)}}
     if a.compile:
         variants["flux-bf16-compiled"] = {}
     if a.nf4_prequantized:

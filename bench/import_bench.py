@@ -373,6 +373,9 @@ def main() -> int:
                         "ahead of time for CUDA (from-diffusers --compile)")
     p.add_argument("--compile-mode", default="default",
                    help="from-diffusers --compile-mode of the compiled pipelines")
+    p.add_argument("--min-weights", type=int, default=0,
+                   help="add '<variant>-min' twins of the w8a8 variants imported with "
+                        "from-diffusers --min-weights N (their smaller layers in float)")
     p.add_argument("--compile-quantized", default="",
                    help="comma list of formats of --quantize: adds '<model>-FORMAT-compiled', "
                         "the prequantized pipeline with the --compile components compiled too")
@@ -417,9 +420,13 @@ def main() -> int:
     variants += [(f, "prequantized", ("--compile", a.compile, "--compile-device", "cuda",
                                       "--compile-mode", a.compile_mode))
                  for f in a.compile_quantized.split(",") if f]
-    for fmt, mode, compile_args in variants:
-        name = f"{base}-{fmt}" + ("-load" if mode == "load-time" else "") + \
-            ("-compiled" if compile_args else "")
+    variants = [(f, m, c, ()) for f, m, c in variants]
+    if a.min_weights:  # twins of the w8a8 variants with their small layers in float
+        variants += [(f, m, c, ("--min-weights", str(a.min_weights)))
+                     for f, m, c, _ in variants if f == "w8a8"]
+    for fmt, mode, compile_args, min_args in variants:
+        name = f"{base}-{fmt}" + ("-min" if min_args else "") + \
+            ("-load" if mode == "load-time" else "") + ("-compiled" if compile_args else "")
         names.append(name)
         # Each quantized layer's own error (from-diffusers --layer-error), beside the images'
         # PSNR: the worst layers name candidates to leave in float.
@@ -429,7 +436,7 @@ def main() -> int:
             result["import_seconds"][name] = run_import(
                 src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quant-mode", mode,
                 "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]), *compile_args,
-                *error_args)
+                *min_args, *error_args)
         if os.path.exists(errors_json):
             result.setdefault("layer_error", {})[name] = layer_error_summary(errors_json)
     twins = ([("eager", "  cuda_graphs: false\n")] if a.graphs_off else []) + \

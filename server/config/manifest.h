@@ -16,10 +16,11 @@ namespace qpool {
 
 // How one component's linear layers are quantized (at export time or at load time).
 struct QuantizationSpec {
-  std::string format = "none";    // none | int8 | nf4
+  std::string format = "none";    // none | int8 | nf4 | w8a8
   int blocksize = 64;             // nf4 only; power of two in [16, 4096]
   bool double_quant = false;      // nf4 only; 8-bit absmax of absmax
   std::vector<std::string> skip;  // linear layers kept in full precision (name substrings)
+  int min_weights = 0;            // float layers with fewer weights (out x in) kept as they are
 };
 
 // An ahead-of-time compiled forward of a component (Note [Compiled forward] in

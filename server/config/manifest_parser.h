@@ -33,7 +33,8 @@ inline const std::vector<std::string> kComponentKeys = {"file", "sha256", "dtype
                                                         "compiled"};
 inline const std::vector<std::string> kCompiledKeys = {"file", "device", "sha256"};
 inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt"};
-inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip"};
+inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip",
+                                                    "min_weights"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
                                                         "pad_token"};
 inline const std::vector<std::string> kSentencePieceKeys = {"model", "max_length"};

@@ -29,6 +29,8 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
     return Error(field + ".double_quant",
                  "applies to format nf4 only (format is '" + q->format + "')");
   }
+  RETURN_IF_ERROR(ReadNumber(node, field, "min_weights", &q->min_weights));
+  if (q->min_weights < 0) return Got(field + ".min_weights", "must be >= 0", q->min_weights);
   return ReadStringList(node, field, "skip", &q->skip);
 }
 

@@ -119,6 +119,7 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       settings.blocksize = q.blocksize;
       settings.double_quant = q.double_quant;
       settings.skip = q.skip;
+      settings.min_weights = q.min_weights;
       // On the pipeline's GPU when it has one (Note [Load-time quantization]).
       auto report = quant::QuantizeModule(
           component->module(), settings,

@@ -82,6 +82,10 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
         continue;
       }
       const QuantState s = ReadState(item.value);
+      if (at::isFloatingType(s.weight.scalar_type()) && s.weight.numel() < settings.min_weights) {
+        ++report.layers_skipped;  // Note [Small layers stay float]
+        continue;
+      }
       const int64_t bytes = StateBytes(s);
       report.bytes_before += bytes;
       if (s.weight.dim() != 2 || s.weight.numel() == 0) {
@@ -107,8 +111,8 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
       return InvalidArgument(
           "no quantizable layers: the component has no qpool QuantLinear layers" +
           std::string(report.layers_skipped > 0
-                          ? " left after skip (" + std::to_string(report.layers_skipped) +
-                                " skipped)"
+                          ? " left after skip and min_weights (" +
+                                std::to_string(report.layers_skipped) + " skipped)"
                           : "") +
           "; write it with `qpool_export --quant-mode load-time` or `qpool_export "
           "from-diffusers --quant-mode load-time` (quantizable float layers)");

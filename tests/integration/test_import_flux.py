@@ -18,6 +18,7 @@ Tolerances: float32 on the CPU through the same operations: embeddings within 1e
 within one 8-bit level.
 """
 
+import math
 import os
 import shutil
 import sys
@@ -47,6 +48,7 @@ PROMPTS = [PROMPT, "", "A photo of an astronaut,  riding a horse! ÉCOLE ﬁ ½"
            "a cat " * 40]  # the last one longer than T5_LENGTH tokens
 COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "vae_decoder")
 NF4 = {"transformer": "nf4", "text_encoder_2": "nf4"}
+W8A8_MIN_PSNR_DB = 45.0  # measured 58.8 dB on the CPU
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +151,11 @@ def imported(tmp_path_factory, sources):
     spec = ",".join(f"{c}={f}" for c, f in NF4.items())
     folders["flux-nf4"] = imported_into(repository, "flux-nf4", sources["flux-dev"][0],
                                         "--dtype", "float32", "--quantize", spec)
+    # The transformer in w8a8, quantized by the server at load.
+    folders["flux-w8a8-load"] = imported_into(repository, "flux-w8a8-load",
+                                              sources["flux-dev"][0], "--dtype", "float32",
+                                              "--quantize", "transformer=w8a8",
+                                              "--quant-mode", "load-time")
     # The transformer's forward also compiled ahead of time for the CPU (Note [Compiled forward]).
     folders["flux-compiled"] = imported_into(repository, "flux-compiled", sources["flux-dev"][0],
                                              "--dtype", "float32", "--compile", "transformer")
@@ -370,6 +377,21 @@ CASES = {
         "flux-dev", dict(steps=3, guidance_scale=3.5, negative_prompt="", true_cfg_scale=3.0)),
     "nf4 transformer and T5": ("flux-nf4", dict(steps=4, guidance_scale=3.5)),
 }
+
+
+def test_served_w8a8_transformer_stays_close_to_full_precision(client):
+    """The transformer quantized to w8a8 at load (int8 activations per token, int8 weights per
+    channel: Note [W8A8 linear]) against the same weights in float, same seed."""
+    info = client.pipelines()["flux-w8a8-load"]
+    assert {c.name: c.quantization for c in info.components}["transformer"] == "w8a8"
+    request = dict(steps=4, guidance_scale=3.5)
+    got = qpool_images(client, "flux-w8a8-load", seed=11, prompt=PROMPT, **request)[0]
+    want = qpool_images(client, "flux-dev", seed=11, prompt=PROMPT, **request)[0]
+    mse = np.mean((got.astype(np.float64) - want.astype(np.float64)) ** 2)
+    psnr = 10 * np.log10(255.0 ** 2 / mse) if mse else math.inf
+    print(f"W8A8_PSNR_MEASURED {psnr:.2f} dB")
+    assert 0 < mse and psnr >= W8A8_MIN_PSNR_DB, f"PSNR {psnr:.2f} dB"
+    assert want.std() > 5, "a flat reference image compares nothing"
 
 
 def test_compiled_transformer_matches_diffusers(client, imported, references):

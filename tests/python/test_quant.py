@@ -188,6 +188,16 @@ def test_quantize_module_replaces_linears_and_traces_without_constants(fmt, bs, 
     assert not constants
 
 
+def test_min_weights_keeps_small_layers_float():
+    # Note [Small layers stay float]: 40 x 48 = 1920 weights, 48 x 16 = 768, 16 x 8 = 128.
+    net = nn.Sequential(nn.Linear(40, 48), nn.GELU(), nn.Linear(48, 16), nn.Linear(16, 8))
+    assert quant.quantize_module(net, "w8a8", min_weights=768) == 2
+    assert [type(m).__name__ for m in net] == ["QuantLinear", "GELU", "QuantLinear", "Linear"]
+    assert quant.quantize_module(nn.Sequential(nn.Linear(16, 8)), "int8", min_weights=128) == 1
+    with pytest.raises(ValueError, match=r"\(1 skipped\)"):
+        quant.quantize_module(nn.Sequential(nn.Linear(16, 8)), "int8", min_weights=129)
+
+
 def test_prequantize_false_keeps_float_weights_for_load_time():
     net = nn.Sequential(nn.Linear(8, 8))
     w = net[0].weight.detach().clone()

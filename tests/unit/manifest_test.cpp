@@ -21,6 +21,7 @@ components:
     file: ./unet.pt
     quantization:
       format: int8
+      min_weights: 4194304
   vae_decoder:
     file: vae_decoder.pt
 tokenizer:
@@ -295,7 +296,9 @@ TEST_F(ManifestTest, FullManifestParsesEveryValue) {
   EXPECT_EQ(te.blocksize, 128);
   EXPECT_TRUE(te.double_quant);
   EXPECT_EQ(te.skip, (std::vector<std::string>{"final_proj", "proj_out"}));
+  EXPECT_EQ(te.min_weights, 0);
   EXPECT_EQ(m.components[1].quantization.format, "int8");
+  EXPECT_EQ(m.components[1].quantization.min_weights, 4194304);
   EXPECT_FALSE(m.components[1].quantization.double_quant);
   EXPECT_EQ(m.components[2].quantization.format, "none");
   EXPECT_EQ(m.tokenizer.vocab, dir_ + "/tokenizer/vocab.json");

@@ -300,6 +300,35 @@ TEST(ModuleQuantizer, SkipKeepsLayersInFullPrecision) {
   EXPECT_NE(none_left.status().message().find("no quantizable layers"), std::string::npos);
 }
 
+// Note [Small layers stay float]: proj_in has 48 x 40 = 1920 weights, proj_out 16 x 48 = 768.
+TEST(ModuleQuantizer, MinWeightsKeepsSmallLayersFloat) {
+  torch::manual_seed(15);
+  at::Tensor w1 = at::randn({48, 40}), b1 = at::randn({48}), w2 = at::randn({16, 48});
+  torch::jit::Module net = MakeNet(w1, b1, w2);
+  const at::Tensor x = at::randn({20, 40});
+  QuantSettings settings;
+  settings.format = "w8a8";
+  settings.min_weights = 1920;  // proj_in is not below it
+  StatusOr<QuantizeReport> report = QuantizeModule(net, settings);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->layers_quantized, 1);
+  EXPECT_EQ(report->layers_skipped, 1);
+  EXPECT_EQ(report->quantized, (std::vector<std::string>{"proj_in"}));
+  EXPECT_EQ(net.attr("proj_in").toModule().attr("weight").toTensor().scalar_type(), at::kChar);
+  EXPECT_TRUE(at::equal(net.attr("proj_out").toModule().attr("weight").toTensor(), w2));
+  // The float layer computes as before, the quantized one as the quantizer's state does.
+  const QuantState s = *QuantizeW8A8(w1);
+  const at::Tensor expected = at::linear(at::relu(QuantLinear(x, s, b1)), w2);
+  EXPECT_TRUE(at::allclose(Forward(net, x), expected, 1e-5, 1e-5));
+
+  torch::jit::Module again = MakeNet(w1, b1, w2);
+  settings.min_weights = 1921;
+  StatusOr<QuantizeReport> none_left = QuantizeModule(again, settings);
+  ASSERT_FALSE(none_left.ok());
+  EXPECT_NE(none_left.status().message().find("min_weights (2 skipped)"), std::string::npos)
+      << none_left.status().message();
+}
+
 TEST(ModuleQuantizer, RefusesBadSettingsAndPlainModules) {
   torch::jit::Module net = MakeNet(at::randn({8, 8}), at::randn({8}), at::randn({4, 8}));
   QuantSettings bad_format;

@@ -87,6 +87,9 @@ class ImportOptions:
     quantize: Dict[str, str] = field(default_factory=dict)  # component -> int8 | nf4 | w8a8
     blocksize: int = 64
     double_quant: bool = False
+    # Layers of fewer weights stay float in the quantized components (Note [Small layers stay
+    # float]); written to the manifest for load-time quantization.
+    min_weights: int = 0
     clip_skip: int = 0
     variant: Optional[str] = None  # e.g. "fp16": read *.fp16.safetensors weight files
     # prequantized: --quantize quantizes now; load-time: the layers stay float (quantizable) and
@@ -160,7 +163,11 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
         records = layer_error.capture(built.module, (built.trace_inputs, built.check_inputs))
     count = quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
                                   double_quant=opts.double_quant,
-                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth)
+                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth,
+                                  # load-time: every layer stays quantizable, the manifest's
+                                  # min_weights decides (and can be changed later)
+                                  min_weights=opts.min_weights if opts.quant_mode ==
+                                  "prequantized" else 0)
     if records is not None:
         built.layer_errors = layer_error.errors(built.module, records)
     return count
@@ -491,7 +498,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         else:
             reports, tokenizers, unet_cfg, vae_cfg = _build_components(kind, src, stage, opts,
                                                                        gen)
-        quant = {c: manifest_io.quantization_section(f, opts.blocksize, opts.double_quant)
+        quant = {c: manifest_io.quantization_section(f, opts.blocksize, opts.double_quant,
+                                                     min_weights=opts.min_weights)
                  for c, f in opts.quantize.items() if f != "none"}
         for r in reports:  # bitsandbytes checkpoints: the format their bytes were converted to
             if r["converted_formats"] and r["name"] not in quant:

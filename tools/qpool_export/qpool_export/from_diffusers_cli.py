@@ -49,6 +49,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="w8a8: SmoothQuant scales with this alpha in (0, 1] from the components' "
                         "example inputs (default: none)")
     p.add_argument("--blocksize", type=int, default=64, help="nf4 block size (default 64)")
+    p.add_argument("--min-weights", type=int, default=0, metavar="N",
+                   help="keep linear layers of fewer than N weights (out x in) in float in the "
+                        "quantized components: w8a8 pays only on large layers, e.g. 4194304 "
+                        "(docs/quantization.md; default 0: quantize all)")
     p.add_argument("--double-quant", action="store_true", help="nf4: 8-bit absmax of absmax")
     p.add_argument("--clip-skip", type=int, default=0,
                    help="diffusers' clip_skip: SD uses the text encoder's layer -(N+1) "
@@ -80,6 +84,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         p.error(str(e))
     quantize = _parse_quantize(a.quantize, p)
+    if a.min_weights < 0 or a.min_weights > 2**31 - 1:
+        p.error(f"--min-weights must be in [0, 2^31) (got {a.min_weights})")
+    if a.min_weights and not set(quantize.values()) - {"none"}:
+        p.error("--min-weights applies to components named by --quantize")
     if a.smoothquant is not None:
         if "w8a8" not in quantize.values() or a.quant_mode != "prequantized":
             p.error("--smoothquant applies to w8a8 components with --quant-mode prequantized")
@@ -90,7 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--layer-error needs --quantize with --quant-mode prequantized")
     opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
                          quantize=quantize, blocksize=a.blocksize, smoothquant=a.smoothquant,
-                         double_quant=a.double_quant, clip_skip=a.clip_skip, variant=a.variant,
+                         double_quant=a.double_quant, min_weights=a.min_weights,
+                         clip_skip=a.clip_skip, variant=a.variant,
                          quant_mode=a.quant_mode, layer_error=a.layer_error,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,

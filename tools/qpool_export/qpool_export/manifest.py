@@ -24,7 +24,7 @@ SD_SCALING_FACTOR = 0.18215
 
 
 def quantization_section(fmt: str, blocksize: int, double_quant: bool,
-                         skip: tuple = ()) -> Dict[str, object]:
+                         skip: tuple = (), min_weights: int = 0) -> Dict[str, object]:
     """The `quantization:` mapping of one component (only the keys its format accepts)."""
     q: Dict[str, object] = {"format": fmt}
     if fmt == "nf4":
@@ -32,6 +32,8 @@ def quantization_section(fmt: str, blocksize: int, double_quant: bool,
         q["double_quant"] = bool(double_quant)
     if skip:
         q["skip"] = list(skip)
+    if min_weights:
+        q["min_weights"] = int(min_weights)
     return q
 
 
