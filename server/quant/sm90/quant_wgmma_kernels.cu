@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
 
     // Note [Stream-K schedule]: contribute, or collect the contributions, or neither.
-    if (ExchangeSums(sched, b, tile, first, last, ctid, acc, slots, SlotFloats(kBn), flags)) {
+    if (ExchangeSums<SlotFloats(kBn)>(sched, b, tile, first, last, ctid, acc, slots, flags)) {
       continue;
     }
 

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Note [Stream-K schedule]: contribute, or collect the contributions, or neither (int32
     // sums: exact in any order).
-    if (ExchangeSums(sched, b, tile, first, last, ctid, acc, slots, SlotWords(kBn), flags)) {
+    if (ExchangeSums<SlotWords(kBn)>(sched, b, tile, first, last, ctid, acc, slots, flags)) {
       continue;
     }
 

@@ -219,15 +219,15 @@ __device__ __forceinline__ int LoadAcquire(const int* p) {
 
 // Note [Stream-K schedule] in a consumer warpgroup pair (thread ctid of 256), after a segment
 // [first, last) of `tile`: a contribution stores the accumulators in block b's workspace slot
-// (`slot_words` words per block) and sets its flag, and the caller skips the epilogue (true); an
+// (kSlotWords words per block) and sets its flag, and the caller skips the epilogue (true); an
 // owner that stops early adds the slots of the blocks after it that contribute to its tile, in
 // block order (false).
-template <int kAcc, typename A>
+template <int64_t kSlotWords, int kAcc, typename A>
 __device__ __forceinline__ bool ExchangeSums(const sm90::Schedule& sched, int b, int tile,
                                              int first, int last, int ctid, A (&acc)[kAcc],
-                                             A* slots, int64_t slot_words, int* flags) {
+                                             A* slots, int* flags) {
   if (first > 0) {
-    A* slot = slots + b * slot_words + ctid;
+    A* slot = slots + b * kSlotWords + ctid;
 #pragma unroll
     for (int q = 0; q < kAcc; ++q) __stcg(slot + q * 256, acc[q]);
     // The barrier orders every consumer's stores before thread 0's release, which is cumulative:
@@ -244,7 +244,7 @@ __device__ __forceinline__ bool ExchangeSums(const sm90::Schedule& sched, int b,
         }
       }
       NamedBarrier(3, 256);
-      const A* slot = slots + c * slot_words + ctid;
+      const A* slot = slots + c * kSlotWords + ctid;
 #pragma unroll
       for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(slot + q * 256);
     }
@@ -260,8 +260,8 @@ __device__ __forceinline__ bool ExchangeSums(const sm90::Schedule& sched, int b,
 // r[2], r[3] the same of rows 8 (c + 1) + 2 t + e, as pairs of T (e = 0 low).
 template <typename T, int kBn, int kEpiRows, int kEpiStride, typename Fragments>
 __device__ __forceinline__ void StoreTileTransposed(uint32_t chunk_addr, const T* chunk, int cw,
-                                                    int warp, int lane, int tid, int64_t m0,
-                                                    int64_t n0, int M, int64_t N, T* out,
+                                                    int warp, int lane, int tid, int m0, int n0,
+                                                    int M, int64_t N, T* out,
                                                     Fragments&& fragments) {
   const int j = lane / 8, i8 = lane % 8;  // stmatrix: lane gives row i8 of tile j
   const uint32_t lane_addr =
