@@ -37,7 +37,7 @@ cuda::ElemType ElemTypeOf(at::ScalarType t) {
 // warpgroup-MMA kernel (Note [Warpgroup-MMA W8A8 linear]) over at::_int_mm + the epilogue
 // kernel where it measured faster: side by side on an H100 over the ten benchmark layers at
 // M = 154, 1024, 4096 and 8192 (bench/results/quant_linear_w8a8_h100.json), the kernel took
-// 0.39-0.81 of cuBLASLt's time on every layer at M >= 4096, and 0.45-0.94 at M = 1024 except on
+// 0.38-0.82 of cuBLASLt's time on every layer at M >= 4096, and 0.45-0.94 at M = 1024 except on
 // SD 1.5's 320 x 320 and 768 x 320 projections (1.03-1.11); at M = 154 it won only on the wide
 // feed-forward layers (0.73-0.97; FLUX's 3072 x 3072 took 1.15x). Between 17 and 127 rows
 // nothing was measured and cuBLASLt stays. kWgmma forces the kernel wherever it runs,

@@ -22,12 +22,11 @@ namespace {
 //   out[r, c] = (acc[r, c] * (row_amax[r] / 127)) * (absmax[c] / 127) (+ bias[c]),
 //   acc = q w^T in int32,
 // the float operations of LaunchW8A8Epilogue, each rounded, in the same order (row_amax / 127
-// comes from the quantizing kernel, row_scale, so the epilogue divides only per feature): the
-// int32 sums
-// are exact whatever the order of their products, so the output is the bytes of at::_int_mm
-// followed by that epilogue, i.e. the CPU's (Note [W8A8 linear]). What it saves: the int32
-// [M, N] product's write and read (8 bytes per output against fp16's 2) and a launch, and the
-// tensor cores run int8 at twice their fp16 rate.
+// comes from the quantizing kernel as row_scale, so the epilogue divides only per feature). The
+// int32 sums are exact whatever the order of their products, so the output is the bytes of
+// at::_int_mm followed by that epilogue, i.e. the CPU's (Note [W8A8 linear]). What it saves:
+// the int32 [M, N] product's write and read (8 bytes per output against fp16's 2) and a
+// launch; and the tensor cores run int8 at twice their fp16 rate.
 // It is organised as the weight-only kernel (Note [Warpgroup-MMA large-M linear]) without the
 // weight decode: out^T = w q^T, three warpgroups, one producer lane loading each k-block of 128
 // values, q's tile (kBn rows) and the weight's (128 rows) of 128 bytes each, with TMA in the
