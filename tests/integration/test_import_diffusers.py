@@ -468,3 +468,18 @@ def test_import_failures_name_the_problem_and_leave_the_repository_untouched(
     assert message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert sorted(p.name for p in repository.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--min-weights", "-1"), "--min-weights must be in [0, 2^31) (got -1)"),
+    (("--min-weights", "4096"), "--min-weights applies to components named by --quantize"),
+    (("--quantize", "unet=w8a8", "--min-weights", "x"), "--min-weights: invalid int value"),
+])
+def test_bad_options_are_refused_before_anything_is_written(good_source, tmp_path, args, message):
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    done = run_import(good_source, repository / "model", *args)
+    assert done.returncode == 2
+    assert message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(repository.iterdir()) == []
