@@ -343,6 +343,9 @@ def test_sd15_latent_downscale_is_8():
     (["--preset", "tiny", "--out", "x", "--quantize", "int8", "--components", "unet,clip"],
      "unknown component"),
     (["--preset", "tiny", "--out", "x", "--components", "unet"], "only with --quantize"),
+    (["--preset", "tiny", "--out", "x", "--min-weights", "64"], "only with --quantize"),
+    (["--preset", "tiny", "--out", "x", "--quantize", "w8a8", "--min-weights", "-1"],
+     "--min-weights must be in [0, 2^31)"),
     (["--preset", "tiny", "--out", "x", "--dtype", "int4"], "invalid choice"),
     (["--preset", "tiny", "--out", "x", "--seed", "-1"], "--seed"),
 ])
@@ -391,6 +394,8 @@ needs_quant = pytest.mark.skipif(not _quant_available(),
      {"format": "nf4", "blocksize": 128, "double_quant": False}),
     ("w8a8", "prequantized", [], {"format": "w8a8"}),
     ("w8a8", "load-time", [], {"format": "w8a8"}),
+    ("w8a8", "prequantized", ["--min-weights", "2048"], {"format": "w8a8", "min_weights": 2048}),
+    ("w8a8", "load-time", ["--min-weights", "2048"], {"format": "w8a8", "min_weights": 2048}),
 ])
 def test_quantized_export(tmp_path, fmt, mode, extra, section):
     out = tmp_path / f"q-{fmt}"
@@ -413,6 +418,15 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
         int8 = [n[:-len("weight")] for n, b in buffers.items() if b.dtype == torch.int8]
         assert int8 and all(torch.equal(buffers[p + "code"], torch.ones(
             buffers[p + "weight"].shape[1])) for p in int8)
+    if "--min-weights" in extra:  # Note [Small layers stay float]
+        weights = [m.weight for _, m in unet.named_modules()
+                   if m.original_name in ("Linear", "QuantLinear")]
+        small = [w for w in weights if w.numel() < 2048]
+        assert small and len(small) < len(weights)
+        if mode == "prequantized":  # quantized now: int8 exactly where not small
+            assert all((w.dtype == torch.int8) == (w.numel() >= 2048) for w in weights)
+        else:  # load-time: all float, the server applies min_weights
+            assert all(w.is_floating_point() for w in weights)
 
 
 GROUP_NORM_SHAPES = [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32), ((3, 12, 5, 6), 4)]

@@ -42,6 +42,7 @@ class ExportOptions:
     double_quant: bool = False
     quant_components: Tuple[str, ...] = DEFAULT_QUANT_COMPONENTS
     skip: Tuple[str, ...] = ()
+    min_weights: int = 0  # layers of fewer weights stay float (Note [Small layers stay float])
     smoothquant: Optional[float] = None  # w8a8: SmoothQuant alpha (smoothquant.py), or no scales
     dtype: str = "float32"  # float32 | float16
     verbose: bool = True
@@ -106,7 +107,10 @@ def _quantize(module: torch.nn.Module, opts: ExportOptions,
         smooth = smoothquant.calibrate(module, calibration, opts.smoothquant)
     return quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
                                  double_quant=opts.double_quant, skip=list(opts.skip),
-                                 prequantize=opts.quant_mode == "prequantized", smooth=smooth)
+                                 prequantize=opts.quant_mode == "prequantized", smooth=smooth,
+                                 # load-time: the manifest's min_weights decides at load
+                                 min_weights=opts.min_weights
+                                 if opts.quant_mode == "prequantized" else 0)
 
 
 def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:
@@ -248,7 +252,8 @@ def export(opts: ExportOptions) -> ExportResult:
             for c in opts.quant_components:
                 skip = tuple(DEFAULT_QUANT_SKIP.get(c, ())) + tuple(opts.skip)
                 quant[c] = manifest.quantization_section(opts.quantize, opts.blocksize,
-                                                         opts.double_quant, skip)
+                                                         opts.double_quant, skip,
+                                                         opts.min_weights)
         header = (f"written by qpool_export {opts.preset} preset, seed {opts.seed}, dtype "
                   f"{opts.dtype}, quantize {opts.quantize}"
                   + (f" ({opts.quant_mode})" if opts.quantize != "none" else "")
@@ -309,6 +314,9 @@ def parse_args(argv: Optional[Sequence[str]]):
                         "(default: text_encoder,unet)")
     p.add_argument("--skip", default="",
                    help="linear layers to keep in full precision (comma separated name substrings)")
+    p.add_argument("--min-weights", type=int, default=0, metavar="N",
+                   help="keep linear layers of fewer than N weights (out x in) in full precision "
+                        "(default 0; w8a8 pays only on large layers)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
                    help="dtype of the saved weights (tracing always runs in float32)")
     p.add_argument("--threads", type=int, default=None,
@@ -362,10 +370,12 @@ def parse_args(argv: Optional[Sequence[str]]):
         p.error("--smoothquant applies to --quantize w8a8 --quant-mode prequantized only")
     if a.smoothquant is not None and not 0 < a.smoothquant <= 1:
         p.error(f"--smoothquant must be in (0, 1] (got {a.smoothquant})")
-    if a.quantize == "none" and (a.components is not None or a.skip or
+    if a.quantize == "none" and (a.components is not None or a.skip or a.min_weights or
                                  a.quant_mode != "prequantized"):
-        p.error("--components, --skip and --quant-mode apply only with --quantize "
+        p.error("--components, --skip, --min-weights and --quant-mode apply only with --quantize "
                 "int8|nf4|w8a8")
+    if not 0 <= a.min_weights < 2**31:
+        p.error(f"--min-weights must be in [0, 2^31) (got {a.min_weights})")
     compile_list = _split_list(a.compile)
     bad = [c for c in compile_list if c not in aot.COMPILABLE]
     if bad:
@@ -384,7 +394,8 @@ def parse_args(argv: Optional[Sequence[str]]):
     return ExportOptions(preset=a.preset, out=out, seed=a.seed, quantize=a.quantize,
                          quant_mode=a.quant_mode, blocksize=blocksize, double_quant=a.double_quant,
                          quant_components=tuple(c for c in COMPONENTS if c in comps),
-                         skip=_split_list(a.skip), smoothquant=a.smoothquant, dtype=a.dtype,
+                         skip=_split_list(a.skip), min_weights=a.min_weights,
+                         smoothquant=a.smoothquant, dtype=a.dtype,
                          verbose=not a.quiet,
                          compile=tuple(c for c in COMPONENTS if c in compile_list),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
