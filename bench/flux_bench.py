@@ -325,6 +325,24 @@ def export(pipe, a) -> dict:
     return timings
 
 
+def compare_to_bf16(result: dict, a) -> None:
+    """Each timed variant's p50 latency and pipeline bytes as a multiple of flux-bf16's, and its
+    images against flux-bf16's for the same requests (import_bench.fidelity), when flux-bf16 ran."""
+    base = result.get("flux-bf16", {})
+    if "latency" not in base:
+        return
+    for name in a.variants.split(","):
+        mine = result.get(name, {})
+        if name == "flux-bf16" or "latency" not in mine:
+            continue
+        mine["over_flux_bf16"] = {
+            "latency_p50": mine["latency"]["median_s"] / base["latency"]["median_s"],
+            "pipeline_bytes": mine["pipeline_bytes"] / base["pipeline_bytes"]}
+        mine["fidelity_vs_flux-bf16"] = import_bench.fidelity(a.work, "flux-bf16", name)
+        print(name, "vs flux-bf16", json.dumps(mine["over_flux_bf16"]),
+              json.dumps(mine["fidelity_vs_flux-bf16"]), flush=True)
+
+
 def residency_check(a, name: str) -> dict:
     """`name` generates an image (512x512, 4 steps), is offloaded to the host, onloaded back and
     generates it again: the PNGs must be byte-identical, and nothing of the pipeline may stay on
@@ -430,6 +448,7 @@ def main() -> int:
                 check_encode=cuda and name == "flux-bf16", scheduler="euler",
                 device="cuda:0" if cuda else "cpu")
             print(name, json.dumps(result[name].get("latency", result[name])), flush=True)
+        compare_to_bf16(result, a)
         if a.residency_check:
             result["residency_check"] = residency_check(a, a.residency_check)
             print(json.dumps(result["residency_check"]), flush=True)
