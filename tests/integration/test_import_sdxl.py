@@ -432,14 +432,6 @@ def served_pipelines(tmp_path_factory, source, imported, bnb_imported):
     done = imported_into(repository, "sdxl-nf4-load", folder, "--dtype", "float32", "--quantize",
                          spec, "--quant-mode", "load-time")
     pipelines["sdxl-nf4-load"] = (done, pipelines["sdxl-nf4"][1])
-    # w8a8 of all but the UNet's smallest linear layers (--min-weights), quantized at import and
-    # by the server at load.
-    sizes = sorted({m.weight.numel() for m in pipe.unet.modules() if isinstance(m, torch.nn.Linear)})
-    threshold = str(sizes[1])
-    for name, mode in (("sdxl-w8a8-large", "prequantized"), ("sdxl-w8a8-large-load", "load-time")):
-        pipelines[name] = (imported_into(repository, name, folder, "--dtype", "float32",
-                                         "--quantize", "unet=w8a8", "--min-weights", threshold,
-                                         "--quant-mode", mode), None)
     return pipelines
 
 
@@ -592,27 +584,6 @@ def test_served_quantized_images_match_diffusers_on_the_dequantized_weights(
     value = psnr(got, qpool_image(client, "sdxl", **request))
     print(f"QUANT_PSNR_MEASURED {name}: {value:.2f} dB")
     assert MIN_PSNR_DB[name] <= value < math.inf, f"{name}: PSNR {value:.2f} dB"
-
-
-def test_min_weights_keeps_the_same_small_layers_float_at_import_and_at_load(
-        client, served_pipelines):
-    """Note [Small layers stay float]: --min-weights leaves the UNet's smaller linear layers float
-    in the imported file and writes min_weights to the manifest, which the server's load-time
-    quantization applies alike: the same layers quantized, so the same PNG."""
-    folder = served_pipelines["sdxl-w8a8-large"][0]
-    section = yaml.safe_load((folder / "pipeline.yaml").read_text())["components"]["unet"][
-        "quantization"]
-    assert section["format"] == "w8a8" and section["min_weights"] > 0
-    kinds = [m.original_name for _, m in torch.jit.load(str(folder / "unet.pt")).named_modules()]
-    assert kinds.count("QuantLinear") > 0 and kinds.count("Linear") > 0, kinds
-    load_section = yaml.safe_load((served_pipelines["sdxl-w8a8-large-load"][0] / "pipeline.yaml")
-                                  .read_text())["components"]["unet"]["quantization"]
-    assert load_section == section
-    request = dict(pipeline="sdxl-w8a8-large", prompt=PROMPT, steps=3, width=SIZE, height=SIZE,
-                   seed=7, scheduler="euler")
-    got = client.generate_one(**request).images[0].png
-    assert got == client.generate_one(**dict(request, pipeline="sdxl-w8a8-large-load")).images[0].png
-    assert got != client.generate_one(**dict(request, pipeline="sdxl")).images[0].png
 
 
 def test_load_time_quantization_gives_the_imported_quantization(client, served_pipelines):

@@ -1,0 +1,75 @@
+"""SDXL imported with w8a8 and `--min-weights` (Note [Small layers stay float]): the UNet's
+smallest linear layers stay float in the imported file, the manifest carries min_weights, and the
+server's load-time quantization keeps the same layers float, so both give the same PNG. The
+tiny pipeline, its source and the import helpers are test_import_sdxl.py's.
+"""
+
+import shutil
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+yaml = pytest.importorskip("yaml")
+pytest.importorskip("diffusers")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors.torch")
+
+from test_import_sdxl import (EXPORTER, PROMPT, SIZE,  # noqa: E402,F401 - fixtures too
+                              imported_into, one_thread, source, tokenizer_dir)
+
+
+def load_traced(path):
+    """A traced component, with qpool::quant_linear registered by the exporter's reference."""
+    sys.path.insert(0, str(EXPORTER))
+    from qpool_export import quant  # noqa: F401 - registers the op
+
+    return torch.jit.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def served_pipelines(tmp_path_factory, source):
+    """{name: folder}: the float32 import, and w8a8 of all but the UNet's smallest linear layers
+    quantized at import and by the server at load."""
+    folder, pipe = source
+    repository = tmp_path_factory.mktemp("w8a8")
+    pipelines = {"sdxl": imported_into(repository, "sdxl", folder, "--dtype", "float32")}
+    sizes = sorted({m.weight.numel() for m in pipe.unet.modules() if isinstance(m, torch.nn.Linear)})
+    threshold = str(sizes[1])
+    for name, mode in (("sdxl-w8a8-large", "prequantized"), ("sdxl-w8a8-large-load", "load-time")):
+        pipelines[name] = imported_into(repository, name, folder, "--dtype", "float32",
+                                        "--quantize", "unet=w8a8", "--min-weights", threshold,
+                                        "--quant-mode", mode)
+    return pipelines
+
+
+@pytest.fixture(scope="module")
+def client(make_server, served_pipelines):
+    def setup(models):
+        for name, folder in served_pipelines.items():
+            shutil.copytree(folder, models / name)
+
+    return make_server(pipelines=(), load="all", setup=setup)
+
+
+def unet_quantization(folder):
+    return yaml.safe_load((folder / "pipeline.yaml").read_text())["components"]["unet"][
+        "quantization"]
+
+
+def test_min_weights_keeps_the_same_small_layers_float_at_import_and_at_load(
+        client, served_pipelines):
+    """--min-weights leaves the UNet's smaller linear layers float in the imported file and writes
+    min_weights to the manifest, which the server's load-time quantization applies alike: the
+    same layers quantized, so the same PNG."""
+    folder = served_pipelines["sdxl-w8a8-large"]
+    section = unet_quantization(folder)
+    assert section["format"] == "w8a8" and section["min_weights"] > 0
+    kinds = [m.original_name for _, m in load_traced(folder / "unet.pt").named_modules()]
+    assert kinds.count("QuantLinear") > 0 and kinds.count("Linear") > 0, kinds
+    assert unet_quantization(served_pipelines["sdxl-w8a8-large-load"]) == section
+    request = dict(pipeline="sdxl-w8a8-large", prompt=PROMPT, steps=3, width=SIZE, height=SIZE,
+                   seed=7, scheduler="euler")
+    got = client.generate_one(**request).images[0].png
+    assert got == client.generate_one(**dict(request, pipeline="sdxl-w8a8-large-load")).images[0].png
+    assert got != client.generate_one(**dict(request, pipeline="sdxl")).images[0].png
