@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "quant/quant_kernels.h"
 #include "quant/sm90/wgmma_common.cuh"
@@ -308,16 +307,9 @@ template <typename T, int kBn, bool kNf4, bool kDq>
 void Launch(const PackedWeightView& w, const T* x, int m, const T* bias, T* out,
             const WgmmaTile& tile, void* workspace, cudaStream_t stream) {
   using L = Smem<kBn, kNf4>;
-  static std::atomic<uint64_t> prepared{0};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
   auto kernel = WgmmaLinearKernel<T, kBn, kNf4, kDq>;
-  if ((prepared.load(std::memory_order_acquire) & bit) == 0) {
-    C10_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
-    prepared.fetch_or(bit, std::memory_order_release);
-  }
+  static SmemLimit limit;
+  limit.Ensure(reinterpret_cast<const void*>(kernel), L::kBytes);
   constexpr CUtensorMapDataType kType = std::is_same_v<T, __half>
                                             ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;

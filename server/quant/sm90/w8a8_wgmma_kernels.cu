@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "quant/sm90/wgmma_common.cuh"
 #include "quant/sm90/wgmma_host.h"
@@ -218,16 +217,9 @@ void Launch(const int8_t* q, const float* row_scale, const int8_t* w, const floa
             const float* bias, int m, int64_t k, int n, T* out, int sm_count, void* workspace,
             cudaStream_t stream) {
   using L = Smem<kBn>;
-  static std::atomic<uint64_t> prepared{0};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
   auto kernel = W8A8WgmmaKernel<T, kBn>;
-  if ((prepared.load(std::memory_order_acquire) & bit) == 0) {
-    C10_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
-    prepared.fetch_or(bit, std::memory_order_release);
-  }
+  static SmemLimit limit;
+  limit.Ensure(reinterpret_cast<const void*>(kernel), L::kBytes);
   const CUtensorMap q_map = TensorMap2d(q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, m, k, kBn, kKBlock,
                                         CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap w_map = TensorMap2d(w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, n, k, 128, kKBlock,

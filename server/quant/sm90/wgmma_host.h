@@ -74,4 +74,23 @@ class Sm90ImageCache {
   std::atomic<uint64_t> known_{0}, yes_{0};
 };
 
+// Raises a kernel's dynamic shared memory limit to `bytes` on the current device, once per
+// device (the first 64 ordinals); host-only, so it runs in the eager call before any capture.
+class SmemLimit {
+ public:
+  void Ensure(const void* kernel, int bytes) {
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = uint64_t{1} << (device % 64);
+    if ((done_.load(std::memory_order_acquire) & bit) == 0) {
+      C10_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      done_.fetch_or(bit, std::memory_order_release);
+    }
+  }
+
+ private:
+  std::atomic<uint64_t> done_{0};
+};
+
 }  // namespace qpool::quant::cuda

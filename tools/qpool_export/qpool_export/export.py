@@ -108,9 +108,7 @@ def _quantize(module: torch.nn.Module, opts: ExportOptions,
     return quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
                                  double_quant=opts.double_quant, skip=list(opts.skip),
                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth,
-                                 # load-time: the manifest's min_weights decides at load
-                                 min_weights=opts.min_weights
-                                 if opts.quant_mode == "prequantized" else 0)
+                                 min_weights=opts.min_weights)
 
 
 def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:

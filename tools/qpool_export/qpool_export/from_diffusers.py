@@ -164,10 +164,7 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
     count = quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
                                   double_quant=opts.double_quant,
                                   prequantize=opts.quant_mode == "prequantized", smooth=smooth,
-                                  # load-time: every layer stays quantizable, the manifest's
-                                  # min_weights decides (and can be changed later)
-                                  min_weights=opts.min_weights if opts.quant_mode ==
-                                  "prequantized" else 0)
+                                  min_weights=opts.min_weights)
     if records is not None:
         built.layer_errors = layer_error.errors(built.module, records)
     return count

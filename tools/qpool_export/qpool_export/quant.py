@@ -371,10 +371,11 @@ class QuantLinear(nn.Module):
 def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_quant: bool = False,
                     skip: Iterable[str] = (), prequantize: bool = True,
                     smooth: Optional[Dict[str, torch.Tensor]] = None, min_weights: int = 0) -> int:
-    """Replaces every nn.Linear of `module` whose qualified name contains no `skip` substring and
-    whose weight has at least `min_weights` elements by a QuantLinear (quantized now if
-    prequantize, else in float for load-time quantization); the others stay nn.Linear (C++: Note
-    [Small layers stay float]).
+    """Replaces every nn.Linear of `module` whose qualified name contains no `skip` substring by a
+    QuantLinear (quantized now if prequantize, else in float for load-time quantization). With
+    prequantize, layers of fewer than `min_weights` weights stay nn.Linear; without, every layer
+    stays quantizable and the server applies min_weights at load (Note [Small layers stay
+    float]).
     smooth: w8a8 activation scales by qualified layer name (layers it does not name get ones).
     Returns the number of layers replaced; ValueError for a bad format or blocksize, or when no
     layer was replaced."""
@@ -392,7 +393,8 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
     for qualified, child in module.named_modules():
         if not isinstance(child, nn.Linear):
             continue
-        if any(s in qualified for s in skip) or child.weight.numel() < min_weights:
+        small = prequantize and child.weight.numel() < min_weights
+        if small or any(s in qualified for s in skip):
             skipped += 1
             continue
         targets.append(qualified)
