@@ -129,8 +129,13 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
                                                      ".quantization: ", report.status().message()));
       }
       component->Refresh();
-      log::Info("pipeline '", manifest_.name, "': quantized ", name, " to ", q.format,
-                " at load time");
+      if (report->layers_quantized + report->layers_already_quantized > 0) {
+        log::Info("pipeline '", manifest_.name, "': quantized ", name, " to ", q.format,
+                  " at load time");
+      } else {  // Note [Small layers stay float]
+        log::Info("pipeline '", manifest_.name, "': ", name, " stays float: its ",
+                  report->layers_small, " layers have fewer than ", q.min_weights, " weights");
+      }
     }
     if (decl.channels_last && device.is_cuda()) {
       component->set_weight_memory_format(c10::MemoryFormat::ChannelsLast);

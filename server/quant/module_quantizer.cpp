@@ -83,7 +83,7 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
       }
       const QuantState s = ReadState(item.value);
       if (at::isFloatingType(s.weight.scalar_type()) && s.weight.numel() < settings.min_weights) {
-        ++report.layers_skipped;  // Note [Small layers stay float]
+        ++report.layers_small;  // Note [Small layers stay float]
         continue;
       }
       const int64_t bytes = StateBytes(s);
@@ -107,12 +107,12 @@ StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantS
       ++report.layers_already_quantized;
       report.bytes_after += bytes;
     }
-    if (todo.empty() && report.layers_already_quantized == 0) {
+    if (todo.empty() && report.layers_already_quantized == 0 && report.layers_small == 0) {
       return InvalidArgument(
           "no quantizable layers: the component has no qpool QuantLinear layers" +
           std::string(report.layers_skipped > 0
-                          ? " left after skip and min_weights (" +
-                                std::to_string(report.layers_skipped) + " skipped)"
+                          ? " left after skip (" + std::to_string(report.layers_skipped) +
+                                " skipped)"
                           : "") +
           "; write it with `qpool_export --quant-mode load-time` or `qpool_export "
           "from-diffusers --quant-mode load-time` (quantizable float layers)");

@@ -27,7 +27,8 @@ struct QuantSettings {
 struct QuantizeReport {
   int layers_quantized = 0;          // float weights replaced by quantized ones
   int layers_already_quantized = 0;  // exported pre-quantized in the requested format
-  int layers_skipped = 0;            // matched a skip substring, or below min_weights
+  int layers_skipped = 0;            // matched a skip substring
+  int layers_small = 0;              // float, with fewer weights than min_weights: kept float
   int64_t bytes_before = 0;          // weight + quant state of all QuantLinear layers
   int64_t bytes_after = 0;
   std::vector<std::string> quantized;  // qualified names of the layers quantized now
@@ -53,11 +54,14 @@ struct QuantizeReport {
 // costs more time than it saves memory. w8a8 is the case: its activation quantizing pass and
 // launches cost more than the whole fp16 GEMM of a small layer (2.4-3.4x fp16 on the 320- and
 // 640-wide projections of SD 1.5 and SDXL, against 0.62-0.93x from 4096 rows on the feed-forward
-// layers of 6.5 to 38 million weights; bench/results/quant_linear_w8a8_h100.json). The exporter applies the same
-// rule (quant.py quantize_module), so a prequantized import leaves the same layers float.
+// layers of 6.5 to 38 million weights; bench/results/quant_linear_w8a8_h100.json). The exporter
+// applies the same rule (quant.py quantize_module), so a prequantized import leaves the same layers
+// float. A component whose layers are all small (SDXL's CLIP-L under a threshold meant for its
+// UNet) stays float as a whole: a size threshold that excludes everything says "nothing here is
+// worth it", not "the manifest is wrong", whereas `skip` excluding every layer is an error.
 // Quantizes `module` in place. format "none" changes nothing. InvalidArgument for an unknown
-// format, a bad blocksize, no QuantLinear layer left after `skip` and `min_weights`, or a layer
-// already quantized in another format (or blocksize / double quant); nothing is modified then.
+// format, a bad blocksize, no QuantLinear layer left after `skip`, or a layer already quantized
+// in another format (or blocksize / double quant); nothing is modified then.
 // Each layer is quantized on `compute` (default: where its weight is).
 StatusOr<QuantizeReport> QuantizeModule(torch::jit::Module& module, const QuantSettings& settings,
                                         const std::optional<c10::Device>& compute = std::nullopt);

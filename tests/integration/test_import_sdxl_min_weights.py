@@ -40,6 +40,16 @@ def served_pipelines(tmp_path_factory, source):
         pipelines[name] = imported_into(repository, name, folder, "--dtype", "float32",
                                         "--quantize", "unet=w8a8", "--min-weights", threshold,
                                         "--quant-mode", mode)
+    # A threshold above every text-encoder layer and below some of the UNet's: the encoders
+    # stay float as a whole (SDXL's CLIP-L at a threshold meant for its UNet).
+    encoders = max(m.weight.numel() for e in (pipe.text_encoder, pipe.text_encoder_2)
+                   for m in e.modules() if isinstance(m, torch.nn.Linear))
+    assert sizes[-1] > encoders
+    everything = "unet=w8a8,text_encoder=w8a8,text_encoder_2=w8a8"
+    for name, mode in (("sdxl-w8a8-unet", "prequantized"), ("sdxl-w8a8-unet-load", "load-time")):
+        pipelines[name] = imported_into(repository, name, folder, "--dtype", "float32",
+                                        "--quantize", everything,
+                                        "--min-weights", str(encoders + 1), "--quant-mode", mode)
     return pipelines
 
 
@@ -73,3 +83,25 @@ def test_min_weights_keeps_the_same_small_layers_float_at_import_and_at_load(
     got = client.generate_one(**request).images[0].png
     assert got == client.generate_one(**dict(request, pipeline="sdxl-w8a8-large-load")).images[0].png
     assert got != client.generate_one(**dict(request, pipeline="sdxl")).images[0].png
+
+
+def test_a_component_with_every_layer_below_min_weights_stays_float(client, served_pipelines):
+    """Both text encoders asked for w8a8 with a threshold above their largest layer: the import
+    keeps them float and writes no quantization for them, the load-time twin's server keeps them
+    float as well (no load error), and the two give the same PNG."""
+    folder = served_pipelines["sdxl-w8a8-unet"]
+    components = yaml.safe_load((folder / "pipeline.yaml").read_text())["components"]
+    for name in ("text_encoder", "text_encoder_2"):
+        assert "quantization" not in components[name], components[name]
+        kinds = [m.original_name for _, m in load_traced(folder / f"{name}.pt").named_modules()]
+        assert "QuantLinear" not in kinds, name
+    assert components["unet"]["quantization"]["format"] == "w8a8"
+    load = yaml.safe_load((served_pipelines["sdxl-w8a8-unet-load"] / "pipeline.yaml").read_text())
+    assert load["components"]["text_encoder"]["quantization"]["format"] == "w8a8"
+    for name in ("sdxl-w8a8-unet", "sdxl-w8a8-unet-load"):
+        info = client.pipelines()[name]
+        assert info.state == client.pb2.PIPELINE_STATE_LOADED, info
+    request = dict(pipeline="sdxl-w8a8-unet", prompt=PROMPT, steps=3, width=SIZE, height=SIZE,
+                   seed=7, scheduler="euler")
+    got = client.generate_one(**request).images[0].png
+    assert got == client.generate_one(**dict(request, pipeline="sdxl-w8a8-unet-load")).images[0].png

@@ -194,8 +194,13 @@ def test_min_weights_keeps_small_layers_float():
     assert quant.quantize_module(net, "w8a8", min_weights=768) == 2
     assert [type(m).__name__ for m in net] == ["QuantLinear", "GELU", "QuantLinear", "Linear"]
     assert quant.quantize_module(nn.Sequential(nn.Linear(16, 8)), "int8", min_weights=128) == 1
+    # Every layer small: the module stays float, which is no error (a component such as SDXL's
+    # CLIP-L under a threshold meant for its UNet); `skip` leaving nothing still is one.
+    tiny = nn.Sequential(nn.Linear(16, 8))
+    assert quant.quantize_module(tiny, "int8", min_weights=129) == 0
+    assert type(tiny[0]) is nn.Linear
     with pytest.raises(ValueError, match=r"\(1 skipped\)"):
-        quant.quantize_module(nn.Sequential(nn.Linear(16, 8)), "int8", min_weights=129)
+        quant.quantize_module(nn.Sequential(nn.Linear(16, 8)), "int8", skip=["0"], min_weights=129)
 
 
 def test_prequantize_false_keeps_float_weights_for_load_time():

@@ -312,7 +312,8 @@ TEST(ModuleQuantizer, MinWeightsKeepsSmallLayersFloat) {
   StatusOr<QuantizeReport> report = QuantizeModule(net, settings);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->layers_quantized, 1);
-  EXPECT_EQ(report->layers_skipped, 1);
+  EXPECT_EQ(report->layers_skipped, 0);
+  EXPECT_EQ(report->layers_small, 1);
   EXPECT_EQ(report->quantized, (std::vector<std::string>{"proj_in"}));
   EXPECT_EQ(net.attr("proj_in").toModule().attr("weight").toTensor().scalar_type(), at::kChar);
   EXPECT_TRUE(at::equal(net.attr("proj_out").toModule().attr("weight").toTensor(), w2));
@@ -321,11 +322,23 @@ TEST(ModuleQuantizer, MinWeightsKeepsSmallLayersFloat) {
   const at::Tensor expected = at::linear(at::relu(QuantLinear(x, s, b1)), w2);
   EXPECT_TRUE(at::allclose(Forward(net, x), expected, 1e-5, 1e-5));
 
+  // Every layer small: the component stays float as a whole, unchanged, and that is no error.
   torch::jit::Module again = MakeNet(w1, b1, w2);
   settings.min_weights = 1921;
+  StatusOr<QuantizeReport> all_small = QuantizeModule(again, settings);
+  ASSERT_TRUE(all_small.ok()) << all_small.status().ToString();
+  EXPECT_EQ(all_small->layers_quantized, 0);
+  EXPECT_EQ(all_small->layers_small, 2);
+  EXPECT_TRUE(at::equal(again.attr("proj_in").toModule().attr("weight").toTensor(), w1));
+  EXPECT_TRUE(
+      at::allclose(Forward(again, x), at::linear(at::relu(at::linear(x, w1, b1)), w2), 1e-5, 1e-5));
+
+  // `skip` leaving nothing is still a mistake in the manifest.
+  settings.min_weights = 0;
+  settings.skip = {"proj"};
   StatusOr<QuantizeReport> none_left = QuantizeModule(again, settings);
   ASSERT_FALSE(none_left.ok());
-  EXPECT_NE(none_left.status().message().find("min_weights (2 skipped)"), std::string::npos)
+  EXPECT_NE(none_left.status().message().find("left after skip (2 skipped)"), std::string::npos)
       << none_left.status().message();
 }
 

@@ -63,6 +63,7 @@ class ComponentReport:
     max_trace_diff: float = 0.0
     compiled: str = ""  # the package's path, when compiled
     compile_seconds: float = 0.0
+    stays_float: bool = False  # to quantize, but every layer is below min_weights
 
 
 @dataclass
@@ -170,6 +171,8 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
         torch.jit.save(traced, path)
     params = sum(p.numel() for p in traced.parameters())
     report = ComponentReport(component, params, _tensor_bytes(traced), path, quantized, diff)
+    report.stays_float = (opts.quantize != "none" and component in opts.quant_components
+                          and not quantized)
     if component in opts.compile:
         package = os.path.join(folder, aot.package_name(component, opts.compile_device))
         gen = torch.Generator().manual_seed(opts.seed)
@@ -239,6 +242,8 @@ def export(opts: ExportOptions) -> ExportResult:
             if opts.verbose:
                 extra = (f"  ({report.quantized_layers} linear layers -> {opts.quantize}, "
                          f"{opts.quant_mode})" if report.quantized_layers else "")
+                if report.stays_float:
+                    extra = f"  (stays float: every layer below {opts.min_weights} weights)"
                 print(f"{component:<13} params {report.params:>13,}  bytes "
                       f"{report.tensor_bytes:>15,}  file {report.file}{extra}", flush=True)
                 if report.compiled:
@@ -247,7 +252,8 @@ def export(opts: ExportOptions) -> ExportResult:
 
         quant = {}
         if opts.quantize != "none":
-            for c in opts.quant_components:
+            stays_float = {r.name for r in result.components if r.stays_float}
+            for c in [c for c in opts.quant_components if c not in stays_float]:
                 skip = tuple(DEFAULT_QUANT_SKIP.get(c, ())) + tuple(opts.skip)
                 quant[c] = manifest.quantization_section(opts.quantize, opts.blocksize,
                                                          opts.double_quant, skip,

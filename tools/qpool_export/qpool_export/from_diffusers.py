@@ -198,7 +198,10 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
               "bytes": _tensor_bytes(traced), "quantized_layers": quantized,
               "converted_layers": converted, "converted_formats": formats,
               "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
-              "layer_errors": built.layer_errors}
+              "layer_errors": built.layer_errors,
+              # Every layer below --min-weights: no quantization section for it (Note [Small
+              # layers stay float]).
+              "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized}
     if built.name in opts.compile:
         if quantized and opts.quant_mode != "prequantized":
             raise ImportFailure(f"--compile {built.name}: the component is quantized at load "
@@ -495,9 +498,10 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         else:
             reports, tokenizers, unet_cfg, vae_cfg = _build_components(kind, src, stage, opts,
                                                                        gen)
+        stays_float = {r["name"] for r in reports if r["stays_float"]}
         quant = {c: manifest_io.quantization_section(f, opts.blocksize, opts.double_quant,
                                                      min_weights=opts.min_weights)
-                 for c, f in opts.quantize.items() if f != "none"}
+                 for c, f in opts.quantize.items() if f != "none" and c not in stays_float}
         for r in reports:  # bitsandbytes checkpoints: the format their bytes were converted to
             if r["converted_formats"] and r["name"] not in quant:
                 quant[r["name"]] = {"format": r["converted_formats"][0]}

@@ -112,6 +112,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if opts.verbose:
         for r in result["components"]:
             extra = f"  ({r['quantized_layers']} layers quantized)" if r["quantized_layers"] else ""
+            if r["stays_float"]:
+                extra = f"  (stays float: every layer has fewer than {opts.min_weights} weights)"
             if r["converted_layers"]:
                 extra += (f"  ({r['converted_layers']} bitsandbytes layers converted to "
                           f"{'/'.join(r['converted_formats'])})")

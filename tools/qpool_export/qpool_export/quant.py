@@ -377,8 +377,8 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
     stays quantizable and the server applies min_weights at load (Note [Small layers stay
     float]).
     smooth: w8a8 activation scales by qualified layer name (layers it does not name get ones).
-    Returns the number of layers replaced; ValueError for a bad format or blocksize, or when no
-    layer was replaced."""
+    Returns the number of layers replaced: 0 when every layer is below min_weights (the module
+    stays float); ValueError for a bad format or blocksize, or when `skip` leaves no layer."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown quantization format {fmt!r} (expected one of {FORMATS})")
     if fmt == "nf4":
@@ -389,16 +389,17 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
         raise ValueError("activation scales (smooth) apply to prequantized w8a8 only")
     smooth = smooth or {}
     skip = [s for s in skip if s]
-    targets, skipped = [], 0
+    targets, skipped, small = [], 0, 0
     for qualified, child in module.named_modules():
         if not isinstance(child, nn.Linear):
             continue
-        small = prequantize and child.weight.numel() < min_weights
-        if small or any(s in qualified for s in skip):
+        if any(s in qualified for s in skip):
             skipped += 1
-            continue
-        targets.append(qualified)
-    if not targets:
+        elif prequantize and child.weight.numel() < min_weights:
+            small += 1
+        else:
+            targets.append(qualified)
+    if not targets and not small:
         raise ValueError(f"no nn.Linear layers to quantize in {type(module).__name__}"
                          + (f" ({skipped} skipped)" if skipped else ""))
     for qualified in targets:
