@@ -3,38 +3,29 @@
 //
 //   quant_linear_bench --benchmark_out=quant_linear.json --benchmark_out_format=json
 //
-// Note [Benchmark methodology]: one sample is kCallsPerSample back-to-back calls on the current
-// stream between two CUDA events, with no host synchronization in between; the sample's time
-// divided by kCallsPerSample is one iteration's manual time (per call). A spin kernel
-// (at::cuda::sleep) is queued before the start event so that the host has queued all calls
-// before the GPU reaches them: the events then time GPU work, not the host's enqueue rate
-// (host_us: host time per call to enqueue, reported separately). The weights stay
-// resident between calls (L2-warm for the small shapes, same for the fp16/bf16 baselines), unless
-// the process runs with --cold: then every benchmark, baselines included, cycles its calls over
-// copies of its weight that together fill kColdBytes (four times an H100's L2, at most
-// kMaxColdCopies copies), so that each call reads its weight from device memory as a pipeline
-// does, where a denoising step reads every layer once.
+// Timing as Note [Benchmark methodology] (gpu_timing.h). The weights stay resident between
+// calls (L2-warm for the small shapes, same for the fp16/bf16 baselines), unless the process
+// runs with --cold: then every benchmark, baselines included, cycles its calls over copies of
+// its weight that together fill kColdBytes (four times an H100's L2, at most kMaxColdCopies
+// copies), so that each call reads its weight from device memory as a pipeline does, where a
+// denoising step reads every layer once.
 // Counters (from the median sample): us_per_call, weight_bytes (bytes of weight + quant state
 // read per call), weight_GBps (those bytes / us_per_call), fp16_us and bf16_us (torch::linear
 // in fp16 / bf16 on the same shape, measured the same way in the same run, once per shape and
 // M), ratio_vs_fp16 and ratio_vs_bf16 (this time / baseline; < 1 is faster). Without CUDA every
 // benchmark reports SkipWithError.
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/Sleep.h>
 #include <benchmark/benchmark.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <cuda_runtime_api.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "gpu_timing.h"
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
@@ -93,15 +84,15 @@ const Variant kVariants[] = {
 
 bool ForcedPath(const Variant& v) { return v.path != CudaPath::kAuto; }
 
-constexpr int kCallsPerSample = 20;  // Note [Benchmark methodology]
+using bench::kCallsPerSample;
+using bench::SampleMicros;
 constexpr int kSamples = 15;
-constexpr int64_t kSleepCycles = 4'000'000;  // ~2 ms at 1.98 GHz: longer than 20 enqueues
 constexpr int64_t kColdBytes = int64_t{200} << 20;
 constexpr int64_t kMaxColdCopies = 4000;
-bool g_cold = false;  // --cold (Note [Benchmark methodology])
+bool g_cold = false;  // --cold
 
 // The weights one benchmark cycles over: `one` warm; cold, `one` and clone(one)'s up to
-// kColdBytes of `bytes` each (Note [Benchmark methodology]).
+// kColdBytes of `bytes` each (--cold, above).
 template <typename W, typename Clone>
 std::vector<W> Copies(const W& one, int64_t bytes, Clone clone) {
   const int64_t n =
@@ -111,25 +102,6 @@ std::vector<W> Copies(const W& one, int64_t bytes, Clone clone) {
   std::vector<W> copies{one};
   while (static_cast<int64_t>(copies.size()) < n) copies.push_back(clone(one));
   return copies;
-}
-
-// Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
-// `host_us` (optional) receives the host time per call spent enqueueing.
-template <typename Fn>
-double SampleMicros(Fn&& fn, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& stop,
-                    double* host_us = nullptr) {
-  auto stream = at::cuda::getCurrentCUDAStream();
-  at::cuda::sleep(kSleepCycles);
-  start.record(stream);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kCallsPerSample; ++i) benchmark::DoNotOptimize(fn());
-  const auto t1 = std::chrono::steady_clock::now();
-  stop.record(stream);
-  stop.synchronize();
-  if (host_us != nullptr) {
-    *host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kCallsPerSample;
-  }
-  return start.elapsed_time(stop) * 1e3 / kCallsPerSample;
 }
 
 double Median(std::vector<double> t) {
@@ -239,7 +211,7 @@ void RegisterAll() {
 }  // namespace qpool::quant
 
 int main(int argc, char** argv) {
-  // --cold is ours (Note [Benchmark methodology]); the rest goes to Google Benchmark.
+  // --cold is ours; the rest goes to Google Benchmark.
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--cold") {
@@ -257,23 +229,11 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext(
       "methodology", "per call = median over " + std::to_string(qpool::quant::kSamples) +
                          " samples of (CUDA-event time of " +
-                         std::to_string(qpool::quant::kCallsPerSample) +
+                         std::to_string(qpool::bench::kCallsPerSample) +
                          " back-to-back calls on the current stream, no host sync, queued behind a "
                          "~2 ms spin kernel so GPU time is measured) / calls; "
                          "fp16/bf16 torch::linear baselines measured the same way in the same run");
-  if (torch::cuda::is_available()) {
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-      benchmark::AddCustomContext("device", prop.name);
-    }
-    int runtime = 0, driver = 0;
-    cudaRuntimeGetVersion(&runtime);
-    cudaDriverGetVersion(&driver);
-    benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
-    benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
-  } else {
-    benchmark::AddCustomContext("device", "none (CUDA not available)");
-  }
+  qpool::bench::AddDeviceContext();
   qpool::quant::RegisterAll();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

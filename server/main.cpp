@@ -14,6 +14,7 @@
 #include "api/agent_check_server.h"
 #include "api/agent_weight.h"
 #include "api/grpc_server.h"
+#include "component/attention_backend.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
 #include "memory/arena_allocator.h"
@@ -150,6 +151,13 @@ int Run(int argc, char** argv) {
   }
   qpool::log::SetLevel(options->log_level);
   if (options->cpu_threads > 0) at::set_num_threads(options->cpu_threads);
+  auto attention = qpool::ApplyAttentionBackend(options->attention);
+  if (!attention.ok()) {
+    std::cerr << "qpool-server: --attention: " << attention.status().message() << "\n";
+    return 2;
+  }
+  qpool::log::Info("attention kernels in this order, the first that fits each call: ",
+                   qpool::DescribeAttentionPriority(*attention));
 
   // Signals are taken by sigwait in this thread only; every thread started below inherits the mask.
   sigset_t signals;

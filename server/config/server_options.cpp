@@ -119,6 +119,9 @@ std::string ServerUsage() {
   --max-watchers N         open WatchMemory streams before RESOURCE_EXHAUSTED (default 256;
                            a stream holds no thread)
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
+  --attention NAME         the attention kernel tried first for every call: flash, cudnn,
+                           efficient or math; a call it cannot take runs the next one in
+                           PyTorch's order (default auto: PyTorch's order as it is)
   --log-level LEVEL        debug | info | warn | error (default info)
  TLS and credentials (docs/security.md):
   --tls-cert FILE          serve gRPC over TLS with this PEM certificate chain (with --tls-key)
@@ -161,6 +164,7 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
                                        "--drain-seconds",
                                        "--drain-notice-seconds",
                                        "--cpu-threads",
+                                       "--attention",
                                        "--log-level",
                                        "--tls-cert",
                                        "--tls-key",
@@ -228,6 +232,8 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
       ASSIGN_OR_RETURN(o.drain_notice_seconds, ParseInt(flag, value, 0, 3600));
     } else if (flag == "--cpu-threads") {
       ASSIGN_OR_RETURN(o.cpu_threads, ParseInt(flag, value, 0, 1024));
+    } else if (flag == "--attention") {
+      o.attention = value;
     } else if (flag == "--log-level") {
       if (value != "debug" && value != "info" && value != "warn" && value != "error") {
         return InvalidArgument(StrCat("--log-level must be debug, info, warn or error"));

@@ -54,6 +54,9 @@ struct ServerOptions {
   // Intra-op threads for CPU work (0 = PyTorch's default, one per core). Several servers or
   // test processes sharing a few cores run far faster with 1 each than oversubscribed.
   int cpu_threads = 0;
+  // The attention kernel tried first: auto | flash | cudnn | efficient | math (Note [Attention
+  // backend] in component/attention_backend.h, which checks the name at start).
+  std::string attention = "auto";
   std::string log_level = "info";
 
   // --- TLS and credentials (docs/security.md) ---

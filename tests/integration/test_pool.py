@@ -118,3 +118,7 @@ def test_bad_devices_flag_is_a_usage_error(server_bin, tmp_path):
     r = subprocess.run([server_bin, "--memory-budget", "1.5"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "--memory-budget" in r.stderr, r.stderr
+    r = subprocess.run([server_bin, "--model-repository", str(tmp_path), "--attention", "fa3",
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "--attention: unknown attention backend 'fa3' (auto, flash, cudnn" in r.stderr, r.stderr

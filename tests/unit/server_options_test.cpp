@@ -17,8 +17,11 @@ StatusOr<ServerOptions> Parse(std::vector<std::string> args) {
 }
 
 TEST(ServerOptions, ValuesInBothSpellings) {
-  auto o = Parse({"--listen", "127.0.0.1:0", "--max-queue=7", "--load", "a,b"});
+  auto o =
+      Parse({"--listen", "127.0.0.1:0", "--max-queue=7", "--load", "a,b", "--attention=cudnn"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->attention, "cudnn");  // checked at start (Note [Attention backend])
+  EXPECT_EQ(Parse({})->attention, "auto");
   EXPECT_EQ(o->listen, "127.0.0.1:0");
   EXPECT_EQ(o->max_queue, 7);
   EXPECT_EQ(o->load, (std::vector<std::string>{"a", "b"}));

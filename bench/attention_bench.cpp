@@ -1,0 +1,137 @@
+// aten::scaled_dot_product_attention with each fused backend put first (Note [Attention
+// backend]) on the attention shapes of SD 1.5 (512x512), SDXL and FLUX (1024x1024), against
+// PyTorch's own order in the same run: the measurement behind `--attention`.
+//
+//   attention_bench --benchmark_out=attention.json --benchmark_out_format=json
+//
+// Timing as Note [Benchmark methodology] (gpu_timing.h). A backend that cannot take a shape
+// (cuDNN's head sizes stop at 128) is reported as skipped with the backend ATen would pick
+// instead, so no row times a fallback under another name. Counters: us_per_call, TFLOPs (4 B H
+// Lq Lkv D / time), default_us (PyTorch's order, its backend in the label) and
+// ratio_vs_default (< 1 is faster).
+#include <ATen/Context.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <benchmark/benchmark.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "component/attention_backend.h"
+#include "gpu_timing.h"
+
+namespace qpool {
+namespace {
+
+struct AttentionShape {
+  const char* name;
+  int64_t batch, heads, lq, lkv, head_dim;
+  at::ScalarType dtype;
+};
+
+// Batch 2 for the UNets (a prompt and its negative, CFG); FLUX attends over its 4096 image
+// tokens and 512 text tokens jointly.
+const AttentionShape kShapes[] = {
+    {"sd15_self_64x64_d40", 2, 8, 4096, 4096, 40, at::kHalf},
+    {"sd15_cross_64x64_d40", 2, 8, 4096, 77, 40, at::kHalf},
+    {"sd15_self_32x32_d80", 2, 8, 1024, 1024, 80, at::kHalf},
+    {"sd15_self_16x16_d160", 2, 8, 256, 256, 160, at::kHalf},
+    {"sdxl_self_64x64_d64", 2, 10, 4096, 4096, 64, at::kHalf},
+    {"sdxl_cross_64x64_d64", 2, 10, 4096, 77, 64, at::kHalf},
+    {"sdxl_self_32x32_d64", 2, 20, 1024, 1024, 64, at::kHalf},
+    {"flux_joint_4608_d128", 1, 24, 4608, 4608, 128, at::kBFloat16},
+};
+
+const char* const kBackends[] = {"flash", "cudnn", "efficient"};
+
+constexpr int kSamples = 15;
+
+// ATen's backend for the call with the order of `name` set (at::SDPBackend's number).
+int64_t ChosenBackend(const std::string& name, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v) {
+  (void)ApplyAttentionBackend(name);
+  return at::_fused_sdp_choice(q, k, v);
+}
+
+double TimeMicros(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  auto run = [&] { return at::scaled_dot_product_attention(q, k, v); };
+  for (int i = 0; i < 3; ++i) run();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (int i = 0; i < kSamples; ++i) t.push_back(bench::SampleMicros(run, start, stop));
+  return bench::Median(t);
+}
+
+void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("CUDA is not available");
+    return;
+  }
+  c10::InferenceMode guard;
+  const std::vector<int64_t> pytorch = CurrentAttentionPriority();
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(s.dtype);
+  const at::Tensor q = at::randn({s.batch, s.heads, s.lq, s.head_dim}, opts);
+  const at::Tensor k = at::randn({s.batch, s.heads, s.lkv, s.head_dim}, opts);
+  const at::Tensor v = at::randn({s.batch, s.heads, s.lkv, s.head_dim}, opts);
+  const int64_t default_choice = at::_fused_sdp_choice(q, k, v);
+  const double default_us = TimeMicros(q, k, v);
+  const int64_t chosen = ChosenBackend(backend, q, k, v);
+  const std::string chosen_name = DescribeAttentionPriority({chosen});
+  if (chosen_name != backend) {
+    at::globalContext().setSDPPriorityOrder(pytorch);
+    state.SkipWithError((backend + " cannot take this call; ATen picks " + chosen_name).c_str());
+    return;
+  }
+  auto run = [&] { return at::scaled_dot_product_attention(q, k, v); };
+  for (int i = 0; i < 3; ++i) run();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (auto _ : state) {
+    t.push_back(bench::SampleMicros(run, start, stop));
+    state.SetIterationTime(t.back() * 1e-6);
+  }
+  at::globalContext().setSDPPriorityOrder(pytorch);
+  const double us = bench::Median(t);
+  const double flop = 4.0 * s.batch * s.heads * s.lq * s.lkv * s.head_dim;
+  state.counters["us_per_call"] = us;
+  state.counters["TFLOPs"] = flop / us * 1e-6;
+  state.counters["default_us"] = default_us;
+  state.counters["ratio_vs_default"] = us / default_us;
+  state.SetLabel(std::string(s.name) + " " + backend +
+                 " (default: " + DescribeAttentionPriority({default_choice}) + ")");
+}
+
+void RegisterAll() {
+  for (const AttentionShape& s : kShapes) {
+    for (const char* backend : kBackends) {
+      const std::string name = std::string("attention/") + s.name + "/" + backend;
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, std::string(backend))
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->Iterations(kSamples);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qpool
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext(
+      "methodology", "per call = median over " + std::to_string(qpool::kSamples) +
+                         " samples of (CUDA-event time of " +
+                         std::to_string(qpool::bench::kCallsPerSample) +
+                         " back-to-back calls, queued behind a ~2 ms spin kernel) / calls; "
+                         "PyTorch's own backend order timed the same way in the same run");
+  qpool::bench::AddDeviceContext();
+  qpool::RegisterAll();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

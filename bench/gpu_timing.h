@@ -1,0 +1,65 @@
+// GPU timing shared by the Google Benchmark micro-benchmarks (quant_linear_bench,
+// attention_bench).
+//
+// Note [Benchmark methodology]: one sample is kCallsPerSample back-to-back calls on the current
+// stream between two CUDA events, with no host synchronization in between; the sample's time
+// divided by kCallsPerSample is one iteration's manual time (per call). A spin kernel
+// (at::cuda::sleep) is queued before the start event so that the host has queued all calls
+// before the GPU reaches them: the events then time GPU work, not the host's enqueue rate
+// (host_us: host time per call to enqueue, reported separately). Baselines are measured the
+// same way in the same process.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+#include <torch/cuda.h>
+
+#include <chrono>
+#include <string>
+
+namespace qpool::bench {
+
+constexpr int kCallsPerSample = 20;
+constexpr int64_t kSleepCycles = 4'000'000;  // ~2 ms at 1.98 GHz: longer than 20 enqueues
+
+// Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
+// `host_us` (optional) receives the host time per call spent enqueueing.
+template <typename Fn>
+double SampleMicros(Fn&& fn, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& stop,
+                    double* host_us = nullptr) {
+  auto stream = at::cuda::getCurrentCUDAStream();
+  at::cuda::sleep(kSleepCycles);
+  start.record(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCallsPerSample; ++i) benchmark::DoNotOptimize(fn());
+  const auto t1 = std::chrono::steady_clock::now();
+  stop.record(stream);
+  stop.synchronize();
+  if (host_us != nullptr) {
+    *host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kCallsPerSample;
+  }
+  return start.elapsed_time(stop) * 1e3 / kCallsPerSample;
+}
+
+// The GPU's name and the CUDA runtime and driver versions in Google Benchmark's context (its
+// JSON output's "context"), or device "none (CUDA not available)".
+inline void AddDeviceContext() {
+  if (!torch::cuda::is_available()) {
+    benchmark::AddCustomContext("device", "none (CUDA not available)");
+    return;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    benchmark::AddCustomContext("device", prop.name);
+  }
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
+  benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
+}
+
+}  // namespace qpool::bench

@@ -1,0 +1,78 @@
+#include "component/attention_backend.h"
+
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+
+#include <algorithm>
+
+#include "util/log.h"
+
+namespace qpool {
+namespace {
+
+struct Named {
+  const char* name;
+  at::SDPBackend backend;
+};
+
+// Every backend ATen knows, by the name `--attention` and the logs use; the last one cannot be
+// asked for (it is a third-party kernel registered at run time).
+const Named kBackends[] = {
+    {"flash", at::SDPBackend::flash_attention},
+    {"efficient", at::SDPBackend::efficient_attention},
+    {"math", at::SDPBackend::math},
+    {"cudnn", at::SDPBackend::cudnn_attention},
+    {"overrideable", at::SDPBackend::overrideable},
+};
+constexpr size_t kSelectable = 4;
+
+}  // namespace
+
+StatusOr<std::vector<int64_t>> AttentionPriority(const std::string& name,
+                                                 const std::vector<int64_t>& current) {
+  if (name == "auto") return current;
+  const Named* named = std::find_if(kBackends, kBackends + kSelectable,
+                                    [&](const Named& n) { return name == n.name; });
+  if (named == kBackends + kSelectable) {
+    return InvalidArgument(
+        StrCat("unknown attention backend '", name, "' (auto, flash, cudnn, efficient or math)"));
+  }
+  const int64_t wanted = static_cast<int64_t>(named->backend);
+  const auto at = std::find(current.begin(), current.end(), wanted);
+  if (at == current.end()) {
+    return InvalidArgument(StrCat("attention backend '", name, "' is not in ATen's order (",
+                                  DescribeAttentionPriority(current), ")"));
+  }
+  std::vector<int64_t> order = {wanted};
+  order.insert(order.end(), current.begin(), at);
+  order.insert(order.end(), at + 1, current.end());
+  return order;
+}
+
+std::string DescribeAttentionPriority(const std::vector<int64_t>& order) {
+  std::string out;
+  for (int64_t b : order) {
+    const auto* named =
+        std::find_if(std::begin(kBackends), std::end(kBackends),
+                     [&](const Named& n) { return static_cast<int64_t>(n.backend) == b; });
+    if (!out.empty()) out += ", ";
+    out += named != std::end(kBackends) ? named->name : "backend " + std::to_string(b);
+  }
+  return out;
+}
+
+std::vector<int64_t> CurrentAttentionPriority() {
+  std::vector<int64_t> order;
+  for (at::SDPBackend b : at::globalContext().sDPPriorityOrder()) {
+    order.push_back(static_cast<int64_t>(b));
+  }
+  return order;
+}
+
+StatusOr<std::vector<int64_t>> ApplyAttentionBackend(const std::string& name) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> order, AttentionPriority(name, CurrentAttentionPriority()));
+  at::globalContext().setSDPPriorityOrder(order);
+  return order;
+}
+
+}  // namespace qpool
