@@ -331,7 +331,9 @@ def compare_to_bf16(result: dict, a) -> None:
     base = result.get("flux-bf16", {})
     if "latency" not in base:
         return
-    for name in a.variants.split(","):
+    timed = [import_bench.timed_name(n, att) for n in a.variants.split(",")
+             for att in a.attention.split(",")]
+    for name in timed:
         mine = result.get(name, {})
         if name == "flux-bf16" or "latency" not in mine:
             continue
@@ -411,6 +413,9 @@ def main() -> int:
     p.add_argument("--server-args", default="",
                    help="serve: more qpool-server flags, space-separated")
     p.add_argument("--batch", type=int, default=1, help="serve: images per request")
+    p.add_argument("--attention", default="auto",
+                   help="serve: comma list of qpool-server --attention values; each variant is "
+                        "timed with each ('NAME@cudnn' beside NAME for auto)")
     p.add_argument("--compile", action="store_true",
                    help="export: also an AOTInductor package of the transformer "
                         "(flux-bf16-compiled)")
@@ -441,13 +446,15 @@ def main() -> int:
             print(mode, json.dumps(result[f"diffusers_bf16_compile_{mode}"]), flush=True)
         result["export"] = export(pipe, a)
     else:
+        cuda = a.device.startswith("cuda")
         for name in a.variants.split(","):
-            cuda = a.device.startswith("cuda")
-            result[name] = import_bench.time_qpool(
-                a.server, a.client, os.path.join(a.work, "repo"), name, a,
-                check_encode=cuda and name == "flux-bf16", scheduler="euler",
-                device="cuda:0" if cuda else "cpu")
-            print(name, json.dumps(result[name].get("latency", result[name])), flush=True)
+            for attention in a.attention.split(","):
+                key = import_bench.timed_name(name, attention)
+                result[key] = import_bench.time_qpool(
+                    a.server, a.client, os.path.join(a.work, "repo"), name, a,
+                    check_encode=cuda and key == "flux-bf16", scheduler="euler",
+                    device="cuda:0" if cuda else "cpu", attention=attention)
+                print(key, json.dumps(result[key].get("latency", result[key])), flush=True)
         compare_to_bf16(result, a)
         if a.residency_check:
             result["residency_check"] = residency_check(a, a.residency_check)

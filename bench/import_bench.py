@@ -178,15 +178,18 @@ STAGES = ("queue", "encode", "denoise", "decode", "png")
 
 def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                check_encode: bool, scheduler: str = "ddim", device: str = "cuda:0",
-               cold: bool = False) -> dict:
+               cold: bool = False, attention: str = "auto") -> dict:
     """Generate latency through the CLI, then the memory report, with `name` alone loaded on
     `device` (and how long the server took to start with it loaded); with check_encode, then the
     Encode-only check under `model` offload. With `cold`, only the start and one image: the first
     server on a machine also pays for reading its libraries and the GPU's first use, which every
-    later server finds done (main runs one such server before the timed ones)."""
+    later server finds done (main runs one such server before the timed ones). `attention`:
+    the server's --attention; other than auto, the images go to `name@attention`'s folder."""
     start = time.monotonic()
+    label = timed_name(name, attention)
+    extra = [] if attention == "auto" else ["--attention", attention]
     proc, address, _ = start_server(server_bin, repo, device, 0,
-                                    ["--load", name] + a.server_args.split())
+                                    ["--load", name] + a.server_args.split() + extra)
     try:
         client = GrpcClient(address)
         load_seconds = time.monotonic() - start
@@ -199,7 +202,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
                  str(i), "--scheduler", scheduler, "--guidance", str(a.guidance),
                  "--num-images", str(a.batch), "--out",
-                 os.path.join(png_dir(a.work, name), "qpool-{seed}-{i}.png")],
+                 os.path.join(png_dir(a.work, label), "qpool-{seed}-{i}.png")],
                 capture_output=True, text=True)
             if done.returncode != 0:
                 return {"error": done.stderr.strip()[-2000:]}
@@ -227,6 +230,11 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         return result
     finally:
         stop_server(proc)
+
+
+def timed_name(name: str, attention: str) -> str:
+    """A result's key: the pipeline's name, with "@cudnn" etc. when served with --attention."""
+    return name if attention == "auto" else f"{name}@{attention}"
 
 
 def png_dir(work: str, name: str) -> str:
@@ -358,6 +366,9 @@ def main() -> int:
     p.add_argument("--skip-diffusers", action="store_true")
     p.add_argument("--server-args", default="",
                    help="more qpool-server flags, space-separated, e.g. '--cudnn-benchmark off'")
+    p.add_argument("--attention", default="auto",
+                   help="comma list of qpool-server --attention values: every pipeline is timed "
+                        "with each ('NAME@cudnn' etc. beside NAME for auto), images compared")
     p.add_argument("--graphs-off", action="store_true",
                    help="add a twin of every pipeline with execution.cuda_graphs off")
     p.add_argument("--warm", action="store_true",
@@ -464,14 +475,23 @@ def main() -> int:
     print("cold_start", json.dumps(result["cold_start"]), flush=True)
     result["qpool"] = {}
     for name in names:
-        result["qpool"][name] = time_qpool(a.server, a.client, repo, name, a,
-                                           check_encode=a.encode_check and name == names[0])
-        print(name, json.dumps(result["qpool"][name]), flush=True)
-        save(False)
-    # Accuracy beside speed: every variant's images against the fp16 pipeline's.
-    for name in names[1:]:
-        if "error" not in result["qpool"][name]:
-            result["qpool"][name][f"fidelity_vs_{base}"] = fidelity(a.work, base, name)
+        for attention in a.attention.split(","):
+            key = timed_name(name, attention)
+            result["qpool"][key] = time_qpool(
+                a.server, a.client, repo, name, a, attention=attention,
+                check_encode=a.encode_check and key == names[0])
+            print(key, json.dumps(result["qpool"][key]), flush=True)
+            save(False)
+    # Accuracy beside speed: every variant's images against the fp16 pipeline's, and each
+    # attention backend's against the same pipeline's with PyTorch's order.
+    for key, timed in result["qpool"].items():
+        name = key.split("@")[0]
+        if "error" in timed:
+            continue
+        if key != base:
+            timed[f"fidelity_vs_{base}"] = fidelity(a.work, base, key)
+        if key != name and name in result["qpool"]:
+            timed[f"fidelity_vs_{name}"] = fidelity(a.work, name, key)
     save(False)
     for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
         if peer not in PEERS:
