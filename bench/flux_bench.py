@@ -262,6 +262,7 @@ def export(pipe, a) -> dict:
         small = FluxTransformer(dataclasses.replace(cfg, num_layers=0, num_single_layers=0))
         transformer = _materialise(lambda: FluxTransformer(cfg), small,
                                    pipe.transformer.state_dict(), a.device)
+        transformer.fuse_projections()  # as the importer does (Note [Fused projections])
         quant.quantize_module(transformer, "nf4", prequantize=False)
         rows = cols = 4
         ids = torch.zeros(rows, cols, 3)

@@ -180,6 +180,55 @@ def test_freqs_buffers_stay_float32_in_a_bfloat16_export(flux):
     assert (got.float() - want).norm() / want.norm() < 0.05
 
 
+def test_imported_transformer_has_fused_projections(flux):
+    """Note [Fused projections]: one linear per input in every block, named so, and the same
+    numbers as the separate linears (an unfused copy of the same weights)."""
+    from qpool_export.flux_transformer import FluxTransformer
+
+    module, cfg = flux["built"].module, flux["cfg"]
+    names = {n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    inner, mlp = cfg.inner_dim, cfg.inner_dim * 4
+    for i in range(cfg.num_layers):
+        assert {f"transformer_blocks.{i}.attn.to_qkv", f"transformer_blocks.{i}.attn.add_qkv"} \
+            <= names
+        assert module.transformer_blocks[i].attn.to_qkv.out_features == 3 * inner
+    for i in range(cfg.num_single_layers):
+        fused = module.single_transformer_blocks[i].to_qkv_mlp
+        assert (fused.in_features, fused.out_features) == (inner, 3 * inner + mlp)
+    assert not [n for n in names if n.endswith(("to_q", "to_k", "to_v", "proj_mlp",
+                                                "add_q_proj", "add_k_proj", "add_v_proj"))]
+    # The same weights unfused: built from the checkpoint's state dict, loaded strictly.
+    from diffusers import FluxTransformer2DModel
+
+    original = FluxTransformer2DModel.from_pretrained(os.path.join(flux["src"], "transformer"))
+    separate = FluxTransformer(cfg)
+    own = dict(module.named_buffers())
+    missing = separate.load_state_dict(original.state_dict(), strict=False)
+    assert set(missing.missing_keys) <= set(own) and not missing.unexpected_keys
+    for name in missing.missing_keys:
+        owner, _, leaf = name.rpartition(".")
+        setattr(separate.get_submodule(owner), leaf, own[name])
+    args = flux["built"].check_inputs
+    with torch.no_grad():
+        assert (module(*args) - separate(*args)).abs().max().item() < 1e-5
+    assert separate.fuse_projections() == cfg.num_layers + cfg.num_single_layers
+    with torch.no_grad():
+        assert torch.equal(module(*args), separate(*args))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "nf4", "w8a8"])
+def test_quantizing_a_fused_weight_equals_quantizing_its_parts(fmt):
+    """Note [Fused projections]: per-row (int8, w8a8) and per-block (nf4, rows a multiple of
+    the block) quantization of the concatenated weight is the concatenation of the parts'."""
+    gen = torch.Generator().manual_seed(5)
+    parts = [torch.randn(n, 128, generator=gen) for n in (48, 48, 48, 192)]
+    whole = quant.quantize(torch.cat(parts), fmt)
+    each = [quant.quantize(p, fmt) for p in parts]
+    for name in ("weight", "absmax"):
+        assert torch.equal(whole[name], torch.cat([e[name] for e in each])), name
+    assert torch.equal(whole["code"], each[0]["code"])
+
+
 @pytest.mark.parametrize("fmt, bound", [("int8", 0.05), ("nf4", 0.3)])
 def test_quantized_transformer_traces_and_stays_close(flux, fmt, bound):
     built = flux["built"]

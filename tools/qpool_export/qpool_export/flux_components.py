@@ -53,6 +53,8 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
                             f"are {pooled_dim} wide")
     mirror = FluxTransformer(cfg)
     _load_strict(mirror, original.state_dict(), where)
+    if not prequantized:  # a bitsandbytes checkpoint's layers keep their names
+        mirror.fuse_projections()  # Note [Fused projections]
 
     def inputs(batch: int, rows: int, cols: int, tokens: int) -> Tuple[torch.Tensor, ...]:
         """FluxPipeline's transformer inputs for a packed latent of rows x cols tokens."""

@@ -47,6 +47,19 @@ are single torch.addcmul kernels here (diffusers runs a multiply and an add), an
 which every block's modulation reads, is computed once. In float32 the results are those of
 diffusers up to rounding; in half precision addcmul rounds once instead of twice.
 
+Note [Fused projections]
+fuse_projections() replaces the linears that read the same input by one linear with their
+weights (and biases) concatenated along the outputs: q / k / v of each attention, the text
+stream's add_q / add_k / add_v, and in a single-stream block q / k / v and proj_mlp together (3
+x 3072 + 12288 outputs for FLUX.1). Each output is the same dot product as before, so the
+results are the separate linears' up to the GEMM's summation order, while a step runs one GEMM
+of 21504 (or 9216) columns where it ran three or four of 3072 and 12288: fewer launches, fewer
+partial waves of tiles, and for w8a8 one quantization of the input instead of four. Quantizing
+the fused weight per output row (int8, w8a8) or per block of a row (nf4) equals quantizing the
+parts. The importer fuses before quantizing and tracing, except for a bitsandbytes checkpoint,
+whose layers arrive quantized under their own names (and double quantization's per-tensor
+offset does not concatenate).
+
 Half precision: diffusers clips float16 activations to +-65504 after each block; that depends on
 the dtype, which is chosen after the trace, so it is not reproduced (FLUX runs in bfloat16).
 """
@@ -182,6 +195,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (pairs.flatten(3) * cos + rotated * sin).type_as(x)
 
 
+def fused_linear(parts: Sequence[nn.Module]) -> Optional[nn.Linear]:
+    """One nn.Linear computing `parts` (nn.Linears of one input width, all with or all without
+    a bias) side by side, on their tensors' device and dtype (Note [Fused projections]); None
+    when they are not such linears (a quantized layer, say)."""
+    if any(type(p) is not nn.Linear for p in parts):
+        return None
+    first = parts[0]
+    if any(p.in_features != first.in_features or (p.bias is None) != (first.bias is None)
+           for p in parts):
+        return None
+    fused = nn.Linear(first.in_features, sum(p.out_features for p in parts),
+                      bias=first.bias is not None, device="meta")
+    with torch.no_grad():
+        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+        if first.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
+
+
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x * (1 + scale) + shift, scale and shift [B, D] broadcast over the tokens."""
     return torch.addcmul(shift[:, None], x, 1 + scale[:, None])
@@ -257,15 +289,48 @@ class FluxAttention(nn.Module):
             self.add_v_proj = nn.Linear(dim, inner)
             self.to_add_out = nn.Linear(inner, dim)
 
+    def fuse(self) -> bool:
+        """to_q / to_k / to_v as one to_qkv, add_*_proj as one add_qkv (Note [Fused
+        projections]); False, changing nothing, where they are not plain linears."""
+        qkv = fused_linear([self.to_q, self.to_k, self.to_v])
+        add = fused_linear([self.add_q_proj, self.add_k_proj, self.add_v_proj]) \
+            if hasattr(self, "add_q_proj") else None
+        if qkv is None or (hasattr(self, "add_q_proj") and add is None):
+            return False
+        del self.to_q, self.to_k, self.to_v
+        self.to_qkv = qkv
+        if add is not None:
+            del self.add_q_proj, self.add_k_proj, self.add_v_proj
+            self.add_qkv = add
+        return True
+
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (self.heads, -1))  # [B, N, H * D] -> [B, N, H, D]
 
+    def heads_of(self, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projected q, k, v [B, N, H * D] -> [B, N, H, D] each, q and k RMS-normed."""
+        return self.norm_q(self._heads(q)), self.norm_k(self._heads(k)), self._heads(v)
+
     def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (self.norm_q(self._heads(self.to_q(x))), self.norm_k(self._heads(self.to_k(x))),
-                self._heads(self.to_v(x)))
+        if hasattr(self, "to_qkv"):
+            q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        else:
+            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        return self.heads_of(q, k, v)
+
+    def _context_qkv(self, context: torch.Tensor
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if hasattr(self, "add_qkv"):
+            cq, ck, cv = self.add_qkv(context).chunk(3, dim=-1)
+        else:
+            cq, ck, cv = self.add_q_proj(context), self.add_k_proj(context), \
+                self.add_v_proj(context)
+        return (self.norm_added_q(self._heads(cq)), self.norm_added_k(self._heads(ck)),
+                self._heads(cv))
 
     @staticmethod
-    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> torch.Tensor:
         """[B, N, H, D] each -> [B, N, H * D]."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -276,17 +341,15 @@ class FluxAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Single stream: x [B, N, dim] -> [B, N, inner] (no output projection)."""
         q, k, v = self._qkv(x)
-        return self._attend(q, k, v, cos, sin)
+        return self.attend(q, k, v, cos, sin)
 
     def joint(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Double stream: image x [B, S, dim] and text context [B, L, dim] attend together
         (text first, as the rotary tables are laid out); returns (image, text) outputs."""
         q, k, v = self._qkv(x)
-        cq = self.norm_added_q(self._heads(self.add_q_proj(context)))
-        ck = self.norm_added_k(self._heads(self.add_k_proj(context)))
-        cv = self._heads(self.add_v_proj(context))
-        y = self._attend(torch.cat([cq, q], dim=1), torch.cat([ck, k], dim=1),
+        cq, ck, cv = self._context_qkv(context)
+        y = self.attend(torch.cat([cq, q], dim=1), torch.cat([ck, k], dim=1),
                          torch.cat([cv, v], dim=1), cos, sin)
         text = context.shape[1]
         return self.to_out[0](y[:, text:]), self.to_add_out(y[:, :text])
@@ -333,12 +396,29 @@ class FluxSingleTransformerBlock(nn.Module):
         self.proj_out = nn.Linear(dim + dim * MLP_RATIO, dim)
         self.attn = FluxAttention(dim, heads, head_dim, context=False)
 
+    def fuse(self) -> bool:
+        """The attention's q / k / v and proj_mlp as one to_qkv_mlp (Note [Fused
+        projections]); False, changing nothing, where they are not plain linears."""
+        a = self.attn
+        fused = fused_linear([a.to_q, a.to_k, a.to_v, self.proj_mlp])
+        if fused is None:
+            return False
+        self.fused_widths = [a.to_q.out_features, a.to_k.out_features, a.to_v.out_features,
+                      self.proj_mlp.out_features]
+        del a.to_q, a.to_k, a.to_v, self.proj_mlp
+        self.to_qkv_mlp = fused
+        return True
+
     def forward(self, h: torch.Tensor, temb_act: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> torch.Tensor:
         shift, scale, gate = self.norm(temb_act)
         n = _modulate(self.norm.norm(h), shift, scale)
-        mlp = F.gelu(self.proj_mlp(n), approximate="tanh")
-        out = self.proj_out(torch.cat([self.attn(n, cos, sin), mlp], dim=2))
+        if hasattr(self, "to_qkv_mlp"):
+            q, k, v, mlp = self.to_qkv_mlp(n).split(self.fused_widths, dim=-1)
+            attn = self.attn.attend(*self.attn.heads_of(q, k, v), cos, sin)
+        else:
+            mlp, attn = self.proj_mlp(n), self.attn(n, cos, sin)
+        out = self.proj_out(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=2))
         return _gated(h, gate, out)
 
 
@@ -387,6 +467,14 @@ class FluxTransformer(nn.Module):
             for _ in range(cfg.num_single_layers))
         self.norm_out = AdaNorm(dim, 2)
         self.proj_out = nn.Linear(dim, cfg.out_channels)
+
+    def fuse_projections(self) -> int:
+        """Fuses the projections that read one input in every block (Note [Fused
+        projections]); returns how many blocks were fused (those whose linears are all plain)."""
+        return sum(block.fuse() if isinstance(block, FluxSingleTransformerBlock)
+                   else block.attn.fuse()
+                   for block in list(self.transformer_blocks) +
+                   list(self.single_transformer_blocks))
 
     def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 pooled_projections: torch.Tensor, timestep: torch.Tensor, img_ids: torch.Tensor,
