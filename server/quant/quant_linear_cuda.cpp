@@ -17,8 +17,6 @@
 
 namespace qpool::quant {
 
-namespace {
-
 cuda::ElemType ElemTypeOf(at::ScalarType t) {
   switch (t) {
     case at::kFloat:
@@ -28,9 +26,11 @@ cuda::ElemType ElemTypeOf(at::ScalarType t) {
     case at::kBFloat16:
       return cuda::ElemType::kBFloat16;
     default:
-      TORCH_CHECK(false, "qpool::quant_linear: unsupported dtype ", t);
+      TORCH_CHECK(false, "qpool: unsupported dtype ", t, " for a CUDA kernel");
   }
 }
+
+namespace {
 
 // Note [W8A8 product choice]
 // Where both int8 products run (Hopper, fp16/bf16 x), the automatic choice takes the

@@ -30,6 +30,9 @@ enum class CudaPath {
                    // epilogue kernels, even on Hopper; other formats: as kAuto
 };
 
+// The kernels' element type of float32, float16 and bfloat16 tensors; c10::Error otherwise.
+cuda::ElemType ElemTypeOf(at::ScalarType t);
+
 // Largest M (rows of x) the automatic choice sends to the CUDA-core fused kernel when the
 // tensor-core kernel cannot run (float32 x, unaligned or padded layouts).
 // Note [Fused kernel crossover]: on an H100 the CUDA-core kernel's cost grows about linearly

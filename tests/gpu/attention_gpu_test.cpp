@@ -105,6 +105,7 @@ TEST_F(AttentionGpu, CudnnAttentionCapturesAndReplaysItsEagerBytes) {
     // New inputs copied into the captured ones give the eager result on them.
     const at::Tensor q2 = at::randn_like(q);
     q.copy_(q2);
+    torch::cuda::synchronize();  // the copy, on the default stream, before the replay
     {
       c10::cuda::CUDAStreamGuard guard(side);
       graph.replay();

@@ -197,6 +197,9 @@ def transformer_inputs(gen, batch, rows, cols, tokens):
 @pytest.mark.parametrize("name", ["flux-dev", "flux-schnell"])
 def test_traced_components_equal_diffusers(sources, imported, name):
     _, pipe = sources[name]
+    sys.path.insert(0, str(EXPORTER))
+    from qpool_export import flux_transformer  # noqa: F401 - registers qpool::rope
+
     load = {c: torch.jit.load(str(imported[name] / f"{c}.pt")) for c in COMPONENTS}
     clip_ids = pipe.tokenizer(PROMPTS, padding="max_length", max_length=77, truncation=True,
                               return_tensors="pt").input_ids

@@ -216,6 +216,25 @@ def test_imported_transformer_has_fused_projections(flux):
         assert torch.equal(module(*args), separate(*args))
 
 
+def test_traced_transformer_rotates_q_and_k_with_the_rope_op(flux):
+    """Note [Rotary embedding op]: q and k of every block go through one qpool::rope each in
+    the traced graph (the server's one-pass kernel), which equals diffusers' operations."""
+    cfg = flux["cfg"]
+    kinds = [n.kind() for n in flux["traced"].inlined_graph.nodes()]
+    assert kinds.count("qpool::rope") == 2 * (cfg.num_layers + cfg.num_single_layers)
+    assert "aten::stack" not in kinds
+    from diffusers.models.embeddings import apply_rotary_emb
+    from qpool_export.flux_transformer import apply_rope
+
+    gen = torch.Generator().manual_seed(9)
+    angles = torch.rand(1, 5, 1, 16, generator=gen) * 30
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 5, 3, 16, generator=gen).to(dtype)
+        want = apply_rotary_emb(x, (angles.cos()[0, :, 0], angles.sin()[0, :, 0]),
+                                sequence_dim=1)
+        assert torch.equal(apply_rope(x, angles.cos(), angles.sin()), want), dtype
+
+
 @pytest.mark.parametrize("fmt", ["int8", "nf4", "w8a8"])
 def test_quantizing_a_fused_weight_equals_quantizing_its_parts(fmt):
     """Note [Fused projections]: per-row (int8, w8a8) and per-block (nf4, rows a multiple of

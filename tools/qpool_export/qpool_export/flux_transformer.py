@@ -73,6 +73,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import ops
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection
 
@@ -181,10 +182,16 @@ class FluxPosEmbed(nn.Module):
         return torch.cos(angles), torch.sin(angles)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+# qpool::rope's schema, byte-identical to kRopeSchema in server/quant/rope_op.h (a unit test
+# compares them).
+ROPE_SCHEMA = "rope(Tensor x, Tensor cos, Tensor sin) -> Tensor"
+
+
+def _rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """diffusers' apply_rotary_emb (use_real, unbind_dim -1) of x [B, N, H, D] with cos / sin
     [1, N, 1, D]: each channel pair (a, b) becomes (a cos - b sin, b cos + a sin), in float32,
-    cast back to x's dtype.
+    cast back to x's dtype: qpool::rope's reference (the server's CPU kernel is the same ATen
+    operations, its CUDA kernel the same float32 arithmetic in one pass).
 
     The float32 copy is taken of a view, never of x itself: in a float32 trace x.float() returns
     x, and the tracer then records every later use of x as that conversion's output, so the final
@@ -192,7 +199,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     pairs = x.unflatten(-1, (-1, 2)).float()  # [B, N, H, D / 2, 2]
     real, imag = pairs.unbind(-1)
     rotated = torch.stack([-imag, real], dim=-1).flatten(3)
-    return (pairs.flatten(3) * cos + rotated * sin).type_as(x)
+    return (pairs.flatten(3) * cos + rotated * sin).to(x.dtype)
+
+
+_LIB = ops.register(ROPE_SCHEMA, _rope_ref, lambda x, cos, sin: torch.empty_like(x))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of q or k as one qpool::rope call in the traced graph (Note [Rotary
+    embedding op] in server/quant/rope_op.h): the server runs it as one CUDA kernel."""
+    return torch.ops.qpool.rope(x, cos, sin)
 
 
 def fused_linear(parts: Sequence[nn.Module]) -> Optional[nn.Linear]:

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import ops
+
 # Byte-identical to kQuantLinearSchema in server/quant/quant_linear_op.h; keep it on one line:
 # unit_quant_op_test reads it from this file and compares.
 SCHEMA = "quant_linear(Tensor x, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> Tensor"  # noqa: E501
@@ -311,21 +313,7 @@ def _quant_linear_fake(x, weight, absmax, code, nested_absmax, nested_code_t, of
     return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
 
 
-def _op_registered() -> bool:
-    try:
-        torch.ops.qpool.quant_linear
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
-# Registered only when nobody else did (the C++ library, loaded into this process, wins).
-_LIB: Optional[torch.library.Library] = None
-if not _op_registered():
-    _LIB = torch.library.Library("qpool", "FRAGMENT")
-    _LIB.define(SCHEMA)
-    _LIB.impl("quant_linear", _quant_linear_ref, "CompositeExplicitAutograd")
-    torch.library.register_fake("qpool::quant_linear", _quant_linear_fake, lib=_LIB)
+_LIB = ops.register(SCHEMA, _quant_linear_ref, _quant_linear_fake)
 
 
 class QuantLinear(nn.Module):

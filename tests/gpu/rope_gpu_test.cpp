@@ -1,0 +1,103 @@
+// qpool::rope on CUDA (Note [Rotary embedding op]): the one-pass kernel gives the CPU kernel's
+// bytes and those of the ATen operations diffusers runs on the GPU, in every dtype, with 16-byte
+// and pair-wise access, for non-contiguous x, and inside a CUDA graph.
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "quant/rope_op.h"
+
+namespace qpool::quant {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available; GPU test skipped"
+
+struct Tables {
+  at::Tensor cos, sin;
+};
+
+Tables MakeTables(int64_t n, int64_t d) {
+  const at::Tensor angles = at::rand({1, n, 1, d}) * 100;
+  return {at::cos(angles), at::sin(angles)};
+}
+
+TEST(RopeCuda, EqualsTheCpuAndTheAtenOperationsByteForByte) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(31);
+  struct Shape {
+    int64_t b, n, h, d;
+  };
+  // FLUX's head size (16-byte access), a head size of pairs only (6), odd token counts.
+  for (const Shape& sh : {Shape{1, 77, 24, 128}, Shape{2, 33, 3, 6}, Shape{3, 5, 2, 16}}) {
+    const Tables t = MakeTables(sh.n, sh.d);
+    const at::Tensor gc = t.cos.cuda(), gs = t.sin.cuda();
+    for (at::ScalarType type : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      const at::Tensor x = at::randn({sh.b, sh.n, sh.h, sh.d}).to(type);
+      const std::string what = std::string(c10::toString(type)) + " d " + std::to_string(sh.d);
+      const at::Tensor got = Rope(x.cuda(), gc, gs);
+      EXPECT_TRUE(at::equal(got.cpu(), Rope(x, t.cos, t.sin))) << what;
+      EXPECT_TRUE(at::equal(got, RopeCpu(x.cuda(), gc, gs))) << what << " (ATen on the GPU)";
+    }
+  }
+}
+
+TEST(RopeCuda, NonContiguousAndMisalignedInputs) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(32);
+  const Tables t = MakeTables(9, 16);
+  const at::Tensor gc = t.cos.cuda(), gs = t.sin.cuda();
+  // x as FLUX's heads view of a projection: [B, N, H * D] -> [B, N, H, D], every other token.
+  const at::Tensor wide = at::randn({2, 18, 4 * 16}, at::kCUDA).to(at::kBFloat16);
+  const at::Tensor strided = wide.unflatten(-1, {4, 16}).slice(1, 0, 18, 2);
+  ASSERT_FALSE(strided.is_contiguous());
+  EXPECT_TRUE(at::equal(Rope(strided, gc, gs), RopeCpu(strided, gc, gs)));
+  // A view starting 2 bytes into its storage: the pair-wise path.
+  const at::Tensor flat = at::randn({1 + 2 * 9 * 3 * 16}, at::kCUDA).to(at::kHalf);
+  const at::Tensor shifted = flat.slice(0, 1).view({2, 9, 3, 16});
+  EXPECT_TRUE(at::equal(Rope(shifted, gc, gs), RopeCpu(shifted, gc, gs)));
+  // Tables on another device than x are refused, naming both.
+  const at::Tensor x = at::randn({1, 9, 3, 16}, at::kCUDA);
+  try {
+    Rope(x, t.cos, gs);
+    FAIL() << "cos on the CPU was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cos is on cpu but x is on cuda:0"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RopeCuda, CapturesIntoACudaGraph) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(33);
+  const Tables t = MakeTables(64, 128);
+  const at::Tensor gc = t.cos.cuda(), gs = t.sin.cuda();
+  const at::Tensor x = at::randn({1, 64, 4, 128}, at::kCUDA).to(at::kBFloat16);
+  const at::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  at::Tensor captured;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    Rope(x, gc, gs);
+    graph.capture_begin();
+    captured = Rope(x, gc, gs);
+    graph.capture_end();
+  }
+  const at::Tensor next = at::randn_like(x);
+  x.copy_(next);
+  torch::cuda::synchronize();  // the copy, on the default stream, before the replay
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    graph.replay();
+  }
+  side.synchronize();
+  EXPECT_TRUE(at::equal(captured, RopeCpu(next, gc, gs)));
+}
+
+}  // namespace
+}  // namespace qpool::quant
