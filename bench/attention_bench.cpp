@@ -1,6 +1,7 @@
 // aten::scaled_dot_product_attention with each fused backend put first (Note [Attention
 // backend]) on the attention shapes of SD 1.5 (512x512), SDXL and FLUX (1024x1024), against
-// PyTorch's own order in the same run: the measurement behind `--attention`.
+// PyTorch's own order in the same run: the measurement behind `--attention`; and FLUX's rotary
+// embedding as qpool::rope against the ATen operations it replaces.
 //
 //   attention_bench --benchmark_out=attention.json --benchmark_out_format=json
 //
@@ -22,6 +23,7 @@
 #include "bench_common.h"
 #include "component/attention_backend.h"
 #include "gpu_timing.h"
+#include "quant/rope_op.h"
 
 namespace qpool {
 namespace {
@@ -104,7 +106,43 @@ void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend
                  " (default: " + DescribeAttentionPriority({default_choice}) + ")");
 }
 
+// qpool::rope (Note [Rotary embedding op]) on q of a 1024x1024 FLUX image against the same
+// rotation in ATen operations (diffusers' apply_rotary_emb, RopeCpu's body) on the GPU.
+void BM_Rope(benchmark::State& state, bool fused) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("CUDA is not available");
+    return;
+  }
+  c10::InferenceMode guard;
+  const int64_t n = 4608, heads = 24, d = 128;
+  auto opts = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor x = at::randn({1, n, heads, d}, opts.dtype(at::kBFloat16));
+  const at::Tensor angles = at::rand({1, n, 1, d}, opts) * 100;
+  const at::Tensor cos = at::cos(angles), sin = at::sin(angles);
+  auto run = [&] { return fused ? quant::Rope(x, cos, sin) : quant::RopeCpu(x, cos, sin); };
+  for (int i = 0; i < 3; ++i) run();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (auto _ : state) {
+    t.push_back(bench::SampleMicros(run, start, stop));
+    state.SetIterationTime(t.back() * 1e-6);
+  }
+  const double us = bench::Median(t);
+  state.counters["us_per_call"] = us;
+  // x read and the result written once: the traffic the one-pass kernel needs.
+  state.counters["min_bytes_GBps"] = 2.0 * x.numel() * x.element_size() / us * 1e-3;
+  state.SetLabel(fused ? "qpool::rope" : "ATen operations");
+}
+
 void RegisterAll() {
+  for (bool fused : {false, true}) {
+    benchmark::RegisterBenchmark(
+        fused ? "rope/flux_q_4608x24x128_bf16/qpool" : "rope/flux_q_4608x24x128_bf16/aten", BM_Rope,
+        fused)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Iterations(kSamples);
+  }
   for (const AttentionShape& s : kShapes) {
     for (const char* backend : kBackends) {
       const std::string name = std::string("attention/") + s.name + "/" + backend;
