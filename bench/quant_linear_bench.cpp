@@ -1,5 +1,5 @@
 // qpool::quant_linear on CUDA against torch::linear in fp16/bf16, on the linear shapes of
-// SD 1.5, SDXL and Flux, for M (tokens x batch) in {1, 4, 16, 32, 77, 154, 1024, 4096, 4608, 8192}.
+// SD 1.5, SDXL and Flux, for M (tokens x batch) from 1 to 8192.
 //
 //   quant_linear_bench --benchmark_out=quant_linear.json --benchmark_out_format=json
 //
@@ -46,18 +46,23 @@ const LinearShape kShapes[] = {
     {"sd15_ff_1280x5120", 1280, 5120},
     {"sd15_xattn_kv_768x320", 768, 320},
     {"sdxl_attn_640x640", 640, 640},
+    {"sdxl_attn_1280x1280", 1280, 1280},
     {"sdxl_ff_1280x10240", 1280, 10240},
     {"sdxl_xattn_kv_2048x1280", 2048, 1280},
     {"flux_attn_3072x3072", 3072, 3072},
     {"flux_mlp_up_3072x12288", 3072, 12288},
     {"flux_mlp_down_12288x3072", 12288, 3072},
-    // The fused projections of FLUX's blocks (Note [Fused projections] in flux_transformer.py):
-    // q / k / v of a double-stream block, q / k / v and the MLP's input of a single-stream one.
+    // Fused projections (Note [Fused projections] in blocks.py): a UNet self-attention's q / k
+    // / v, q / k / v of a FLUX double-stream block, q / k / v and the MLP's input of a
+    // single-stream one.
+    {"sd15_qkv_320x960", 320, 960},
+    {"sdxl_qkv_1280x3840", 1280, 3840},
     {"flux_qkv_3072x9216", 3072, 9216},
     {"flux_qkv_mlp_3072x21504", 3072, 21504},
 };
 
-const int64_t kMs[] = {1, 4, 16, 32, 77, 154, 1024, 4096, 4608, 8192};  // 4608: FLUX at 1024x1024
+// 2048: SDXL's 1280-wide attention at 1024x1024 with CFG; 4608: FLUX at 1024x1024.
+const int64_t kMs[] = {1, 4, 16, 32, 77, 154, 1024, 2048, 4096, 4608, 8192};
 
 struct Variant {
   const char* name;

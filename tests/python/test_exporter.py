@@ -494,3 +494,36 @@ def test_reduction_group_norm_equals_group_norm(shape, groups):
         half = traced.half()(x.half())
         assert half.dtype == torch.float16
         torch.testing.assert_close(half.float(), native(x.half().float()), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_fused_attention_projections_equal_the_separate_ones(cross):
+    """Note [Fused projections]: a self-attention's q / k / v as one to_qkv, a cross-attention's
+    k / v as one to_kv, the same result as the three linears; a quantized part leaves it as is."""
+    from qpool_export import quant
+    from qpool_export.blocks import Attention, fuse_projections
+
+    torch.manual_seed(3)
+    attn = Attention(32, 24 if cross else None, 4, 8, qkv_bias=False)
+    x, context = torch.randn(2, 10, 32), torch.randn(2, 7, 24)
+    args = (x, context) if cross else (x,)
+    with torch.no_grad():
+        want = attn(*args)
+        assert fuse_projections(torch.nn.Sequential(attn)) == 1
+        fused = attn.to_kv if cross else attn.to_qkv
+        assert fused.out_features == (2 if cross else 3) * 32
+        assert (attn(*args) - want).abs().max().item() < 1e-6
+    assert not any(hasattr(attn, n) for n in (["to_k", "to_v"] if cross else ["to_q", "to_k"]))
+
+    quantized = Attention(32, None, 4, 8, qkv_bias=False)
+    quant.quantize_module(quantized, "int8", skip=["to_out"])
+    assert not quantized.fuse() and hasattr(quantized, "to_q")
+
+
+def test_exported_unet_has_fused_projections(tiny):
+    """The tiny preset's UNet is written with fused projections (Note [Fused projections])."""
+    unet = jit_load(os.path.join(tiny["dir"], "unet.pt"))
+    names = {n for n, _ in unet.named_modules()}
+    assert any(n.endswith("attn1.to_qkv") for n in names), sorted(names)[:20]
+    assert any(n.endswith("attn2.to_kv") for n in names)
+    assert not any(n.endswith(("attn1.to_q", "attn2.to_k")) for n in names)

@@ -16,6 +16,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from . import bnb_import
+from .blocks import fuse_projections
 from .clip_text import ClipTextConfig, ClipTextEncoder
 from .import_error import ImportFailure
 from .sd_unet import SdUNet, SdUNetConfig
@@ -249,6 +250,8 @@ def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
             f"{pooled_dim + TIME_IDS * cfg.addition_time_embed_dim}")
     mirror = SdUNet(cfg)
     _load_strict(mirror, original.state_dict(), where)
+    if not prequantized:  # a bitsandbytes checkpoint's layers keep their names
+        fuse_projections(mirror)  # Note [Fused projections]
     levels = 2 ** (len(cfg.block_out_channels) - 1)
 
     def inputs(batch: int, h: int, w: int) -> Tuple[torch.Tensor, ...]:

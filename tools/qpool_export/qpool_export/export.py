@@ -23,6 +23,7 @@ import torch
 
 from . import bpe, corpus, manifest, tracing
 from . import compile as aot
+from .blocks import fuse_projections
 from .presets import COMPONENTS, DEFAULT_QUANT_SKIP, PRESETS, Preset, count_parameters
 from .weights import build_component
 
@@ -140,6 +141,7 @@ def _tensor_bytes(module: torch.nn.Module) -> int:
 def export_component(preset: Preset, component: str, opts: ExportOptions, folder: str,
                      vocab: int) -> ComponentReport:
     module = build_component(preset, component, opts.seed)
+    fuse_projections(module)  # Note [Fused projections]
     quantized = 0
     if opts.quantize != "none" and component in opts.quant_components:
         calibration = []

@@ -47,18 +47,9 @@ are single torch.addcmul kernels here (diffusers runs a multiply and an add), an
 which every block's modulation reads, is computed once. In float32 the results are those of
 diffusers up to rounding; in half precision addcmul rounds once instead of twice.
 
-Note [Fused projections]
-fuse_projections() replaces the linears that read the same input by one linear with their
-weights (and biases) concatenated along the outputs: q / k / v of each attention, the text
-stream's add_q / add_k / add_v, and in a single-stream block q / k / v and proj_mlp together (3
-x 3072 + 12288 outputs for FLUX.1). Each output is the same dot product as before, so the
-results are the separate linears' up to the GEMM's summation order, while a step runs one GEMM
-of 21504 (or 9216) columns where it ran three or four of 3072 and 12288: fewer launches, fewer
-partial waves of tiles, and for w8a8 one quantization of the input instead of four. Quantizing
-the fused weight per output row (int8, w8a8) or per block of a row (nf4) equals quantizing the
-parts. The importer fuses before quantizing and tracing, except for a bitsandbytes checkpoint,
-whose layers arrive quantized under their own names (and double quantization's per-tensor
-offset does not concatenate).
+Note [Fused projections] (blocks.py) applies to the transformer: each attention's q / k / v, the
+text stream's add_q / add_k / add_v, and a single-stream block's q / k / v together with proj_mlp
+(3 x 3072 + 12288 outputs for FLUX.1) run as one linear each.
 
 Half precision: diffusers clips float16 activations to +-65504 after each block; that depends on
 the dtype, which is chosen after the trace, so it is not reproduced (FLUX runs in bfloat16).
@@ -74,6 +65,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import ops
+from .blocks import fused_linear
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection
 
@@ -209,25 +201,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """The rotary embedding of q or k as one qpool::rope call in the traced graph (Note [Rotary
     embedding op] in server/quant/rope_op.h): the server runs it as one CUDA kernel."""
     return torch.ops.qpool.rope(x, cos, sin)
-
-
-def fused_linear(parts: Sequence[nn.Module]) -> Optional[nn.Linear]:
-    """One nn.Linear computing `parts` (nn.Linears of one input width, all with or all without
-    a bias) side by side, on their tensors' device and dtype (Note [Fused projections]); None
-    when they are not such linears (a quantized layer, say)."""
-    if any(type(p) is not nn.Linear for p in parts):
-        return None
-    first = parts[0]
-    if any(p.in_features != first.in_features or (p.bias is None) != (first.bias is None)
-           for p in parts):
-        return None
-    fused = nn.Linear(first.in_features, sum(p.out_features for p in parts),
-                      bias=first.bias is not None, device="meta")
-    with torch.no_grad():
-        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
-        if first.bias is not None:
-            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
-    return fused
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
