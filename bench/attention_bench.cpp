@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "bench_common.h"
 #include "component/attention_backend.h"
 #include "gpu_timing.h"
 #include "quant/rope_op.h"
@@ -51,22 +50,6 @@ const char* const kBackends[] = {"flash", "cudnn", "efficient"};
 
 constexpr int kSamples = 15;
 
-// ATen's backend for the call with the order of `name` set (at::SDPBackend's number).
-int64_t ChosenBackend(const std::string& name, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& v) {
-  (void)ApplyAttentionBackend(name);
-  return at::_fused_sdp_choice(q, k, v);
-}
-
-double TimeMicros(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  auto run = [&] { return at::scaled_dot_product_attention(q, k, v); };
-  for (int i = 0; i < 3; ++i) run();
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
-  for (int i = 0; i < kSamples; ++i) t.push_back(bench::SampleMicros(run, start, stop));
-  return bench::Median(t);
-}
-
 void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend) {
   if (!torch::cuda::is_available()) {
     state.SkipWithError("CUDA is not available");
@@ -78,25 +61,18 @@ void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend
   const at::Tensor q = at::randn({s.batch, s.heads, s.lq, s.head_dim}, opts);
   const at::Tensor k = at::randn({s.batch, s.heads, s.lkv, s.head_dim}, opts);
   const at::Tensor v = at::randn({s.batch, s.heads, s.lkv, s.head_dim}, opts);
+  auto run = [&] { return at::scaled_dot_product_attention(q, k, v); };
   const int64_t default_choice = at::_fused_sdp_choice(q, k, v);
-  const double default_us = TimeMicros(q, k, v);
-  const int64_t chosen = ChosenBackend(backend, q, k, v);
-  const std::string chosen_name = DescribeAttentionPriority({chosen});
-  if (chosen_name != backend) {
+  const double default_us = bench::MedianMicros(run, kSamples);
+  (void)ApplyAttentionBackend(backend);
+  const std::string chosen = DescribeAttentionPriority({at::_fused_sdp_choice(q, k, v)});
+  if (chosen != backend) {
     at::globalContext().setSDPPriorityOrder(pytorch);
-    state.SkipWithError((backend + " cannot take this call; ATen picks " + chosen_name).c_str());
+    state.SkipWithError((backend + " cannot take this call; ATen picks " + chosen).c_str());
     return;
   }
-  auto run = [&] { return at::scaled_dot_product_attention(q, k, v); };
-  for (int i = 0; i < 3; ++i) run();
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
-  for (auto _ : state) {
-    t.push_back(bench::SampleMicros(run, start, stop));
-    state.SetIterationTime(t.back() * 1e-6);
-  }
+  const double us = bench::MedianMicros(run, state);
   at::globalContext().setSDPPriorityOrder(pytorch);
-  const double us = bench::Median(t);
   const double flop = 4.0 * s.batch * s.heads * s.lq * s.lkv * s.head_dim;
   state.counters["us_per_call"] = us;
   state.counters["TFLOPs"] = flop / us * 1e-6;
@@ -120,14 +96,7 @@ void BM_Rope(benchmark::State& state, bool fused) {
   const at::Tensor angles = at::rand({1, n, 1, d}, opts) * 100;
   const at::Tensor cos = at::cos(angles), sin = at::sin(angles);
   auto run = [&] { return fused ? quant::Rope(x, cos, sin) : quant::RopeCpu(x, cos, sin); };
-  for (int i = 0; i < 3; ++i) run();
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
-  for (auto _ : state) {
-    t.push_back(bench::SampleMicros(run, start, stop));
-    state.SetIterationTime(t.back() * 1e-6);
-  }
-  const double us = bench::Median(t);
+  const double us = bench::MedianMicros(run, state);
   state.counters["us_per_call"] = us;
   // x read and the result written once: the traffic the one-pass kernel needs.
   state.counters["min_bytes_GBps"] = 2.0 * x.numel() * x.element_size() / us * 1e-3;

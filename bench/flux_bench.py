@@ -326,14 +326,13 @@ def export(pipe, a) -> dict:
     return timings
 
 
-def compare_to_bf16(result: dict, a) -> None:
-    """Each timed variant's p50 latency and pipeline bytes as a multiple of flux-bf16's, and its
-    images against flux-bf16's for the same requests (import_bench.fidelity), when flux-bf16 ran."""
+def compare_to_bf16(result: dict, timed: list, a) -> None:
+    """Each of the `timed` results' p50 latency and pipeline bytes as a multiple of flux-bf16's,
+    and its images against flux-bf16's for the same requests (import_bench.fidelity), when
+    flux-bf16 ran."""
     base = result.get("flux-bf16", {})
     if "latency" not in base:
         return
-    timed = [import_bench.timed_name(n, att) for n in a.variants.split(",")
-             for att in a.attention.split(",")]
     for name in timed:
         mine = result.get(name, {})
         if name == "flux-bf16" or "latency" not in mine:
@@ -448,15 +447,17 @@ def main() -> int:
         result["export"] = export(pipe, a)
     else:
         cuda = a.device.startswith("cuda")
+        timed = []
         for name in a.variants.split(","):
             for attention in a.attention.split(","):
                 key = import_bench.timed_name(name, attention)
+                timed.append(key)
                 result[key] = import_bench.time_qpool(
                     a.server, a.client, os.path.join(a.work, "repo"), name, a,
                     check_encode=cuda and key == "flux-bf16", scheduler="euler",
                     device="cuda:0" if cuda else "cpu", attention=attention)
                 print(key, json.dumps(result[key].get("latency", result[key])), flush=True)
-        compare_to_bf16(result, a)
+        compare_to_bf16(result, timed, a)
         if a.residency_check:
             result["residency_check"] = residency_check(a, a.residency_check)
             print(json.dumps(result["residency_check"]), flush=True)

@@ -19,6 +19,9 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
+
+#include "bench_common.h"
 
 namespace qpool::bench {
 
@@ -42,6 +45,29 @@ double SampleMicros(Fn&& fn, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& st
     *host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kCallsPerSample;
   }
   return start.elapsed_time(stop) * 1e3 / kCallsPerSample;
+}
+
+// Median per-call microseconds of `samples` samples of `fn`, after three warm-up calls.
+template <typename Fn>
+double MedianMicros(Fn&& fn, int samples) {
+  for (int i = 0; i < 3; ++i) fn();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (int i = 0; i < samples; ++i) t.push_back(SampleMicros(fn, start, stop));
+  return Median(t);
+}
+
+// The same with one sample per Google Benchmark iteration, each the iteration's manual time.
+template <typename Fn>
+double MedianMicros(Fn&& fn, benchmark::State& state) {
+  for (int i = 0; i < 3; ++i) fn();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (auto _ : state) {
+    t.push_back(SampleMicros(fn, start, stop));
+    state.SetIterationTime(t.back() * 1e-6);
+  }
+  return Median(t);
 }
 
 // The GPU's name and the CUDA runtime and driver versions in Google Benchmark's context (its

@@ -118,11 +118,6 @@ std::vector<W> Copies(const W& one, int64_t bytes, Clone clone) {
   return copies;
 }
 
-double Median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 // torch::linear time per call in `dtype` per (shape, M, dtype), measured once per process.
 double BaselineMicros(const LinearShape& s, int64_t m, at::ScalarType dtype) {
   static std::map<std::tuple<int64_t, int64_t, int64_t, int>, double> cache;
@@ -135,12 +130,8 @@ double BaselineMicros(const LinearShape& s, int64_t m, at::ScalarType dtype) {
       Copies(w, w.numel() * w.element_size(), [](const at::Tensor& t) { return t.clone(); });
   at::Tensor x = at::randn({m, s.in}, opts);
   size_t next = 0;
-  auto run = [&] { return at::linear(x, ws[next++ % ws.size()]); };
-  for (int i = 0; i < 3; ++i) run();
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
-  for (int i = 0; i < kSamples; ++i) t.push_back(SampleMicros(run, start, stop));
-  const double us = Median(t);
+  const double us =
+      bench::MedianMicros([&] { return at::linear(x, ws[next++ % ws.size()]); }, kSamples);
   cache[key] = us;
   return us;
 }
@@ -182,8 +173,8 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
     host.push_back(h);
     state.SetIterationTime(t.back() * 1e-6);
   }
-  const double us = Median(t);
-  state.counters["host_us"] = Median(host);
+  const double us = bench::Median(t);
+  state.counters["host_us"] = bench::Median(host);
   const double bytes = static_cast<double>(StateBytes(s));
   const double fp16_us = BaselineMicros(shape, m, at::kHalf);
   const double bf16_us = BaselineMicros(shape, m, at::kBFloat16);

@@ -1,7 +1,8 @@
-// Device helpers shared by the quant_linear CUDA kernels (quant_kernels.cu, quant_mma_kernels.cu).
+// Helpers shared by the CUDA kernels of the quant layer (quant_linear, w8a8, rope).
 // Included by .cu files only; everything here is inline or internal to each translation unit.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,6 +42,14 @@ __device__ __forceinline__ __half FromFloat<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Multiprocessors of the current device (host; the runtime caches the attribute).
+inline int SmCount() {
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
 }
 
 __device__ __forceinline__ int64_t MinI64(int64_t a, int64_t b) { return a < b ? a : b; }

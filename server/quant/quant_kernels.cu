@@ -224,13 +224,6 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
   }
 }
 
-int SmCount() {
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 template <typename T>
 void DequantizeAs(const PackedWeightView& w, T* out, cudaStream_t stream) {
   const bool fast = Aligned16(w.weight) && Aligned16(out) && w.in_features % 8 == 0 &&

@@ -46,15 +46,12 @@ template <typename T>
 void Launch(const T* x, const float* cos, const float* sin, int64_t total, int64_t row_values,
             int64_t n, int64_t d, T* out, cudaStream_t stream) {
   if (total == 0) return;
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   constexpr int kWide = 16 / sizeof(T);
   const bool wide = d % kWide == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int values = wide ? kWide : 2;
   const int64_t blocks =
-      std::min<int64_t>((total / values + kThreads - 1) / kThreads, int64_t{sms} * 16);
+      std::min<int64_t>((total / values + kThreads - 1) / kThreads, int64_t{SmCount()} * 16);
   if (wide) {
     RopeKernel<T, kWide>
         <<<blocks, kThreads, 0, stream>>>(x, cos, sin, out, total, row_values, n, d);

@@ -297,23 +297,26 @@ class Client:
 
 @pytest.fixture(scope="module")
 def make_server(server_bin, source_repository, pb, tmp_path_factory):
-    """Factory: make_server(pipelines=("tiny",), load="tiny", setup=None, extra_args=()) ->
-    Client.
+    """Factory: make_server(pipelines=("tiny",), load="tiny", setup=None, extra_args=(),
+    folders=None) -> Client.
 
     `pipelines` are copied from the test repository (a tuple (name, as_name) copies under
-    another name); `setup(repository_path)` may add more (e.g. broken ones) before start;
+    another name); `folders` ({name: pipeline folder}, e.g. imports) are copied under their
+    names; `setup(repository_path)` may add more (e.g. broken ones) before start;
     `extra_args` are more server flags. Servers stop at module teardown with SIGTERM (a test may
     stop its own first: client.server); each must exit with code 0.
     """
     started, clients = [], []
 
-    def factory(pipelines=("tiny",), load="all", setup=None, extra_args=()):
+    def factory(pipelines=("tiny",), load="all", setup=None, extra_args=(), folders=None):
         workdir = tmp_path_factory.mktemp("qpool_server")
         repository = workdir / "models"
         repository.mkdir()
         for entry in pipelines:
             name, as_name = (entry, None) if isinstance(entry, str) else entry
             copy_pipeline(source_repository, repository, name, as_name)
+        for name, folder in (folders or {}).items():
+            shutil.copytree(folder, repository / name)
         if setup is not None:
             setup(repository)
         server = QpoolServer(server_bin, repository, workdir, load=load, extra_args=extra_args)

@@ -296,11 +296,7 @@ def references(sources):
 
 @pytest.fixture(scope="module")
 def client(make_server, imported):
-    def setup(models):
-        for name, folder in imported.items():
-            shutil.copytree(folder, models / name)
-
-    return make_server(pipelines=(), load="all", setup=setup)
+    return make_server(pipelines=(), load="all", folders=imported)
 
 
 def array(tensor, dtype):

@@ -437,11 +437,8 @@ def served_pipelines(tmp_path_factory, source, imported, bnb_imported):
 
 @pytest.fixture(scope="module")
 def client(make_server, served_pipelines):
-    def setup(models):
-        for name, (folder, _) in served_pipelines.items():
-            shutil.copytree(folder, models / name)
-
-    return make_server(pipelines=(), load="all", setup=setup)
+    return make_server(pipelines=(), load="all",
+                       folders={name: folder for name, (folder, _) in served_pipelines.items()})
 
 
 def test_served_pipelines_are_listed_with_their_components(client):

@@ -4,7 +4,6 @@ server's load-time quantization keeps the same layers float, so both give the sa
 tiny pipeline, its source and the import helpers are test_import_sdxl.py's.
 """
 
-import shutil
 import sys
 
 import pytest
@@ -55,11 +54,7 @@ def served_pipelines(tmp_path_factory, source):
 
 @pytest.fixture(scope="module")
 def client(make_server, served_pipelines):
-    def setup(models):
-        for name, folder in served_pipelines.items():
-            shutil.copytree(folder, models / name)
-
-    return make_server(pipelines=(), load="all", setup=setup)
+    return make_server(pipelines=(), load="all", folders=served_pipelines)
 
 
 def unet_quantization(folder):

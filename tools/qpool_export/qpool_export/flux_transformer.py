@@ -281,14 +281,15 @@ class FluxAttention(nn.Module):
     def fuse(self) -> bool:
         """to_q / to_k / to_v as one to_qkv, add_*_proj as one add_qkv (Note [Fused
         projections]); False, changing nothing, where they are not plain linears."""
+        context = hasattr(self, "add_q_proj")
         qkv = fused_linear([self.to_q, self.to_k, self.to_v])
-        add = fused_linear([self.add_q_proj, self.add_k_proj, self.add_v_proj]) \
-            if hasattr(self, "add_q_proj") else None
-        if qkv is None or (hasattr(self, "add_q_proj") and add is None):
+        add = fused_linear([self.add_q_proj, self.add_k_proj, self.add_v_proj]) if context \
+            else None
+        if qkv is None or (context and add is None):
             return False
         del self.to_q, self.to_k, self.to_v
         self.to_qkv = qkv
-        if add is not None:
+        if context:
             del self.add_q_proj, self.add_k_proj, self.add_v_proj
             self.add_qkv = add
         return True
@@ -301,20 +302,19 @@ class FluxAttention(nn.Module):
         """Projected q, k, v [B, N, H * D] -> [B, N, H, D] each, q and k RMS-normed."""
         return self.norm_q(self._heads(q)), self.norm_k(self._heads(k)), self._heads(v)
 
+    def _project(self, x: torch.Tensor, fused: str,
+                 parts: Tuple[str, str, str]) -> Tuple[torch.Tensor, ...]:
+        """q, k, v of x through the fused linear `fused` where there is one, else `parts`."""
+        if hasattr(self, fused):
+            return getattr(self, fused)(x).chunk(3, dim=-1)
+        return tuple(getattr(self, name)(x) for name in parts)
+
     def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if hasattr(self, "to_qkv"):
-            q, k, v = self.to_qkv(x).chunk(3, dim=-1)
-        else:
-            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
-        return self.heads_of(q, k, v)
+        return self.heads_of(*self._project(x, "to_qkv", ("to_q", "to_k", "to_v")))
 
     def _context_qkv(self, context: torch.Tensor
                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if hasattr(self, "add_qkv"):
-            cq, ck, cv = self.add_qkv(context).chunk(3, dim=-1)
-        else:
-            cq, ck, cv = self.add_q_proj(context), self.add_k_proj(context), \
-                self.add_v_proj(context)
+        cq, ck, cv = self._project(context, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
         return (self.norm_added_q(self._heads(cq)), self.norm_added_k(self._heads(ck)),
                 self._heads(cv))
 
@@ -358,6 +358,10 @@ class FluxTransformerBlock(nn.Module):
         self.norm2_context = nn.LayerNorm(dim, elementwise_affine=False, eps=NORM_EPS)
         self.ff_context = FeedForward(dim)
 
+    def fuse(self) -> bool:
+        """The attention's projections fused (Note [Fused projections])."""
+        return self.attn.fuse()
+
     def forward(self, x: torch.Tensor, context: torch.Tensor, temb_act: torch.Tensor,
                 cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = self.norm1(temb_act)
@@ -393,7 +397,7 @@ class FluxSingleTransformerBlock(nn.Module):
         if fused is None:
             return False
         self.fused_widths = [a.to_q.out_features, a.to_k.out_features, a.to_v.out_features,
-                      self.proj_mlp.out_features]
+                             self.proj_mlp.out_features]
         del a.to_q, a.to_k, a.to_v, self.proj_mlp
         self.to_qkv_mlp = fused
         return True
@@ -460,9 +464,7 @@ class FluxTransformer(nn.Module):
     def fuse_projections(self) -> int:
         """Fuses the projections that read one input in every block (Note [Fused
         projections]); returns how many blocks were fused (those whose linears are all plain)."""
-        return sum(block.fuse() if isinstance(block, FluxSingleTransformerBlock)
-                   else block.attn.fuse()
-                   for block in list(self.transformer_blocks) +
+        return sum(block.fuse() for block in list(self.transformer_blocks) +
                    list(self.single_transformer_blocks))
 
     def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
