@@ -56,6 +56,7 @@ void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend
     return;
   }
   c10::InferenceMode guard;
+  SettleAttentionOrder(0);  // ATen's own order, as a server has it (Note [Attention backend])
   const std::vector<int64_t> pytorch = CurrentAttentionPriority();
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(s.dtype);
   const at::Tensor q = at::randn({s.batch, s.heads, s.lq, s.head_dim}, opts);
@@ -64,7 +65,7 @@ void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend
   auto run = [&] { return at::scaled_dot_product_attention(q, k, v); };
   const int64_t default_choice = at::_fused_sdp_choice(q, k, v);
   const double default_us = bench::MedianMicros(run, kSamples);
-  (void)ApplyAttentionBackend(backend);
+  (void)ApplyAttentionBackend(backend, 0);
   const std::string chosen = DescribeAttentionPriority({at::_fused_sdp_choice(q, k, v)});
   if (chosen != backend) {
     at::globalContext().setSDPPriorityOrder(pytorch);

@@ -253,7 +253,8 @@ def export(pipe, a) -> dict:
         tokens = (torch.zeros(1, T5_LENGTH, dtype=torch.long, device=a.device),)
         _save(t5, tokens, os.path.join(out, "text_encoder_2.pt"))
         if a.nf4_prequantized:
-            _quantize_now(t5)
+            # _save moved the traced module's tensors, which are t5's, to the host.
+            _quantize_now(t5.to(a.device))
             _save(t5, tokens, os.path.join(prequantized, "text_encoder_2.pt"))
         del t5, small
         timings["t5_seconds"] = time.monotonic() - start
@@ -280,7 +281,7 @@ def export(pipe, a) -> dict:
             timings["compile_seconds"] = compile_transformer(
                 transformer, os.path.join(out, "transformer.pt"), compiled, a.device)
         if a.nf4_prequantized:
-            _quantize_now(transformer)
+            _quantize_now(transformer.to(a.device))  # back from the host, as T5 above
             _save(transformer, example, os.path.join(prequantized, "transformer.pt"))
         del transformer, small
 

@@ -151,13 +151,6 @@ int Run(int argc, char** argv) {
   }
   qpool::log::SetLevel(options->log_level);
   if (options->cpu_threads > 0) at::set_num_threads(options->cpu_threads);
-  auto attention = qpool::ApplyAttentionBackend(options->attention);
-  if (!attention.ok()) {
-    std::cerr << "qpool-server: --attention: " << attention.status().message() << "\n";
-    return 2;
-  }
-  qpool::log::Info("attention kernels in this order, the first that fits each call: ",
-                   qpool::DescribeAttentionPriority(*attention));
 
   // Signals are taken by sigwait in this thread only; every thread started below inherits the mask.
   sigset_t signals;
@@ -180,6 +173,21 @@ int Run(int argc, char** argv) {
     std::cerr << "qpool-server: " << devices.status().message() << "\n";
     return 2;
   }
+  // ATen settles its attention order on a GPU of the pool's (Note [Attention backend]).
+  int attention_device = -1;
+  for (const c10::Device& d : (*devices)->devices()) {
+    if (d.is_cuda()) {
+      attention_device = d.index();
+      break;
+    }
+  }
+  auto attention = qpool::ApplyAttentionBackend(options->attention, attention_device);
+  if (!attention.ok()) {
+    std::cerr << "qpool-server: --attention: " << attention.status().message() << "\n";
+    return 2;
+  }
+  qpool::log::Info("attention kernels in this order, the first that fits each call: ",
+                   qpool::DescribeAttentionPriority(*attention));
   qpool::ArenaAllocator arenas;
   qpool::BlockCopier copier;
   qpool::DeviceMemory memory(arenas);

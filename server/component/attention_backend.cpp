@@ -2,8 +2,12 @@
 
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "util/log.h"
 
@@ -69,7 +73,21 @@ std::vector<int64_t> CurrentAttentionPriority() {
   return order;
 }
 
-StatusOr<std::vector<int64_t>> ApplyAttentionBackend(const std::string& name) {
+void SettleAttentionOrder(int cuda_device) {
+  static std::once_flag once;
+  std::call_once(once, [cuda_device] {
+    const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
+    const c10::DeviceGuard guard(device);
+    const at::Tensor q =
+        at::zeros({1, 1, 1, 64}, at::TensorOptions().device(device).dtype(at::kHalf));
+    (void)at::_fused_sdp_choice(q, q, q);
+  });
+}
+
+StatusOr<std::vector<int64_t>> ApplyAttentionBackend(const std::string& name, int cuda_device) {
+  // A bad name is refused before any device is touched.
+  RETURN_IF_ERROR(AttentionPriority(name, CurrentAttentionPriority()).status());
+  if (cuda_device >= 0) SettleAttentionOrder(cuda_device);
   ASSIGN_OR_RETURN(std::vector<int64_t> order, AttentionPriority(name, CurrentAttentionPriority()));
   at::globalContext().setSDPPriorityOrder(order);
   return order;

@@ -121,7 +121,8 @@ std::string ServerUsage() {
   --cpu-threads N          intra-op threads for CPU work (default 0: one per core)
   --attention NAME         the attention kernel tried first for every call: flash, cudnn,
                            efficient or math; a call it cannot take runs the next one in
-                           PyTorch's order (default auto: PyTorch's order as it is)
+                           ATen's order (default auto: ATen's own order, cuDNN first on
+                           Hopper)
   --log-level LEVEL        debug | info | warn | error (default info)
  TLS and credentials (docs/security.md):
   --tls-cert FILE          serve gRPC over TLS with this PEM certificate chain (with --tls-key)

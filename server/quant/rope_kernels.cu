@@ -10,15 +10,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// kValues consecutive values of one row, loaded and stored as one 16-byte access.
-template <typename T, int kValues>
-struct alignas(sizeof(T) * kValues) Pack {
+// kValues consecutive values of one row. kAlign is the access's alignment: 16 bytes for the
+// wide path (one vector load and store), sizeof(T) for the pair-wise one, which must also take
+// x and out that start at any element (a view a value into its storage).
+template <typename T, int kValues, int kAlign>
+struct alignas(kAlign) Pack {
   T v[kValues];
 };
 
 // Each thread rotates kValues consecutive values (kValues / 2 channel pairs): 16 bytes where d
 // is a multiple of them and x and out are 16-byte aligned, else one pair.
-template <typename T, int kValues>
+template <typename T, int kValues, int kAlign>
 __global__ void RopeKernel(const T* __restrict__ x, const float* __restrict__ cos,
                            const float* __restrict__ sin, T* __restrict__ out, int64_t total,
                            int64_t row_values, int64_t n, int64_t d) {
@@ -26,7 +28,8 @@ __global__ void RopeKernel(const T* __restrict__ x, const float* __restrict__ co
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kValues;
        i < total; i += stride) {
     const int64_t table = ((i / row_values) % n) * d + i % d;  // the token's row, the channel
-    Pack<T, kValues> p = *reinterpret_cast<const Pack<T, kValues>*>(x + i);
+    using P = Pack<T, kValues, kAlign>;
+    P p = *reinterpret_cast<const P*>(x + i);
 #pragma unroll
     for (int j = 0; j < kValues; j += 2) {
       const float a = ToFloat(p.v[j]), b = ToFloat(p.v[j + 1]);
@@ -38,7 +41,7 @@ __global__ void RopeKernel(const T* __restrict__ x, const float* __restrict__ co
       p.v[j] = FromFloat<T>(first);
       p.v[j + 1] = FromFloat<T>(second);
     }
-    *reinterpret_cast<Pack<T, kValues>*>(out + i) = p;
+    *reinterpret_cast<P*>(out + i) = p;
   }
 }
 
@@ -53,10 +56,11 @@ void Launch(const T* x, const float* cos, const float* sin, int64_t total, int64
   const int64_t blocks =
       std::min<int64_t>((total / values + kThreads - 1) / kThreads, int64_t{SmCount()} * 16);
   if (wide) {
-    RopeKernel<T, kWide>
+    RopeKernel<T, kWide, 16>
         <<<blocks, kThreads, 0, stream>>>(x, cos, sin, out, total, row_values, n, d);
   } else {
-    RopeKernel<T, 2><<<blocks, kThreads, 0, stream>>>(x, cos, sin, out, total, row_values, n, d);
+    RopeKernel<T, 2, alignof(T)>
+        <<<blocks, kThreads, 0, stream>>>(x, cos, sin, out, total, row_values, n, d);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -42,12 +42,32 @@ const Shape kShapes[] = {
     {1, 24, 1024, 1024, 128, at::kBFloat16},
 };
 
-// Restores the process's attention order when a test ends.
+// Restores the process's attention order (ATen's own, settled) when a test ends.
 class AttentionGpu : public ::testing::Test {
  protected:
+  void SetUp() override {
+    if (torch::cuda::is_available()) SettleAttentionOrder(0);
+    before_ = CurrentAttentionPriority();
+  }
   void TearDown() override { at::globalContext().setSDPPriorityOrder(before_); }
-  const std::vector<int64_t> before_ = CurrentAttentionPriority();
+  std::vector<int64_t> before_;
 };
+
+// First in this file, so that it makes the process's first attention call: ATen settles its
+// order then and, on Hopper with a recent cuDNN, used to replace the order a server had set at
+// start (Note [Attention backend]). An order applied before any attention ran holds.
+TEST(AttentionGpuFirstCall, AnOrderAppliedAtStartHoldsThroughTheFirstCall) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<int64_t> before = CurrentAttentionPriority();
+  StatusOr<std::vector<int64_t>> set = ApplyAttentionBackend("flash", 0);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const at::Tensor q = at::randn({1, 2, 128, 64}, opts);
+  (void)at::scaled_dot_product_attention(q, q, q);
+  EXPECT_EQ(CurrentAttentionPriority(), *set);
+  EXPECT_EQ(DescribeAttentionPriority({at::_fused_sdp_choice(q, q, q)}), "flash");
+  at::globalContext().setSDPPriorityOrder(before);
+}
 
 TEST_F(AttentionGpu, EachBackendFirstRunsWhereItCanAndMatchesFloat32) {
   SKIP_WITHOUT_CUDA();
@@ -64,7 +84,7 @@ TEST_F(AttentionGpu, EachBackendFirstRunsWhereItCanAndMatchesFloat32) {
     const at::Tensor ref = at::matmul(at::softmax(scores, -1), v.to(at::kFloat));
     const double tol = s.dtype == at::kHalf ? 2e-3 : 1.6e-2;
     for (const char* name : {"flash", "cudnn", "efficient", "math"}) {
-      ASSERT_TRUE(ApplyAttentionBackend(name).ok());
+      ASSERT_TRUE(ApplyAttentionBackend(name, 0).ok());
       const std::string chosen = DescribeAttentionPriority({at::_fused_sdp_choice(q, k, v)});
       const std::string what = s.What() + " " + name + " first, ran " + chosen;
       // Each named backend takes every shape here on Hopper except cuDNN above 128.
@@ -82,7 +102,7 @@ TEST_F(AttentionGpu, EachBackendFirstRunsWhereItCanAndMatchesFloat32) {
 TEST_F(AttentionGpu, CudnnAttentionCapturesAndReplaysItsEagerBytes) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(4);
-  ASSERT_TRUE(ApplyAttentionBackend("cudnn").ok());
+  ASSERT_TRUE(ApplyAttentionBackend("cudnn", 0).ok());
   for (const Shape& s : {kShapes[4], kShapes[5], kShapes[6]}) {
     auto opts = at::TensorOptions().device(at::kCUDA).dtype(s.dtype);
     const at::Tensor q = at::randn({s.batch, s.heads, s.lq, s.head_dim}, opts);

@@ -44,7 +44,7 @@ TEST(AttentionBackend, UnknownNamesAreRefused) {
 TEST(AttentionBackend, ApplyingSetsTheProcessOrderAndAttentionStillRuns) {
   const std::vector<int64_t> before = CurrentAttentionPriority();
   ASSERT_EQ(before.size(), kPyTorch.size());
-  StatusOr<std::vector<int64_t>> set = ApplyAttentionBackend("cudnn");
+  StatusOr<std::vector<int64_t>> set = ApplyAttentionBackend("cudnn", -1);
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   EXPECT_EQ(CurrentAttentionPriority(), *set);
   EXPECT_EQ(set->front(), kCudnn);
@@ -55,7 +55,7 @@ TEST(AttentionBackend, ApplyingSetsTheProcessOrderAndAttentionStillRuns) {
   const at::Tensor want =
       at::matmul(at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(8.0), -1), v);
   EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5));
-  EXPECT_EQ(*ApplyAttentionBackend("auto"), *set);  // auto keeps whatever is set
+  EXPECT_EQ(*ApplyAttentionBackend("auto", -1), *set);  // auto keeps whatever is set
   at::globalContext().setSDPPriorityOrder(before);
   EXPECT_EQ(CurrentAttentionPriority(), before);
 }
