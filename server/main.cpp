@@ -24,6 +24,7 @@
 #include "metrics/metrics_http_server.h"
 #include "metrics/metrics_registry.h"
 #include "pipeline/pipeline_kinds.h"
+#include "pool/batch_profiler.h"
 #include "pool/device_pool.h"
 #include "pool/pipeline_pool.h"
 #include "residency/block_copy.h"
@@ -150,6 +151,12 @@ int Run(int argc, char** argv) {
     return 2;
   }
   qpool::log::SetLevel(options->log_level);
+  if (const qpool::Status profiling = qpool::BatchProfiler::Configure(
+          {options->profile_dir, options->profile_skip, options->profile_batches});
+      !profiling.ok()) {
+    std::cerr << "qpool-server: " << profiling.message() << "\n";
+    return 2;
+  }
   if (options->cpu_threads > 0) at::set_num_threads(options->cpu_threads);
 
   // Signals are taken by sigwait in this thread only; every thread started below inherits the mask.

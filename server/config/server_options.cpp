@@ -123,6 +123,10 @@ std::string ServerUsage() {
                            efficient or math; a call it cannot take runs the next one in
                            ATen's order (default auto: ATen's own order, cuDNN first on
                            Hopper)
+  --profile-dir DIR        record batches with PyTorch's profiler: a Chrome trace and a table
+                           of the device's kernels per batch in DIR (default off)
+  --profile-skip N         batches run unrecorded first (default 1: the warm-up)
+  --profile-batches N      batches recorded after those (default 1)
   --log-level LEVEL        debug | info | warn | error (default info)
  TLS and credentials (docs/security.md):
   --tls-cert FILE          serve gRPC over TLS with this PEM certificate chain (with --tls-key)
@@ -166,6 +170,9 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
                                        "--drain-notice-seconds",
                                        "--cpu-threads",
                                        "--attention",
+                                       "--profile-dir",
+                                       "--profile-skip",
+                                       "--profile-batches",
                                        "--log-level",
                                        "--tls-cert",
                                        "--tls-key",
@@ -235,6 +242,13 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
       ASSIGN_OR_RETURN(o.cpu_threads, ParseInt(flag, value, 0, 1024));
     } else if (flag == "--attention") {
       o.attention = value;
+    } else if (flag == "--profile-dir") {
+      if (value.empty()) return InvalidArgument("--profile-dir needs a directory");
+      o.profile_dir = value;
+    } else if (flag == "--profile-skip") {
+      ASSIGN_OR_RETURN(o.profile_skip, ParseInt(flag, value, 0, 1000000));
+    } else if (flag == "--profile-batches") {
+      ASSIGN_OR_RETURN(o.profile_batches, ParseInt(flag, value, 1, 1000));
     } else if (flag == "--log-level") {
       if (value != "debug" && value != "info" && value != "warn" && value != "error") {
         return InvalidArgument(StrCat("--log-level must be debug, info, warn or error"));

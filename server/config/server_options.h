@@ -58,6 +58,11 @@ struct ServerOptions {
   // backend] in component/attention_backend.h, which checks the name at start).
   std::string attention = "auto";
   std::string log_level = "info";
+  // Batches recorded with PyTorch's profiler into profile_dir (off when empty): after the first
+  // profile_skip, the next profile_batches (Note [Batch profiler] in pool/batch_profiler.h).
+  std::string profile_dir;
+  int profile_skip = 1;
+  int profile_batches = 1;
 
   // --- TLS and credentials (docs/security.md) ---
   // PEM certificate chain and key: gRPC (and /metrics, see metrics_tls) over TLS. Both or neither.

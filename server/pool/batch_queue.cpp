@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pool/batch_profiler.h"
+
 namespace qpool {
 
 BatchQueue::BatchQueue(BatchingSpec options) : options_(options) {}
@@ -80,7 +82,11 @@ void BatchQueue::RunNext(bool run) {
   for (size_t i = 0; i < started.size(); ++i) {
     items.push_back(started[i]->Item(static_cast<int>(started.size()), /*leader=*/i == 0));
   }
-  started.front()->pipeline().GenerateBatch(std::move(items));
+  Pipeline& pipeline = started.front()->pipeline();
+  // Recorded while the batch runs, when it is one of those chosen (Note [Batch profiler]).
+  const std::unique_ptr<BatchProfiler::Recording> recording =
+      BatchProfiler::Begin(pipeline.manifest().name, pipeline.device());
+  pipeline.GenerateBatch(std::move(items));
 }
 
 }  // namespace qpool

@@ -27,6 +27,21 @@ TEST(ServerOptions, ValuesInBothSpellings) {
   EXPECT_EQ(o->load, (std::vector<std::string>{"a", "b"}));
 }
 
+TEST(ServerOptions, ProfileFlags) {
+  const ServerOptions off = *Parse({});
+  EXPECT_TRUE(off.profile_dir.empty());
+  EXPECT_EQ(off.profile_skip, 1);
+  EXPECT_EQ(off.profile_batches, 1);
+  auto o = Parse({"--profile-dir", "/tmp/p", "--profile-skip=0", "--profile-batches", "3"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->profile_dir, "/tmp/p");
+  EXPECT_EQ(o->profile_skip, 0);
+  EXPECT_EQ(o->profile_batches, 3);
+  EXPECT_FALSE(Parse({"--profile-dir="}).ok());
+  EXPECT_FALSE(Parse({"--profile-skip", "-1"}).ok());
+  EXPECT_FALSE(Parse({"--profile-batches", "0"}).ok());
+}
+
 TEST(ServerOptions, VersionAndHelpAreAnswersNotErrors) {
   auto version = Parse({"--version"});
   EXPECT_EQ(version.status().code(), StatusCode::kCancelled);
