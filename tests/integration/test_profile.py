@@ -1,10 +1,14 @@
 """--profile-dir (Note [Batch profiler]): the chosen batches, and only they, leave a Chrome trace
-and a table of what ran, written before the next request is served; a directory the server
-cannot write is refused at start."""
+and a table of what ran (which bench/kernel_table.py groups), written before the next request
+is served; a directory the server cannot write is refused at start."""
 
 import json
+import pathlib
 import subprocess
+import sys
 import time
+
+KERNEL_TABLE = pathlib.Path(__file__).resolve().parents[2] / "bench" / "kernel_table.py"
 
 
 def _rows(tsv):
@@ -39,6 +43,15 @@ def test_the_chosen_batches_leave_a_trace_and_a_table(make_server, tmp_path):
     assert all(name.startswith("aten::") for name in by_name)
     calls, total, mean = by_name["aten::linear"]
     assert calls > 0 and abs(total / calls - mean) <= 1e-3 * mean + 1e-3
+    # bench/kernel_table.py groups the table: every row in one group, the shares summing to 1.
+    out = subprocess.run([sys.executable, str(KERNEL_TABLE), str(profile / "tiny-1.kernels.tsv"),
+                          "--json"], capture_output=True, text=True, timeout=60, check=True)
+    groups = json.loads(out.stdout)["groups"]
+    assert {"matrix product", "attention", "convolution"} <= set(groups), sorted(groups)
+    assert abs(sum(g["share"] for g in groups.values()) - 1) < 1e-9
+    assert sum(g["calls"] for g in groups.values()) == sum(c for _, c, _, _, _ in rows)
+    assert groups["attention"]["top"][0][0].startswith("aten::") and \
+        "scaled_dot_product" in groups["attention"]["top"][0][0]
 
 
 def test_a_profile_dir_the_server_cannot_write_is_refused(server_bin, tmp_path):

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Where a profiled batch's device time went: a `--profile-dir` kernel table
+(<pipeline>-<n>.kernels.tsv, Note [Batch profiler]) grouped into kinds of work (matrix
+products, convolutions, attention, normalisation, rotary embedding, copies, elementwise), each
+with its share and its largest kernels.
+
+    python3 bench/kernel_table.py DIR/flux-bf16-1.kernels.tsv [--top 3] [--json]
+
+Kernels are grouped by their names (cuBLAS, cuDNN, FlashAttention, qpool's and ATen's); a table
+written without a GPU lists ATen operators, which nest, so its groups overlap.
+"""
+
+import argparse
+import json
+import re
+import sys
+
+# First match wins: more specific names before the general ones.
+GROUPS = (
+    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn_generated"),
+    ("rotary embedding", r"rope"),
+    ("quantized linear", r"w8a8|quantlinear|quant_linear|dequant|nf4|int8|_int_mm"),
+    ("convolution", r"conv|fprop|dgrad|wgrad|implicit_gemm"),
+    ("matrix product", r"gemm|nvjet|cutlass|cublas|xmma|addmm|\bmm\b|aten::mm|matmul|linear|bmm"),
+    ("normalisation", r"norm|welford|var_mean|std_mean"),
+    ("copy", r"copy|memcpy|memset|cat|concat|contiguous|transpose|permute|clone"),
+    ("elementwise", r"elementwise|vectorized|unrolled|reduce|softmax|gelu|silu|add|mul|"
+                    r"activation"),
+)
+
+
+def read_table(path):
+    """(header comment, [(name, calls, total_us)]) of a kernels.tsv."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    if len(lines) < 2 or not lines[0].startswith("# ") or \
+            lines[1] != "name\tcalls\ttotal_us\tmean_us\tshare":
+        raise SystemExit(f"{path}: not a --profile-dir kernel table")
+    rows = []
+    for line in lines[2:]:
+        name, calls, total, _, _ = line.split("\t")
+        rows.append((name, int(calls), float(total)))
+    return lines[0][2:], rows
+
+
+def group(rows, top):
+    """{group: {"us", "share", "calls", "top": [(name, us)]}} ordered by time."""
+    total = sum(us for _, _, us in rows) or 1.0
+    out = {}
+    for name, calls, us in rows:
+        kind = next((g for g, pattern in GROUPS if re.search(pattern, name, re.IGNORECASE)),
+                    "other")
+        entry = out.setdefault(kind, {"us": 0.0, "calls": 0, "top": []})
+        entry["us"] += us
+        entry["calls"] += calls
+        if len(entry["top"]) < top:
+            entry["top"].append((name, us))
+    for entry in out.values():
+        entry["share"] = entry["us"] / total
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("table")
+    p.add_argument("--top", type=int, default=3, help="largest kernels shown per group")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    a = p.parse_args(argv)
+    header, rows = read_table(a.table)
+    groups = group(rows, a.top)
+    if a.json:
+        print(json.dumps({"header": header, "groups": groups}, indent=1))
+        return 0
+    print(header)
+    for kind, e in groups.items():
+        print(f"{kind:18s} {e['us'] / 1e3:10.2f} ms {100 * e['share']:5.1f}%  {e['calls']} calls")
+        for name, us in e["top"]:
+            print(f"    {us / 1e3:9.2f} ms  {name[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
