@@ -341,6 +341,16 @@ def time_diffusers(model: str, src: str, a, peer: str) -> dict:
     return out
 
 
+def time_peers(a, src: str, result: dict, save) -> None:
+    """The diffusers peers of --peers into `result`, saved after each; then the whole result."""
+    for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
+        result[f"diffusers_{peer}"] = time_diffusers(a.model, src, a, peer)
+        print(f"diffusers_{peer}", json.dumps(result[f"diffusers_{peer}"]), flush=True)
+        save(False)
+    save(True)
+    print(json.dumps(result, indent=1))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(MODELS), default="sd15")
@@ -364,6 +374,9 @@ def main() -> int:
                    help=f"comma list of the diffusers peers to time, of {', '.join(PEERS)}")
     p.add_argument("--encode-check", action="store_true")
     p.add_argument("--skip-diffusers", action="store_true")
+    p.add_argument("--skip-qpool", action="store_true",
+                   help="only the diffusers peers: no import, no qpool-server (e.g. a slow "
+                        "max-autotune peer on a GPU of its own)")
     p.add_argument("--server-args", default="",
                    help="more qpool-server flags, space-separated, e.g. '--cudnn-benchmark off'")
     p.add_argument("--attention", default="auto",
@@ -393,6 +406,11 @@ def main() -> int:
     a = p.parse_args()
     if a.compile_quantized and not a.compile:
         p.error("--compile-quantized needs --compile (the components to compile)")
+    unknown = [peer for peer in a.peers.split(",") if peer and peer not in PEERS]
+    if unknown:
+        p.error(f"--peers: unknown peer {unknown[0]!r}; known: {', '.join(PEERS)}")
+    if a.skip_qpool and a.skip_diffusers:
+        p.error("--skip-qpool with --skip-diffusers leaves nothing to time")
     model = MODELS[a.model]
     a.size = a.size or model["size"]
     os.makedirs(a.work, exist_ok=True)
@@ -410,6 +428,16 @@ def main() -> int:
     import transformers
 
     result["diffusers"], result["transformers"] = diffusers.__version__, transformers.__version__
+
+    def save(complete: bool) -> None:
+        # Written after every measurement, so a run cut short keeps what it measured.
+        result["complete"] = complete
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    if a.skip_qpool:
+        time_peers(a, src, result, save)
+        return 0
     seconds_file = os.path.join(a.work, "import_seconds.json")
     if os.path.exists(seconds_file):  # imports of an earlier run (--prepare-only) in this work dir
         with open(seconds_file) as f:
@@ -463,12 +491,6 @@ def main() -> int:
     print(json.dumps(result), flush=True)
     if a.prepare_only:
         return 0
-    def save(complete: bool) -> None:
-        # Written after every measurement, so a run cut short keeps what it measured.
-        result["complete"] = complete
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
-
     # The first server on the machine pays once for what every later one finds done; without
     # this, the first pipeline's first image would include it.
     result["cold_start"] = time_qpool(a.server, a.client, repo, names[0], a, False, cold=True)
@@ -493,14 +515,7 @@ def main() -> int:
         if key != name and name in result["qpool"]:
             timed[f"fidelity_vs_{name}"] = fidelity(a.work, name, key)
     save(False)
-    for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
-        if peer not in PEERS:
-            raise SystemExit(f"--peers: unknown peer {peer!r}; known: {', '.join(PEERS)}")
-        result[f"diffusers_{peer}"] = time_diffusers(a.model, src, a, peer)
-        print(f"diffusers_{peer}", json.dumps(result[f"diffusers_{peer}"]), flush=True)
-        save(False)
-    save(True)
-    print(json.dumps(result, indent=1))
+    time_peers(a, src, result, save)
     return 0
 
 
