@@ -15,16 +15,16 @@ namespace qpool {
 // (flash: FlashAttention-2; efficient: memory-efficient attention; math: unfused; cudnn: cuDNN's
 // fused attention; overrideable: a registered third-party one), taking the first whose
 // constraints the call meets (head size, dtype, layout, device). ATen settles its CUDA order at
-// its first attention call, not before: where cuDNN's attention is preferred (compute
-// capability 9.0 or 10.0 with cuDNN above 9.15, as in PyTorch 2.11's wheels) it then puts
-// cuDNN first, replacing any order set earlier; elsewhere its order stays flash, efficient, math,
-// cuDNN. So the server first makes that call on a device of its own (SettleAttentionOrder),
-// then reads the order. `--attention NAME` moves NAME to the front and keeps the others in
-// ATen's order behind it, so a call NAME cannot take (cuDNN's head sizes stop at 128) runs what
-// it ran before; `auto` keeps ATen's. The setting is ATen's, hence the process's: it is applied
-// once at start, before any pipeline runs, and the start log names the order. A compiled
-// component (Note [Compiled forward]) had its attention kernel chosen when it was compiled and is
-// not affected.
+// its first attention call, not before: where it prefers cuDNN's attention (compute capability
+// 9.0 or 10.0 with a recent cuDNN: PyTorch 2.11's wheels ship 9.19, and an H200 ran cuDNN first)
+// it then puts cuDNN first, replacing any order set earlier; elsewhere its order stays flash,
+// efficient, math, cuDNN. So the server first makes that call on a device of its own
+// (SettleAttentionOrder), then reads the order. `--attention NAME` moves NAME to the front and
+// keeps the others in ATen's order behind it, so a call NAME cannot take (cuDNN's head sizes stop
+// at 128) runs what it ran before; `auto` keeps ATen's. The setting is ATen's, hence the process's:
+// it is applied once at start, before any pipeline runs, and the start log names the order. A
+// compiled component (Note [Compiled forward]) had its attention kernel chosen when it was compiled
+// and is not affected.
 
 // `current` (ATen's at::SDPBackend values, a permutation) with the backend `name` (flash, cudnn,
 // efficient or math) moved to the front; `current` itself for "auto". InvalidArgument for

@@ -55,10 +55,10 @@ class AttentionGpu : public ::testing::Test {
 
 // First in this file, so that it makes the process's first attention call: ATen settles its
 // order then and, on Hopper with a recent cuDNN, used to replace the order a server had set at
-// start (Note [Attention backend]). An order applied before any attention ran holds.
+// start (Note [Attention backend]). An order applied before any attention ran holds. It stays
+// set: the tests below set the orders they need.
 TEST(AttentionGpuFirstCall, AnOrderAppliedAtStartHoldsThroughTheFirstCall) {
   SKIP_WITHOUT_CUDA();
-  const std::vector<int64_t> before = CurrentAttentionPriority();
   StatusOr<std::vector<int64_t>> set = ApplyAttentionBackend("flash", 0);
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
@@ -66,7 +66,6 @@ TEST(AttentionGpuFirstCall, AnOrderAppliedAtStartHoldsThroughTheFirstCall) {
   (void)at::scaled_dot_product_attention(q, q, q);
   EXPECT_EQ(CurrentAttentionPriority(), *set);
   EXPECT_EQ(DescribeAttentionPriority({at::_fused_sdp_choice(q, q, q)}), "flash");
-  at::globalContext().setSDPPriorityOrder(before);
 }
 
 TEST_F(AttentionGpu, EachBackendFirstRunsWhereItCanAndMatchesFloat32) {
