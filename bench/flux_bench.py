@@ -58,6 +58,13 @@ FLUX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, layers_per_bl
 FLUX_SCHEDULER = dict(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
                       base_image_seq_len=256, max_image_seq_len=4096)
 T5_LENGTH = 512
+# --tiny: the same architecture at toy widths (a CPU smoke test of this script's plumbing).
+TINY = {"transformer": dict(attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                            pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)),
+        "t5": dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_heads=4),
+        "clip": dict(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                     num_hidden_layers=2),
+        "vae": dict(block_out_channels=(8, 8, 16, 16), norm_num_groups=4, layers_per_block=1)}
 PROMPT = "a red fox in the snow, photographed at dawn"
 
 
@@ -74,16 +81,21 @@ def build_diffusers(a):
     tokenizer = CLIPTokenizer(os.path.join(a.tokenizer, "vocab.json"),
                               os.path.join(a.tokenizer, "merges.txt"), model_max_length=77)
     tokenizer_2 = T5TokenizerFast.from_pretrained(t5_dir, model_max_length=T5_LENGTH)
-    transformer_cfg = dict(FLUX_DEV_TRANSFORMER, num_layers=a.double, num_single_layers=a.single)
+    tiny = TINY if a.tiny else {"transformer": {}, "t5": {}, "clip": {}, "vae": {}}
+    transformer_cfg = dict(FLUX_DEV_TRANSFORMER, num_layers=a.double, num_single_layers=a.single,
+                           **tiny["transformer"])
+    clip_cfg = dict(CLIP_L, **tiny["clip"])
     torch.manual_seed(0)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device(a.device):
             transformer = FluxTransformer2DModel(**transformer_cfg)
-            text_encoder_2 = T5EncoderModel(T5Config(**dict(T5_XXL, num_layers=a.t5_layers)))
-            text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, projection_dim=768))
-            vae = AutoencoderKL(**FLUX_VAE)
+            text_encoder_2 = T5EncoderModel(T5Config(**dict(T5_XXL, num_layers=a.t5_layers,
+                                                            **tiny["t5"])))
+            text_encoder = CLIPTextModel(CLIPTextConfig(**clip_cfg,
+                                                        projection_dim=clip_cfg["hidden_size"]))
+            vae = AutoencoderKL(**dict(FLUX_VAE, **tiny["vae"]))
     finally:
         torch.set_default_dtype(before)
     pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER), vae=vae,
@@ -146,6 +158,9 @@ def _materialise(make, computed, state, device):
 
 
 def _save(module, inputs, path):
+    """`module` traced on `inputs` into `path`, its tensors saved on the host. The trace shares
+    the module's tensors, so moving it moves them: they go back to `inputs`' device after, and
+    the caller's module is where it was."""
     from qpool_export import tracing
 
     traced = tracing.trace(module, inputs)
@@ -154,6 +169,7 @@ def _save(module, inputs, path):
     with tracing.quiet_torchscript():
         torch.jit.save(traced, path)
     del traced
+    module.to(inputs[0].device)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -184,7 +200,9 @@ def compile_transformer(transformer, source: str, folder: str, device: str) -> f
     from qpool_export.flux_transformer import image_ids, text_ids
 
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    examples = (torch.randn(2, 4, 64), torch.randn(2, T5_LENGTH, 4096), torch.randn(2, 768),
+    cfg = transformer.config
+    examples = (torch.randn(2, 4, 64), torch.randn(2, T5_LENGTH, cfg.joint_attention_dim),
+                torch.randn(2, cfg.pooled_projection_dim),
                 torch.rand(2), image_ids(2, 2), text_ids(T5_LENGTH), torch.full((2,), 3.5))
     return aot.compile_component(_plain_linears(transformer), "transformer", examples,
                                  device_type, os.path.join(folder,
@@ -206,6 +224,13 @@ def _quantize_now(module, blocksize: int = 64) -> int:
                 setattr(child, name, state[name])
             count += 1
     return count
+
+
+def save(result: dict, path: str) -> None:
+    """`result` as it stands into `path`: written after every measurement, so that a run cut
+    short (a failed export, a lease's end) keeps what it measured."""
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def export(pipe, a) -> dict:
@@ -253,8 +278,7 @@ def export(pipe, a) -> dict:
         tokens = (torch.zeros(1, T5_LENGTH, dtype=torch.long, device=a.device),)
         _save(t5, tokens, os.path.join(out, "text_encoder_2.pt"))
         if a.nf4_prequantized:
-            # _save moved the traced module's tensors, which are t5's, to the host.
-            _quantize_now(t5.to(a.device))
+            _quantize_now(t5)
             _save(t5, tokens, os.path.join(prequantized, "text_encoder_2.pt"))
         del t5, small
         timings["t5_seconds"] = time.monotonic() - start
@@ -269,7 +293,8 @@ def export(pipe, a) -> dict:
         ids = torch.zeros(rows, cols, 3)
         ids[..., 1] = torch.arange(rows)[:, None]
         ids[..., 2] = torch.arange(cols)[None, :]
-        example = (torch.randn(1, rows * cols, 64), torch.randn(1, 8, 4096), torch.randn(1, 768))
+        example = (torch.randn(1, rows * cols, 64), torch.randn(1, 8, cfg.joint_attention_dim),
+                   torch.randn(1, cfg.pooled_projection_dim))
         example = tuple(t.to(a.device, torch.bfloat16) for t in example) + tuple(
             t.to(a.device) for t in (torch.rand(1), ids.reshape(-1, 3), torch.zeros(8, 3),
                                torch.full((1,), 3.5)))
@@ -281,7 +306,7 @@ def export(pipe, a) -> dict:
             timings["compile_seconds"] = compile_transformer(
                 transformer, os.path.join(out, "transformer.pt"), compiled, a.device)
         if a.nf4_prequantized:
-            _quantize_now(transformer.to(a.device))  # back from the host, as T5 above
+            _quantize_now(transformer)
             _save(transformer, example, os.path.join(prequantized, "transformer.pt"))
         del transformer, small
 
@@ -403,6 +428,8 @@ def main() -> int:
     p.add_argument("--single", type=int, default=38, help="single-stream blocks (38)")
     p.add_argument("--t5-layers", type=int, default=24, help="T5 encoder layers (24)")
     p.add_argument("--device", default="cuda", help="where the export builds (cpu: a smoke test)")
+    p.add_argument("--tiny", action="store_true",
+                   help="export: toy widths of the same architecture (a CPU smoke test)")
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--steps", type=int, default=28)
     p.add_argument("--guidance", type=float, default=3.5)
@@ -442,9 +469,11 @@ def main() -> int:
         pipe.to(a.device)
         result["diffusers_bf16"] = time_diffusers(pipe, a)
         print(json.dumps(result["diffusers_bf16"]), flush=True)
+        save(result, a.out)
         for mode in filter(None, a.peers.split(",")):
             result[f"diffusers_bf16_compile_{mode}"] = time_diffusers(pipe, a, mode)
             print(mode, json.dumps(result[f"diffusers_bf16_compile_{mode}"]), flush=True)
+            save(result, a.out)
         result["export"] = export(pipe, a)
     else:
         cuda = a.device.startswith("cuda")
@@ -458,12 +487,12 @@ def main() -> int:
                     check_encode=cuda and key == "flux-bf16", scheduler="euler",
                     device="cuda:0" if cuda else "cpu", attention=attention)
                 print(key, json.dumps(result[key].get("latency", result[key])), flush=True)
+                save(result, a.out)
         compare_to_bf16(result, timed, a)
         if a.residency_check:
             result["residency_check"] = residency_check(a, a.residency_check)
             print(json.dumps(result["residency_check"]), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save(result, a.out)
     print(json.dumps(result, indent=1))
     return 0
 
