@@ -68,6 +68,24 @@ SDXL_UNET = dict(
     use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
     projection_class_embeddings_input_dim=2816, norm_num_groups=32)
 SDXL_VAE = dict(SD15_VAE, sample_size=1024, scaling_factor=0.13025, force_upcast=True)
+# --tiny: the same layouts at toy widths (a CPU smoke test of this script's plumbing).
+TINY = {
+    "SD15_UNET": dict(sample_size=16, layers_per_block=1, block_out_channels=(32, 64),
+                      down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                      up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+                      attention_head_dim=4, norm_num_groups=8),
+    "SDXL_UNET": dict(sample_size=16, layers_per_block=1, block_out_channels=(32, 64, 64),
+                      attention_head_dim=(2, 2, 4), cross_attention_dim=64,
+                      transformer_layers_per_block=(1, 1, 2), addition_time_embed_dim=16,
+                      projection_class_embeddings_input_dim=32 + 6 * 16, norm_num_groups=8),
+    "VAE": dict(layers_per_block=1, norm_num_groups=8, block_out_channels=(16, 32),
+                down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2),
+    "CLIP": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4),
+    "CLIP_BIGG": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, projection_dim=32),
+}
 CLIP_BIGG = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
                  num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu",
                  projection_dim=1280)
@@ -86,8 +104,10 @@ def _clip(config: dict, tokenizer, projection: bool = False):
                               pad_token_id=tokenizer.pad_token_id))
 
 
-def build(model: str, src: str, tokenizer_dir: str) -> None:
-    """Random weights (initialized on the GPU, which is much faster), saved in float16."""
+def build(model: str, src: str, tokenizer_dir: str, device: str = "cuda",
+          tiny: bool = False) -> None:
+    """Random weights (initialized on `device`: the GPU is much faster), saved in float16; with
+    `tiny`, the same layouts at toy widths (TINY)."""
     from diffusers import (AutoencoderKL, EulerDiscreteScheduler, PNDMScheduler,
                            StableDiffusionPipeline, StableDiffusionXLPipeline,
                            UNet2DConditionModel)
@@ -96,11 +116,17 @@ def build(model: str, src: str, tokenizer_dir: str) -> None:
     torch.manual_seed(0)
     files = (os.path.join(tokenizer_dir, "vocab.json"), os.path.join(tokenizer_dir, "merges.txt"))
     tokenizer = CLIPTokenizer(*files, model_max_length=77)
-    with torch.device("cuda"):
+    small = TINY if tiny else {}
+
+    def sized(config: dict, key: str) -> dict:
+        return dict(config, **small.get(key, {}))
+
+    with torch.device(device):
         if model == "sd15":
             pipe = StableDiffusionPipeline(
-                vae=AutoencoderKL(**SD15_VAE), text_encoder=_clip(CLIP_L, tokenizer),
-                tokenizer=tokenizer, unet=UNet2DConditionModel(**SD15_UNET),
+                vae=AutoencoderKL(**sized(SD15_VAE, "VAE")),
+                text_encoder=_clip(sized(CLIP_L, "CLIP"), tokenizer),
+                tokenizer=tokenizer, unet=UNet2DConditionModel(**sized(SD15_UNET, "SD15_UNET")),
                 scheduler=PNDMScheduler(beta_start=0.00085, beta_end=0.012,
                                         beta_schedule="scaled_linear", skip_prk_steps=True,
                                         steps_offset=1, set_alpha_to_one=False),
@@ -108,16 +134,18 @@ def build(model: str, src: str, tokenizer_dir: str) -> None:
         else:
             tokenizer_2 = CLIPTokenizer(*files, model_max_length=77, pad_token="!")
             pipe = StableDiffusionXLPipeline(
-                vae=AutoencoderKL(**SDXL_VAE), text_encoder=_clip(CLIP_L, tokenizer),
-                text_encoder_2=_clip(CLIP_BIGG, tokenizer_2, projection=True),
+                vae=AutoencoderKL(**sized(SDXL_VAE, "VAE")),
+                text_encoder=_clip(sized(CLIP_L, "CLIP"), tokenizer),
+                text_encoder_2=_clip(sized(CLIP_BIGG, "CLIP_BIGG"), tokenizer_2, projection=True),
                 tokenizer=tokenizer, tokenizer_2=tokenizer_2,
-                unet=UNet2DConditionModel(**SDXL_UNET),
+                unet=UNet2DConditionModel(**sized(SDXL_UNET, "SDXL_UNET")),
                 scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
                                                  beta_schedule="scaled_linear", steps_offset=1),
                 force_zeros_for_empty_prompt=True)
     pipe.to(torch.float16).save_pretrained(src)
     del pipe
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def execution_variant(repo: str, base: str, name: str, execution: str) -> None:
@@ -307,7 +335,8 @@ def time_diffusers(model: str, src: str, a, peer: str) -> dict:
 
     cls = StableDiffusionXLPipeline if model == "sdxl" else StableDiffusionPipeline
     extra = {} if model == "sdxl" else {"safety_checker": None}
-    pipe = cls.from_pretrained(src, torch_dtype=torch.float16, **extra).to("cuda")
+    cuda = a.device == "cuda"
+    pipe = cls.from_pretrained(src, torch_dtype=torch.float16, **extra).to(a.device)
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     if peer == "reduce-overhead":
@@ -320,24 +349,27 @@ def time_diffusers(model: str, src: str, a, peer: str) -> dict:
     first = time.perf_counter()
     pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
          guidance_scale=a.guidance, num_images_per_prompt=a.batch,
-         generator=torch.Generator("cuda").manual_seed(0))
-    torch.cuda.synchronize()
+         generator=torch.Generator(a.device).manual_seed(0))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
     first_image = time.perf_counter() - first
     times = []
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for i in range(a.warmup + a.runs):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
              guidance_scale=a.guidance, num_images_per_prompt=a.batch,
-             generator=torch.Generator("cuda").manual_seed(i))
-        torch.cuda.synchronize()
+             generator=torch.Generator(a.device).manual_seed(i))
+        sync()
         if i >= a.warmup:
             times.append(time.perf_counter() - start)
     out = {"latency": summary(times), "first_image_seconds": first_image,
-           "peak_allocated_bytes": torch.cuda.max_memory_allocated()}
+           "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None}
     del pipe
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return out
 
 
@@ -374,6 +406,10 @@ def main() -> int:
                    help=f"comma list of the diffusers peers to time, of {', '.join(PEERS)}")
     p.add_argument("--encode-check", action="store_true")
     p.add_argument("--skip-diffusers", action="store_true")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="where everything runs (cpu: a smoke test, with --tiny)")
+    p.add_argument("--tiny", action="store_true",
+                   help="the model's layout at toy widths (a smoke test of this script)")
     p.add_argument("--skip-qpool", action="store_true",
                    help="only the diffusers peers: no import, no qpool-server (e.g. a slow "
                         "max-autotune peer on a GPU of its own)")
@@ -418,8 +454,9 @@ def main() -> int:
     repo = os.path.join(a.work, "repo")
     start = time.monotonic()
     if not os.path.exists(os.path.join(src, "model_index.json")):
-        build(a.model, src, a.tokenizer)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        build(a.model, src, a.tokenizer, a.device, a.tiny)
+    result = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+              "torch": torch.__version__,
               "model": a.model, "size": a.size, "steps": a.steps, "batch": a.batch,
               "scheduler": "ddim",
               "guidance": a.guidance, "build_seconds": time.monotonic() - start,
@@ -453,10 +490,10 @@ def main() -> int:
         if not os.path.exists(os.path.join(repo, compiled, "pipeline.yaml")):
             result["import_seconds"][compiled] = run_import(
                 src, os.path.join(repo, compiled), "--dtype", "float16", "-q", "--compile",
-                a.compile, "--compile-device", "cuda", "--compile-mode", a.compile_mode)
+                a.compile, "--compile-device", a.device, "--compile-mode", a.compile_mode)
     variants = [(f, "prequantized", ()) for f in a.quantize.split(",") if f]
     variants += [(f, "load-time", ()) for f in a.load_time.split(",") if f]
-    variants += [(f, "prequantized", ("--compile", a.compile, "--compile-device", "cuda",
+    variants += [(f, "prequantized", ("--compile", a.compile, "--compile-device", a.device,
                                       "--compile-mode", a.compile_mode))
                  for f in a.compile_quantized.split(",") if f]
     variants = [(f, m, c, ()) for f, m, c in variants]
@@ -493,14 +530,16 @@ def main() -> int:
         return 0
     # The first server on the machine pays once for what every later one finds done; without
     # this, the first pipeline's first image would include it.
-    result["cold_start"] = time_qpool(a.server, a.client, repo, names[0], a, False, cold=True)
+    device = "cuda:0" if a.device == "cuda" else "cpu"
+    result["cold_start"] = time_qpool(a.server, a.client, repo, names[0], a, False,
+                                      device=device, cold=True)
     print("cold_start", json.dumps(result["cold_start"]), flush=True)
     result["qpool"] = {}
     for name in names:
         for attention in a.attention.split(","):
             key = timed_name(name, attention)
             result["qpool"][key] = time_qpool(
-                a.server, a.client, repo, name, a, attention=attention,
+                a.server, a.client, repo, name, a, device=device, attention=attention,
                 check_encode=a.encode_check and key == names[0])
             print(key, json.dumps(result["qpool"][key]), flush=True)
             save(False)
