@@ -21,10 +21,9 @@ namespace fs = std::filesystem;
 namespace prof = torch::profiler::impl;
 using torch::autograd::profiler::KinetoEvent;
 
-BatchProfiler::Options g_options;                 // written by Configure before any batch
-std::atomic<int> g_batches{0};                    // batches begun since start
-std::atomic<bool> g_recording{false};             // one recording at a time
-std::chrono::steady_clock::time_point g_started;  // of the recording in progress
+BatchProfiler::Options g_options;      // written by Configure before any batch
+std::atomic<int> g_batches{0};         // batches begun since start
+std::atomic<bool> g_recording{false};  // one recording at a time
 
 struct Row {
   int64_t calls = 0;
@@ -105,14 +104,13 @@ std::unique_ptr<BatchProfiler::Recording> BatchProfiler::Begin(const std::string
     g_recording = false;
     return nullptr;
   }
-  g_started = std::chrono::steady_clock::now();
   const std::string stem =
       (fs::path(g_options.dir) / StrCat(pipeline, "-", n - g_options.skip + 1)).string();
   return std::make_unique<Recording>(stem, device);
 }
 
 BatchProfiler::Recording::Recording(std::string stem, c10::Device device)
-    : stem_(std::move(stem)), device_(device) {}
+    : stem_(std::move(stem)), device_(device), started_(std::chrono::steady_clock::now()) {}
 
 BatchProfiler::Recording::~Recording() {
   try {
@@ -120,7 +118,7 @@ BatchProfiler::Recording::~Recording() {
       c10::impl::getDeviceGuardImpl(device_.type())->synchronizeDevice(device_.index());
     }
     const double wall_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - g_started)
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_)
             .count();
     std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
         torch::autograd::profiler::disableProfiler();

@@ -3,7 +3,7 @@
 
 #include <c10/core/Device.h>
 
-#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -49,6 +49,7 @@ class BatchProfiler {
    private:
     const std::string stem_;
     const c10::Device device_;
+    const std::chrono::steady_clock::time_point started_;  // the recording's start
   };
 
   // Checks and creates the directory (InvalidArgument when it cannot be written) and arms the

@@ -9,27 +9,8 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "flux_bench.py"
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    """CLIP's vocab.json/merges.txt folder and a T5 spiece.model, trained here."""
-    spm = pytest.importorskip("sentencepiece")
-    sys.path.insert(0, str(ROOT / "tools" / "qpool_export"))
-    from qpool_export import bpe, corpus
-
-    out = tmp_path_factory.mktemp("flux_bench_tokenizers")
-    bpe.write_tokenizer(str(out / "tokenizer"), bpe.train_bpe(corpus.PROMPTS, 1000))
-    (out / "corpus.txt").write_text("\n".join(corpus.PROMPTS))
-    spm.SentencePieceTrainer.train(input=str(out / "corpus.txt"),
-                                   model_prefix=str(out / "spiece"), vocab_size=300,
-                                   model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-                                   minloglevel=2)
-    return out / "tokenizer", out / "spiece.model"
 
 
 def _bench(*args, timeout=600):
@@ -39,9 +20,9 @@ def _bench(*args, timeout=600):
     return r
 
 
-def test_export_and_serve_every_variant_at_toy_widths(tokenizers, server_bin, cli_bin,
+def test_export_and_serve_every_variant_at_toy_widths(tokenizer_files, server_bin, cli_bin,
                                                       tmp_path):
-    tokenizer, spiece = tokenizers
+    tokenizer, spiece = tokenizer_files
     work, profile = tmp_path / "work", tmp_path / "profile"
     common = ("--work", str(work), "--device", "cpu", "--size", "64", "--steps", "2",
               "--runs", "1", "--warmup", "1")

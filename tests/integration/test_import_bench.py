@@ -9,8 +9,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "import_bench.py"
 
 
@@ -34,18 +32,9 @@ def test_skipping_both_sides_is_refused(tmp_path):
     assert r.returncode == 2 and "leaves nothing to time" in r.stderr, r.stderr
 
 
-@pytest.fixture(scope="module")
-def clip_tokenizer(tmp_path_factory):
-    sys.path.insert(0, str(BENCH.parents[1] / "tools" / "qpool_export"))
-    from qpool_export import bpe, corpus
-
-    out = tmp_path_factory.mktemp("import_bench_tokenizer")
-    bpe.write_tokenizer(str(out), bpe.train_bpe(corpus.PROMPTS, 1000))
-    return out
-
-
 def test_sdxl_w8a8_with_min_weights_end_to_end_at_toy_widths(tmp_path, server_bin, cli_bin,
-                                                             clip_tokenizer):
+                                                             tokenizer_files):
+    clip_tokenizer = tokenizer_files[0]
     common = ("--model", "sdxl", "--tiny", "--device", "cpu", "--size", "32", "--steps", "2",
               "--runs", "1", "--warmup", "1")
     r = _run(tmp_path, *common, "--quantize", "w8a8", "--min-weights", "4194304", "--peers",

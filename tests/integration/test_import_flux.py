@@ -32,7 +32,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 yaml = pytest.importorskip("yaml")
-spm = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")  # T5's tokenizer (conftest's tokenizer_files)
 
 import test_import_diffusers as sd_tests  # noqa: E402 - after the skips
 from test_import_sdxl import (assert_close, dequantized, one_thread,  # noqa: E402,F401
@@ -49,23 +49,6 @@ PROMPTS = [PROMPT, "", "A photo of an astronaut,  riding a horse! ÉCOLE ﬁ ½"
 COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "vae_decoder")
 NF4 = {"transformer": "nf4", "text_encoder_2": "nf4"}
 W8A8_MIN_PSNR_DB = 45.0  # measured 58.8 dB on the CPU
-
-
-@pytest.fixture(scope="module")
-def tokenizer_files(tmp_path_factory):
-    """(CLIP's vocab.json and merges.txt folder, T5's spiece.model), trained here on the
-    exporter's prompt corpus."""
-    sys.path.insert(0, str(EXPORTER))
-    from qpool_export import bpe, corpus
-
-    out = tmp_path_factory.mktemp("tokenizers")
-    bpe.write_tokenizer(str(out), bpe.train_bpe(corpus.PROMPTS, 1000))
-    (out / "corpus.txt").write_text("\n".join(corpus.PROMPTS))
-    # T5's conventions: <pad> 0, </s> 1, <unk> 2, no <s>.
-    spm.SentencePieceTrainer.train(input=str(out / "corpus.txt"), model_prefix=str(out / "spiece"),
-                                   vocab_size=300, model_type="unigram", pad_id=0, eos_id=1,
-                                   unk_id=2, bos_id=-1, minloglevel=2)
-    return out, out / "spiece.model"
 
 
 def build_flux_pipeline(out, tokenizer_files, guidance_embeds, seed=0):

@@ -69,15 +69,10 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    """The CLIP vocabulary and merges of the test repository's `tiny` pipeline, written by the
-    exporter's tokenizer code (so the tests without a server need no test repository)."""
-    sys.path.insert(0, str(EXPORTER))
-    from qpool_export import bpe, corpus
-
-    out = tmp_path_factory.mktemp("tokenizer")
-    bpe.write_tokenizer(str(out), bpe.train_bpe(corpus.PROMPTS, 1000))
-    return out
+def tokenizer_dir(tokenizer_files):
+    """The CLIP vocabulary and merges (conftest's tokenizer_files), written by the exporter's
+    tokenizer code (so the tests without a server need no test repository)."""
+    return tokenizer_files[0]
 
 
 def build_sdxl_pipeline(out, tokenizer_dir, seed=0):
