@@ -1,5 +1,6 @@
-// The qpool::rope operator: FLUX's rotary position embedding of q or k in one pass, registered
-// with the dispatcher for CPU, CUDA and Meta (Note [Rotary embedding op]).
+// The qpool::rope operator, FLUX's rotary position embedding of q or k in one pass, and
+// qpool::rms_rope, the per-head RMS norm before it, fused (Note [Normed rotary embedding op]);
+// both registered with the dispatcher for CPU, CUDA and Meta (Note [Rotary embedding op]).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,5 +31,36 @@ at::Tensor RopeCpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor&
 // Throws c10::Error naming the argument unless x is [B, N, H, D] float32 / float16 / bfloat16
 // with D even and cos and sin are float32 [1, N, 1, D] on x's device.
 void CheckRopeArgs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Note [Normed rotary embedding op]
+// rms_rope(xs, weights, eps, cos, sin) is rope(cat([rms_norm(x_i, [D], weight_i, eps)], dim 1),
+// cos, sin): FLUX's q (or k) of each stream RMS-normed per head with the stream's own weight,
+// the streams joined along the tokens (text first, the tables' order) and rotated. Unfused that
+// is an RMS norm kernel per stream over rows of only D values (with a contiguous copy first: q
+// and k are views of one projection's output), a concatenation and the rotation, each reading
+// and writing all of q, and norms over rows that short are slow for their bytes (the profile in
+// bench/results/README.md, FLUX on one H200). The CUDA kernel gives each head vector one
+// warp, reads it once from any view whose last dimension is contiguous, and writes the joined,
+// rotated result once. Each x_i is [B, N_i, H, D] of one float dtype, D even; each weight_i [D];
+// cos and sin float32 [1, sum N_i, 1, D]. The norm rounds to x's dtype, as aten::rms_norm does,
+// before the rotation, so the CPU form (the ATen operations) equals the unfused graph exactly
+// and the CUDA kernel equals it but for the order of the norm's sum. The schema string is
+// byte-identical to RMS_ROPE_SCHEMA in tools/qpool_export/qpool_export/flux_transformer.py.
+inline constexpr char kRmsRopeSchema[] =
+    "rms_rope(Tensor[] xs, Tensor[] weights, float eps, Tensor cos, Tensor sin) -> Tensor";
+
+// Calls qpool::rms_rope through the dispatcher.
+at::Tensor RmsRope(at::TensorList xs, at::TensorList weights, double eps, const at::Tensor& cos,
+                   const at::Tensor& sin);
+
+// The CPU kernel: aten::rms_norm of each part, aten::cat, then RopeCpu (the reference).
+at::Tensor RmsRopeCpu(at::TensorList xs, at::TensorList weights, double eps, const at::Tensor& cos,
+                      const at::Tensor& sin);
+
+// Throws c10::Error naming the argument unless xs is one or more [B, N_i, H, D] tensors of one
+// float dtype, B, H and D alike, D even, weights one [D] float tensor per part, eps >= 0, and
+// cos and sin float32 [1, sum N_i, 1, D]; all on one device.
+void CheckRmsRopeArgs(at::TensorList xs, at::TensorList weights, double eps, const at::Tensor& cos,
+                      const at::Tensor& sin);
 
 }  // namespace qpool::quant

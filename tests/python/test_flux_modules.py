@@ -216,23 +216,39 @@ def test_imported_transformer_has_fused_projections(flux):
         assert torch.equal(module(*args), separate(*args))
 
 
-def test_traced_transformer_rotates_q_and_k_with_the_rope_op(flux):
-    """Note [Rotary embedding op]: q and k of every block go through one qpool::rope each in
-    the traced graph (the server's one-pass kernel), which equals diffusers' operations."""
+def test_traced_transformer_norms_and_rotates_q_and_k_with_one_op(flux):
+    """Note [Normed rotary embedding op]: q and k of every block, of both streams in the
+    double-stream blocks, go through one qpool::rms_rope each in the traced graph (the server's
+    one-pass kernel): no RMS norm, rotation or concatenation of q or k is left outside it."""
     cfg = flux["cfg"]
     kinds = [n.kind() for n in flux["traced"].inlined_graph.nodes()]
-    assert kinds.count("qpool::rope") == 2 * (cfg.num_layers + cfg.num_single_layers)
+    assert kinds.count("qpool::rms_rope") == 2 * (cfg.num_layers + cfg.num_single_layers)
+    assert "aten::rms_norm" not in kinds and "qpool::rope" not in kinds
     assert "aten::stack" not in kinds
+
+
+def test_rms_rope_equals_diffusers_norms_and_rotation():
+    """qpool::rms_rope's reference against diffusers' operations: torch.nn.RMSNorm per stream,
+    the streams joined (text first), apply_rotary_emb; and qpool::rope against the rotation
+    alone (Note [Rotary embedding op]), which earlier exports still call."""
     from diffusers.models.embeddings import apply_rotary_emb
-    from qpool_export.flux_transformer import apply_rope
+    from qpool_export.flux_transformer import NORM_EPS, apply_rope
 
     gen = torch.Generator().manual_seed(9)
-    angles = torch.rand(1, 5, 1, 16, generator=gen) * 30
+    angles = torch.rand(1, 7, 1, 16, generator=gen) * 30
+    tables = (angles.cos()[0, :, 0], angles.sin()[0, :, 0])
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(2, 5, 3, 16, generator=gen).to(dtype)
-        want = apply_rotary_emb(x, (angles.cos()[0, :, 0], angles.sin()[0, :, 0]),
-                                sequence_dim=1)
-        assert torch.equal(apply_rope(x, angles.cos(), angles.sin()), want), dtype
+        text, image = (torch.randn(2, n, 3, 16, generator=gen).to(dtype) for n in (2, 5))
+        norms = [torch.nn.RMSNorm(16, eps=NORM_EPS).to(dtype) for _ in range(2)]
+        for norm in norms:
+            torch.nn.init.normal_(norm.weight, generator=gen)
+        with torch.no_grad():
+            joined = torch.cat([norms[0](text), norms[1](image)], dim=1)
+            want = apply_rotary_emb(joined, tables, sequence_dim=1)
+            got = torch.ops.qpool.rms_rope([text, image], [n.weight for n in norms], NORM_EPS,
+                                           angles.cos(), angles.sin())
+        assert got.dtype == dtype and torch.equal(got, want), dtype
+        assert torch.equal(apply_rope(joined, angles.cos(), angles.sin()), want), dtype
 
 
 @pytest.mark.parametrize("fmt", ["int8", "nf4", "w8a8"])

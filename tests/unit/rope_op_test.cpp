@@ -1,6 +1,7 @@
-// qpool::rope on the CPU (Note [Rotary embedding op]): the schema the exporter traces, the
-// rotation of each channel pair with float32 products rounded before their sum, and errors that
-// name the argument.
+// qpool::rope and qpool::rms_rope on the CPU (Notes [Rotary embedding op], [Normed rotary
+// embedding op]): the schemas the exporter traces, the rotation of each channel pair with float32
+// products rounded before their sum, the norms joined and rotated, and errors that name the
+// argument.
 #include "quant/rope_op.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -19,23 +20,39 @@ namespace {
 
 using testing::ErrorOf;
 
-TEST(RopeOp, SchemaMatchesTheExporter) {
-  const auto& op = c10::Dispatcher::singleton().findSchemaOrThrow("qpool::rope", "");
-  std::ostringstream printed;
-  printed << op.schema();
-  EXPECT_EQ(printed.str(), std::string("qpool::") + kRopeSchema);
+// The string assigned to `name` in the exporter's flux_transformer.py (one line, or the line
+// after a backslash).
+std::string ExporterSchema(const std::string& name) {
   const std::string path =
       testing::SourceDir() + "/tools/qpool_export/qpool_export/flux_transformer.py";
   std::ifstream in(path);
-  ASSERT_TRUE(in.good()) << path;
-  std::string line, python;
+  EXPECT_TRUE(in.good()) << path;
+  std::string line;
+  bool next = false;
   while (std::getline(in, line)) {
-    if (line.rfind("ROPE_SCHEMA = \"", 0) == 0) {
-      const size_t start = line.find('"') + 1;
-      python = line.substr(start, line.find('"', start) - start);
+    if (next || line.rfind(name + " = ", 0) == 0) {
+      const size_t start = line.find('"');
+      if (start == std::string::npos) {
+        next = line.back() == '\\';
+        continue;
+      }
+      return line.substr(start + 1, line.find('"', start + 1) - start - 1);
     }
   }
-  EXPECT_EQ(python, kRopeSchema) << "ROPE_SCHEMA in " << path;
+  return "";
+}
+
+std::string Printed(const char* op) {
+  std::ostringstream printed;
+  printed << c10::Dispatcher::singleton().findSchemaOrThrow(op, "").schema();
+  return printed.str();
+}
+
+TEST(RopeOp, SchemasMatchTheExporter) {
+  EXPECT_EQ(Printed("qpool::rope"), std::string("qpool::") + kRopeSchema);
+  EXPECT_EQ(ExporterSchema("ROPE_SCHEMA"), kRopeSchema);
+  EXPECT_EQ(Printed("qpool::rms_rope"), std::string("qpool::") + kRmsRopeSchema);
+  EXPECT_EQ(ExporterSchema("RMS_ROPE_SCHEMA"), kRmsRopeSchema);
 }
 
 // Each pair (a, b) -> (a c - b s, b c + a s) with the pair's own table entries, written out
@@ -112,6 +129,70 @@ TEST(RopeOp, BadArgumentsAreNamed) {
   EXPECT_NE(ErrorOf([&] {
               Rope(at::zeros({2, 5, 3, 8}), table, at::zeros({5, 8}));
             }).find("sin must be"),
+            std::string::npos);
+}
+
+// Note [Normed rotary embedding op]: the CPU kernel is the unfused graph's operations, so an
+// export's CPU outputs are unchanged by the fusion.
+TEST(RmsRopeOp, EqualsTheNormsJoinedAndRotated) {
+  torch::manual_seed(22);
+  const at::Tensor angles = at::rand({1, 9, 1, 8}) * 20;
+  const at::Tensor cos = at::cos(angles), sin = at::sin(angles);
+  for (at::ScalarType type : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    const at::Tensor text = at::randn({2, 4, 3, 8}).to(type);
+    // The image part as a view of a wider projection, as q is of a fused q / k / v.
+    const at::Tensor image =
+        at::randn({2, 5, 3 * 8 * 2}).to(type).slice(2, 0, 24).unflatten(-1, {3, 8});
+    ASSERT_FALSE(image.is_contiguous());
+    const at::Tensor wt = at::randn({8}).to(type), wi = at::randn({8}).to(type);
+    const at::Tensor got = RmsRope({text, image}, {wt, wi}, 1e-6, cos, sin);
+    const at::Tensor want =
+        Rope(at::cat({at::rms_norm(text, {8}, wt, 1e-6), at::rms_norm(image, {8}, wi, 1e-6)}, 1),
+             cos, sin);
+    EXPECT_EQ(got.scalar_type(), type);
+    EXPECT_TRUE(at::equal(got, want)) << type;
+    // One part: the norm and the rotation of its tokens alone.
+    const at::Tensor one = RmsRope({image}, {wi}, 1e-6, cos.slice(1, 4), sin.slice(1, 4));
+    EXPECT_TRUE(at::equal(one, want.slice(1, 4))) << type;
+  }
+  // A unit weight and no rotation leave each head vector at root-mean-square 1.
+  const at::Tensor x = at::randn({1, 3, 2, 8}) * 5;
+  const at::Tensor normed =
+      RmsRope({x}, {at::ones({8})}, 0, at::ones({1, 3, 1, 8}), at::zeros({1, 3, 1, 8}));
+  EXPECT_TRUE(at::allclose(normed.pow(2).mean(-1), at::ones({1, 3, 2}), 1e-5, 1e-5));
+}
+
+TEST(RmsRopeOp, BadArgumentsAreNamed) {
+  const at::Tensor x = at::zeros({2, 5, 3, 8}), w = at::ones({8}), table = at::zeros({1, 5, 1, 8});
+  const auto error = [&](auto&& call) { return ErrorOf(call); };
+  EXPECT_NE(error([&] { RmsRope({}, {}, 1e-6, table, table); }).find("xs is empty"),
+            std::string::npos);
+  EXPECT_NE(error([&] {
+              RmsRope({x}, {w, w}, 1e-6, table, table);
+            }).find("1 parts but 2"),
+            std::string::npos);
+  EXPECT_NE(error([&] {
+              RmsRope({x}, {at::ones({4})}, 1e-6, table, table);
+            }).find("weights[0] must be a float [8]"),
+            std::string::npos);
+  EXPECT_NE(error([&] {
+              RmsRope({x, x.to(at::kHalf)}, {w, w}, 1e-6, table, table);
+            }).find("xs[1] is Half, xs[0] Float"),
+            std::string::npos);
+  EXPECT_NE(error([&] {
+              RmsRope({x, at::zeros({2, 5, 4, 8})}, {w, w}, 1e-6, table, table);
+            }).find("only the token counts may differ"),
+            std::string::npos);
+  // The tables cover the joined tokens: 5 + 5.
+  EXPECT_NE(error([&] {
+              RmsRope({x, x}, {w, w}, 1e-6, table, table);
+            }).find("cos must be [1, 10, 1, 8]"),
+            std::string::npos);
+  EXPECT_NE(error([&] { RmsRope({x}, {w}, -1, table, table); }).find("eps must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error([&] {
+              RmsRope({at::zeros({2, 5, 3, 7})}, {at::ones({7})}, 1e-6, table, table);
+            }).find("must be even"),
             std::string::npos);
 }
 

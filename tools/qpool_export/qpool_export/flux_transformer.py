@@ -203,6 +203,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.ops.qpool.rope(x, cos, sin)
 
 
+# qpool::rms_rope's schema, byte-identical to kRmsRopeSchema in server/quant/rope_op.h (a unit
+# test compares them).
+RMS_ROPE_SCHEMA = \
+    "rms_rope(Tensor[] xs, Tensor[] weights, float eps, Tensor cos, Tensor sin) -> Tensor"
+
+
+def _rms_rope_ref(xs: List[torch.Tensor], weights: List[torch.Tensor], eps: float,
+                  cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each part [B, N_i, H, D] RMS-normed per head with its weight (torch.nn.RMSNorm's
+    operation), the parts joined along the tokens, then rotated: qpool::rms_rope's reference, the
+    same ATen operations as the server's CPU kernel (Note [Normed rotary embedding op])."""
+    normed = [F.rms_norm(x, (x.shape[-1],), w, eps) for x, w in zip(xs, weights)]
+    return _rope_ref(normed[0] if len(normed) == 1 else torch.cat(normed, dim=1), cos, sin)
+
+
+def _rms_rope_fake(xs: List[torch.Tensor], weights: List[torch.Tensor], eps: float,
+                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return xs[0].new_empty((xs[0].shape[0], cos.shape[1], xs[0].shape[2], xs[0].shape[3]))
+
+
+_RMS_LIB = ops.register(RMS_ROPE_SCHEMA, _rms_rope_ref, _rms_rope_fake)
+
+
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x * (1 + scale) + shift, scale and shift [B, D] broadcast over the tokens."""
     return torch.addcmul(shift[:, None], x, 1 + scale[:, None])
@@ -297,11 +320,6 @@ class FluxAttention(nn.Module):
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (self.heads, -1))  # [B, N, H * D] -> [B, N, H, D]
 
-    def heads_of(self, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Projected q, k, v [B, N, H * D] -> [B, N, H, D] each, q and k RMS-normed."""
-        return self.norm_q(self._heads(q)), self.norm_k(self._heads(k)), self._heads(v)
-
     def _project(self, x: torch.Tensor, fused: str,
                  parts: Tuple[str, str, str]) -> Tuple[torch.Tensor, ...]:
         """q, k, v of x through the fused linear `fused` where there is one, else `parts`."""
@@ -309,37 +327,38 @@ class FluxAttention(nn.Module):
             return getattr(self, fused)(x).chunk(3, dim=-1)
         return tuple(getattr(self, name)(x) for name in parts)
 
-    def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.heads_of(*self._project(x, "to_qkv", ("to_q", "to_k", "to_v")))
+    def _norm_rope(self, streams: List[Tuple[torch.Tensor, nn.RMSNorm]], cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:
+        """q (or k) of each stream [B, N_i, H * D] with the stream's RMS norm -> [B, N, H, D]:
+        normed per head, joined along the tokens and rotated, one qpool::rms_rope (Note [Normed
+        rotary embedding op] in server/quant/rope_op.h)."""
+        return torch.ops.qpool.rms_rope([self._heads(t) for t, _ in streams],
+                                        [norm.weight for _, norm in streams], NORM_EPS, cos, sin)
 
-    def _context_qkv(self, context: torch.Tensor
-                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cq, ck, cv = self._project(context, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
-        return (self.norm_added_q(self._heads(cq)), self.norm_added_k(self._heads(ck)),
-                self._heads(cv))
-
-    @staticmethod
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> torch.Tensor:
-        """[B, N, H, D] each -> [B, N, H * D]."""
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2))
+    def attend(self, q: List[Tuple[torch.Tensor, nn.RMSNorm]],
+               k: List[Tuple[torch.Tensor, nn.RMSNorm]], v: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        """q and k of each stream with its norm, v of all streams joined [B, N, H * D] ->
+        [B, N, H * D]."""
+        y = F.scaled_dot_product_attention(self._norm_rope(q, cos, sin).transpose(1, 2),
+                                           self._norm_rope(k, cos, sin).transpose(1, 2),
+                                           self._heads(v).transpose(1, 2))
         return y.transpose(1, 2).flatten(2)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Single stream: x [B, N, dim] -> [B, N, inner] (no output projection)."""
-        q, k, v = self._qkv(x)
-        return self.attend(q, k, v, cos, sin)
+        q, k, v = self._project(x, "to_qkv", ("to_q", "to_k", "to_v"))
+        return self.attend([(q, self.norm_q)], [(k, self.norm_k)], v, cos, sin)
 
     def joint(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Double stream: image x [B, S, dim] and text context [B, L, dim] attend together
         (text first, as the rotary tables are laid out); returns (image, text) outputs."""
-        q, k, v = self._qkv(x)
-        cq, ck, cv = self._context_qkv(context)
-        y = self.attend(torch.cat([cq, q], dim=1), torch.cat([ck, k], dim=1),
-                         torch.cat([cv, v], dim=1), cos, sin)
+        q, k, v = self._project(x, "to_qkv", ("to_q", "to_k", "to_v"))
+        cq, ck, cv = self._project(context, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
+        y = self.attend([(cq, self.norm_added_q), (q, self.norm_q)],
+                        [(ck, self.norm_added_k), (k, self.norm_k)], torch.cat([cv, v], dim=1),
+                        cos, sin)
         text = context.shape[1]
         return self.to_out[0](y[:, text:]), self.to_add_out(y[:, :text])
 
@@ -408,7 +427,7 @@ class FluxSingleTransformerBlock(nn.Module):
         n = _modulate(self.norm.norm(h), shift, scale)
         if hasattr(self, "to_qkv_mlp"):
             q, k, v, mlp = self.to_qkv_mlp(n).split(self.fused_widths, dim=-1)
-            attn = self.attn.attend(*self.attn.heads_of(q, k, v), cos, sin)
+            attn = self.attn.attend([(q, self.attn.norm_q)], [(k, self.attn.norm_k)], v, cos, sin)
         else:
             mlp, attn = self.proj_mlp(n), self.attn(n, cos, sin)
         out = self.proj_out(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=2))
