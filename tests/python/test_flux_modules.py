@@ -225,6 +225,21 @@ def test_traced_transformer_norms_and_rotates_q_and_k_with_one_op(flux):
     assert kinds.count("qpool::rms_rope") == 2 * (cfg.num_layers + cfg.num_single_layers)
     assert "aten::rms_norm" not in kinds and "qpool::rope" not in kinds
     assert "aten::stack" not in kinds
+    # Note [Joined GELU op]: every single-stream block joins its attention and GELU'd MLP in one.
+    assert kinds.count("qpool::cat_gelu") == cfg.num_single_layers
+    assert kinds.count("aten::gelu") == 2 * cfg.num_layers  # the double blocks' feed-forwards
+
+
+def test_cat_gelu_equals_diffusers_join():
+    """qpool::cat_gelu's reference is diffusers' single-stream join: torch.cat of the attention
+    output and nn.GELU(approximate="tanh") of the MLP branch, bit for bit."""
+    gen = torch.Generator().manual_seed(10)
+    for dtype in (torch.float32, torch.bfloat16):
+        fused = torch.randn(2, 5, 4 * 8 + 32, generator=gen).to(dtype)
+        a, b = torch.randn(2, 5, 16, generator=gen).to(dtype), fused[..., 32:]
+        want = torch.cat([a, torch.nn.GELU(approximate="tanh")(b)], dim=2)
+        got = torch.ops.qpool.cat_gelu(a, b)
+        assert got.dtype == dtype and torch.equal(got, want), dtype
 
 
 def test_rms_rope_equals_diffusers_norms_and_rotation():

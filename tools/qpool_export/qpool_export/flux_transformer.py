@@ -225,6 +225,24 @@ def _rms_rope_fake(xs: List[torch.Tensor], weights: List[torch.Tensor], eps: flo
 
 _RMS_LIB = ops.register(RMS_ROPE_SCHEMA, _rms_rope_ref, _rms_rope_fake)
 
+# qpool::cat_gelu's schema, byte-identical to kCatGeluSchema in server/quant/cat_gelu_op.h (a unit
+# test compares them).
+CAT_GELU_SCHEMA = "cat_gelu(Tensor a, Tensor b) -> Tensor"
+
+
+def _cat_gelu_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a, then the tanh-approximated GELU of b, joined along the last dimension: qpool::cat_gelu's
+    reference, the server's CPU kernel's operations (Note [Joined GELU op] in
+    server/quant/cat_gelu_op.h)."""
+    return torch.cat([a, F.gelu(b, approximate="tanh")], dim=-1)
+
+
+def _cat_gelu_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((*a.shape[:-1], a.shape[-1] + b.shape[-1]))
+
+
+_CAT_GELU_LIB = ops.register(CAT_GELU_SCHEMA, _cat_gelu_ref, _cat_gelu_fake)
+
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x * (1 + scale) + shift, scale and shift [B, D] broadcast over the tokens."""
@@ -430,7 +448,8 @@ class FluxSingleTransformerBlock(nn.Module):
             attn = self.attn.attend([(q, self.attn.norm_q)], [(k, self.attn.norm_k)], v, cos, sin)
         else:
             mlp, attn = self.proj_mlp(n), self.attn(n, cos, sin)
-        out = self.proj_out(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=2))
+        # Note [Joined GELU op]: one pass joins them.
+        out = self.proj_out(torch.ops.qpool.cat_gelu(attn, mlp))
         return _gated(h, gate, out)
 
 
