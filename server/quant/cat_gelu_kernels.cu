@@ -8,12 +8,7 @@
 namespace qpool::quant::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-template <typename T, int kValues, int kAlign>
-struct alignas(kAlign) Pack {
-  T v[kValues];
-};
+constexpr int kThreads = kElementwiseThreads;
 
 // ATen's tanh-approximated GELU, in float32 (Note [Joined GELU op]).
 __device__ __forceinline__ float GeluTanh(float x) {

@@ -1,4 +1,4 @@
-// Helpers shared by the CUDA kernels of the quant layer (quant_linear, w8a8, rope).
+// Helpers shared by the CUDA kernels of the quant layer (quant_linear, w8a8, rope, cat_gelu).
 // Included by .cu files only; everything here is inline or internal to each translation unit.
 #pragma once
 
@@ -22,8 +22,17 @@ namespace {
 // look-ups per chunk. A chunk that is short (row end) or unaligned is read byte by byte.
 constexpr int kChunkBytes = 16;
 constexpr int kWarp = 32;
-constexpr int kFusedWarps = 8;     // rows (output features) per block of the fused kernel
-constexpr int kFusedMaxTile = 16;  // rows of x per block of the fused kernel
+constexpr int kFusedWarps = 8;            // rows (output features) per block of the fused kernel
+constexpr int kFusedMaxTile = 16;         // rows of x per block of the fused kernel
+constexpr int kElementwiseThreads = 256;  // block size of the elementwise kernels (rope, cat_gelu)
+
+// kValues consecutive values of one row, loaded and stored as one access. kAlign is the access's
+// alignment: 16 bytes for a wide path (one vector load and store), sizeof(T) or a pair's for the
+// narrow ones, which must also take views that start at any element of their storage.
+template <typename T, int kValues, int kAlign>
+struct alignas(kAlign) Pack {
+  T v[kValues];
+};
 
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }

@@ -94,15 +94,15 @@ namespace {
 // values before the first weights, filling the table before issuing them, or bringing the code
 // values to shared memory by cp.async (within 1-3%, or slower).
 constexpr int kMmaWarps = 8;
-constexpr int kMmaTilesFew = 2;             // n8 tiles per warp: int8, and nf4 with M <= 8
-constexpr int kMmaTilesMany = 4;            // n8 tiles per warp: nf4 with M > 8
-constexpr int kMmaMaxSplits = 8;            // portable cluster size
+constexpr int kMmaTilesFew = 2;   // n8 tiles per warp: int8, and nf4 with M <= 8
+constexpr int kMmaTilesMany = 4;  // n8 tiles per warp: nf4 with M > 8
+constexpr int kMmaMaxSplits = 8;  // portable cluster size
 // Register budget (Note [Small-M block shape]: a block that misses the first wave costs a whole
 // second round): nf4 128 per thread, two blocks per multiprocessor; int8 64 with 2 tiles per
 // warp and 80 with 4, four and three blocks.
 constexpr int MinBlocksPerSm(int tiles, bool nf4) { return nf4 ? 2 : (tiles == 2 ? 4 : 3); }
-constexpr int kMmaMinStepsPerSplit = 32;    // steps of 64 bytes per split of k
-constexpr int64_t kMmaDeepK = 3072;         // nf4 with M > 8 takes 4 tiles from this K
+constexpr int kMmaMinStepsPerSplit = 32;  // steps of 64 bytes per split of k
+constexpr int64_t kMmaDeepK = 3072;       // nf4 with M > 8 takes 4 tiles from this K
 constexpr int kMmaMaxTiles = 4;
 constexpr int kMmaMaxOutputs = kMmaMaxTiles * 4 * kWarp;  // c registers of one warp
 constexpr int kMmaRedBytes = (kMmaWarps + 1) * kMmaMaxOutputs * 4;
@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp, MinBlocksPerSm(kTiles, kNf4)
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   constexpr int kValues = kNf4 ? 2 * kChunkBytes : kChunkBytes;  // per lane per step
-  constexpr int kMmaSteps = kValues / 4;                           // mma's per chunk
-  constexpr int kFeatures = 8 * kTiles;                           // output features per block
-  constexpr int kOutputs = kTiles * 4 * kWarp;                     // c registers of one warp
+  constexpr int kMmaSteps = kValues / 4;                         // mma's per chunk
+  constexpr int kFeatures = 8 * kTiles;                          // output features per block
+  constexpr int kOutputs = kTiles * 4 * kWarp;                   // c registers of one warp
   // x one step ahead too, for M <= 8 (Note [Prefetched steps]); with M > 8 its registers spill.
   constexpr bool kPrefetchX = !kRows16;
   const int g = lane / 4;
@@ -319,8 +319,7 @@ MmaPlan PlanRows(const PackedWeightView& w, const MmaDevice& dev) {
   } else {
     const KernelFit few = FitOf<T, kNf4, kDq, kRows16>(kMmaTilesFew);
     const int64_t blocks = (w.rows + 8 * kMmaTilesFew - 1) / (8 * kMmaTilesFew);
-    plan.tiles = blocks > int64_t{few.blocks_per_sm} * dev.sm_count ? kMmaTilesMany
-                                                                      : kMmaTilesFew;
+    plan.tiles = blocks > int64_t{few.blocks_per_sm} * dev.sm_count ? kMmaTilesMany : kMmaTilesFew;
   }
   const KernelFit fit = FitOf<T, kNf4, kDq, kRows16>(plan.tiles);
   plan.blocks_per_sm = fit.blocks_per_sm;
@@ -361,8 +360,8 @@ void LaunchRows(const PackedWeightView& w, const T* x, int m, const T* bias, T* 
   config.numAttrs = plan.splits > 1 ? 1 : 0;
   WithTiles(plan.tiles, [&](auto tiles_c) {
     constexpr int kTiles = decltype(tiles_c)::value;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, w,
-                                      x, m, bias, out, steps_per_split));
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, MmaLinearKernel<T, kTiles, kNf4, kDq, kRows16>, w, x,
+                                      m, bias, out, steps_per_split));
   });
 }
 

@@ -39,13 +39,13 @@ namespace {
 // launcher takes the one with fewer padded rows. Row groups of one feature block are adjacent
 // block indices, so the second read of a weight tile comes from L2. Measured on an H100:
 // bench/results/quant_linear_medium_m_h100.md.
-constexpr int kMedWarps = 8;           // 256 threads: the NF4 table fill assumes it
-constexpr int kMedStages = 3;          // x stages in shared memory
-constexpr int kMedMaxSplits = 8;       // portable cluster size
+constexpr int kMedWarps = 8;      // 256 threads: the NF4 table fill assumes it
+constexpr int kMedStages = 3;     // x stages in shared memory
+constexpr int kMedMaxSplits = 8;  // portable cluster size
 constexpr int kMedMinStepsPerSplit = 4;
-constexpr int kMedTilesSmallM = 2;     // m16 tiles of x per block, row groups of 32
-constexpr int kMedTilesLargeM = 5;     // m16 tiles of x per block, row groups of 80
-constexpr int kMedTilesN = 4;          // n8 tiles of features per warp
+constexpr int kMedTilesSmallM = 2;  // m16 tiles of x per block, row groups of 32
+constexpr int kMedTilesLargeM = 5;  // m16 tiles of x per block, row groups of 80
+constexpr int kMedTilesN = 4;       // n8 tiles of features per warp
 
 // Physical 16-byte unit of unit `u` of stage row `r` (Note [Tensor-core medium-M linear]).
 template <bool kNf4>
@@ -62,9 +62,9 @@ __global__ void __launch_bounds__(kMedWarps* kWarp, !kNf4 && kMt == kMedTilesSma
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float s_nested[256];
   constexpr int kValues = kNf4 ? 2 * kChunkBytes : kChunkBytes;  // per lane per step
-  constexpr int kMmaSteps = kValues / 4;                           // mma k16 steps per chunk
-  constexpr int kUnits = kValues * 2 / 16;                         // 16-byte x units per lane
-  constexpr int kRowBytes = 4 * kUnits * 16;                       // stage bytes per row
+  constexpr int kMmaSteps = kValues / 4;                         // mma k16 steps per chunk
+  constexpr int kUnits = kValues * 2 / 16;                       // 16-byte x units per lane
+  constexpr int kRowBytes = 4 * kUnits * 16;                     // stage bytes per row
   constexpr int kRows = 16 * kMt;
   constexpr int kStageBytes = kRows * kRowBytes;
   constexpr int kFeatures = 8 * kTiles * kMedWarps;
@@ -154,8 +154,7 @@ __global__ void __launch_bounds__(kMedWarps* kWarp, !kNf4 && kMt == kMedTilesSma
 #pragma unroll
       for (int i = 0; i < kMt; ++i) {
         const uint4 va = *reinterpret_cast<const uint4*>(xs + (16 * i + g) * kRowBytes + unit);
-        const uint4 vb =
-            *reinterpret_cast<const uint4*>(xs + (16 * i + g + 8) * kRowBytes + unit);
+        const uint4 vb = *reinterpret_cast<const uint4*>(xs + (16 * i + g + 8) * kRowBytes + unit);
         const uint32_t a0[4] = {va.x, vb.x, va.y, vb.y};
         const uint32_t a1[4] = {va.z, vb.z, va.w, vb.w};
 #pragma unroll

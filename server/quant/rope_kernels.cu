@@ -8,15 +8,7 @@
 namespace qpool::quant::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-// kValues consecutive values of one row. kAlign is the access's alignment: 16 bytes for the
-// wide path (one vector load and store), sizeof(T) for the pair-wise one, which must also take
-// x and out that start at any element (a view a value into its storage).
-template <typename T, int kValues, int kAlign>
-struct alignas(kAlign) Pack {
-  T v[kValues];
-};
+constexpr int kThreads = kElementwiseThreads;
 
 // Each thread rotates kValues consecutive values (kValues / 2 channel pairs): 16 bytes where d
 // is a multiple of them and x and out are 16-byte aligned, else one pair.
