@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "quant/rope_op.h"
+#include "testing/op_schemas.h"
 
 namespace qpool::quant {
 namespace {
@@ -102,22 +103,7 @@ TEST(RopeCuda, CapturesIntoACudaGraph) {
   EXPECT_TRUE(at::equal(captured, RopeCpu(next, gc, gs)));
 }
 
-// Note [Normed rotary embedding op]: the CUDA kernel sums each head vector's squares in another
-// order than aten::rms_norm, so a normed value may round one unit of its dtype apart, and the
-// rotation carries that unit into both values of its pair: the bound is relative to the head
-// vector's largest value.
-void ExpectCloseToTheUnfusedOps(const at::Tensor& got, const at::Tensor& want,
-                                const std::string& what) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
-  const double tol = got.scalar_type() == at::kFloat  ? 1e-5
-                     : got.scalar_type() == at::kHalf ? 4e-3
-                                                      : 3.2e-2;
-  const at::Tensor diff = (got.to(at::kFloat) - want.to(at::kFloat)).abs();
-  const at::Tensor bound = want.to(at::kFloat).abs().amax(-1, /*keepdim=*/true) * tol + tol;
-  EXPECT_TRUE(diff.le(bound).all().item<bool>())
-      << what << ": max difference " << diff.max().item<float>();
-}
+using testing::ExpectCloseToTheUnfusedOps;
 
 TEST(RmsRopeCuda, EqualsTheUnfusedOperations) {
   SKIP_WITHOUT_CUDA();

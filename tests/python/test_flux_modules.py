@@ -228,6 +228,27 @@ def test_traced_transformer_norms_and_rotates_q_and_k_with_one_op(flux):
     # Note [Joined GELU op]: every single-stream block joins its attention and GELU'd MLP in one.
     assert kinds.count("qpool::cat_gelu") == cfg.num_single_layers
     assert kinds.count("aten::gelu") == 2 * cfg.num_layers  # the double blocks' feed-forwards
+    # Note [Modulated norm op]: four per double-stream block, one per single-stream block, one at
+    # the output; no LayerNorm outside them.
+    assert kinds.count("qpool::ada_norm") == 4 * cfg.num_layers + cfg.num_single_layers + 1
+    assert "aten::layer_norm" not in kinds
+
+
+def test_ada_norm_equals_diffusers_modulation():
+    """qpool::ada_norm's reference against diffusers' AdaLayerNormZero arithmetic,
+    norm(x) * (1 + scale[:, None]) + shift[:, None]: equal up to the one rounding addcmul saves
+    in float32; the unfused addcmul form bit for bit in bfloat16."""
+    from qpool_export.flux_transformer import NORM_EPS
+
+    gen = torch.Generator().manual_seed(11)
+    norm = torch.nn.LayerNorm(24, elementwise_affine=False, eps=NORM_EPS)
+    x = torch.randn(2, 5, 24, generator=gen) * 3 + 1
+    shift, scale = torch.randn(2, 24, generator=gen), torch.randn(2, 24, generator=gen)
+    got = torch.ops.qpool.ada_norm(x, shift, scale, NORM_EPS)
+    assert torch.allclose(got, norm(x) * (1 + scale[:, None]) + shift[:, None], atol=1e-6)
+    xb, sb, cb = x.bfloat16(), shift.bfloat16(), scale.bfloat16()
+    want = torch.addcmul(sb[:, None], norm(xb), 1 + cb[:, None])
+    assert torch.equal(torch.ops.qpool.ada_norm(xb, sb, cb, NORM_EPS), want)
 
 
 def test_cat_gelu_equals_diffusers_join():

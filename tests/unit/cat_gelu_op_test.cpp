@@ -2,16 +2,13 @@
 // operations' values, and errors that name the argument.
 #include "quant/cat_gelu_op.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "testing/c10_error.h"
-#include "testing/test_paths.h"
+#include "testing/op_schemas.h"
 
 namespace qpool::quant {
 namespace {
@@ -19,21 +16,8 @@ namespace {
 using testing::ErrorOf;
 
 TEST(CatGeluOp, SchemaMatchesTheExporter) {
-  std::ostringstream printed;
-  printed << c10::Dispatcher::singleton().findSchemaOrThrow("qpool::cat_gelu", "").schema();
-  EXPECT_EQ(printed.str(), std::string("qpool::") + kCatGeluSchema);
-  const std::string path =
-      testing::SourceDir() + "/tools/qpool_export/qpool_export/flux_transformer.py";
-  std::ifstream in(path);
-  ASSERT_TRUE(in.good()) << path;
-  std::string line, python;
-  while (std::getline(in, line)) {
-    if (line.rfind("CAT_GELU_SCHEMA = \"", 0) == 0) {
-      const size_t start = line.find('"') + 1;
-      python = line.substr(start, line.find('"', start) - start);
-    }
-  }
-  EXPECT_EQ(python, kCatGeluSchema) << "CAT_GELU_SCHEMA in " << path;
+  EXPECT_EQ(testing::RegisteredSchema("qpool::cat_gelu"), std::string("qpool::") + kCatGeluSchema);
+  EXPECT_EQ(testing::ExporterSchema("CAT_GELU_SCHEMA"), kCatGeluSchema);
 }
 
 TEST(CatGeluOp, JoinsAWithTheGeluOfB) {

@@ -4,55 +4,24 @@
 // argument.
 #include "quant/rope_op.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "testing/c10_error.h"
-#include "testing/test_paths.h"
+#include "testing/op_schemas.h"
 
 namespace qpool::quant {
 namespace {
 
 using testing::ErrorOf;
 
-// The string assigned to `name` in the exporter's flux_transformer.py (one line, or the line
-// after a backslash).
-std::string ExporterSchema(const std::string& name) {
-  const std::string path =
-      testing::SourceDir() + "/tools/qpool_export/qpool_export/flux_transformer.py";
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::string line;
-  bool next = false;
-  while (std::getline(in, line)) {
-    if (next || line.rfind(name + " = ", 0) == 0) {
-      const size_t start = line.find('"');
-      if (start == std::string::npos) {
-        next = line.back() == '\\';
-        continue;
-      }
-      return line.substr(start + 1, line.find('"', start + 1) - start - 1);
-    }
-  }
-  return "";
-}
-
-std::string Printed(const char* op) {
-  std::ostringstream printed;
-  printed << c10::Dispatcher::singleton().findSchemaOrThrow(op, "").schema();
-  return printed.str();
-}
-
 TEST(RopeOp, SchemasMatchTheExporter) {
-  EXPECT_EQ(Printed("qpool::rope"), std::string("qpool::") + kRopeSchema);
-  EXPECT_EQ(ExporterSchema("ROPE_SCHEMA"), kRopeSchema);
-  EXPECT_EQ(Printed("qpool::rms_rope"), std::string("qpool::") + kRmsRopeSchema);
-  EXPECT_EQ(ExporterSchema("RMS_ROPE_SCHEMA"), kRmsRopeSchema);
+  EXPECT_EQ(testing::RegisteredSchema("qpool::rope"), std::string("qpool::") + kRopeSchema);
+  EXPECT_EQ(testing::ExporterSchema("ROPE_SCHEMA"), kRopeSchema);
+  EXPECT_EQ(testing::RegisteredSchema("qpool::rms_rope"), std::string("qpool::") + kRmsRopeSchema);
+  EXPECT_EQ(testing::ExporterSchema("RMS_ROPE_SCHEMA"), kRmsRopeSchema);
 }
 
 // Each pair (a, b) -> (a c - b s, b c + a s) with the pair's own table entries, written out

@@ -42,10 +42,12 @@ concatenates once after the double-stream blocks, runs the single-stream blocks 
 sequence and takes the image tokens once at the end: the same numbers without 76 copies.
 
 Note [Fused modulation]
-The adaptive layer norms' modulation x * (1 + scale) + shift and the gated residuals x + gate * y
-are single torch.addcmul kernels here (diffusers runs a multiply and an add), and silu(temb),
-which every block's modulation reads, is computed once. In float32 the results are those of
-diffusers up to rounding; in half precision addcmul rounds once instead of twice.
+The adaptive layer norms' norm and modulation norm(x) * (1 + scale) + shift are one
+qpool::ada_norm (Note [Modulated norm op] in server/quant/ada_norm_op.h; its reference is a
+LayerNorm and a torch.addcmul) and the gated residuals x + gate * y single torch.addcmul kernels
+here (diffusers runs a multiply and an add), and silu(temb), which every block's modulation
+reads, is computed once. In float32 the results are those of diffusers up to rounding; in half
+precision addcmul rounds once instead of twice.
 
 Note [Fused projections] (blocks.py) applies to the transformer: each attention's q / k / v, the
 text stream's add_q / add_k / add_v, and a single-stream block's q / k / v together with proj_mlp
@@ -244,9 +246,28 @@ def _cat_gelu_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 _CAT_GELU_LIB = ops.register(CAT_GELU_SCHEMA, _cat_gelu_ref, _cat_gelu_fake)
 
 
-def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x * (1 + scale) + shift, scale and shift [B, D] broadcast over the tokens."""
-    return torch.addcmul(shift[:, None], x, 1 + scale[:, None])
+# qpool::ada_norm's schema, byte-identical to kAdaNormSchema in server/quant/ada_norm_op.h (a unit
+# test compares them).
+ADA_NORM_SCHEMA = "ada_norm(Tensor x, Tensor shift, Tensor scale, float eps) -> Tensor"
+
+
+def _ada_norm_ref(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """LayerNorm of x [B, N, D] without affine parameters, times 1 + scale, plus shift (scale and
+    shift [B, D] broadcast over the tokens): qpool::ada_norm's reference, the server's CPU
+    kernel's operations (Note [Modulated norm op] in server/quant/ada_norm_op.h)."""
+    normed = F.layer_norm(x, (x.shape[-1],), eps=eps)
+    return torch.addcmul(shift[:, None], normed, 1 + scale[:, None])
+
+
+_ADA_NORM_LIB = ops.register(ADA_NORM_SCHEMA, _ada_norm_ref,
+                             lambda x, shift, scale, eps: torch.empty_like(x))
+
+
+def _norm_modulate(norm: nn.LayerNorm, x: torch.Tensor, shift: torch.Tensor,
+                   scale: torch.Tensor) -> torch.Tensor:
+    """norm(x) * (1 + scale) + shift, one qpool::ada_norm (Note [Modulated norm op])."""
+    return torch.ops.qpool.ada_norm(x, shift, scale, norm.eps)
 
 
 def _gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -404,13 +425,14 @@ class FluxTransformerBlock(nn.Module):
         shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = self.norm1(temb_act)
         c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = \
             self.norm1_context(temb_act)
-        attn, context_attn = self.attn.joint(_modulate(self.norm1.norm(x), shift, scale),
-                                             _modulate(self.norm1_context.norm(context),
+        attn, context_attn = self.attn.joint(_norm_modulate(self.norm1.norm, x, shift, scale),
+                                             _norm_modulate(self.norm1_context.norm, context,
                                                        c_shift, c_scale), cos, sin)
         x = _gated(x, gate, attn)
-        x = _gated(x, gate_mlp, self.ff(_modulate(self.norm2(x), shift_mlp, scale_mlp)))
+        x = _gated(x, gate_mlp, self.ff(_norm_modulate(self.norm2, x, shift_mlp, scale_mlp)))
         context = _gated(context, c_gate, context_attn)
-        ff = self.ff_context(_modulate(self.norm2_context(context), c_shift_mlp, c_scale_mlp))
+        ff = self.ff_context(_norm_modulate(self.norm2_context, context, c_shift_mlp,
+                                            c_scale_mlp))
         return x, _gated(context, c_gate_mlp, ff)
 
 
@@ -442,7 +464,7 @@ class FluxSingleTransformerBlock(nn.Module):
     def forward(self, h: torch.Tensor, temb_act: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> torch.Tensor:
         shift, scale, gate = self.norm(temb_act)
-        n = _modulate(self.norm.norm(h), shift, scale)
+        n = _norm_modulate(self.norm.norm, h, shift, scale)
         if hasattr(self, "to_qkv_mlp"):
             q, k, v, mlp = self.to_qkv_mlp(n).split(self.fused_widths, dim=-1)
             attn = self.attn.attend([(q, self.attn.norm_q)], [(k, self.attn.norm_k)], v, cos, sin)
@@ -521,7 +543,7 @@ class FluxTransformer(nn.Module):
             h = single(h, temb_act, cos, sin)
         x = h[:, encoder_hidden_states.shape[1]:]
         scale, shift = self.norm_out(temb_act)  # AdaLayerNormContinuous: scale first
-        return self.proj_out(_modulate(self.norm_out.norm(x), shift, scale))
+        return self.proj_out(_norm_modulate(self.norm_out.norm, x, shift, scale))
 
 
 def image_ids(rows: int, cols: int) -> torch.Tensor:
