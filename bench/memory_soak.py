@@ -34,6 +34,13 @@ time.sleep(3600)
 """
 
 
+def stage_medians(stages):
+    """The median of each field of LoadStages over the cycles (Note [Load stages])."""
+    fields = ("verify_seconds", "read_seconds", "read_bytes", "quantize_seconds", "pack_seconds",
+              "device_seconds", "warmup_seconds")
+    return {f: sorted(getattr(s, f) for s in stages)[len(stages) // 2] for f in fields}
+
+
 def device_stats(models, pb, device):
     for d in models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0)).devices:
         if d.device == device:
@@ -89,7 +96,7 @@ def main():
 
         models.EmptyCache(pb.EmptyCacheRequest())
         start = device_stats(models, pb, device)
-        rounding, leaked, load_seconds = [], 0, []
+        rounding, leaked, load_seconds, stages = [], 0, [], []
         t0 = time.time()
         cycles_run = 0
         for i in range(args.cycles):
@@ -99,6 +106,7 @@ def main():
             before = device_stats(models, pb, device).allocated_bytes
             loaded = models.LoadPipeline(pb.LoadPipelineRequest(name=name, device=device))
             load_seconds.append(loaded.load_seconds)
+            stages.append(loaded.stages)
             delta = device_stats(models, pb, device).allocated_bytes - before
             rounding.append(delta - attributed_on(loaded.pipeline, device))
             unloaded = models.UnloadPipeline(pb.UnloadPipelineRequest(name=name))
@@ -111,7 +119,9 @@ def main():
         end = device_stats(models, pb, device)
         report = models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
         results["soak"] = {
-            "cycles_run": cycles_run, "seconds": soak_seconds, "load_seconds_median": sorted(load_seconds)[len(load_seconds) // 2],
+            "cycles_run": cycles_run, "seconds": soak_seconds,
+            "load_seconds_median": sorted(load_seconds)[len(load_seconds) // 2],
+            "load_stages_median": stage_medians(stages),
             "leaked_bytes_reported_by_unloads": leaked,
             "leaked_bytes_total": report.leaked_bytes_total,
             "allocated_start": start.allocated_bytes, "allocated_end": end.allocated_bytes,

@@ -1,7 +1,7 @@
 // list, load, unload, memory, health: the ModelService and health commands.
 #include <iostream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.h"
 #include "health_check.h"
@@ -16,10 +16,14 @@ using nlohmann::json;
 // "loaded" for PIPELINE_STATE_LOADED, etc.
 std::string StateName(v1::PipelineState state) {
   switch (state) {
-    case v1::PIPELINE_STATE_AVAILABLE: return "available";
-    case v1::PIPELINE_STATE_LOADED: return "loaded";
-    case v1::PIPELINE_STATE_FAILED: return "failed";
-    default: return "unspecified";
+    case v1::PIPELINE_STATE_AVAILABLE:
+      return "available";
+    case v1::PIPELINE_STATE_LOADED:
+      return "loaded";
+    case v1::PIPELINE_STATE_FAILED:
+      return "failed";
+    default:
+      return "unspecified";
   }
 }
 
@@ -121,8 +125,8 @@ int RunList(const ParsedArgs& args, const Connection& connection) {
                "SCHEDULERS"});
   for (const auto& p : response.pipelines()) {
     const bool loaded = p.state() == v1::PIPELINE_STATE_LOADED;
-    table.AddRow({p.name(), p.kind(), StateName(p.state()), Devices(p), std::to_string(p.in_flight()),
-                  loaded ? FormatBytes(PipelineBytes(p)) : "",
+    table.AddRow({p.name(), p.kind(), StateName(p.state()), Devices(p),
+                  std::to_string(p.in_flight()), loaded ? FormatBytes(PipelineBytes(p)) : "",
                   loaded ? OffloadText(p.offload_policy()) : "",
                   p.default_steps() ? std::to_string(p.default_steps()) + " steps " +
                                           std::to_string(p.default_width()) + "x" +
@@ -149,12 +153,19 @@ int RunLoad(const ParsedArgs& args, const Connection& connection) {
   if (!status.ok()) return connection.Fail(status);
 
   const v1::PipelineInfo& p = response.pipeline();
+  const v1::LoadStages& st = response.stages();
   if (args.global.json) {
-    std::cout << json{{"pipeline", PipelineJson(p)},
-                      {"load_seconds", response.load_seconds()},
-                      {"already_loaded", response.already_loaded()}}
-                     .dump(2)
-              << "\n";
+    json out{{"pipeline", PipelineJson(p)},
+             {"load_seconds", response.load_seconds()},
+             {"already_loaded", response.already_loaded()}};
+    if (response.has_stages()) {
+      out["stages"] =
+          json{{"verify_seconds", st.verify_seconds()}, {"read_seconds", st.read_seconds()},
+               {"read_bytes", st.read_bytes()},         {"quantize_seconds", st.quantize_seconds()},
+               {"pack_seconds", st.pack_seconds()},     {"device_seconds", st.device_seconds()},
+               {"warmup_seconds", st.warmup_seconds()}};
+    }
+    std::cout << out.dump(2) << "\n";
     return kExitOk;
   }
   if (response.already_loaded()) {
@@ -163,6 +174,15 @@ int RunLoad(const ParsedArgs& args, const Connection& connection) {
     std::cout << "loaded " << request.name() << " on " << Devices(p) << " in "
               << FormatFixed(response.load_seconds(), 2) << " s (" << p.components_size()
               << " components, " << FormatBytes(PipelineBytes(p)) << ")\n";
+    if (response.has_stages()) {
+      std::cout << "  read " << FormatBytes(st.read_bytes()) << " of files in "
+                << FormatFixed(st.read_seconds(), 2) << " s, verified "
+                << FormatFixed(st.verify_seconds(), 2) << " s, quantized "
+                << FormatFixed(st.quantize_seconds(), 2) << " s, packed on the host "
+                << FormatFixed(st.pack_seconds(), 2) << " s, copied to the device "
+                << FormatFixed(st.device_seconds(), 2) << " s, warm-up "
+                << FormatFixed(st.warmup_seconds(), 2) << " s\n";
+    }
   }
   return kExitOk;
 }
@@ -177,9 +197,11 @@ int RunUnload(const ParsedArgs& args, const Connection& connection) {
   const grpc::Status status = stub->UnloadPipeline(&context, request, &response);
   if (!status.ok()) return connection.Fail(status);
   if (args.global.json) {
-    std::cout << json{{"name", response.name()}, {"freed_bytes", response.freed_bytes()}}.dump(2) << "\n";
+    std::cout << json{{"name", response.name()}, {"freed_bytes", response.freed_bytes()}}.dump(2)
+              << "\n";
   } else {
-    std::cout << "unloaded " << response.name() << " (freed " << FormatBytes(response.freed_bytes()) << ")\n";
+    std::cout << "unloaded " << response.name() << " (freed " << FormatBytes(response.freed_bytes())
+              << ")\n";
   }
   return kExitOk;
 }
@@ -189,7 +211,8 @@ int RunMemory(const ParsedArgs& args, const Connection& connection) {
   grpc::ClientContext context;
   connection.Prepare(&context);
   v1::MemoryReport report;
-  const grpc::Status status = stub->GetMemoryReport(&context, v1::GetMemoryReportRequest(), &report);
+  const grpc::Status status =
+      stub->GetMemoryReport(&context, v1::GetMemoryReportRequest(), &report);
   if (!status.ok()) return connection.Fail(status);
 
   if (args.global.json) {

@@ -26,6 +26,9 @@ grpc::ServerUnaryReactor* ModelService::LoadPipeline(grpc::CallbackServerContext
                        ToProto(result->pipeline, call->response.mutable_pipeline());
                        call->response.set_already_loaded(result->already_loaded);
                        call->response.set_load_seconds(result->load_seconds);
+                       if (!result->already_loaded) {
+                         ToProto(result->stages, call->response.mutable_stages());
+                       }
                      }
                      call->Finish(ToGrpc(result.status()));
                    });

@@ -107,6 +107,16 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
   for (const auto& name : s.schedulers) out->add_schedulers(name);
 }
 
+void ToProto(const LoadStages& s, v1::LoadStages* out) {
+  out->set_verify_seconds(s.verify_seconds);
+  out->set_read_seconds(s.read_seconds);
+  out->set_read_bytes(s.read_bytes);
+  out->set_quantize_seconds(s.quantize_seconds);
+  out->set_pack_seconds(s.pack_seconds);
+  out->set_device_seconds(s.device_seconds);
+  out->set_warmup_seconds(s.warmup_seconds);
+}
+
 void ToProto(const DeviceMemoryStats& s, v1::DeviceMemory* out) {
   out->set_device(SanitizeUtf8(s.device));
   out->set_allocated_bytes(s.allocated_bytes);

@@ -18,6 +18,7 @@ grpc::Status ToGrpc(const Status& status);
 
 void ToProto(const PipelineStatus& status, v1::PipelineInfo* out);
 void ToProto(const DeviceMemoryStats& stats, v1::DeviceMemory* out);
+void ToProto(const LoadStages& stages, v1::LoadStages* out);
 // `first_available` is the oldest sequence the log still holds.
 void ToProto(const MemoryEvent& event, uint64_t first_available, v1::MemoryEvent* out);
 void ToProto(const ResidencyReport& report, v1::ResidencyChange* out);

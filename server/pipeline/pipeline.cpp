@@ -1,10 +1,13 @@
 #include "pipeline/pipeline.h"
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <future>
 
 #include "pipeline/pipeline_kind.h"
 #include "quant/module_quantizer.h"
+#include "util/clock.h"
 #include "util/file_digest.h"
 #include "util/log.h"
 #include "util/png_encoder.h"
@@ -83,6 +86,8 @@ Pipeline::~Pipeline() {
 }
 
 Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContext& residency) {
+  using Clock = std::chrono::steady_clock;
+  LoadStages& stages = load_stages_;  // Note [Load stages]
   std::vector<c10::ScalarType> dtypes;
   for (const ComponentDecl& decl : kind_.components()) {
     const std::string& name = decl.name;
@@ -96,6 +101,7 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       ASSIGN_OR_RETURN(c10::ScalarType own, ResolveDtype(spec->dtype, device));
       dtypes.push_back(own);
     }
+    auto stage_start = Clock::now();
     if (!spec->sha256.empty()) {
       // Note [File digests].
       ASSIGN_OR_RETURN(std::string digest, CachedSha256File(spec->file));
@@ -106,7 +112,13 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
                                       ": the file is corrupt or not this component's"));
       }
     }
+    stages.verify_seconds += SecondsSince(stage_start);
+    stage_start = Clock::now();
     ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
+    stages.read_seconds += SecondsSince(stage_start);
+    std::error_code size_error;
+    const auto file_bytes = std::filesystem::file_size(spec->file, size_error);
+    if (!size_error) stages.read_bytes += file_bytes;
     Status signature = CheckSignature(decl, *component, spec->file, kind_.name());
     if (!signature.ok()) {
       return InvalidArgument(
@@ -121,9 +133,11 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       settings.skip = q.skip;
       settings.min_weights = q.min_weights;
       // On the pipeline's GPU when it has one (Note [Load-time quantization]).
+      stage_start = Clock::now();
       auto report = quant::QuantizeModule(
           component->module(), settings,
           device.is_cuda() ? std::optional<c10::Device>(device) : std::nullopt);
+      stages.quantize_seconds += SecondsSince(stage_start);
       if (!report.ok()) {
         return Status(report.status().code(), StrCat(manifest_.path, ": components.", name,
                                                      ".quantization: ", report.status().message()));
@@ -155,7 +169,10 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
   for (auto& c : components_) components.push_back(c.get());
   residency_ =
       std::make_unique<PipelineResidency>(manifest_.name, components, residency, manifest_.offload);
-  Status placed = residency_->Place(device, dtypes);
+  PlaceSeconds place_seconds;
+  Status placed = residency_->Place(device, dtypes, &place_seconds);
+  stages.pack_seconds = place_seconds.pack;
+  stages.device_seconds = place_seconds.device;
   if (!placed.ok()) return Status(placed.code(), StrCat(manifest_.path, ": ", placed.message()));
   return Status::Ok();
 }

@@ -13,6 +13,7 @@
 #include "component/component.h"
 #include "config/manifest.h"
 #include "pipeline/generate_request.h"
+#include "pipeline/load_stages.h"
 #include "residency/pipeline_residency.h"
 #include "util/status.h"
 
@@ -95,6 +96,8 @@ class Pipeline {
   const std::vector<std::unique_ptr<Component>>& components() const { return components_; }
   PipelineResidency& residency() { return *residency_; }
   const PipelineResidency& residency() const { return *residency_; }
+  // Where LoadComponents' time went (warmup_seconds is the registry's to add).
+  const LoadStages& load_stages() const { return load_stages_; }
 
  protected:
   Pipeline(const PipelineKind& kind, PipelineManifest manifest, c10::ScalarType dtype);
@@ -127,6 +130,7 @@ class Pipeline {
   const c10::ScalarType dtype_;
   std::vector<std::unique_ptr<Component>> components_;
   std::unique_ptr<PipelineResidency> residency_;  // borrows components_
+  LoadStages load_stages_;
 };
 
 // Parses "float32"/"float16"/"bfloat16"; "auto" is float16 on CUDA, float32 on the CPU.

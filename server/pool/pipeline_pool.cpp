@@ -68,14 +68,17 @@ void PipelinePool::Load(const std::string& name, const std::string& device, Done
     return;
   }
   // One replica per device, each loaded on its own worker; the result is the last replica's
-  // status, with every replica's load time summed.
+  // status, with every replica's load time and stages summed (Note [Load stages]).
   auto result = std::make_shared<LoadResult>();
   LoadReplicas(
       *registry_, devices_, name, std::move(planned).value(),
       [result](const LoadResult& loaded) {
         const double seconds = result->load_seconds + loaded.load_seconds;
+        LoadStages stages = result->stages;
+        stages += loaded.stages;
         *result = loaded;
         result->load_seconds = seconds;
+        result->stages = stages;
       },
       [result, done = std::move(done)](const Status& status) {
         if (!status.ok()) {

@@ -292,12 +292,13 @@ StatusOr<LoadResult> PipelineRegistry::Load(
   const DeviceMemoryStats before =
       residency_.memory ? residency_.memory->Read(target) : DeviceMemoryStats{};
   auto pipeline = kind->Load(m, target, *dtype, residency_);
+  double warmup_seconds = 0;
   if (pipeline.ok() && warmup) {  // before the replica is registered: no request reaches it first
     const auto warm_start = std::chrono::steady_clock::now();
     auto image = (*pipeline)->Generate(*warmup, nullptr, nullptr);
+    warmup_seconds = SecondsSince(warm_start);
     if (image.ok()) {
-      log::Info("warmed up pipeline '", name, "' on ", target.str(), " in ",
-                SecondsSince(warm_start), " s");
+      log::Info("warmed up pipeline '", name, "' on ", target.str(), " in ", warmup_seconds, " s");
     } else {  // drops the pipeline and all its memory before the event reads the device
       pipeline = Status(image.status().code(),
                         StrCat("warm-up of '", name, "' on ", target.str(),
@@ -318,6 +319,8 @@ StatusOr<LoadResult> PipelineRegistry::Load(
 
   LoadResult result;
   result.load_seconds = SecondsSince(start);
+  result.stages = (*pipeline)->load_stages();
+  result.stages.warmup_seconds = warmup_seconds;
   std::lock_guard<std::mutex> lock(mu_);
   Entry& entry = entries_[name];
   entry.loading.erase(target.str());
@@ -334,8 +337,13 @@ StatusOr<LoadResult> PipelineRegistry::Load(
   result.pipeline = StatusOf(name, entry);
   uint64_t bytes = 0;
   for (const auto& c : result.pipeline.components) bytes += c.bytes.total();
+  const LoadStages& st = result.stages;  // Note [Load stages]
   log::Info("loaded pipeline '", name, "' on ", target.str(), " (", DtypeName(*dtype), ", ", bytes,
-            " bytes, replica ", entry.replicas.size(), ") in ", result.load_seconds, " s");
+            " bytes, replica ", entry.replicas.size(), ") in ", result.load_seconds,
+            " s: files read ", st.read_seconds, " s (", st.read_bytes, " bytes), verified ",
+            st.verify_seconds, " s, quantized ", st.quantize_seconds, " s, packed on the host ",
+            st.pack_seconds, " s, copied to the device ", st.device_seconds, " s, warm-up ",
+            st.warmup_seconds, " s");
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include "component/component.h"
 #include "config/manifest.h"
 #include "config/offload_policy.h"
+#include "pipeline/load_stages.h"
 
 namespace qpool {
 
@@ -65,6 +66,7 @@ struct LoadResult {
   PipelineStatus pipeline;
   double load_seconds = 0;
   bool already_loaded = false;
+  LoadStages stages;  // Note [Load stages]
 };
 
 // What an unload freed and whether the devices got it all back.

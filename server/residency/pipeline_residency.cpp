@@ -89,7 +89,8 @@ Status PipelineResidency::Place(const c10::Device& device, c10::ScalarType dtype
 }
 
 Status PipelineResidency::Place(const c10::Device& device,
-                                const std::vector<c10::ScalarType>& dtypes) {
+                                const std::vector<c10::ScalarType>& dtypes, PlaceSeconds* seconds) {
+  const auto start = Clock::now();
   if (dtypes.size() != components_.size()) {
     return Internal(StrCat("pipeline '", pipeline_, "': ", dtypes.size(), " dtypes for ",
                            components_.size(), " components"));
@@ -105,6 +106,8 @@ Status PipelineResidency::Place(const c10::Device& device,
   for (size_t i = 0; i < components_.size(); ++i) {
     RETURN_IF_ERROR(components_[i]->Place(dtypes[i], pinned, group_bytes));
   }
+  if (seconds) seconds->pack = SecondsSince(start);
+  const auto packed = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     device_ = device;
@@ -117,6 +120,7 @@ Status PipelineResidency::Place(const c10::Device& device,
   if (!pinned) {
     for (auto& c : components_) c->DropHostCopy();
   }
+  if (seconds) seconds->device = SecondsSince(packed);
   return Status::Ok();
 }
 

@@ -43,6 +43,13 @@ struct ComponentPlace {
 // Every other method must be called by one thread at a time: the device worker that runs the
 // pipeline (requests and admin moves are tasks on it); callers keep requests away during a move
 // to another device.
+// Where a Place spent its time: packing the components into host blocks (with any dtype
+// conversion) and copying them to the device (Note [Load stages] in pipeline/pipeline.h).
+struct PlaceSeconds {
+  double pack = 0;
+  double device = 0;
+};
+
 class PipelineResidency {
  public:
   PipelineResidency(std::string pipeline, std::vector<Component*> components,
@@ -52,8 +59,10 @@ class PipelineResidency {
   // Load: host copies in `dtype` (pinned when `device` is a GPU and the policy offloads), then
   // the policy's resting residency on `device`. All or nothing.
   Status Place(const c10::Device& device, c10::ScalarType dtype);
-  // Place with each component's own dtype (one per component, in order).
-  Status Place(const c10::Device& device, const std::vector<c10::ScalarType>& dtypes);
+  // Place with each component's own dtype (one per component, in order); `seconds`, when given,
+  // gets the time of each stage.
+  Status Place(const c10::Device& device, const std::vector<c10::ScalarType>& dtypes,
+               PlaceSeconds* seconds = nullptr);
 
   // The device the pipeline computes on.
   c10::Device device() const;

@@ -206,10 +206,14 @@ def test_load_unload_memory(qpool):
     assert r.returncode == EXIT_OK, r.stderr
     doc = json.loads(r.stdout)
     assert doc["already_loaded"] is False and doc["pipeline"]["state"] == "loaded"
+    assert doc["stages"]["read_bytes"] > 0 and doc["stages"]["read_seconds"] > 0
     r = qpool("--json", "load", "spare")
     assert json.loads(r.stdout)["already_loaded"] is True
     r = qpool("load", "spare")
     assert r.returncode == EXIT_OK and "already loaded" in r.stdout
+    qpool("unload", "spare")
+    r = qpool("load", "spare")
+    assert r.returncode == EXIT_OK and "of files in" in r.stdout, r.stdout
 
     r = qpool("--json", "memory")
     assert r.returncode == EXIT_OK, r.stderr

@@ -92,7 +92,16 @@ def test_load_then_already_loaded(client):
     assert first.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
     assert {c.name for c in first.pipeline.components} == COMPONENTS
     assert first.load_seconds > 0
+    # Note [Load stages]: the component files' bytes, and stages that fit in the load's time.
+    st = first.stages
+    folder = client.server.repository / "spare"
+    assert st.read_bytes == sum(f.stat().st_size for f in folder.glob("*.pt"))
+    assert st.read_seconds > 0 and st.pack_seconds > 0
+    stages = (st.verify_seconds, st.read_seconds, st.quantize_seconds, st.pack_seconds,
+              st.device_seconds, st.warmup_seconds)
+    assert min(stages) >= 0 and sum(stages) <= first.load_seconds
     second = load(client, "spare")
+    assert not second.HasField("stages")
     assert second.already_loaded
     assert second.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
     assert client.pipelines()["spare"].state == client.pb2.PIPELINE_STATE_LOADED
