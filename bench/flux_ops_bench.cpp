@@ -1,0 +1,126 @@
+// FLUX's fused elementwise ops at a 1024x1024 image's shapes (4096 image and 512 text tokens,
+// width 3072, 24 heads of 128), each against the ATen operations it replaces, run on the GPU in
+// the same run: qpool::rms_rope (Note [Normed rotary embedding op]) on a double-stream block's q,
+// qpool::ada_norm (Note [Modulated norm op]) on the joint sequence, qpool::cat_gelu (Note [Joined
+// GELU op]) on a single-stream block's attention output and MLP branch. The inputs are the views
+// the traced transformer hands them (q of a fused q / k / v projection, the MLP branch of the
+// fused q / k / v / MLP one, shift and scale of one modulation output).
+//
+//   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
+//
+// Timing as Note [Benchmark methodology] (gpu_timing.h). Counters: us_per_call and
+// min_bytes_GBps (the bytes the one-pass kernel must read and write, over the time).
+#include <benchmark/benchmark.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+#include "gpu_timing.h"
+#include "quant/ada_norm_op.h"
+#include "quant/cat_gelu_op.h"
+#include "quant/rope_op.h"
+
+namespace qpool {
+namespace {
+
+constexpr int kSamples = 15;
+constexpr int64_t kText = 512, kImage = 4096, kTokens = kText + kImage, kWidth = 3072, kHeads = 24,
+                  kHead = 128, kMlp = 4 * kWidth;
+
+at::TensorOptions Bf16() { return at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16); }
+
+// One op's inputs and both ways of running it.
+struct Case {
+  std::function<at::Tensor()> fused, aten;
+  double min_bytes = 0;
+};
+
+Case RmsRopeCase() {
+  // q of each stream: the first third of its fused q / k / v projection, in heads.
+  const auto q = [](int64_t n) {
+    return at::randn({1, n, 3 * kWidth}, Bf16()).slice(2, 0, kWidth).unflatten(-1, {kHeads, kHead});
+  };
+  const at::Tensor text = q(kText), image = q(kImage);
+  const at::Tensor wt = at::randn({kHead}, Bf16()), wi = at::randn({kHead}, Bf16());
+  const at::Tensor angles = at::rand({1, kTokens, 1, kHead}, Bf16().dtype(at::kFloat)) * 100;
+  const at::Tensor cos = at::cos(angles), sin = at::sin(angles);
+  Case c;
+  c.fused = [=] { return quant::RmsRope({text, image}, {wt, wi}, 1e-6, cos, sin); };
+  c.aten = [=] { return quant::RmsRopeCpu({text, image}, {wt, wi}, 1e-6, cos, sin); };
+  c.min_bytes = 2.0 * kTokens * kWidth * 2;
+  return c;
+}
+
+Case AdaNormCase() {
+  const at::Tensor x = at::randn({1, kTokens, kWidth}, Bf16());
+  const at::Tensor mod = at::randn({1, 3 * kWidth}, Bf16());
+  const at::Tensor shift = mod.slice(1, 0, kWidth), scale = mod.slice(1, kWidth, 2 * kWidth);
+  Case c;
+  c.fused = [=] { return quant::AdaNorm(x, shift, scale, 1e-6); };
+  c.aten = [=] { return quant::AdaNormCpu(x, shift, scale, 1e-6); };
+  c.min_bytes = 2.0 * kTokens * kWidth * 2;
+  return c;
+}
+
+Case CatGeluCase() {
+  const at::Tensor attn = at::randn({1, kTokens, kWidth}, Bf16());
+  const at::Tensor mlp = at::randn({1, kTokens, 3 * kWidth + kMlp}, Bf16()).slice(2, 3 * kWidth);
+  Case c;
+  c.fused = [=] { return quant::CatGelu(attn, mlp); };
+  c.aten = [=] { return quant::CatGeluCpu(attn, mlp); };
+  c.min_bytes = 2.0 * kTokens * (kWidth + kMlp) * 2;
+  return c;
+}
+
+void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("CUDA is not available");
+    return;
+  }
+  c10::InferenceMode guard;
+  const Case c = make();
+  const double us = bench::MedianMicros(fused ? c.fused : c.aten, state);
+  state.counters["us_per_call"] = us;
+  state.counters["min_bytes_GBps"] = c.min_bytes / us * 1e-3;
+  state.SetLabel(fused ? "qpool op" : "ATen operations");
+}
+
+void RegisterAll() {
+  struct Named {
+    const char* name;
+    Case (*make)();
+  };
+  for (const Named& op : {Named{"rms_rope/flux_joint_q_4608x24x128_bf16", &RmsRopeCase},
+                          Named{"ada_norm/flux_joint_4608x3072_bf16", &AdaNormCase},
+                          Named{"cat_gelu/flux_single_4608x3072+12288_bf16", &CatGeluCase}}) {
+    for (bool fused : {false, true}) {
+      const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
+      benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->Iterations(kSamples);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qpool
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext(
+      "methodology", "per call = median over " + std::to_string(qpool::kSamples) +
+                         " samples of (CUDA-event time of " +
+                         std::to_string(qpool::bench::kCallsPerSample) +
+                         " back-to-back calls, queued behind a ~2 ms spin kernel) / calls; "
+                         "the ATen operations timed the same way in the same run");
+  qpool::bench::AddDeviceContext();
+  qpool::RegisterAll();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
