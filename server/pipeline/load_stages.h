@@ -7,7 +7,8 @@ namespace qpool {
 
 // Note [Load stages]
 // A load reports where its time went, because "the load took 56 s" does not say what to do about
-// it: verifying the files' SHA-256 (cached per file, so a reload skips it), reading and parsing
+// it: waiting for the files' SHA-256 (cached per file, so a reload skips it; the files are hashed
+// in parallel, so this is the wait past the reading of earlier files), reading and parsing
 // the component files (read_bytes of them: a rate near the disk's says the page cache did not
 // hold them), quantizing at load time, packing the tensors into host blocks (pinned where the
 // policy offloads; any dtype conversion happens here) and copying them to the device, and the

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <map>
 
 #include "pipeline/pipeline_kind.h"
 #include "quant/module_quantizer.h"
@@ -88,6 +89,17 @@ Pipeline::~Pipeline() {
 Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContext& residency) {
   using Clock = std::chrono::steady_clock;
   LoadStages& stages = load_stages_;  // Note [Load stages]
+  // Note [File digests]: every file's digest at once, each on its own thread, so that hashing
+  // one component overlaps reading the ones before it; a file is still read only after its own
+  // digest matched (Note [Load errors]).
+  std::map<std::string, std::shared_future<StatusOr<std::string>>> digests;
+  for (const ComponentDecl& decl : kind_.components()) {
+    const ComponentSpec* spec = manifest_.FindComponent(decl.name);
+    if (spec != nullptr && !spec->sha256.empty() && digests.count(spec->file) == 0) {
+      digests.emplace(spec->file,
+                      std::async(std::launch::async, CachedSha256File, spec->file).share());
+    }
+  }
   std::vector<c10::ScalarType> dtypes;
   for (const ComponentDecl& decl : kind_.components()) {
     const std::string& name = decl.name;
@@ -104,7 +116,7 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     auto stage_start = Clock::now();
     if (!spec->sha256.empty()) {
       // Note [File digests].
-      ASSIGN_OR_RETURN(std::string digest, CachedSha256File(spec->file));
+      ASSIGN_OR_RETURN(std::string digest, digests.at(spec->file).get());
       if (digest != spec->sha256) {
         return InvalidArgument(StrCat(manifest_.path, ": components.", name, ".file ", spec->file,
                                       " has SHA-256 ", digest, ", the manifest records ",

@@ -14,7 +14,9 @@ namespace qpool {
 // the file, instead of loading and generating wrong images. Hashing reads the whole file (about
 // 2 GB/s with the CPU's SHA extensions), so digests are remembered by file identity (device,
 // inode, size, modification time): reloading an unchanged file costs one stat, and a file
-// rewritten in place, even to the same size, is hashed again.
+// rewritten in place, even to the same size, is hashed again. A load hashes all its component
+// files at once, each on its own thread (a first load of FLUX hashes 35 GB): the wait is the
+// largest file's, mostly behind the reading of the ones before it.
 
 // Lowercase hex SHA-256 of the file at `path`; NotFound / Internal naming the file on failure.
 StatusOr<std::string> Sha256File(const std::string& path);
