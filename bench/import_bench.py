@@ -208,19 +208,23 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                check_encode: bool, scheduler: str = "ddim", device: str = "cuda:0",
                cold: bool = False, attention: str = "auto") -> dict:
     """Generate latency through the CLI, then the memory report, with `name` alone loaded on
-    `device` (and how long the server took to start with it loaded); with check_encode, then the
-    Encode-only check under `model` offload. With `cold`, only the start and one image: the first
-    server on a machine also pays for reading its libraries and the GPU's first use, which every
-    later server finds done (main runs one such server before the timed ones). `attention`:
-    the server's --attention; other than auto, the images go to `name@attention`'s folder."""
+    `device` (and how long the server took to start and load it, with the load's stages); with
+    check_encode, then the Encode-only check under `model` offload. With `cold`, only the start
+    and one image: the first server on a machine also pays for reading its libraries and the
+    GPU's first use, which every later server finds done (main runs one such server before the
+    timed ones). `attention`: the server's --attention; other than auto, the images go to
+    `name@attention`'s folder."""
     start = time.monotonic()
     label = timed_name(name, attention)
     extra = [] if attention == "auto" else ["--attention", attention]
-    proc, address, _ = start_server(server_bin, repo, device, 0,
-                                    ["--load", name] + a.server_args.split() + extra)
+    proc, address, _ = start_server(server_bin, repo, device, 0, a.server_args.split() + extra)
     try:
         client = GrpcClient(address)
+        # Loaded through the API, for the stages of its time (Note [Load stages]).
+        loaded = client.models.LoadPipeline(client.pb.LoadPipelineRequest(name=name))
         load_seconds = time.monotonic() - start
+        load_stages = {field.name: getattr(loaded.stages, field.name)
+                       for field in loaded.stages.DESCRIPTOR.fields}
         columns = ("total", *STAGES)
         rows = []  # each timed request's seconds by column, in order: a slow one can be placed
         for i in range(1 if cold else a.warmup + a.runs):
@@ -239,7 +243,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                 first_image = timings["total_seconds"]  # graph captures included
                 if cold:
                     return {"pipeline": name, "load_seconds": load_seconds,
-                            "first_image_seconds": first_image}
+                            "load_stages": load_stages, "first_image_seconds": first_image}
             if i >= a.warmup:
                 rows.append([timings[f"{column}_seconds"] for column in columns])
         pb = client.pb
@@ -247,7 +251,8 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         stats = next(d for d in report.devices if d.device == device)
         components, _ = client.memory(name)
         by_column = dict(zip(columns, map(list, zip(*rows))))
-        result = {"load_seconds": load_seconds, "first_image_seconds": first_image,
+        result = {"load_seconds": load_seconds, "load_stages": load_stages,
+                  "first_image_seconds": first_image,
                   "latency": summary(by_column["total"]),
                   **{stage: summary(by_column[stage]) for stage in STAGES},
                   "requests": {"columns": list(columns), "seconds": rows},

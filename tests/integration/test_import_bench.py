@@ -47,6 +47,10 @@ def test_sdxl_w8a8_with_min_weights_end_to_end_at_toy_widths(tmp_path, server_bi
     for name, timed in result["qpool"].items():
         assert "error" not in timed, (name, timed)
         assert timed["latency"]["n"] == 1
+        # Loaded through the API: the load's stages (Note [Load stages]).
+        assert timed["load_stages"]["read_bytes"] > 0, (name, timed["load_stages"])
+        assert sum(v for k, v in timed["load_stages"].items() if k.endswith("_seconds")) \
+            <= timed["load_seconds"]
     w8a8 = result["qpool"]["sdxl-w8a8"]
     assert {c["quantization"] for c in w8a8["components"].values()} == {"w8a8", "none"}
     assert 30 < w8a8["fidelity_vs_sdxl"]["min_psnr_db"] < 100
