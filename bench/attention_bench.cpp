@@ -128,18 +128,8 @@ void RegisterAll() {
 }  // namespace qpool
 
 int main(int argc, char** argv) {
-  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
-  benchmark::AddCustomContext(
-      "methodology", "per call = median over " + std::to_string(qpool::kSamples) +
-                         " samples of (CUDA-event time of " +
-                         std::to_string(qpool::bench::kCallsPerSample) +
-                         " back-to-back calls, queued behind a ~2 ms spin kernel) / calls; "
-                         "PyTorch's own backend order timed the same way in the same run");
-  qpool::bench::AddDeviceContext();
-  qpool::RegisterAll();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return qpool::bench::RunGpuBenchmarks(argc, argv, qpool::kSamples,
+                                        "PyTorch's own backend order timed the same way in the "
+                                        "same run",
+                                        &qpool::RegisterAll);
 }

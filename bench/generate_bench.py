@@ -42,6 +42,11 @@ def load_stubs():
     return qpool_pb2, qpool_pb2_grpc
 
 
+def stages_dict(stages) -> dict:
+    """A LoadStages message (Note [Load stages]) as {field: value}."""
+    return {field.name: getattr(stages, field.name) for field in stages.DESCRIPTOR.fields}
+
+
 def start_server(binary, repository, device, cpu_threads, extra_args=()):
     """Starts qpool-server; returns (process, gRPC address, metrics address or None)."""
     proc = subprocess.Popen([binary, "--model-repository", repository, "--listen", "127.0.0.1:0",

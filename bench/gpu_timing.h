@@ -1,5 +1,5 @@
 // GPU timing shared by the Google Benchmark micro-benchmarks (quant_linear_bench,
-// attention_bench).
+// attention_bench, flux_ops_bench).
 //
 // Note [Benchmark methodology]: one sample is kCallsPerSample back-to-back calls on the current
 // stream between two CUDA events, with no host synchronization in between; the sample's time
@@ -16,6 +16,7 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <string>
@@ -86,6 +87,27 @@ inline void AddDeviceContext() {
   cudaDriverGetVersion(&driver);
   benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
   benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
+}
+
+// A micro-benchmark's main after its own flags: the torch version, Note [Benchmark
+// methodology] for `samples` samples (with `baselines`, how the run's baselines were timed) and
+// the device in the output's context, then `register_all` and Google Benchmark's run.
+inline int RunGpuBenchmarks(int argc, char** argv, int samples, const std::string& baselines,
+                            void (*register_all)()) {
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext(
+      "methodology", "per call = median over " + std::to_string(samples) +
+                         " samples of (CUDA-event time of " + std::to_string(kCallsPerSample) +
+                         " back-to-back calls on the current stream, no host sync, queued behind "
+                         "a ~2 ms spin kernel so GPU time is measured) / calls; " +
+                         baselines);
+  AddDeviceContext();
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace qpool::bench

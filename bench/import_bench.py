@@ -42,7 +42,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
-from generate_bench import GrpcClient, start_server, stop_server  # noqa: E402
+from generate_bench import GrpcClient, stages_dict, start_server, stop_server  # noqa: E402
 
 SD15_UNET = dict(
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -223,8 +223,7 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         # Loaded through the API, for the stages of its time (Note [Load stages]).
         loaded = client.models.LoadPipeline(client.pb.LoadPipelineRequest(name=name))
         load_seconds = time.monotonic() - start
-        load_stages = {field.name: getattr(loaded.stages, field.name)
-                       for field in loaded.stages.DESCRIPTOR.fields}
+        load_stages = stages_dict(loaded.stages)
         columns = ("total", *STAGES)
         rows = []  # each timed request's seconds by column, in order: a slow one can be placed
         for i in range(1 if cold else a.warmup + a.runs):

@@ -22,7 +22,8 @@ import urllib.request
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from generate_bench import load_stubs, start_server, stop_server, write_results  # noqa: E402
+from generate_bench import (load_stubs, stages_dict, start_server, stop_server,  # noqa: E402
+                            write_results)
 
 FILLER = """
 import sys, time, torch
@@ -36,9 +37,8 @@ time.sleep(3600)
 
 def stage_medians(stages):
     """The median of each field of LoadStages over the cycles (Note [Load stages])."""
-    fields = ("verify_seconds", "read_seconds", "read_bytes", "quantize_seconds", "pack_seconds",
-              "device_seconds", "warmup_seconds")
-    return {f: sorted(getattr(s, f) for s in stages)[len(stages) // 2] for f in fields}
+    rows = [stages_dict(s) for s in stages]
+    return {f: sorted(r[f] for r in rows)[len(rows) // 2] for f in rows[0]}
 
 
 def device_stats(models, pb, device):

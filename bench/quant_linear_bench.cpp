@@ -226,23 +226,12 @@ int main(int argc, char** argv) {
     }
   }
   argc = kept;
-  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
   benchmark::AddCustomContext("weights",
                               qpool::quant::g_cold
                                   ? "cold: calls cycle over copies filling 200 MB (weight_copies)"
                                   : "warm: one weight per benchmark, reused by every call");
-  benchmark::AddCustomContext(
-      "methodology", "per call = median over " + std::to_string(qpool::quant::kSamples) +
-                         " samples of (CUDA-event time of " +
-                         std::to_string(qpool::bench::kCallsPerSample) +
-                         " back-to-back calls on the current stream, no host sync, queued behind a "
-                         "~2 ms spin kernel so GPU time is measured) / calls; "
-                         "fp16/bf16 torch::linear baselines measured the same way in the same run");
-  qpool::bench::AddDeviceContext();
-  qpool::quant::RegisterAll();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return qpool::bench::RunGpuBenchmarks(
+      argc, argv, qpool::quant::kSamples,
+      "fp16/bf16 torch::linear baselines measured the same way in the same run",
+      &qpool::quant::RegisterAll);
 }
