@@ -23,6 +23,7 @@ GROUPS = (
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit_gemm"),
     ("matrix product", r"gemm|nvjet|cutlass|cublas|xmma|addmm|\bmm\b|aten::mm|matmul|linear|bmm"),
     ("normalisation", r"norm|welford|var_mean|std_mean"),
+    ("elementwise", r"gelu"),  # qpool::cat_gelu's CatGeluKernel: a GELU, though named "Cat"
     ("copy", r"copy|memcpy|memset|cat|concat|contiguous|transpose|permute|clone"),
     ("elementwise", r"elementwise|vectorized|unrolled|reduce|softmax|gelu|silu|add|mul|"
                     r"activation"),
