@@ -11,7 +11,9 @@ namespace qpool {
 // in parallel, so this is the wait past the reading of earlier files), reading and parsing
 // the component files (read_bytes of them: a rate near the disk's says the page cache did not
 // hold them), quantizing at load time, packing the tensors into host blocks (pinned where the
-// policy offloads; any dtype conversion happens here) and copying them to the device, and the
+// policy offloads; any dtype conversion happens here) and copying them to the device (under
+// `none` on a GPU the tensors go straight into device blocks: all of it is the device stage,
+// Note [Loads straight to the GPU]), and the
 // warm-up request. LoadPipeline's response carries them (LoadStages in qpool.proto) and the
 // server logs them with the load; a load onto several devices sums each stage over its replicas.
 struct LoadStages {

@@ -34,19 +34,15 @@ uint64_t ComponentResidency::host_bytes() const {
   return host_bytes_;
 }
 
-Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
-                                 std::optional<uint64_t> stream_group_bytes) {
-  RETURN_IF_ERROR(CheckTransition(component_.name(), state(), device(), Residency::kHost,
-                                  c10::Device(c10::kCPU)));
-  if (state() != Residency::kUnloaded) return Status::Ok();
-  std::vector<torch::Tensor> originals = component_.Tensors();
+StatusOr<ComponentResidency::Packing> ComponentResidency::PlanPacking(
+    c10::ScalarType dtype, std::optional<uint64_t> stream_group_bytes) {
+  Packing packing;
+  packing.originals = component_.Tensors();
   std::vector<torch::Tensor> like;
-  std::vector<bool> convert;
-  for (size_t i = 0; i < originals.size(); ++i) {
-    const auto& t = originals[i];
+  for (size_t i = 0; i < packing.originals.size(); ++i) {
+    const auto& t = packing.originals[i];
     // Note [Tensors that keep their dtype].
     const bool c = t.is_floating_point() && !KeepsSavedDtype(component_.slot_name(i));
-    convert.push_back(c);
     // Note [Channels-last convolutions].
     const c10::MemoryFormat format = t.is_floating_point() && t.dim() == 4
                                          ? component_.weight_memory_format()
@@ -55,41 +51,93 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
         t.sizes(),
         t.options().dtype(c ? dtype : t.scalar_type()).device(c10::kMeta).memory_format(format)));
   }
-  std::optional<StreamPlan> plan;
   if (stream_group_bytes) {
     std::vector<int64_t> slot_bytes;
     for (const auto& t : like) slot_bytes.push_back(t.numel() * int64_t{t.element_size()});
-    ASSIGN_OR_RETURN(plan, StreamPlan::Make(component_, slot_bytes, *stream_group_bytes));
+    ASSIGN_OR_RETURN(packing.plan, StreamPlan::Make(component_, slot_bytes, *stream_group_bytes));
   }
-  ArenaLayout layout = plan ? ArenaLayout::Plan(like, plan->slot_order()) : ArenaLayout::Plan(like);
-  if (plan) plan->SetRanges(layout);
-  like.clear();
-  ASSIGN_OR_RETURN(ArenaBlock block,
-                   arenas_.Allocate(c10::Device(c10::kCPU),
-                                    static_cast<uint64_t>(layout.total_bytes()), pinned));
+  packing.layout =
+      packing.plan ? ArenaLayout::Plan(like, packing.plan->slot_order()) : ArenaLayout::Plan(like);
+  if (packing.plan) packing.plan->SetRanges(*packing.layout);
+  return packing;
+}
+
+Status ComponentResidency::PackInto(Packing& packing, const ArenaBlock& block,
+                                    const c10::Device& device, c10::ScalarType dtype) {
   c10::InferenceMode normal(false);  // Views of a normal block, packed in place
-  std::vector<torch::Tensor> views = layout.Views(block.bytes);
+  std::vector<torch::Tensor> views = packing.layout->Views(block.bytes);
   try {
     for (size_t i = 0; i < views.size(); ++i) {
-      views[i].copy_(originals[i]);
+      views[i].copy_(packing.originals[i]);
       component_.RebindOne(i, views[i]);  // the original is freed here if nothing else holds it
-      originals[i] = torch::Tensor();
+      packing.originals[i] = torch::Tensor();
     }
   } catch (const c10::Error& e) {
-    return Internal(StrCat("component '", component_.name(),
-                           "': packing into host memory failed: ", e.what_without_backtrace()));
+    return Internal(StrCat("component '", component_.name(), "': packing into ",
+                           device.is_cpu() ? std::string("host memory") : device.str(),
+                           " failed: ", e.what_without_backtrace()));
   }
-  component_.Rebind(views, c10::Device(c10::kCPU), dtype);
-  layout_ = std::move(layout);
-  plan_ = std::move(plan);
+  component_.Rebind(views, device, dtype);
+  return Status::Ok();
+}
+
+Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
+                                 std::optional<uint64_t> stream_group_bytes) {
+  RETURN_IF_ERROR(CheckTransition(component_.name(), state(), device(), Residency::kHost,
+                                  c10::Device(c10::kCPU)));
+  if (state() != Residency::kUnloaded) return Status::Ok();
+  ASSIGN_OR_RETURN(Packing packing, PlanPacking(dtype, stream_group_bytes));
+  ASSIGN_OR_RETURN(ArenaBlock block,
+                   arenas_.Allocate(c10::Device(c10::kCPU),
+                                    static_cast<uint64_t>(packing.layout->total_bytes()), pinned));
+  RETURN_IF_ERROR(PackInto(packing, block, c10::Device(c10::kCPU), dtype));
+  layout_ = std::move(packing.layout);
+  plan_ = std::move(packing.plan);
   dtype_ = dtype;
   host_ = std::move(block);
   host_pinned_ = pinned;
-  std::lock_guard<std::mutex> lock(mu_);
-  state_ = Residency::kHost;
-  device_ = c10::Device(c10::kCPU);
-  host_bytes_ = host_->bytes.numel();
+  SetPlace(Residency::kHost, c10::Device(c10::kCPU));
   return Status::Ok();
+}
+
+void ComponentResidency::SetPlace(Residency state, const c10::Device& device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = state;
+  device_ = device;
+  host_bytes_ = host_ ? host_->bytes.numel() : 0;
+}
+
+StatusOr<ComponentMove> ComponentResidency::PlaceOnDevice(c10::ScalarType dtype,
+                                                          const c10::Device& target) {
+  RETURN_IF_ERROR(
+      CheckTransition(component_.name(), state(), device(), Residency::kDevice, target));
+  if (state() != Residency::kUnloaded) {
+    return FailedPrecondition(StrCat("component '", component_.name(), "' is already placed"));
+  }
+  const auto start = Clock::now();
+  ASSIGN_OR_RETURN(Packing packing, PlanPacking(dtype, std::nullopt));
+  const uint64_t size = static_cast<uint64_t>(packing.layout->total_bytes());
+  ASSIGN_OR_RETURN(ArenaBlock block, arenas_.Allocate(target, size, /*pinned=*/false));
+  RETURN_IF_ERROR(PackInto(packing, block, target, dtype));
+  ComponentMove move;
+  move.component = component_.name();
+  move.from = "host";
+  move.to = target.str();
+  move.bytes = size;
+  for (const auto& t : component_.Tensors()) {
+    if (t.device() != target) {
+      return Internal(StrCat("component '", component_.name(), "': a tensor is on ",
+                             t.device().str(), " after its load onto ", target.str()));
+    }
+    ++move.tensors_checked;
+  }
+  layout_ = std::move(packing.layout);
+  dtype_ = dtype;
+  device_block_ = std::move(block);
+  host_pinned_ = false;
+  SetPlace(Residency::kDevice, target);
+  move.seconds = SecondsSince(start);
+  return move;
 }
 
 StatusOr<ComponentResidency::Staged> ComponentResidency::Stage(Residency to,

@@ -34,8 +34,16 @@ struct ComponentMove {
 // Components are immutable while they serve (no request writes a weight), so a host copy, once
 // made, stays valid: onload copies host -> device and offload just drops the device copy. Only
 // the first offload of a component that has no host copy copies device -> host. Under the
-// `none` policy the load-time host copy is pageable and dropped after the first onload; under
+// `none` policy a load onto a GPU makes no host copy (Note [Loads straight to the GPU]); under
 // the others it is pinned and kept for the pipeline's life.
+//
+// Note [Loads straight to the GPU]
+// A host block is fresh memory, and the first write to each of its 4 KiB pages is a page fault
+// that the kernel answers by zeroing the page: packing a pipeline into host blocks took most of
+// its load's time on the GPU hosts, the data copy itself a small part. Under the `none` policy that
+// host copy was dropped right after the first onload, so a load onto a GPU now packs the tensors
+// TorchScript read (memory already touched) straight into the device block; the copy that makes the
+// first offload's host copy is Stage's device -> host path.
 //
 // Note [Staged moves]
 // A move first stages the new place (allocates the block and copies into it) without touching
@@ -65,6 +73,10 @@ class ComponentResidency {
   // (Note [Streaming]); InvalidArgument when it cannot be streamed.
   Status Place(c10::ScalarType dtype, bool pinned,
                std::optional<uint64_t> stream_group_bytes = std::nullopt);
+  // unloaded -> device (a GPU; the meta device in tests): packs the tensors as Place does, but
+  // straight into a block on `device`, with no host copy (Note [Loads straight to the GPU]).
+  // On an error the component may hold part of its tensors there: Unload it.
+  StatusOr<ComponentMove> PlaceOnDevice(c10::ScalarType dtype, const c10::Device& device);
 
   // A move staged but not committed (Note [Staged moves]); dropping it undoes it.
   struct Staged {
@@ -117,6 +129,20 @@ class ComponentResidency {
   std::vector<BlockRef> Blocks() const;
 
  private:
+  // What Place and PlaceOnDevice pack: the component's tensors and where each goes in a block.
+  struct Packing {
+    std::vector<torch::Tensor> originals;
+    std::optional<ArenaLayout> layout;
+    std::optional<StreamPlan> plan;
+  };
+  StatusOr<Packing> PlanPacking(c10::ScalarType dtype, std::optional<uint64_t> stream_group_bytes);
+  // Copies each original into its view of `block` (on `device`), freeing it as it goes, and
+  // rebinds the component to the views.
+  Status PackInto(Packing& packing, const ArenaBlock& block, const c10::Device& device,
+                  c10::ScalarType dtype);
+  // Publishes the state, device and host bytes (of host_) to readers on other threads.
+  void SetPlace(Residency state, const c10::Device& device);
+
   Component& component_;
   ArenaAllocator& arenas_;
   BlockCopier& copier_;

@@ -97,6 +97,7 @@ Status PipelineResidency::Place(const c10::Device& device,
   }
   const OffloadPolicy p = policy();
   const OffloadMode mode = p.mode;
+  if (mode == OffloadMode::kNone && !device.is_cpu()) return PlaceOnDevice(device, dtypes, seconds);
   // Note [The host copy is the master]: pinned only when it will be used again.
   const bool pinned = device.is_cuda() && mode != OffloadMode::kNone;
   std::optional<uint64_t> group_bytes;
@@ -121,6 +122,36 @@ Status PipelineResidency::Place(const c10::Device& device,
     for (auto& c : components_) c->DropHostCopy();
   }
   if (seconds) seconds->device = SecondsSince(packed);
+  return Status::Ok();
+}
+
+Status PipelineResidency::PlaceOnDevice(const c10::Device& device,
+                                        const std::vector<c10::ScalarType>& dtypes,
+                                        PlaceSeconds* seconds) {
+  // Note [Loads straight to the GPU]. One onload event per component, as a move from the host
+  // would record.
+  const auto start = Clock::now();
+  for (size_t i = 0; i < components_.size(); ++i) {
+    ComponentResidency& c = *components_[i];
+    const DeviceMemoryStats before = Counters(device);
+    const auto placing = Clock::now();
+    StatusOr<ComponentMove> placed = c.PlaceOnDevice(dtypes[i], device);
+    Record(MemoryEventKind::kOnload, c.component().name(), device, before, BytesOn(c, device),
+           SecondsSince(placing), placed.status(), "host", device.str(), "",
+           placed.ok() ? placed->bytes : 0);
+    if (!placed.ok()) {
+      for (auto& other : components_) other->Unload();  // all or nothing
+      return Status(placed.status().code(),
+                    StrCat("pipeline '", pipeline_, "': ", placed.status().message(),
+                           "; nothing stays loaded"));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = device;
+    streamable_ = false;
+  }
+  if (seconds) seconds->device = SecondsSince(start);
   return Status::Ok();
 }
 

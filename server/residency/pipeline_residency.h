@@ -44,7 +44,8 @@ struct ComponentPlace {
 // pipeline (requests and admin moves are tasks on it); callers keep requests away during a move
 // to another device.
 // Where a Place spent its time: packing the components into host blocks (with any dtype
-// conversion) and copying them to the device (Note [Load stages] in pipeline/pipeline.h).
+// conversion) and copying them to the device (Note [Load stages] in pipeline/load_stages.h); a
+// load straight to the GPU packs into the device blocks, all of it `device`.
 struct PlaceSeconds {
   double pack = 0;
   double device = 0;
@@ -57,7 +58,8 @@ class PipelineResidency {
   ~PipelineResidency();
 
   // Load: host copies in `dtype` (pinned when `device` is a GPU and the policy offloads), then
-  // the policy's resting residency on `device`. All or nothing.
+  // the policy's resting residency on `device`; under `none` on a GPU, straight into device
+  // blocks with no host copy (Note [Loads straight to the GPU]). All or nothing.
   Status Place(const c10::Device& device, c10::ScalarType dtype);
   // Place with each component's own dtype (one per component, in order); `seconds`, when given,
   // gets the time of each stage.
@@ -112,6 +114,9 @@ class PipelineResidency {
 
  private:
   ComponentResidency& of(const Component& component);
+  // Place under `none` on a GPU: every component straight into its device block.
+  Status PlaceOnDevice(const c10::Device& device, const std::vector<c10::ScalarType>& dtypes,
+                       PlaceSeconds* seconds);
   // Stages every component for `to`, then commits them all; records one event per component.
   StatusOr<ResidencyReport> MoveAll(Residency to, const c10::Device& device, MemoryEventKind kind);
   StatusOr<ComponentMove> MoveOne(ComponentResidency& c, Residency to, const c10::Device& device,

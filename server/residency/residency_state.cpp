@@ -34,6 +34,10 @@ Status CheckTransition(const std::string& component, Residency from, const c10::
   switch (from) {
     case Residency::kUnloaded:
       if (to == Residency::kHost) return Status::Ok();
+      // A load straight to a GPU (Note [Loads straight to the GPU]); meta stands in for one.
+      if (to == Residency::kDevice && (to_device.is_cuda() || to_device.is_meta())) {
+        return Status::Ok();
+      }
       return refuse("it is not loaded");
     case Residency::kHost:
       if (to == Residency::kHost) return Status::Ok();

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
+#include <algorithm>
+
 #include "memory/memory_event_log.h"
 #include "residency/pipeline_residency.h"
 #include "testing/failing_allocator.h"
@@ -203,6 +205,59 @@ TEST(Residency, MovesEveryTensorIncludingPlainAttributesToTheTarget) {
   }
 }
 
+TEST(Residency, ALoadUnderNoneGoesStraightToTheDeviceWithNoHostCopy) {
+  ArenaAllocator arenas;
+  Fixture f(arenas, OffloadMode::kNone, 2);
+  const c10::Device meta(c10::kMeta);
+  PlaceSeconds seconds;
+  Status placed = f.residency->Place(meta, {c10::kHalf, c10::kHalf}, &seconds);
+  ASSERT_TRUE(placed.ok()) << placed.ToString();
+  EXPECT_EQ(f.residency->device(), meta);
+  EXPECT_EQ(arenas.cpu_bytes(), 0u);  // no host block was ever allocated
+  EXPECT_EQ(seconds.pack, 0.0);
+  for (const auto& c : f.components) {
+    for (const auto& t : c->Tensors()) EXPECT_EQ(t.device(), meta);
+    auto inner = c->module().attr("inner").toModule();
+    EXPECT_EQ(inner.attr("weight").toTensor().scalar_type(), c10::kHalf);
+    EXPECT_EQ(inner.attr("absmax").toTensor().scalar_type(), c10::kFloat);  // quant state
+    EXPECT_EQ(c->module().attr("position_ids").toTensor().scalar_type(), c10::kLong);
+  }
+  for (const auto& place : f.residency->Snapshot()) {
+    EXPECT_EQ(place.state, Residency::kDevice);
+    EXPECT_EQ(place.device, meta);
+    EXPECT_EQ(place.host_bytes, 0u);
+  }
+  const auto events = f.events.Recent(10);
+  ASSERT_EQ(events.size(), 2u);
+  for (const auto& e : events) {
+    EXPECT_EQ(e.kind, MemoryEventKind::kOnload);
+    EXPECT_EQ(e.outcome, MemoryEventOutcome::kOk);
+    EXPECT_EQ(e.from_device, "host");
+    EXPECT_EQ(e.to_device, "meta");
+    EXPECT_GT(e.copied_bytes, 0u);
+  }
+}
+
+TEST(Residency, AFailedLoadStraightToTheDeviceLeavesNothingLoaded) {
+  FailingAllocator arenas(/*fail_at=*/2);  // the second component's device block
+  Fixture f(arenas, OffloadMode::kNone, 2);
+  Status placed = f.residency->Place(c10::Device(c10::kMeta), c10::kFloat);
+  ASSERT_FALSE(placed.ok());
+  EXPECT_EQ(placed.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(placed.message().find("nothing stays loaded"), std::string::npos) << placed.message();
+  for (const auto& place : f.residency->Snapshot()) EXPECT_EQ(place.state, Residency::kUnloaded);
+  for (const auto& c : f.components) {
+    for (const auto& t : c->Tensors()) EXPECT_FALSE(t.defined());
+  }
+  EXPECT_EQ(arenas.cpu_bytes(), 0u);
+  const auto events = f.events.Recent(10);
+  ASSERT_EQ(events.size(), 2u);  // the first component's onload, the second's failure
+  EXPECT_EQ(
+      std::count_if(events.begin(), events.end(),
+                    [](const MemoryEvent& e) { return e.outcome == MemoryEventOutcome::kOk; }),
+      1);
+}
+
 TEST(Residency, AFailedMoveChangesNothing) {
   FailingAllocator arenas(/*fail_at=*/2);  // the second component's block
   Fixture f(arenas);
@@ -226,10 +281,12 @@ TEST(Residency, AFailedMoveChangesNothing) {
 TEST(Residency, RefusesImpossibleTransitions) {
   const c10::Device cpu(c10::kCPU);
   const c10::Device meta(c10::kMeta);
-  Status s = CheckTransition("unet", Residency::kUnloaded, cpu, Residency::kDevice, meta);
+  Status s = CheckTransition("unet", Residency::kUnloaded, cpu, Residency::kDevice, cpu);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("'unet' cannot go from unloaded to device(meta)"), std::string::npos)
+  EXPECT_NE(s.message().find("'unet' cannot go from unloaded to device(cpu)"), std::string::npos)
       << s.message();
+  // A load straight to a GPU (meta stands in for one).
+  EXPECT_TRUE(CheckTransition("unet", Residency::kUnloaded, cpu, Residency::kDevice, meta).ok());
   EXPECT_TRUE(CheckTransition("unet", Residency::kHost, cpu, Residency::kDevice, meta).ok());
   EXPECT_TRUE(CheckTransition("unet", Residency::kDevice, meta, Residency::kUnloaded, cpu).ok());
   // An unplaced component cannot be staged anywhere.
