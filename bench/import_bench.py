@@ -18,7 +18,8 @@ pipeline and makes one image (`cold_start`): the machine's first server pays for
 libraries and the GPU's first use, so every `first_image_seconds` after it is a warm machine's.
 Import times are kept in WORK/import_seconds.json across a --prepare-only run and the timed one.
 Prints and writes one JSON document, rewritten after every measurement (`complete` is false until
-the last), so a run cut short keeps what it measured.
+the last), so a run cut short keeps what it measured. Each peer runs in a process of its own,
+stopped after --peer-timeout seconds (compiling included): its entry then says how far it got.
 
   python3 bench/import_bench.py --model sdxl --server build/server/qpool-server \\
       --client build/client/qpool --tokenizer build/test-models/tiny/tokenizer \\
@@ -30,7 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -334,7 +337,7 @@ def encode_check(client: GrpcClient, name: str) -> dict:
 PEERS = ("eager", "reduce-overhead", "max-autotune")
 
 
-def time_diffusers(model: str, src: str, a, peer: str) -> dict:
+def time_diffusers(model: str, src: str, a, peer: str, on_first_image=None) -> dict:
     from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
     cls = StableDiffusionXLPipeline if model == "sdxl" else StableDiffusionPipeline
@@ -357,6 +360,8 @@ def time_diffusers(model: str, src: str, a, peer: str) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     first_image = time.perf_counter() - first
+    if on_first_image:
+        on_first_image(first_image)
     times = []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -377,10 +382,56 @@ def time_diffusers(model: str, src: str, a, peer: str) -> dict:
     return out
 
 
+def _peer_process(model: str, src: str, args: dict, peer: str, out) -> None:
+    """time_diffusers in a process of its own, reporting its first image's time as soon as it
+    has it, then its result (or its error)."""
+    try:
+        timed = time_diffusers(model, src, argparse.Namespace(**args), peer,
+                               lambda seconds: out.put(("first_image", seconds)))
+        out.put(("result", timed))
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        out.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def time_peer_bounded(model: str, src: str, a, peer: str) -> dict:
+    """time_diffusers within a.peer_timeout seconds. A compiled peer can autotune for longer than
+    a lease lasts (max-autotune did, for over 17 minutes): it runs in a process of its own,
+    killed at the limit, and its entry then says how far it got instead of holding up the
+    rest of the run."""
+    if not a.peer_timeout:
+        return time_diffusers(model, src, a, peer)
+    context = multiprocessing.get_context("spawn")  # CUDA is initialised here: no fork
+    out = context.Queue()
+    child = context.Process(target=_peer_process, args=(model, src, vars(a), peer, out))
+    start = time.monotonic()
+    child.start()
+    first_image = None
+    try:
+        while True:
+            left = start + a.peer_timeout - time.monotonic()
+            try:
+                kind, value = out.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                return {"timed_out_after_seconds": a.peer_timeout,
+                        "first_image_seconds": first_image,
+                        "stopped_while": "timing its runs" if first_image is not None
+                        else "compiling and making its first image"}
+            if kind == "first_image":
+                first_image = value
+            elif kind == "error":
+                raise RuntimeError(f"diffusers peer {peer}: {value}")
+            else:
+                return value
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+
+
 def time_peers(a, src: str, result: dict, save) -> None:
     """The diffusers peers of --peers into `result`, saved after each; then the whole result."""
     for peer in [p for p in a.peers.split(",") if p] if not a.skip_diffusers else []:
-        result[f"diffusers_{peer}"] = time_diffusers(a.model, src, a, peer)
+        result[f"diffusers_{peer}"] = time_peer_bounded(a.model, src, a, peer)
         print(f"diffusers_{peer}", json.dumps(result[f"diffusers_{peer}"]), flush=True)
         save(False)
     save(True)
@@ -408,6 +459,10 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peers", default="eager",
                    help=f"comma list of the diffusers peers to time, of {', '.join(PEERS)}")
+    p.add_argument("--peer-timeout", type=float, default=1800,
+                   help="seconds each diffusers peer may take, compiling included, in a process "
+                        "of its own; past it the peer is stopped and reported as such "
+                        "(0: no limit, in this process)")
     p.add_argument("--encode-check", action="store_true")
     p.add_argument("--skip-diffusers", action="store_true")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

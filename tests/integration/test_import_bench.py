@@ -1,8 +1,8 @@
 """bench/import_bench.py: flags that cannot work are refused before any work, and the whole
 script runs on the CPU at toy widths (--tiny --device cpu): SDXL's layout built, imported fp16,
 W8A8 and W8A8 with --min-weights (every layer of a toy model below it, so float), served through
-real servers, compared with fp16, and the diffusers peer timed; --skip-qpool times the peer
-alone. What its GPU runs do, minus the sizes, so that a lease is not spent on its plumbing."""
+real servers, compared with fp16, and the diffusers peer timed (in a process of its own);
+--skip-qpool times the peer alone; a peer past --peer-timeout is stopped and reported. What its GPU runs do, minus the sizes, so that a lease is not spent on its plumbing."""
 
 import json
 import pathlib
@@ -68,3 +68,16 @@ def test_sdxl_w8a8_with_min_weights_end_to_end_at_toy_widths(tmp_path, server_bi
     alone = json.loads((peers_only / "out.json").read_text())
     assert alone["complete"] and "qpool" not in alone and alone["diffusers_eager"]["latency"]
     assert not (peers_only / "work" / "repo").exists()  # nothing imported
+
+
+def test_a_peer_past_its_time_limit_is_stopped_and_reported(tmp_path, tokenizer_files):
+    r = _run(tmp_path, "--model", "sdxl", "--tiny", "--device", "cpu", "--size", "32", "--steps",
+             "2", "--runs", "1", "--warmup", "1", "--skip-qpool", "--peers", "eager",
+             "--peer-timeout", "0.5", tokenizer=str(tokenizer_files[0]), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["complete"]
+    # Half a second does not even import torch in the peer's process.
+    assert result["diffusers_eager"] == {"timed_out_after_seconds": 0.5,
+                                         "first_image_seconds": None,
+                                         "stopped_while": "compiling and making its first image"}
