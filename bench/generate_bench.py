@@ -11,6 +11,7 @@ round. The first request of each pipeline (of each round) is a warm-up and is no
 --client PATH talks to the server through the qpool CLI, on hosts without grpcio.
 """
 import argparse
+import atexit
 import collections
 import json
 import os
@@ -53,6 +54,9 @@ def start_server(binary, repository, device, cpu_threads, extra_args=()):
                              "--device", device, "--log-level", "warn",
                              "--cpu-threads", str(cpu_threads), *extra_args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A script that dies before stop_server (an RPC error, say) must not leave the server holding
+    # its GPU: a later benchmark on that GPU would share it with a stranger.
+    atexit.register(_kill_if_running, proc)
     deadline = time.time() + 120
     metrics = None
     while time.time() < deadline:
@@ -82,6 +86,12 @@ def drain_output(proc):
 
     for stream in (proc.stdout, proc.stderr):
         threading.Thread(target=drain, args=(stream,), daemon=True).start()
+
+
+def _kill_if_running(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
 
 
 def stop_server(proc):
