@@ -14,6 +14,7 @@ import argparse
 import atexit
 import collections
 import json
+import math
 import os
 import platform
 import shutil
@@ -116,6 +117,18 @@ def write_results(path, results):
     if path:
         with open(path, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def summary(seconds):
+    """Median, nearest-rank p90 and p99 (the smallest value at least that share of the runs
+    reach: with 30 runs p99 is the slowest, never below the median), min and max."""
+    seconds = sorted(seconds)
+
+    def rank(q):
+        return seconds[max(0, math.ceil(q * len(seconds)) - 1)]
+
+    return {"n": len(seconds), "median_s": statistics.median(seconds), "p90_s": rank(0.9),
+            "p99_s": rank(0.99), "min_s": seconds[0], "max_s": seconds[-1]}
 
 
 def percentile(values, q):

@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
-import queue
 import shutil
 import statistics
 import subprocess
@@ -45,7 +43,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
-from generate_bench import GrpcClient, stages_dict, start_server, stop_server  # noqa: E402
+from diffusers_peers import PEERS, time_peer_bounded  # noqa: E402
+from generate_bench import (GrpcClient, stages_dict, start_server, stop_server,  # noqa: E402
+                            summary)
 
 SD15_UNET = dict(
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -191,18 +191,6 @@ def layer_error_summary(path: str) -> dict:
     return out
 
 
-def summary(seconds):
-    """Median, nearest-rank p90 and p99 (the smallest value at least that share of the runs
-    reach: with 30 runs p99 is the slowest, never below the median), min and max."""
-    seconds = sorted(seconds)
-
-    def rank(q):
-        return seconds[max(0, math.ceil(q * len(seconds)) - 1)]
-
-    return {"n": len(seconds), "median_s": statistics.median(seconds), "p90_s": rank(0.9),
-            "p99_s": rank(0.99), "min_s": seconds[0], "max_s": seconds[-1]}
-
-
 # The server's stages of a request (Timings), each summarized beside the latency.
 STAGES = ("queue", "encode", "denoise", "decode", "png")
 
@@ -328,104 +316,6 @@ def encode_check(client: GrpcClient, name: str) -> dict:
             "allocated_before": base.allocated_bytes, "allocated_after": dev.allocated_bytes,
             "pipeline_bytes_on_gpu_after": on_gpu, "pipeline_bytes_reported": dev.pipeline_bytes,
             "component_devices": {c.name: c.device for c in pipeline.components}}
-
-
-# The Python peers: diffusers eagerly, and compiled the ways its docs recommend for speed.
-# "max-autotune" is the strongest: UNet and VAE channels-last, the UNet under
-# torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs), the VAE decoder
-# compiled too.
-PEERS = ("eager", "reduce-overhead", "max-autotune")
-
-
-def time_diffusers(model: str, src: str, a, peer: str, on_first_image=None) -> dict:
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
-
-    cls = StableDiffusionXLPipeline if model == "sdxl" else StableDiffusionPipeline
-    extra = {} if model == "sdxl" else {"safety_checker": None}
-    cuda = a.device == "cuda"
-    pipe = cls.from_pretrained(src, torch_dtype=torch.float16, **extra).to(a.device)
-    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
-    pipe.set_progress_bar_config(disable=True)
-    if peer == "reduce-overhead":
-        pipe.unet = torch.compile(pipe.unet, mode="reduce-overhead")
-    elif peer == "max-autotune":
-        pipe.unet.to(memory_format=torch.channels_last)
-        pipe.vae.to(memory_format=torch.channels_last)
-        pipe.unet = torch.compile(pipe.unet, mode="max-autotune", fullgraph=True)
-        pipe.vae.decode = torch.compile(pipe.vae.decode, mode="max-autotune", fullgraph=True)
-    first = time.perf_counter()
-    pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
-         guidance_scale=a.guidance, num_images_per_prompt=a.batch,
-         generator=torch.Generator(a.device).manual_seed(0))
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    sync()
-    first_image = time.perf_counter() - first
-    if on_first_image:
-        on_first_image(first_image)
-    times = []
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    for i in range(a.warmup + a.runs):
-        sync()
-        start = time.perf_counter()
-        pipe("a red fox in the snow", height=a.size, width=a.size, num_inference_steps=a.steps,
-             guidance_scale=a.guidance, num_images_per_prompt=a.batch,
-             generator=torch.Generator(a.device).manual_seed(i))
-        sync()
-        if i >= a.warmup:
-            times.append(time.perf_counter() - start)
-    out = {"latency": summary(times), "first_image_seconds": first_image,
-           "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None}
-    del pipe
-    if cuda:
-        torch.cuda.empty_cache()
-    return out
-
-
-def _peer_process(model: str, src: str, args: dict, peer: str, out) -> None:
-    """time_diffusers in a process of its own, reporting its first image's time as soon as it
-    has it, then its result (or its error)."""
-    try:
-        timed = time_diffusers(model, src, argparse.Namespace(**args), peer,
-                               lambda seconds: out.put(("first_image", seconds)))
-        out.put(("result", timed))
-    except Exception as e:  # noqa: BLE001 - the parent reports it
-        out.put(("error", f"{type(e).__name__}: {e}"))
-
-
-def time_peer_bounded(model: str, src: str, a, peer: str) -> dict:
-    """time_diffusers within a.peer_timeout seconds. A compiled peer can autotune for longer than
-    a lease lasts (max-autotune did, for over 17 minutes): it runs in a process of its own,
-    killed at the limit, and its entry then says how far it got instead of holding up the
-    rest of the run."""
-    if not a.peer_timeout:
-        return time_diffusers(model, src, a, peer)
-    context = multiprocessing.get_context("spawn")  # CUDA is initialised here: no fork
-    out = context.Queue()
-    child = context.Process(target=_peer_process, args=(model, src, vars(a), peer, out))
-    start = time.monotonic()
-    child.start()
-    first_image = None
-    try:
-        while True:
-            left = start + a.peer_timeout - time.monotonic()
-            try:
-                kind, value = out.get(timeout=max(left, 0.01))
-            except queue.Empty:
-                return {"timed_out_after_seconds": a.peer_timeout,
-                        "first_image_seconds": first_image,
-                        "stopped_while": "timing its runs" if first_image is not None
-                        else "compiling and making its first image"}
-            if kind == "first_image":
-                first_image = value
-            elif kind == "error":
-                raise RuntimeError(f"diffusers peer {peer}: {value}")
-            else:
-                return value
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
 
 
 def time_peers(a, src: str, result: dict, save) -> None:
