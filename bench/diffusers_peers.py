@@ -16,8 +16,10 @@ from generate_bench import summary
 # The Python peers: diffusers eagerly, and compiled the ways its docs recommend for speed.
 # "max-autotune" is the strongest: UNet and VAE channels-last, the UNet under
 # torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs), the VAE decoder
-# compiled too.
-PEERS = ("eager", "reduce-overhead", "max-autotune")
+# compiled too. Its Triton convolution templates autotune for longer than a GPU lease lasts on
+# SD-sized UNets (over 17 minutes on 16 cores), so "max-autotune-gemm" is the same peer with the
+# convolutions left to ATen (cuDNN) and only the matrix products and fused kernels autotuned.
+PEERS = ("eager", "reduce-overhead", "max-autotune", "max-autotune-gemm")
 
 
 def time_diffusers(model: str, src: str, a, peer: str, on_first_image=None) -> dict:
@@ -31,7 +33,10 @@ def time_diffusers(model: str, src: str, a, peer: str, on_first_image=None) -> d
     pipe.set_progress_bar_config(disable=True)
     if peer == "reduce-overhead":
         pipe.unet = torch.compile(pipe.unet, mode="reduce-overhead")
-    elif peer == "max-autotune":
+    elif peer in ("max-autotune", "max-autotune-gemm"):
+        if peer == "max-autotune-gemm":
+            import torch._inductor.config as inductor_config
+            inductor_config.max_autotune_conv_backends = "ATEN"
         pipe.unet.to(memory_format=torch.channels_last)
         pipe.vae.to(memory_format=torch.channels_last)
         pipe.unet = torch.compile(pipe.unet, mode="max-autotune", fullgraph=True)
