@@ -16,7 +16,7 @@ from generate_bench import summary
 # The Python peers: diffusers eagerly, and compiled the ways its docs recommend for speed.
 # "max-autotune" is the strongest: UNet and VAE channels-last, the UNet under
 # torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs), the VAE decoder
-# compiled too. Its Triton convolution templates autotune for longer than a GPU lease lasts on
+# compiled too. Its Triton convolution templates autotune for longer than a benchmark can wait on
 # SD-sized UNets (over 17 minutes on 16 cores), so "max-autotune-gemm" is the same peer with the
 # convolutions left to ATen (cuDNN) and only the matrix products and fused kernels autotuned.
 PEERS = ("eager", "reduce-overhead", "max-autotune", "max-autotune-gemm")

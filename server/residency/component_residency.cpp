@@ -100,6 +100,19 @@ Status ComponentResidency::Place(c10::ScalarType dtype, bool pinned,
   return Status::Ok();
 }
 
+StatusOr<size_t> ComponentResidency::CountTensorsOn(const c10::Device& device,
+                                                    const char* after) const {
+  size_t checked = 0;
+  for (const auto& t : component_.Tensors()) {
+    if (t.device() != device) {
+      return Internal(StrCat("component '", component_.name(), "': a tensor is on ",
+                             t.device().str(), " after ", after, " ", device.str()));
+    }
+    ++checked;
+  }
+  return checked;
+}
+
 void ComponentResidency::SetPlace(Residency state, const c10::Device& device) {
   std::lock_guard<std::mutex> lock(mu_);
   state_ = state;
@@ -124,13 +137,7 @@ StatusOr<ComponentMove> ComponentResidency::PlaceOnDevice(c10::ScalarType dtype,
   move.from = "host";
   move.to = target.str();
   move.bytes = size;
-  for (const auto& t : component_.Tensors()) {
-    if (t.device() != target) {
-      return Internal(StrCat("component '", component_.name(), "': a tensor is on ",
-                             t.device().str(), " after its load onto ", target.str()));
-    }
-    ++move.tensors_checked;
-  }
+  ASSIGN_OR_RETURN(move.tensors_checked, CountTensorsOn(target, "its load onto"));
   layout_ = std::move(packing.layout);
   dtype_ = dtype;
   device_block_ = std::move(block);
@@ -203,15 +210,12 @@ StatusOr<ComponentMove> ComponentResidency::Commit(Staged staged, bool wait) {
   }
   std::vector<torch::Tensor> previous = component_.Tensors();
   component_.Rebind(layout_->Views(*source), staged.device, dtype_);
-  for (const auto& t : component_.Tensors()) {
-    if (t.device() != staged.device) {
-      component_.Rebind(previous, from_device, dtype_);
-      return Internal(StrCat("component '", component_.name(), "': a tensor is on ",
-                             t.device().str(), " after a move to ", staged.device.str(),
-                             "; the move was undone"));
-    }
-    ++move.tensors_checked;
+  StatusOr<size_t> checked = CountTensorsOn(staged.device, "a move to");
+  if (!checked.ok()) {
+    component_.Rebind(previous, from_device, dtype_);
+    return Internal(StrCat(checked.status().message(), "; the move was undone"));
   }
+  move.tensors_checked = *checked;
   previous.clear();
   if (staged.host_block) host_ = std::move(staged.host_block);
   if (staged.block) {

@@ -140,6 +140,9 @@ class ComponentResidency {
   // rebinds the component to the views.
   Status PackInto(Packing& packing, const ArenaBlock& block, const c10::Device& device,
                   c10::ScalarType dtype);
+  // How many of the component's tensors there are, all on `device`; or an Internal error naming
+  // the first that is not ("... after <after> <device>").
+  StatusOr<size_t> CountTensorsOn(const c10::Device& device, const char* after) const;
   // Publishes the state, device and host bytes (of host_) to readers on other threads.
   void SetPlace(Residency state, const c10::Device& device);
 
