@@ -166,8 +166,7 @@ def _save(module, inputs, path):
     traced = tracing.trace(module, inputs)
     tracing.check_no_tensor_constants(os.path.basename(path), traced)
     traced = traced.cpu()
-    with tracing.quiet_torchscript():
-        torch.jit.save(traced, path)
+    tracing.save(os.path.basename(path), traced, path)
     del traced
     module.to(inputs[0].device)
     if torch.cuda.is_available():

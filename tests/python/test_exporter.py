@@ -364,6 +364,44 @@ def test_refuses_to_replace_a_folder_that_is_not_a_pipeline(tmp_path, capsys):
     assert (target / "other").is_dir()
 
 
+def _disk_with_free_bytes(monkeypatch, free):
+    real = tracing.shutil.disk_usage
+
+    def usage(path):
+        u = real(path)
+        return type(u)(u.total, u.total - free, free)
+
+    monkeypatch.setattr(tracing.shutil, "disk_usage", usage)
+
+
+def test_a_save_without_room_is_refused_before_writing(tmp_path, monkeypatch):
+    # Note [Room before a save]: torch.jit.save would abort the process on a full disk.
+    traced = tracing.trace(torch.nn.Linear(64, 64), (torch.zeros(1, 64),))
+    _disk_with_free_bytes(monkeypatch, tracing.SAVE_MARGIN_BYTES)
+    path = tmp_path / "unet.pt"
+    with pytest.raises(tracing.ExportError) as e:
+        tracing.save("unet", traced, str(path))
+    assert f"unet: not enough disk space in {tmp_path}: writing it needs about 0.07 GB, " \
+        "0.07 GB free" in str(e.value)
+    assert not path.exists()
+    _disk_with_free_bytes(monkeypatch, tracing.SAVE_MARGIN_BYTES + (1 << 20))
+    tracing.save("unet", traced, str(path))
+    assert torch.equal(jit_load(str(path)).weight, traced.weight)
+
+
+def test_an_export_without_room_fails_cleanly_and_keeps_the_previous_one(tmp_path, monkeypatch,
+                                                                         capsys):
+    out = tmp_path / "tiny"
+    assert run_export(out) == 0
+    before = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in COMPONENT_FILES}
+    _disk_with_free_bytes(monkeypatch, 1 << 20)
+    assert run_export(out, "--seed", "7") == 1
+    assert "text_encoder: not enough disk space in " in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["tiny"]  # no staging folder left behind
+    assert {f: hashlib.sha256((out / f).read_bytes()).hexdigest()
+            for f in COMPONENT_FILES} == before
+
+
 def test_count_only_prints_sd15_sizes_without_writing(capsys):
     assert export.main(["--preset", "sd15", "--count-only"]) == 0
     out = capsys.readouterr().out

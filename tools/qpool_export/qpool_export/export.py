@@ -128,16 +128,6 @@ def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> No
             t.data = t.data.half()
 
 
-def _tensor_bytes(module: torch.nn.Module) -> int:
-    seen, total = set(), 0
-    for t in module.state_dict().values():
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
 def export_component(preset: Preset, component: str, opts: ExportOptions, folder: str,
                      vocab: int) -> ComponentReport:
     module = build_component(preset, component, opts.seed)
@@ -169,10 +159,10 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     if opts.dtype == "float16":
         _to_half(traced, keep)
     path = os.path.join(folder, f"{component}.pt")
-    with tracing.quiet_torchscript():
-        torch.jit.save(traced, path)
+    tracing.save(component, traced, path)
     params = sum(p.numel() for p in traced.parameters())
-    report = ComponentReport(component, params, _tensor_bytes(traced), path, quantized, diff)
+    report = ComponentReport(component, params, tracing.tensor_bytes(traced), path, quantized,
+                             diff)
     report.stays_float = (opts.quantize != "none" and component in opts.quant_components
                           and not quantized)
     if component in opts.compile:

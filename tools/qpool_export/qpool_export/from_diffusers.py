@@ -34,7 +34,7 @@ from . import manifest as manifest_io
 from . import lora_fuse, scheduler_import, tracing
 from .diffusers_components import (Built, build_text_encoder, build_unet, build_vae_decoder,
                                    read_json)
-from .export import _install, _make_stage, _tensor_bytes, validate_name
+from .export import _install, _make_stage, validate_name
 from .import_error import ImportFailure
 from .sd_unet import SdUNetConfig
 from .sd_vae import SdVaeConfig
@@ -191,11 +191,10 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
     dtype = built.dtype or opts.dtype
     _to_dtype(traced, DTYPES[dtype])
     path = os.path.join(stage, f"{built.name}.pt")
-    with tracing.quiet_torchscript():
-        torch.jit.save(traced, path)
+    tracing.save(built.name, traced, path)
     formats = sorted({q["format"] for q in built.prequantized.values()})
     report = {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
-              "bytes": _tensor_bytes(traced), "quantized_layers": quantized,
+              "bytes": tracing.tensor_bytes(traced), "quantized_layers": quantized,
               "converted_layers": converted, "converted_formats": formats,
               "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
               "layer_errors": built.layer_errors,

@@ -10,11 +10,21 @@ Note [Shapes are not baked]
 A trace records one execution. Shapes read with `x.shape` stay symbolic (aten::size), but a
 shape turned into a Python value and fed back (e.g. torch.zeros(int(h))) would be frozen. We run
 the traced module on a second input shape and compare it with the eager module.
+
+Note [Room before a save]
+torch.jit.save cannot report a full disk: its writer's error escapes a destructor and the
+process aborts ("unexpected pos N vs M", naming no file), so no handler runs and the staging
+folder (Note [Export is all-or-nothing]) stays behind, holding the disk full. save() first
+checks that the folder's file system has room for the module's tensors and a margin, and fails
+the export with an error naming the component, the folder and both sizes. Exports running side
+by side can still race for the same room; the check stops a lone export that cannot fit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import sys
 import warnings
 from typing import Iterator, List, Sequence, Tuple
@@ -24,6 +34,34 @@ import torch
 
 class ExportError(Exception):
     """An export check failed; the message says which component and why."""
+
+
+# What a saved file holds beyond its tensors (code, pickles, zip records), generously.
+SAVE_MARGIN_BYTES = 64 << 20
+
+
+def tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the distinct storages behind the module's parameters and buffers."""
+    seen, total = set(), 0
+    for t in module.state_dict().values():
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def save(component: str, traced: torch.jit.ScriptModule, path: str) -> None:
+    """torch.jit.save, after checking there is room for it (Note [Room before a save])."""
+    folder = os.path.dirname(os.path.abspath(path))
+    size = tensor_bytes(traced)
+    need = size + size // 100 + SAVE_MARGIN_BYTES
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise ExportError(f"{component}: not enough disk space in {folder}: writing it needs "
+                          f"about {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
+    with quiet_torchscript():
+        torch.jit.save(traced, path)
 
 
 @contextlib.contextmanager
