@@ -409,6 +409,21 @@ def wait_idle(client, name, timeout=10):
     return client.pipelines()[name].in_flight
 
 
+def wait_drained(client, timeout=30):
+    """Waits until no pipeline has a request in flight and no device queue holds a task (a reply
+    goes out before its task has left the device's worker)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = parse_samples(scrape(client))
+        depth = sum(v for (name, _), v in samples.items()
+                    if name in ("qpool_pipeline_queue_depth", "qpool_device_queue_depth"))
+        in_flight = sum(p.in_flight for p in client.pipelines().values())
+        if not depth and not in_flight:
+            return
+        assert time.monotonic() < deadline, f"still busy: depth {depth}, in flight {in_flight}"
+        time.sleep(0.05)
+
+
 def scrape(client):
     """GET /metrics of the client's server; checks the status and Content-Type, returns the
     text."""

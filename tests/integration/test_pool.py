@@ -3,14 +3,12 @@ bound, where each request ran and why, and the scheduling metrics. (Replicas on 
 eviction under a budget and the retry after an out-of-memory error are GPU tests:
 tests/integration/test_pool_gpu.py.)"""
 
-import time
-
 import grpc
 import pytest
 import yaml
 
 from conftest import (parse_samples, promtool_check, rpc_error, run_concurrently, scrape,
-                      wait_idle)
+                      wait_drained, wait_idle)
 
 CLIENTS = 64
 
@@ -91,19 +89,10 @@ def test_encode_reports_its_route(client):
 
 
 def test_scheduling_metrics(client):
-    # A reply goes out before its task has left the device's worker, so the queue that the
-    # previous test's request used may still read 1 for a moment: wait (bounded) for it to drain.
-    deadline = time.monotonic() + 10
-    while True:
-        text = scrape(client)
-        samples = [(name, dict(labels), value)
-                   for (name, labels), value in parse_samples(text).items()]
-        depth = [v for n, l, v in samples
-                 if n == "qpool_device_queue_depth" and l.get("device") == "cpu"]
-        if depth == [0] or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    wait_drained(client)  # the previous test's task may still be leaving the CPU's worker
+    text = scrape(client)
     promtool_check(text)
+    samples = [(name, dict(labels), value) for (name, labels), value in parse_samples(text).items()]
 
     def values(name, **labels):
         return [v for n, l, v in samples

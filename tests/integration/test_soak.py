@@ -32,7 +32,7 @@ import time
 import grpc
 import pytest
 
-from conftest import Client, parse_samples, scrape
+from conftest import Client, parse_samples, scrape, wait_drained
 
 SOAK_SECONDS = float(os.environ.get("QPOOL_SOAK_SECONDS", "90"))
 THREADS = int(os.environ.get("QPOOL_SOAK_THREADS", "8"))
@@ -145,20 +145,6 @@ def active_blocks(client):
     segments = pickle.loads(snapshot.pickle).get("segments", [])
     return collections.Counter((s["device"], b["size"]) for s in segments for b in s["blocks"]
                                if b["state"] == "active_allocated")
-
-
-def wait_idle(client, timeout=30):
-    """Waits until no pipeline has a request in flight and no device queue holds a task."""
-    deadline = time.monotonic() + timeout
-    while True:
-        samples = parse_samples(scrape(client))
-        depth = sum(v for (name, _), v in samples.items()
-                    if name in ("qpool_pipeline_queue_depth", "qpool_device_queue_depth"))
-        in_flight = sum(p.in_flight for p in client.pipelines().values())
-        if not depth and not in_flight:
-            return
-        assert time.monotonic() < deadline, f"still busy: depth {depth}, in flight {in_flight}"
-        time.sleep(0.05)
 
 
 def until(call, timeout=60):
@@ -386,7 +372,7 @@ def test_soak(client, pb, capsys):
     load(client, "second")
     if "set-offload-policy" in supported:
         reset_policy(client)
-    wait_idle(client)
+    wait_drained(client)
     before = process_stats(server)
     workspaces = memory(client)["unattributed"]
     blocks_before = active_blocks(client)
@@ -399,7 +385,7 @@ def test_soak(client, pb, capsys):
     load(client, "second")
     if "set-offload-policy" in supported:
         reset_policy(client)
-    wait_idle(client)
+    wait_drained(client)
     after = process_stats(server)
     deadline = time.monotonic() + 15  # gRPC lets idle threads and closed connections go lazily
     while (after["threads"] > before["threads"] + THREAD_SLACK or

@@ -159,10 +159,9 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     if opts.dtype == "float16":
         _to_half(traced, keep)
     path = os.path.join(folder, f"{component}.pt")
-    tracing.save(component, traced, path)
+    size = tracing.save(component, traced, path)
     params = sum(p.numel() for p in traced.parameters())
-    report = ComponentReport(component, params, tracing.tensor_bytes(traced), path, quantized,
-                             diff)
+    report = ComponentReport(component, params, size, path, quantized, diff)
     report.stays_float = (opts.quantize != "none" and component in opts.quant_components
                           and not quantized)
     if component in opts.compile:

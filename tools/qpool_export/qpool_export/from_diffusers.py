@@ -191,10 +191,10 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
     dtype = built.dtype or opts.dtype
     _to_dtype(traced, DTYPES[dtype])
     path = os.path.join(stage, f"{built.name}.pt")
-    tracing.save(built.name, traced, path)
+    size = tracing.save(built.name, traced, path)
     formats = sorted({q["format"] for q in built.prequantized.values()})
     report = {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
-              "bytes": tracing.tensor_bytes(traced), "quantized_layers": quantized,
+              "bytes": size, "quantized_layers": quantized,
               "converted_layers": converted, "converted_formats": formats,
               "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
               "layer_errors": built.layer_errors,

@@ -51,8 +51,9 @@ def tensor_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def save(component: str, traced: torch.jit.ScriptModule, path: str) -> None:
-    """torch.jit.save, after checking there is room for it (Note [Room before a save])."""
+def save(component: str, traced: torch.jit.ScriptModule, path: str) -> int:
+    """torch.jit.save, after checking there is room for it (Note [Room before a save]); returns
+    the module's tensor bytes."""
     folder = os.path.dirname(os.path.abspath(path))
     size = tensor_bytes(traced)
     need = size + size // 100 + SAVE_MARGIN_BYTES
@@ -62,6 +63,7 @@ def save(component: str, traced: torch.jit.ScriptModule, path: str) -> None:
                           f"about {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
     with quiet_torchscript():
         torch.jit.save(traced, path)
+    return size
 
 
 @contextlib.contextmanager
