@@ -32,11 +32,13 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 import torch
 
@@ -208,7 +210,9 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
     start = time.monotonic()
     label = timed_name(name, attention)
     extra = [] if attention == "auto" else ["--attention", attention]
-    proc, address, _ = start_server(server_bin, repo, device, 0, a.server_args.split() + extra)
+    proc, address, metrics = start_server(server_bin, repo, device, 0,
+                                          a.server_args.split() + extra +
+                                          ["--metrics-listen", "127.0.0.1:0"])
     try:
         client = GrpcClient(address)
         # Loaded through the API, for the stages of its time (Note [Load stages]).
@@ -247,12 +251,46 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
                   **{stage: summary(by_column[stage]) for stage in STAGES},
                   "requests": {"columns": list(columns), "seconds": rows},
                   "peak_allocated_bytes": stats.peak_allocated_bytes,
-                  "pipeline_bytes": stats.pipeline_bytes, "components": components}
+                  "pipeline_bytes": stats.pipeline_bytes, "components": components,
+                  "forwards": forwards_by_path(metrics, name)}
+        unused = [c for c, paths in result["forwards"].items()
+                  if c in compiled_components(repo, name) and paths.get("compiled", 0) == 0]
+        if unused:  # Note [Compiled forward]: the server said why in its log
+            result["compiled_unused"] = unused
+            print(f"{name}: the compiled forward of {', '.join(unused)} never ran",
+                  file=sys.stderr, flush=True)
         if check_encode:
             result["encode_only_model_offload"] = encode_check(client, name)
         return result
     finally:
         stop_server(proc)
+
+
+def forwards_by_path(metrics: str, name: str) -> dict:
+    """{component: {path: forwards}} of pipeline `name` from the server's
+    qpool_component_forwards_total (path: compiled or torchscript)."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    out: dict = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r'qpool_component_forwards_total\{(.*)\} (\S+)', line)
+        if match is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if labels.get("pipeline") == name:
+            paths = out.setdefault(labels["component"], {})
+            paths[labels["path"]] = paths.get(labels["path"], 0) + int(float(match.group(2)))
+    return out
+
+
+def compiled_components(repo: str, name: str) -> list:
+    """The components of `name`'s manifest that have a compiled package."""
+    import yaml
+
+    with open(os.path.join(repo, name, "pipeline.yaml")) as f:
+        manifest = yaml.safe_load(f)
+    return [c for c, spec in manifest.get("components", {}).items()
+            if isinstance(spec, dict) and "compiled" in spec]
 
 
 def timed_name(name: str, attention: str) -> str:

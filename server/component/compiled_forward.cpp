@@ -50,6 +50,18 @@ StatusOr<CompiledDim> ParseDim(const std::string& text) {
   return dim;
 }
 
+// One input of a signature as an error names it: "Half[1:64, 4, 8:256:8]".
+std::string SignatureText(c10::ScalarType dtype, const std::vector<CompiledDim>& dims) {
+  std::string text = StrCat(c10::toString(dtype), "[");
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const CompiledDim& dim = dims[d];
+    text += d == 0 ? "" : ", ";
+    text += dim.min == dim.max ? std::to_string(dim.min) : StrCat(dim.min, ":", dim.max);
+    if (dim.min != dim.max && dim.step != 1) text += StrCat(":", dim.step);
+  }
+  return text + "]";
+}
+
 // Points `binding`'s storage at `source`'s bytes, owning nothing; sizes and strides are fixed
 // (Check).
 void PointAt(torch::Tensor& binding, const torch::Tensor& source) {
@@ -276,24 +288,31 @@ void CompiledForward::Unbind() {
   }
 }
 
-bool CompiledForward::Accepts(const std::vector<c10::IValue>& inputs) const {
-  if (!bound_ || inputs.size() != inputs_.size()) return false;
+Status CompiledForward::Fits(const std::vector<c10::IValue>& inputs) const {
+  if (!bound_) return FailedPrecondition(StrCat(file_, ": not bound"));
+  if (inputs.size() != inputs_.size()) {
+    return InvalidArgument(
+        StrCat(inputs.size(), " inputs, the package was compiled for ", inputs_.size()));
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].isTensor()) return false;
+    if (!inputs[i].isTensor()) {
+      return InvalidArgument(StrCat("input ", i, " is a ", inputs[i].tagKind(), ", not a tensor"));
+    }
     const torch::Tensor& t = inputs[i].toTensor();
     const InputSpec& spec = inputs_[i];
-    if (t.device() != device_ || t.scalar_type() != spec.dtype ||
-        t.dim() != static_cast<int64_t>(spec.dims.size())) {
-      return false;
-    }
-    for (int64_t d = 0; d < t.dim(); ++d) {
+    bool fits = t.device() == device_ && t.scalar_type() == spec.dtype &&
+                t.dim() == static_cast<int64_t>(spec.dims.size());
+    for (int64_t d = 0; fits && d < t.dim(); ++d) {
       const CompiledDim& dim = spec.dims[d];
-      if (t.size(d) < dim.min || t.size(d) > dim.max || (t.size(d) - dim.min) % dim.step != 0) {
-        return false;
-      }
+      fits = t.size(d) >= dim.min && t.size(d) <= dim.max && (t.size(d) - dim.min) % dim.step == 0;
+    }
+    if (!fits) {
+      return InvalidArgument(StrCat("input ", i, " is ", c10::toString(t.scalar_type()), t.sizes(),
+                                    " on ", t.device().str(), ", the package takes ",
+                                    SignatureText(spec.dtype, spec.dims), " on ", device_.str()));
     }
   }
-  return true;
+  return Status::Ok();
 }
 
 c10::IValue CompiledForward::Run(const std::vector<c10::IValue>& inputs) {

@@ -60,7 +60,10 @@ namespace qpool {
 //   it while it lives on that device type (recreating the runner when it moves to another GPU)
 //   and runs TorchScript elsewhere (offloaded to the host, streaming, inputs outside the
 //   compiled signature, a dtype or layout the package was not compiled for): the forward's
-//   callers see the same outputs within floating-point tolerance either way.
+//   callers see the same outputs within floating-point tolerance either way. The component
+//   warns once for each distinct reason it ran TorchScript (Fits says which input, what it is
+//   and what the package takes), so a package the pipeline's inputs never fit is seen, not
+//   silently bypassed at TorchScript's speed.
 // - The exporter records in the package's metadata the SHA-256 of the TorchScript file it was
 //   compiled beside (a package from another export is refused at load), the signature of the
 //   inputs (dtype and the size range of every dimension) and the layout of the 4-d weights.
@@ -118,8 +121,10 @@ class CompiledForward {
   // while bound (empty before the runner's first Bind).
   const std::vector<torch::Tensor>& bindings() const { return bindings_; }
 
-  // Whether `inputs` are tensors on the bound device within the compiled signature.
-  bool Accepts(const std::vector<c10::IValue>& inputs) const;
+  // Ok when `inputs` are tensors on the bound device within the compiled signature; otherwise
+  // InvalidArgument naming the first input outside it, what it is and what the package takes
+  // (the caller runs TorchScript instead).
+  Status Fits(const std::vector<c10::IValue>& inputs) const;
   // Runs the package on `inputs` (Accepts must hold): one output as a tensor, several as a
   // tuple. Throws what the runtime throws.
   c10::IValue Run(const std::vector<c10::IValue>& inputs);

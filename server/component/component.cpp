@@ -391,7 +391,17 @@ bool Component::UseCompiled(const std::vector<c10::IValue>& inputs) {
                 ", the compiled forward does not fit: ", bound.message());
     }
   }
-  return compiled_->bound() && compiled_->Accepts(inputs);
+  if (!compiled_->bound()) return false;
+  // Note [Compiled forward]: inputs outside the signature run TorchScript, correct but without
+  // the package's speed; each distinct reason is said once, so that a package that never
+  // answers the pipeline's inputs is seen, not silently bypassed.
+  Status fits = compiled_->Fits(inputs);
+  if (!fits.ok() && refusals_logged_.size() < kMaxRefusalsLogged &&
+      refusals_logged_.insert(fits.message()).second) {
+    log::Warn("component '", name_, "': running TorchScript, the compiled forward ",
+              compiled_->file(), " does not take these inputs: ", fits.message());
+  }
+  return fits.ok();
 }
 
 StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "component/graph_cache.h"
@@ -177,6 +178,9 @@ class Component {
   std::unordered_map<std::string, size_t> slot_index_;  // slot by qualified name
   std::unique_ptr<CompiledForward> compiled_;           // the owning worker's
   bool compiled_stale_ = true;  // the slots changed since the compiled forward was bound
+  // The owning worker's: why the compiled forward refused inputs, each warned once.
+  static constexpr size_t kMaxRefusalsLogged = 16;
+  std::unordered_set<std::string> refusals_logged_;
   std::atomic<uint64_t> forwards_{0};
   std::atomic<uint64_t> compiled_forwards_{0};
 };

@@ -43,6 +43,30 @@ def test_signature_and_package_name():
     assert aot.package_name("unet", "cuda") == "unet.cuda.pt2"
 
 
+def test_example_inputs_have_the_dtypes_the_server_passes():
+    """The server runs a package only on inputs of the dtypes it was compiled for (Note [Compiled
+    forward]). An SDXL UNet gets its sample, text and pooled embeddings in the compute dtype,
+    and its timestep and time ids in float32 (SdxlPipeline::RequestInputs builds them so): a
+    package compiled with float16 time ids was never run by a GPU server."""
+    import torch
+
+    inputs = (torch.zeros(2, 4, 8, 8), torch.zeros(2), torch.zeros(2, 77, 64),
+              torch.zeros(2, 32), torch.zeros(2, 6))
+    args = aot.example_args("unet", inputs, torch.float16)
+    assert [a.dtype for a in args] == [torch.float16, torch.float32, torch.float16, torch.float16,
+                                       torch.float32]
+    _, signature = aot._dims("unet", args)
+    assert signature.split(";")[4] == "float32[1:64,6]"
+    # An SD 1.x UNet's three inputs: the timestep alone stays float32.
+    args = aot.example_args("unet", inputs[:3], torch.float16)
+    assert [a.dtype for a in args] == [torch.float16, torch.float32, torch.float16]
+    # FLUX: hidden states, T5 states and pooled CLIP in the compute dtype; the rest float32.
+    flux = (torch.zeros(2, 16, 64), torch.zeros(2, 8, 32), torch.zeros(2, 16), torch.zeros(2),
+            torch.zeros(16, 3), torch.zeros(8, 3), torch.zeros(2))
+    args = aot.example_args("transformer", flux, torch.bfloat16)
+    assert [a.dtype for a in args] == [torch.bfloat16] * 3 + [torch.float32] * 4
+
+
 def test_cuda_needs_a_gpu(tmp_path):
     import torch
 

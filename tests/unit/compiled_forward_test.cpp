@@ -171,6 +171,24 @@ TEST_F(CompiledForwardTest, FallsBackToTorchScriptWhereThePackageDoesNotFit) {
   const auto small = Inputs(1, 2, 2, 4);  // latent sides below the compiled minimum
   EXPECT_TRUE(torch::equal(Run(*compiled, small), Run(*plain, small)));
   EXPECT_EQ(compiled->compiled_forwards(), 0u);
+  // Why, naming the input, what it is and what the package takes.
+  Status refused = compiled->compiled()->Fits(small);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("input 0 is Float[1, 4, 2, 2] on cpu, the package takes Float["),
+            std::string::npos)
+      << refused.message();
+  // A timestep in another dtype than the package's (as a pipeline passing float32 where the
+  // exporter compiled float16 would): refused by its position, answered by TorchScript.
+  auto wide_step = Inputs(2, 8, 8, 6);
+  ASSERT_TRUE(compiled->compiled()->Fits(wide_step).ok());
+  wide_step[1] = wide_step[1].toTensor().to(torch::kDouble);
+  refused = compiled->compiled()->Fits(wide_step);
+  EXPECT_NE(refused.message().find("input 1 is Double[2] on cpu, the package takes Float[1:64]"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_TRUE(torch::allclose(Run(*compiled, wide_step), Run(*plain, wide_step)));
+  EXPECT_EQ(compiled->compiled_forwards(), 0u);
+  EXPECT_FALSE(compiled->compiled()->Fits({}).ok());
 
   std::vector<torch::Tensor> doubles;
   for (const auto& t : compiled->Tensors()) doubles.push_back(t.to(torch::kDouble));

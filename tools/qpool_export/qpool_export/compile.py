@@ -42,8 +42,12 @@ _DYNAMIC: Dict[str, Tuple[Dict[int, str], ...]] = {
     "transformer": ({0: "batch", 1: "tokens"}, {0: "batch"}, {0: "batch"}, {0: "batch"},
                     {0: "tokens"}, {}, {0: "batch"}),
 }
-# Floating inputs the pipelines pass in float32 whatever the compute dtype, by position.
-_FLOAT32_INPUTS: Dict[str, Tuple[int, ...]] = {"unet": (1,), "transformer": (3, 4, 5, 6)}
+# Floating inputs the pipelines pass in float32 whatever the compute dtype, by position: a UNet's
+# timestep and an SDXL UNet's time ids (server/pipeline/sd/, sdxl/), a FLUX transformer's
+# timestep, position ids and guidance (flux/). The server runs a package only on inputs of the
+# dtypes it was compiled for (Note [Compiled forward]): an input declared here in the wrong
+# dtype leaves the package unused.
+_FLOAT32_INPUTS: Dict[str, Tuple[int, ...]] = {"unet": (1, 4), "transformer": (3, 4, 5, 6)}
 COMPILABLE = tuple(_DYNAMIC)
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
@@ -158,6 +162,15 @@ def _tensors_that_keep_their_dtype(module: torch.nn.Module
                 isinstance(m, QuantLinear) and leaf not in ("weight", "bias")))}
 
 
+def example_args(component: str, inputs: Sequence[torch.Tensor], dtype: torch.dtype,
+                 device: str = "cpu") -> list:
+    """`inputs` as the server passes them to `component` computing in `dtype` on `device`:
+    floating inputs in `dtype`, except those _FLOAT32_INPUTS names."""
+    keep_float32 = _FLOAT32_INPUTS.get(component, ())
+    return [(t.to(dtype) if t.is_floating_point() and i not in keep_float32 else t).to(device)
+            for i, t in enumerate(inputs)]
+
+
 def compile_component(module: torch.nn.Module, component: str,
                       inputs: Sequence[torch.Tensor], device: str, path: str,
                       source_sha256: str, dtype: Optional[torch.dtype] = None,
@@ -185,12 +198,7 @@ def compile_component(module: torch.nn.Module, component: str,
     if device == "cuda" and component == "unet":
         module = module.to(memory_format=torch.channels_last)
         layout = "channels_last"
-    keep_float32 = _FLOAT32_INPUTS.get(component, ())
-    args = []
-    for i, t in enumerate(inputs):
-        if t.is_floating_point() and i not in keep_float32:
-            t = t.to(dtype)
-        args.append(t.to(device))
+    args = example_args(component, inputs, dtype, device)
     shapes, signature = _dims(component, args, _side_multiple(module, component))
     metadata = {SOURCE_KEY: source_sha256, INPUTS_KEY: signature, LAYOUT_KEY: layout}
     try:
