@@ -236,7 +236,9 @@ StatusOr<LoadResult> PipelineRegistry::Load(
       return FailedPrecondition(
           StrCat("pipeline '", name, "' is being loaded on ", target.str(), "; retry shortly"));
     }
-    if (FindReplica(entry, target) != nullptr) return LoadResult{StatusOf(name, entry), 0.0, true};
+    if (FindReplica(entry, target) != nullptr) {
+      return LoadResult{StatusOf(name, entry), 0.0, true, {}};
+    }
     if (entry.unloading) {
       return Unavailable(StrCat("pipeline '", name, "' is being unloaded; retry shortly"));
     }
