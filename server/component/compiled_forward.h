@@ -125,7 +125,7 @@ class CompiledForward {
   // InvalidArgument naming the first input outside it, what it is and what the package takes
   // (the caller runs TorchScript instead).
   Status Fits(const std::vector<c10::IValue>& inputs) const;
-  // Runs the package on `inputs` (Accepts must hold): one output as a tensor, several as a
+  // Runs the package on `inputs` (Fits must hold): one output as a tensor, several as a
   // tuple. Throws what the runtime throws.
   c10::IValue Run(const std::vector<c10::IValue>& inputs);
 
