@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,6 +72,15 @@ def start_server(binary, repository, device, cpu_threads, extra_args=()):
             break
     proc.kill()
     sys.exit("qpool-server did not start: " + proc.stderr.read())
+
+
+def scrape(metrics, prefixes):
+    """The sample lines of a server's /metrics (`metrics`: the address start_server returned)
+    that start with one of `prefixes`."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return [line for line in text.splitlines()
+            if line.startswith(prefixes) and not line.startswith("#")]
 
 
 def drain_output(proc):

@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 import torch
 
@@ -46,8 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 from diffusers_peers import PEERS, time_peer_bounded  # noqa: E402
-from generate_bench import (GrpcClient, stages_dict, start_server, stop_server,  # noqa: E402
-                            summary)
+from generate_bench import (GrpcClient, scrape, stages_dict, start_server,  # noqa: E402
+                            stop_server, summary)
 
 SD15_UNET = dict(
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -269,13 +268,9 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
 def forwards_by_path(metrics: str, name: str) -> dict:
     """{component: {path: forwards}} of pipeline `name` from the server's
     qpool_component_forwards_total (path: compiled or torchscript)."""
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=30) as response:
-        text = response.read().decode()
     out: dict = {}
-    for line in text.splitlines():
+    for line in scrape(metrics, ("qpool_component_forwards_total{",)):
         match = re.fullmatch(r'qpool_component_forwards_total\{(.*)\} (\S+)', line)
-        if match is None:
-            continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
         if labels.get("pipeline") == name:
             paths = out.setdefault(labels["component"], {})

@@ -17,13 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from generate_bench import (load_stubs, stages_dict, start_server, stop_server,  # noqa: E402
-                            write_results)
+from generate_bench import (load_stubs, scrape, stages_dict, start_server,  # noqa: E402
+                            stop_server, write_results)
 
 FILLER = """
 import sys, time, torch
@@ -59,13 +58,6 @@ def generate(inference, pb, **kwargs):
         if message.HasField("result"):
             result = message.result
     return result
-
-
-def scrape(metrics, prefixes):
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return [line for line in text.splitlines()
-            if line.startswith(prefixes) and not line.startswith("#")]
 
 
 def main():

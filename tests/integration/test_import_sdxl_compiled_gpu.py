@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 import test_import_sdxl as sdxl_tests  # noqa: E402 - after the skips
-from conftest import Client, QpoolServer, parse_samples, scrape  # noqa: E402
+from conftest import Client, QpoolServer  # noqa: E402
+from test_compiled import forwards  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,21 +31,13 @@ def client(server_bin, pb, tmp_path_factory, tokenizer_files):
     assert server.stop() == 0, server.stderr_text()
 
 
-def unet_forwards(client):
-    out = {}
-    for (name, labels), value in parse_samples(scrape(client)).items():
-        labels = dict(labels)
-        if name == "qpool_component_forwards_total" and labels["component"] == "unet":
-            out[labels["path"]] = value
-    return out
-
-
 def test_every_unet_forward_runs_the_package(client):
-    before = unet_forwards(client)
+    before = forwards(client)
     reply = client.generate_one(pipeline="sdxl-compiled", prompt="a red fox", steps=3, seed=1)
     assert reply.device.startswith("cuda")
-    after = unet_forwards(client)
-    assert after["compiled"] - before.get("compiled", 0) == 3
-    assert after["torchscript"] - before.get("torchscript", 0) == 0
+    after = forwards(client)
+    for path, want in (("compiled", 3), ("torchscript", 0)):
+        key = ("sdxl-compiled", "unet", path)
+        assert after[key] - before.get(key, 0) == want, path
     log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
     assert "running TorchScript" not in log
