@@ -65,6 +65,20 @@ std::string DescribeAttentionPriority(const std::vector<int64_t>& order) {
   return out;
 }
 
+std::string CompiledAttentionMismatch(const std::string& package,
+                                      const std::vector<int64_t>& server) {
+  const std::string ours = DescribeAttentionPriority(server);
+  if (package == ours) return "";
+  if (package.empty()) {
+    return StrCat(
+        "the package records no attention order (exported before qpool_export recorded "
+        "it), so its attention kernel may not be the one the server runs (",
+        ours, "); re-export it");
+  }
+  return StrCat("its attention kernels were chosen under the order ", package, ", the server runs ",
+                ours, " (--attention); re-export it with the matching --compile-attention");
+}
+
 std::vector<int64_t> CurrentAttentionPriority() {
   std::vector<int64_t> order;
   for (at::SDPBackend b : at::globalContext().sDPPriorityOrder()) {

@@ -24,7 +24,9 @@ namespace qpool {
 // at 128) runs what it ran before; `auto` keeps ATen's. The setting is ATen's, hence the process's:
 // it is applied once at start, before any pipeline runs, and the start log names the order. A
 // compiled component (Note [Compiled forward]) had its attention kernel chosen when it was compiled
-// and is not affected.
+// and is not affected: the exporter compiles under the order this server would run (Note [Compiled
+// attention] in tools/qpool_export/qpool_export/compile.py) and records it in the package, and a
+// component warns when its CUDA package's order differs from the server's.
 
 // `current` (ATen's at::SDPBackend values, a permutation) with the backend `name` (flash, cudnn,
 // efficient or math) moved to the front; `current` itself for "auto". InvalidArgument for
@@ -34,6 +36,12 @@ StatusOr<std::vector<int64_t>> AttentionPriority(const std::string& name,
 
 // "cudnn, flash, efficient, math, overrideable": an order as names, for logs.
 std::string DescribeAttentionPriority(const std::vector<int64_t>& order);
+
+// Empty when a package compiled under the attention order `package` ("cudnn, flash, ...", as
+// DescribeAttentionPriority writes it; empty: not recorded) runs the kernels the server's order
+// `server` picks for TorchScript; otherwise why not, for a warning.
+std::string CompiledAttentionMismatch(const std::string& package,
+                                      const std::vector<int64_t>& server);
 
 // ATen's priority order now.
 std::vector<int64_t> CurrentAttentionPriority();

@@ -136,6 +136,7 @@ Status CompiledForward::ReadMetadata(const std::string& source_sha256) {
   }
   layout_ = get(kLayoutKey) == "channels_last" ? c10::MemoryFormat::ChannelsLast
                                                : c10::MemoryFormat::Contiguous;
+  attention_ = get(kAttentionKey);
   // "float32[1:64,4,4:256,4:256];float32[1:64]": one entry per input.
   std::stringstream entries(get(kInputsKey));
   std::string entry;

@@ -66,7 +66,8 @@ namespace qpool {
 //   silently bypassed at TorchScript's speed.
 // - The exporter records in the package's metadata the SHA-256 of the TorchScript file it was
 //   compiled beside (a package from another export is refused at load), the signature of the
-//   inputs (dtype and the size range of every dimension) and the layout of the 4-d weights.
+//   inputs (dtype and the size range of every dimension), the layout of the 4-d weights and the
+//   attention priority order it was compiled under (Note [Attention backend]).
 // - CUDA graphs (Note [Forward graphs]) capture whichever forward runs: the package launches its
 //   kernels on the caller's current stream and allocates through the caching allocator, and a
 //   failed capture turns the cache off as for TorchScript. The runner is opened single-threaded:
@@ -90,6 +91,7 @@ class CompiledForward {
   static constexpr const char* kSourceKey = "qpool.source_sha256";
   static constexpr const char* kInputsKey = "qpool.inputs";
   static constexpr const char* kLayoutKey = "qpool.weight_layout";
+  static constexpr const char* kAttentionKey = "qpool.attention";
 
   // Opens the package `file` compiled for `device_type` next to the TorchScript file whose
   // SHA-256 is `source_sha256`. InvalidArgument naming the file when it cannot be opened, was
@@ -108,6 +110,9 @@ class CompiledForward {
   const std::vector<std::string>& constant_names() const { return names_; }
   // The layout the package expects of 4-d floating constants.
   c10::MemoryFormat weight_layout() const { return layout_; }
+  // The attention priority order the package was compiled under ("cudnn, flash, efficient, math,
+  // overrideable"); empty when the exporter did not record it.
+  const std::string& attention() const { return attention_; }
 
   // Points every constant at the tensor `lookup` gives for its name (null: none) on `device`,
   // without copying. InvalidArgument (nothing bound afterwards) when a constant has no tensor, or
@@ -153,6 +158,7 @@ class CompiledForward {
   std::vector<const void*> loaded_pointers_;  // by names_: the data pointers the runtime holds
   std::vector<InputSpec> inputs_;
   c10::MemoryFormat layout_ = c10::MemoryFormat::Contiguous;
+  std::string attention_;
   c10::Device device_{c10::kCPU};
   bool bound_ = false;
 };

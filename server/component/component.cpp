@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "component/attention_backend.h"
 #include "component/compiled_forward.h"
 #include "component/stream_ops.h"
 #include "util/file_digest.h"
@@ -363,7 +364,15 @@ Status Component::AttachCompiled(const std::string& file, c10::DeviceType device
   compiled_ = std::move(compiled);
   compiled_stale_ = true;
   log::Info("component '", name_, "': compiled forward ", file, " for ",
-            c10::DeviceTypeName(device_type, /*lower_case=*/true));
+            c10::DeviceTypeName(device_type, /*lower_case=*/true), ", attention order ",
+            compiled_->attention().empty() ? "(not recorded)" : compiled_->attention());
+  // Note [Attention backend]: the server's order is set before any pipeline loads.
+  if (device_type == c10::kCUDA) {
+    const std::string mismatch =
+        CompiledAttentionMismatch(compiled_->attention(), CurrentAttentionPriority());
+    if (!mismatch.empty())
+      log::Warn("component '", name_, "': compiled forward ", file, ": ", mismatch);
+  }
   return Status::Ok();
 }
 

@@ -1,7 +1,10 @@
 """The exporter's --compile options (Note [Compiled forward]); the compile itself is exercised at
 build time (test-models/tiny-compiled) and by the unit and integration tests."""
 
+import zipfile
+
 import pytest
+import torch
 
 from qpool_export import compile as aot
 from qpool_export.export import parse_args
@@ -93,3 +96,80 @@ def test_examples_take_the_serving_side():
     sample, t, context = aot.resized_examples(unet, "unet", inputs, gen, side=62)
     assert tuple(sample.shape) == (2, 4, 64, 64)
     assert tuple(t.shape) == (2,) and tuple(context.shape) == (2, 77, 32)
+
+
+def test_attention_order_moves_the_named_backend_first():
+    """Note [Compiled attention]: the order the server runs with --attention NAME."""
+    current = [int(b) for b in torch._C._get_sdp_priority_order()]
+    assert aot.attention_order("auto", "cpu") == current
+    for name, code in (("cudnn", 3), ("flash", 1), ("efficient", 2), ("math", 0)):
+        order = aot.attention_order(name, "cpu")
+        assert order[0] == code and sorted(order) == sorted(current)
+        assert [b for b in order if b != code] == [b for b in current if b != code]
+    assert aot.describe_attention([3, 1, 2, 0, 4]) == "cudnn, flash, efficient, math, overrideable"
+    with pytest.raises(aot.CompileError, match="--compile-attention fast: choose from auto"):
+        aot.attention_order("fast", "cpu")
+
+
+def test_attention_priority_is_restored():
+    before = torch._C._get_sdp_priority_order()
+    with pytest.raises(RuntimeError):
+        with aot.attention_priority([0, 3, 1, 2, 4]):
+            assert torch._C._get_sdp_priority_order() == [0, 3, 1, 2, 4]
+            raise RuntimeError("inside")
+    assert torch._C._get_sdp_priority_order() == before
+
+
+def test_the_package_is_compiled_under_the_attention_order(tmp_path, monkeypatch):
+    """compile_component exports and compiles under --compile-attention's order and records it in
+    the package's metadata; the order outside is left as it was."""
+    seen = {}
+
+    def fake_compile(program, package_path, inductor_configs):
+        seen["order"] = torch._C._get_sdp_priority_order()
+        seen["metadata"] = inductor_configs["aot_inductor.metadata"]
+        seen["ops"] = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fake_compile)
+    before = torch._C._get_sdp_priority_order()
+    aot.compile_component(torch.nn.Conv2d(4, 3, 1), "vae_decoder", (torch.zeros(2, 4, 8, 8),),
+                          "cpu", str(tmp_path / "vae_decoder.cpu.pt2"), "digest",
+                          attention="math")
+    assert seen["order"] == aot.attention_order("math", "cpu") and seen["order"][0] == 0
+    assert seen["metadata"][aot.ATTENTION_KEY] == aot.describe_attention(seen["order"])
+    assert seen["metadata"][aot.SOURCE_KEY] == "digest"
+    assert any("conv2d" in op for op in seen["ops"])
+    assert torch._C._get_sdp_priority_order() == before
+
+
+class _Attention(torch.nn.Module):
+    """Self-attention over 4 heads of 64, the shape every backend takes in float16."""
+
+    def forward(self, x):
+        q = x.view(x.shape[0], x.shape[1], 4, 64).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return out.transpose(1, 2).reshape(x.shape)
+
+
+_KERNELS = {1: "flash_attention", 2: "efficient_attention", 3: "cudnn_attention"}
+
+
+@pytest.mark.parametrize("attention", ["auto", "flash", "efficient", "cudnn"])
+def test_a_cuda_package_runs_the_attention_kernel_the_server_would(tmp_path, attention):
+    """On a GPU: the package's generated code calls the kernel an eager call picks under the
+    order the server runs with --attention ATTENTION (Note [Compiled attention])."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    order = aot.attention_order(attention, "cuda")
+    q = torch.zeros(2, 16, 256, device="cuda", dtype=torch.float16).view(2, 16, 4, 64)
+    q = q.transpose(1, 2)  # as _Attention lays it out
+    with aot.attention_priority(order):
+        expected = _KERNELS[int(torch.ops.aten._fused_sdp_choice(q, q, q))]
+    path = str(tmp_path / "text_encoder.cuda.pt2")
+    aot.compile_component(_Attention(), "text_encoder", (torch.randn(2, 16, 256),), "cuda",
+                          path, "digest", attention=attention)
+    with zipfile.ZipFile(path) as package:
+        code = "".join(package.read(n).decode(errors="replace") for n in package.namelist()
+                       if n.endswith((".cpp", ".h")))
+    assert expected in code
+    assert not [k for k in _KERNELS.values() if k != expected and k in code]

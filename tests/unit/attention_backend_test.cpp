@@ -41,6 +41,23 @@ TEST(AttentionBackend, UnknownNamesAreRefused) {
   EXPECT_FALSE(AttentionPriority("cudnn", {kFlash, kMath}).ok());
 }
 
+// Note [Compiled attention]: a package compiled under the server's order runs its kernels; one
+// compiled under another order, or that does not say, is named in a warning.
+TEST(AttentionBackend, CompiledOrdersOtherThanTheServersAreNamed) {
+  const std::vector<int64_t> hopper = {kCudnn, kFlash, kEfficient, kMath, kOverrideable};
+  EXPECT_EQ(CompiledAttentionMismatch("cudnn, flash, efficient, math, overrideable", hopper), "");
+  const std::string other =
+      CompiledAttentionMismatch("flash, efficient, math, cudnn, overrideable", hopper);
+  EXPECT_NE(other.find("chosen under the order flash, efficient, math, cudnn, overrideable, the "
+                       "server runs cudnn, flash, efficient, math, overrideable"),
+            std::string::npos)
+      << other;
+  EXPECT_NE(other.find("--compile-attention"), std::string::npos) << other;
+  const std::string unrecorded = CompiledAttentionMismatch("", hopper);
+  EXPECT_NE(unrecorded.find("records no attention order"), std::string::npos) << unrecorded;
+  EXPECT_NE(unrecorded.find("re-export"), std::string::npos) << unrecorded;
+}
+
 TEST(AttentionBackend, ApplyingSetsTheProcessOrderAndAttentionStillRuns) {
   const std::vector<int64_t> before = CurrentAttentionPriority();
   ASSERT_EQ(before.size(), kPyTorch.size());

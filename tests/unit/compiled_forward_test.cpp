@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "component/attention_backend.h"
 #include "component/component.h"
 #include "testing/test_paths.h"
 
@@ -89,6 +90,10 @@ TEST_F(CompiledForwardTest, MatchesTorchScriptAndRunsOnQpoolsTensors) {
   // The package holds no weights: the component's bytes are its slots', as without it.
   EXPECT_EQ(compiled->Bytes().total(), before.total());
   EXPECT_EQ(compiled->Bytes().total(), plain->Bytes().total());
+  // Note [Compiled attention]: exported on a CPU, under ATen's unsettled order, which is this
+  // process's too (nothing here settles a CUDA order).
+  EXPECT_EQ(compiled->compiled()->attention(),
+            DescribeAttentionPriority(CurrentAttentionPriority()));
 }
 
 // A move gives the component new storages: the bindings follow them, and the old storages are

@@ -11,15 +11,17 @@ size range of each dimension, and the layout of the 4-d weights.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 SOURCE_KEY = "qpool.source_sha256"
 INPUTS_KEY = "qpool.inputs"
 LAYOUT_KEY = "qpool.weight_layout"
+ATTENTION_KEY = "qpool.attention"
 
 DEVICES = ("cpu", "cuda")
 # Inductor's modes: default, or max-autotune (kernel choices benchmarked at compile time).
@@ -49,6 +51,9 @@ _DYNAMIC: Dict[str, Tuple[Dict[int, str], ...]] = {
 # dtype leaves the package unused.
 _FLOAT32_INPUTS: Dict[str, Tuple[int, ...]] = {"unet": (1, 4), "transformer": (3, 4, 5, 6)}
 COMPILABLE = tuple(_DYNAMIC)
+# --compile-attention, as the server's --attention takes it (Note [Compiled attention]).
+ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
+_SDP_BACKENDS = {"math": 0, "flash": 1, "efficient": 2, "cudnn": 3, "overrideable": 4}
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
 
@@ -171,14 +176,61 @@ def example_args(component: str, inputs: Sequence[torch.Tensor], dtype: torch.dt
             for i, t in enumerate(inputs)]
 
 
+# Note [Compiled attention]
+# A TorchScript component chooses its attention kernel at every call, by the priority order the
+# server settled at start (Note [Attention backend] in server/component/attention_backend.h:
+# ATen's own order, cuDNN first on Hopper, or --attention's). A package's kernel is chosen once,
+# when Inductor lowers scaled_dot_product_attention, by the order of the exporting process at that
+# moment, which depends on whether that process had run attention on the device before (ATen
+# settles its CUDA order at its first choice). compile_component therefore settles the order on
+# the compile device as the server does, applies --compile-attention as the server applies
+# --attention, and compiles under that order, so a package made with `auto` runs the kernel the
+# server's TorchScript would on a device of the compile device's kind. The order is recorded in the
+# package's metadata (ATTENTION_KEY), and the server warns when it differs from its own.
+
+
+def attention_order(name: str, device: str) -> List[int]:
+    """ATen's attention priority order (at::SDPBackend values) as the server runs it with
+    `--attention name` on `device` (Note [Compiled attention])."""
+    if name not in ATTENTION:
+        raise CompileError(f"--compile-attention {name}: choose from {', '.join(ATTENTION)}")
+    if device == "cuda":
+        q = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.float16)
+        torch.ops.aten._fused_sdp_choice(q, q, q)
+    order = [int(b) for b in torch._C._get_sdp_priority_order()]
+    if name != "auto":
+        order.remove(_SDP_BACKENDS[name])
+        order.insert(0, _SDP_BACKENDS[name])
+    return order
+
+
+def describe_attention(order: Sequence[int]) -> str:
+    """"cudnn, flash, efficient, math, overrideable": an order as the metadata and the server's
+    DescribeAttentionPriority write it."""
+    names = {v: k for k, v in _SDP_BACKENDS.items()}
+    return ", ".join(names.get(int(b), str(int(b))) for b in order)
+
+
+@contextlib.contextmanager
+def attention_priority(order: Sequence[int]) -> Iterator[None]:
+    """ATen's attention priority order is `order` inside, what it was outside."""
+    previous = torch._C._get_sdp_priority_order()
+    torch._C._set_sdp_priority_order(list(order))
+    try:
+        yield
+    finally:
+        torch._C._set_sdp_priority_order(previous)
+
+
 def compile_component(module: torch.nn.Module, component: str,
                       inputs: Sequence[torch.Tensor], device: str, path: str,
                       source_sha256: str, dtype: Optional[torch.dtype] = None,
-                      mode: str = "default") -> float:
+                      mode: str = "default", attention: str = "auto") -> float:
     """Writes the AOTInductor package of `module`'s forward for `device` to `path`; returns the
     seconds it took. `inputs` are float32 CPU examples; floating ones take `dtype`, by default
     the device's compute dtype (except the inputs _FLOAT32_INPUTS names, which the pipelines pass
-    in float32)."""
+    in float32). `attention` is the server's --attention the package's kernels are chosen for
+    (Note [Compiled attention])."""
     if component not in _DYNAMIC:
         raise CompileError(f"--compile: {component} cannot be compiled "
                            f"(choose from {', '.join(COMPILABLE)})")
@@ -186,6 +238,7 @@ def compile_component(module: torch.nn.Module, component: str,
         raise CompileError("--compile-device cuda needs a GPU on the exporting machine")
     if mode not in MODES:
         raise CompileError(f"--compile-mode {mode}: choose from {', '.join(MODES)}")
+    order = attention_order(attention, device)
     start = time.monotonic()
     dtype = dtype or compute_dtype(device)
     layout = "contiguous"
@@ -200,9 +253,10 @@ def compile_component(module: torch.nn.Module, component: str,
         layout = "channels_last"
     args = example_args(component, inputs, dtype, device)
     shapes, signature = _dims(component, args, _side_multiple(module, component))
-    metadata = {SOURCE_KEY: source_sha256, INPUTS_KEY: signature, LAYOUT_KEY: layout}
+    metadata = {SOURCE_KEY: source_sha256, INPUTS_KEY: signature, LAYOUT_KEY: layout,
+                ATTENTION_KEY: describe_attention(order)}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), attention_priority(order):
             program = torch.export.export(module, tuple(args), dynamic_shapes=shapes, strict=False)
             torch._inductor.aoti_compile_and_package(
                 program, package_path=path,

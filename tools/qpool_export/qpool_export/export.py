@@ -52,6 +52,7 @@ class ExportOptions:
     compile: Tuple[str, ...] = ()
     compile_device: str = "cpu"
     compile_mode: str = "default"  # compile.MODES
+    compile_attention: str = "auto"  # compile.ATTENTION
 
 
 @dataclass
@@ -172,7 +173,8 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
         big = aot.example_side(module, component, serving // preset.vae_decoder.downscale)
         report.compile_seconds = aot.compile_component(
             module, component, example_inputs(preset, component, 2, big, big, vocab, gen),
-            opts.compile_device, package, manifest.sha256_file(path), mode=opts.compile_mode)
+            opts.compile_device, package, manifest.sha256_file(path), mode=opts.compile_mode,
+            attention=opts.compile_attention)
         report.compiled = package
     return report
 
@@ -336,6 +338,10 @@ def parse_args(argv: Optional[Sequence[str]]):
                    help="max-autotune: Inductor benchmarks its kernel choices (Triton templates "
                         "against cuBLAS and cuDNN) at the compile example's sizes; compiling takes "
                         "several times longer")
+    p.add_argument("--compile-attention", choices=aot.ATTENTION, default="auto",
+                   help="the server's --attention the packages' attention kernels are chosen "
+                        "for (a package's kernel is fixed when it is compiled); auto: the order "
+                        "ATen settles on the compile device, as the server's auto")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     if a.count_only:
@@ -394,6 +400,7 @@ def parse_args(argv: Optional[Sequence[str]]):
                          verbose=not a.quiet,
                          compile=tuple(c for c in COMPONENTS if c in compile_list),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
+                         compile_attention=a.compile_attention,
                          threads=a.threads if a.threads else (1 if a.preset == "tiny" else 0))
 
 

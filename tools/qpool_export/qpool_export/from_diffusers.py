@@ -99,6 +99,7 @@ class ImportOptions:
     compile: Tuple[str, ...] = ()
     compile_device: str = "cpu"
     compile_mode: str = "default"  # compile.MODES
+    compile_attention: str = "auto"  # compile.ATTENTION
     # The dtype the server computes in when the manifest names one (placement.dtype); None: the
     # device's (set by import_pipeline).
     compile_dtype: Optional[str] = None
@@ -215,7 +216,7 @@ def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
             report["compile_seconds"] = aot.compile_component(
                 built.module, built.name, examples, opts.compile_device, package,
                 manifest_io.sha256_file(path), DTYPES[dtype] if dtype else None,
-                mode=opts.compile_mode)
+                mode=opts.compile_mode, attention=opts.compile_attention)
         except aot.CompileError as e:
             raise ImportFailure(str(e)) from e
     return report

@@ -71,6 +71,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--compile-mode", choices=aot.MODES, default="default",
                    help="max-autotune: Inductor benchmarks its kernel choices at the compile "
                         "example's sizes; compiling takes several times longer")
+    p.add_argument("--compile-attention", choices=aot.ATTENTION, default="auto",
+                   help="the server's --attention the packages' attention kernels are chosen "
+                        "for (a package's kernel is fixed when it is compiled); auto: the order "
+                        "ATen settles on the compile device, as the server's auto")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                    help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
                         "in any format diffusers' load_lora_weights reads; repeat for several")
@@ -103,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          quant_mode=a.quant_mode, layer_error=a.layer_error,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
-                         loras=loras, warmup=a.warmup, verbose=not a.quiet)
+                         compile_attention=a.compile_attention, loras=loras, warmup=a.warmup, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
