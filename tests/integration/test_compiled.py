@@ -54,6 +54,9 @@ def test_compiled_forward_is_used(client):
     log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
     assert "compiled forward" in log, "the package was not attached"
     assert "running TorchScript" not in log
+    # Note [Compiled attention]: the package names the order it was compiled under (on a CPU,
+    # ATen's unsettled one); only CUDA packages are compared with the server's.
+    assert "for cpu, attention order flash, efficient, math, cudnn, overrideable" in log
 
 
 def forwards(client):

@@ -41,3 +41,7 @@ def test_every_unet_forward_runs_the_package(client):
         assert after[key] - before.get(key, 0) == want, path
     log = client.server.stderr_text() + "\n".join(client.server.stdout_lines)
     assert "running TorchScript" not in log
+    # Note [Compiled attention]: compiled under the order this server runs.
+    assert "attention order cudnn" in log or "attention order flash" in log, log[-2000:]
+    assert "attention kernels were chosen under" not in log
+    assert "records no attention order" not in log
