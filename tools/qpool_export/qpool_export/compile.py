@@ -6,7 +6,8 @@ supplies the component's own tensors as its constants, found by the qualified na
 module's parameters and buffers, which are the names of the TorchScript file's tensor slots. The
 package's metadata records what the server checks before it runs the package instead of
 TorchScript: the SHA-256 of the TorchScript file written beside it, every input's dtype and the
-size range of each dimension, and the layout of the 4-d weights.
+size range of each dimension, and the layout of the 4-d weights; and, for its log and warnings,
+the attention priority order it was compiled under (Note [Compiled attention]).
 """
 
 from __future__ import annotations
