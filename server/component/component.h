@@ -140,8 +140,10 @@ class Component {
   // beside another TorchScript file, or reads a constant that is no slot of this component.
   Status AttachCompiled(const std::string& file, c10::DeviceType device_type,
                         const std::string& sha256);
-  // The attached compiled forward, or null.
+  // The attached compiled forward, or null. AttachCompiled runs before the component serves and
+  // never replaces it, so any thread may read the const one's metadata (file, attention).
   CompiledForward* compiled() { return compiled_.get(); }
+  const CompiledForward* compiled() const { return compiled_.get(); }
   // Forwards run so far, and those of them the compiled forward answered; any thread.
   uint64_t forwards() const { return forwards_.load(); }
   uint64_t compiled_forwards() const { return compiled_forwards_.load(); }

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
+#include "component/compiled_forward.h"
 #include "memory/leak_check.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -134,7 +136,9 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
     auto it = bytes.find(rs.device);
     rs.device_bytes = it == bytes.end() ? 0 : it->second;
     for (const auto& c : p.components()) {
-      rs.forwards.push_back({c->name(), c->forwards(), c->compiled_forwards()});
+      const CompiledForward* compiled = std::as_const(*c).compiled();
+      rs.forwards.push_back({c->name(), c->forwards(), c->compiled_forwards(), compiled != nullptr,
+                             compiled ? compiled->attention() : ""});
     }
     status.in_flight += rs.in_flight;
     status.replicas.push_back(std::move(rs));

@@ -33,6 +33,8 @@ struct ComponentForwards {
   std::string component;
   uint64_t total = 0;
   uint64_t compiled = 0;
+  bool has_compiled = false;       // a compiled forward is attached
+  std::string compiled_attention;  // its attention order (CompiledForward::attention)
 };
 
 // One copy of a pipeline on one device.

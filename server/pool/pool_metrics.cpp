@@ -79,19 +79,26 @@ void PoolMetrics::Collect(SampleSink& sink) {
   for (const auto& p : loaded) {
     for (const auto& replica : p.replicas) {
       for (const auto& f : replica.forwards) {
-        auto forwards = [&](const char* path, uint64_t n) {
-          sink.AddCounter("qpool_component_forwards_total",
-                          "Forward calls of a loaded replica's component, by the path that ran "
-                          "them: its compiled forward (an ahead-of-time compiled package) or "
-                          "TorchScript.",
-                          {{"pipeline", p.name},
-                           {"component", f.component},
-                           {"device", replica.device},
-                           {"path", path}},
-                          static_cast<double>(n));
+        const MetricLabels labels = {
+            {"pipeline", p.name}, {"component", f.component}, {"device", replica.device}};
+        auto with = [&labels](const char* name, const std::string& value) {
+          MetricLabels out = labels;
+          out.emplace_back(name, value);
+          return out;
         };
-        forwards("compiled", f.compiled);
-        forwards("torchscript", f.total - f.compiled);
+        const char* help =
+            "Forward calls of a loaded replica's component, by the path that ran them: its "
+            "compiled forward (an ahead-of-time compiled package) or TorchScript.";
+        sink.AddCounter("qpool_component_forwards_total", help, with("path", "compiled"),
+                        static_cast<double>(f.compiled));
+        sink.AddCounter("qpool_component_forwards_total", help, with("path", "torchscript"),
+                        static_cast<double>(f.total - f.compiled));
+        if (f.has_compiled) {
+          sink.AddGauge("qpool_compiled_forward_info",
+                        "A loaded replica's component that has an ahead-of-time compiled "
+                        "package, and the attention order it was compiled under; the value is 1.",
+                        with("attention", f.compiled_attention), 1.0);
+        }
       }
     }
     for (const auto& component : p.components) {

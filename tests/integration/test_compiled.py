@@ -8,7 +8,7 @@ op."""
 import grpc
 import pytest
 
-from conftest import parse_samples, rpc_error, scrape
+from conftest import parse_samples, promtool_check, rpc_error, scrape
 from png_reader import max_abs_diff, read_png
 
 # Generated kernels round differently from TorchScript's ops; over a few denoising steps that
@@ -85,6 +85,20 @@ def test_forwards_are_counted_by_path(client):
     for name in ("tiny", "tiny-compiled"):
         assert delta[(name, "vae_decoder", "torchscript")] == 1
         assert delta[(name, "text_encoder", "compiled")] == 0
+
+
+def test_components_with_a_package_are_marked(client):
+    """qpool_compiled_forward_info: one series per component with a package, naming the
+    attention order it was compiled under; none for the components without one."""
+    text = scrape(client)
+    promtool_check(text)
+    marked = {(dict(labels)["pipeline"], dict(labels)["component"]): (dict(labels), value)
+              for (name, labels), value in parse_samples(text).items()
+              if name == "qpool_compiled_forward_info"}
+    assert set(marked) == {("tiny-compiled", "unet"), ("tiny-nf4-compiled", "unet")}
+    for labels, value in marked.values():
+        assert value == 1 and labels["device"] == "cpu"
+        assert labels["attention"] == "flash, efficient, math, cudnn, overrideable"
 
 
 def test_quantized_package_runs_for_every_step(client):
