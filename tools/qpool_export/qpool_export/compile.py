@@ -54,6 +54,9 @@ _FLOAT32_INPUTS: Dict[str, Tuple[int, ...]] = {"unet": (1, 4), "transformer": (3
 COMPILABLE = tuple(_DYNAMIC)
 # --compile-attention, as the server's --attention takes it (Note [Compiled attention]).
 ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
+ATTENTION_HELP = ("the server's --attention the packages' attention kernels are chosen for (a "
+                  "package's kernel is fixed when it is compiled); auto: the order ATen settles "
+                  "on the compile device, as the server's auto")
 _SDP_BACKENDS = {"math": 0, "flash": 1, "efficient": 2, "cudnn": 3, "overrideable": 4}
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}

@@ -339,9 +339,7 @@ def parse_args(argv: Optional[Sequence[str]]):
                         "against cuBLAS and cuDNN) at the compile example's sizes; compiling takes "
                         "several times longer")
     p.add_argument("--compile-attention", choices=aot.ATTENTION, default="auto",
-                   help="the server's --attention the packages' attention kernels are chosen "
-                        "for (a package's kernel is fixed when it is compiled); auto: the order "
-                        "ATen settles on the compile device, as the server's auto")
+                   help=aot.ATTENTION_HELP)
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     if a.count_only:

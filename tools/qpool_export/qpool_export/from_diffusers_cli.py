@@ -72,9 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="max-autotune: Inductor benchmarks its kernel choices at the compile "
                         "example's sizes; compiling takes several times longer")
     p.add_argument("--compile-attention", choices=aot.ATTENTION, default="auto",
-                   help="the server's --attention the packages' attention kernels are chosen "
-                        "for (a package's kernel is fixed when it is compiled); auto: the order "
-                        "ATen settles on the compile device, as the server's auto")
+                   help=aot.ATTENTION_HELP)
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                    help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
                         "in any format diffusers' load_lora_weights reads; repeat for several")
