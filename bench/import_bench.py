@@ -13,7 +13,9 @@ pipeline is switched to the `model` offload policy and runs an Encode-only reque
 nothing of it may be on the GPU. --graphs-off adds
 a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
 execution.cuda_graphs: false); --warm a twin that warms up at load ("<name>-warm",
-execution.warmup: true). Before the timed servers, one server starts with the first
+execution.warmup: true); --profile records one more request of each pipeline after its timed
+ones with the server's profiler and reports its device time by kind of work (`kernels`).
+Before the timed servers, one server starts with the first
 pipeline and makes one image (`cold_start`): the machine's first server pays for reading its
 libraries and the GPU's first use, so every `first_image_seconds` after it is a warm machine's.
 Import times are kept in WORK/import_seconds.json across a --prepare-only run and the timed one.
@@ -47,6 +49,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 from diffusers_peers import PEERS, time_peer_bounded  # noqa: E402
 from generate_bench import (GrpcClient, scrape, stages_dict, start_server,  # noqa: E402
                             stop_server, summary)
+import kernel_table  # noqa: E402
 
 SD15_UNET = dict(
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -209,6 +212,15 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
     start = time.monotonic()
     label = timed_name(name, attention)
     extra = [] if attention == "auto" else ["--attention", attention]
+    profile_dir = None
+    if getattr(a, "profile", False) and not cold:
+        # Every timed batch runs unrecorded; the one after them is recorded (Note [Batch
+        # profiler]), so profiling costs no timed request anything.
+        profile_dir = os.path.join(a.work, "profile", label)
+        shutil.rmtree(profile_dir, ignore_errors=True)
+        os.makedirs(profile_dir)
+        extra += ["--profile-dir", profile_dir, "--profile-skip", str(a.warmup + a.runs),
+                  "--profile-batches", "1"]
     proc, address, metrics = start_server(server_bin, repo, device, 0,
                                           a.server_args.split() + extra +
                                           ["--metrics-listen", "127.0.0.1:0"])
@@ -219,16 +231,19 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
         load_seconds = time.monotonic() - start
         load_stages = stages_dict(loaded.stages)
         columns = ("total", *STAGES)
-        rows = []  # each timed request's seconds by column, in order: a slow one can be placed
-        for i in range(1 if cold else a.warmup + a.runs):
-            done = subprocess.run(
+
+        def generate(seed: int, out: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
                 [client_bin, "--server", address, "--json", "generate",
                  "--pipeline", name, "--prompt", "a red fox in the snow", "--steps",
                  str(a.steps), "--width", str(a.size), "--height", str(a.size), "--seed",
-                 str(i), "--scheduler", scheduler, "--guidance", str(a.guidance),
-                 "--num-images", str(a.batch), "--out",
-                 os.path.join(png_dir(a.work, label), "qpool-{seed}-{i}.png")],
+                 str(seed), "--scheduler", scheduler, "--guidance", str(a.guidance),
+                 "--num-images", str(a.batch), "--out", out],
                 capture_output=True, text=True)
+
+        rows = []  # each timed request's seconds by column, in order: a slow one can be placed
+        for i in range(1 if cold else a.warmup + a.runs):
+            done = generate(i, os.path.join(png_dir(a.work, label), "qpool-{seed}-{i}.png"))
             if done.returncode != 0:
                 return {"error": done.stderr.strip()[-2000:]}
             timings = json.loads(done.stdout)["timings"]
@@ -258,11 +273,37 @@ def time_qpool(server_bin: str, client_bin: str, repo: str, name: str, a,
             result["compiled_unused"] = unused
             print(f"{name}: the compiled forward of {', '.join(unused)} never ran",
                   file=sys.stderr, flush=True)
+        if profile_dir:
+            done = generate(a.warmup + a.runs, os.path.join(profile_dir, "{seed}-{i}.png"))
+            result["kernels"] = (profiled_kernels(profile_dir) if done.returncode == 0 else
+                                 {"error": done.stderr.strip()[-2000:]})
         if check_encode:
             result["encode_only_model_offload"] = encode_check(client, name)
         return result
     finally:
         stop_server(proc)
+
+
+def profiled_kernels(folder: str, timeout: float = 120.0) -> dict:
+    """The device time of the batch the server recorded into `folder` (its kernels.tsv, written
+    on the worker after the request was answered), by kind of work (bench/kernel_table.py):
+    {"table", "header", "total_ms", "groups": {kind: {"ms", "share", "calls", "top"}}}."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tables = sorted(f for f in os.listdir(folder) if f.endswith(".kernels.tsv"))
+        if tables or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if not tables:
+        return {"error": f"no kernel table in {folder} after {timeout:.0f} s"}
+    path = os.path.join(folder, tables[0])
+    header, rows = kernel_table.read_table(path)
+    groups = kernel_table.group(rows, top=3)
+    return {"table": path, "header": header,
+            "total_ms": sum(us for _, _, us in rows) / 1e3,
+            "groups": {kind: {"ms": e["us"] / 1e3, "share": e["share"], "calls": e["calls"],
+                              "top": [[n, us / 1e3] for n, us in e["top"]]}
+                       for kind, e in groups.items()}}
 
 
 def forwards_by_path(metrics: str, name: str) -> dict:
@@ -406,6 +447,10 @@ def main() -> int:
                    help="add a twin of every pipeline that warms up at load (execution.warmup): "
                         "its load_seconds include the warm-up, its first_image_seconds show the "
                         "gain")
+    p.add_argument("--profile", action="store_true",
+                   help="after each pipeline's timed requests, one more recorded by the server's "
+                        "profiler (--profile-dir, Note [Batch profiler]): its device time by "
+                        "kind of work (bench/kernel_table.py) goes to the pipeline's `kernels`")
     p.add_argument("--prepare-only", action="store_true",
                    help="build and import the pipelines into --work, then stop (a later run "
                         "with the same --work times them)")
