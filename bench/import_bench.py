@@ -463,12 +463,17 @@ def main() -> int:
     p.add_argument("--min-weights", type=int, default=0,
                    help="add '<variant>-min' twins of the w8a8 variants imported with "
                         "from-diffusers --min-weights N (their smaller layers in float)")
+    p.add_argument("--only-min", action="store_true",
+                   help="with --min-weights: only the '-min' twins of the w8a8 variants are "
+                        "imported and timed, not the variants themselves")
     p.add_argument("--compile-quantized", default="",
                    help="comma list of formats of --quantize: adds '<model>-FORMAT-compiled', "
                         "the prequantized pipeline with the --compile components compiled too")
     a = p.parse_args()
     if a.compile_quantized and not a.compile:
         p.error("--compile-quantized needs --compile (the components to compile)")
+    if a.only_min and not a.min_weights:
+        p.error("--only-min needs --min-weights (the twins it keeps)")
     unknown = [peer for peer in a.peers.split(",") if peer and peer not in PEERS]
     if unknown:
         p.error(f"--peers: unknown peer {unknown[0]!r}; known: {', '.join(PEERS)}")
@@ -525,8 +530,11 @@ def main() -> int:
                  for f in a.compile_quantized.split(",") if f]
     variants = [(f, m, c, ()) for f, m, c in variants]
     if a.min_weights:  # twins of the w8a8 variants with their small layers in float
-        variants += [(f, m, c, ("--min-weights", str(a.min_weights)))
-                     for f, m, c, _ in variants if f == "w8a8"]
+        twins = [(f, m, c, ("--min-weights", str(a.min_weights)))
+                 for f, m, c, _ in variants if f == "w8a8"]
+        if a.only_min:
+            variants = [v for v in variants if v[0] != "w8a8"]
+        variants += twins
     for fmt, mode, compile_args, min_args in variants:
         name = f"{base}-{fmt}" + ("-min" if min_args else "") + \
             ("-load" if mode == "load-time" else "") + ("-compiled" if compile_args else "")

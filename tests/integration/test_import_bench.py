@@ -2,7 +2,9 @@
 script runs on the CPU at toy widths (--tiny --device cpu): SDXL's layout built, imported fp16,
 W8A8 and W8A8 with --min-weights (every layer of a toy model below it, so float), served through
 real servers, compared with fp16, and the diffusers peer timed (in a process of its own);
---skip-qpool times the peer alone; a peer past --peer-timeout is stopped and reported. What its GPU runs do, minus the sizes, so that a lease is not spent on its plumbing."""
+--only-min keeps the twins alone; --skip-qpool times the peer alone; a peer past --peer-timeout
+is stopped and reported. What its GPU runs do, minus the sizes, so that a lease is not spent on
+its plumbing."""
 
 import json
 import pathlib
@@ -32,6 +34,12 @@ def test_skipping_both_sides_is_refused(tmp_path):
     assert r.returncode == 2 and "leaves nothing to time" in r.stderr, r.stderr
 
 
+def test_only_min_without_min_weights_is_refused(tmp_path):
+    r = _run(tmp_path, "--quantize", "w8a8", "--only-min")
+    assert r.returncode == 2 and "--only-min needs --min-weights" in r.stderr, r.stderr
+    assert not (tmp_path / "work").exists()
+
+
 def test_sdxl_w8a8_with_min_weights_end_to_end_at_toy_widths(tmp_path, server_bin, cli_bin,
                                                              tokenizer_files):
     clip_tokenizer = tokenizer_files[0]
@@ -59,6 +67,14 @@ def test_sdxl_w8a8_with_min_weights_end_to_end_at_toy_widths(tmp_path, server_bi
         == {"none"}
     assert result["qpool"]["sdxl-w8a8-min"]["fidelity_vs_sdxl"]["identical"] == 2
     assert result["diffusers_eager"]["latency"]["n"] == 1
+
+    # --only-min: the twins alone, from the imports already in the work folder.
+    r = _run(tmp_path, *common, "--quantize", "w8a8", "--min-weights", "4194304", "--only-min",
+             "--skip-diffusers", server=server_bin, client=cli_bin,
+             tokenizer=str(clip_tokenizer), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(json.loads((tmp_path / "out.json").read_text())["qpool"]) == \
+        ["sdxl", "sdxl-w8a8-min"]
 
     peers_only = tmp_path / "peers"
     peers_only.mkdir()
