@@ -10,14 +10,13 @@ device's peak allocated bytes. Then it times the same diffusers pipeline (fp16) 
 and guidance. With --compile, an fp16 twin whose components run AOTInductor packages (and with
 --compile-quantized, quantized twins compiled the same way). With --encode-check, the first
 pipeline is switched to the `model` offload policy and runs an Encode-only request, after which
-nothing of it may be on the GPU. --graphs-off adds
-a twin of every pipeline with the denoiser's CUDA graphs off ("<name>-eager",
-execution.cuda_graphs: false); --warm a twin that warms up at load ("<name>-warm",
-execution.warmup: true); --profile records one more request of each pipeline after its timed
-ones with the server's profiler and reports its device time by kind of work (`kernels`).
-Before the timed servers, one server starts with the first
-pipeline and makes one image (`cold_start`): the machine's first server pays for reading its
-libraries and the GPU's first use, so every `first_image_seconds` after it is a warm machine's.
+nothing of it may be on the GPU. --graphs-off adds a twin of every pipeline with the denoiser's
+CUDA graphs off ("<name>-eager", execution.cuda_graphs: false); --warm a twin that warms up at
+load ("<name>-warm", execution.warmup: true); --profile records one more request of each
+pipeline after its timed ones with the server's profiler and reports its device time by kind of
+work (`kernels`). Before the timed servers, one server starts with the first pipeline and makes
+one image (`cold_start`): the machine's first server pays for reading its libraries and the
+GPU's first use, so every `first_image_seconds` after it is a warm machine's.
 Import times are kept in WORK/import_seconds.json across a --prepare-only run and the timed one.
 Prints and writes one JSON document, rewritten after every measurement (`complete` is false until
 the last), so a run cut short keeps what it measured. Each peer runs in a process of its own,
