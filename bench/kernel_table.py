@@ -7,7 +7,12 @@ with its share and its largest kernels.
     python3 bench/kernel_table.py DIR/flux-bf16-1.kernels.tsv [--top 3] [--json]
 
 Kernels are grouped by their names (cuBLAS, cuDNN, FlashAttention, qpool's and ATen's); a table
-written without a GPU lists ATen operators, which nest, so its groups overlap.
+written without a GPU lists ATen operators, which nest, so its groups overlap. A compiled
+package's Triton kernels are named by Inductor after the operators they fuse
+("triton_poi_fused_convolution_silu_3" is the bias and SiLU after a convolution, not one): its
+pointwise and reduction kernels are grouped as normalisation when they compute a norm's
+statistics and as "generated fused" otherwise; its templates (triton_tem_: a matrix product,
+convolution or attention Inductor wrote) by what they compute.
 """
 
 import argparse
@@ -30,6 +35,22 @@ GROUPS = (
 )
 
 
+# Inductor's generated pointwise, reduction and persistent-reduction kernels.
+GENERATED = re.compile(r"triton_(poi|red|per)_")
+NORM = re.compile(r"norm|welford|var_mean|std_mean", re.IGNORECASE)
+
+
+def kind_of(name):
+    """The group of one kernel (or, without a GPU, ATen operator) name."""
+    if GENERATED.match(name):
+        return "normalisation" if NORM.search(name) else "generated fused"
+    if name.startswith("triton_tem_"):
+        return ("attention" if "attention" in name else
+                "convolution" if "conv" in name else "matrix product")
+    return next((g for g, pattern in GROUPS if re.search(pattern, name, re.IGNORECASE)),
+                "other")
+
+
 def read_table(path):
     """(header comment, [(name, calls, total_us)]) of a kernels.tsv."""
     with open(path) as f:
@@ -49,8 +70,7 @@ def group(rows, top):
     total = sum(us for _, _, us in rows) or 1.0
     out = {}
     for name, calls, us in rows:
-        kind = next((g for g, pattern in GROUPS if re.search(pattern, name, re.IGNORECASE)),
-                    "other")
+        kind = kind_of(name)
         entry = out.setdefault(kind, {"us": 0.0, "calls": 0, "top": []})
         entry["us"] += us
         entry["calls"] += calls
