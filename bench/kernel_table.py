@@ -20,6 +20,8 @@ import json
 import re
 import sys
 
+# What a norm's statistics kernels are named: a library's and Inductor's alike.
+NORM = r"norm|welford|var_mean|std_mean"
 # First match wins: more specific names before the general ones.
 GROUPS = (
     ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn_generated"),
@@ -27,7 +29,7 @@ GROUPS = (
     ("quantized linear", r"w8a8|quantlinear|quant_linear|dequant|nf4|int8|_int_mm"),
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit_gemm"),
     ("matrix product", r"gemm|nvjet|cutlass|cublas|xmma|addmm|\bmm\b|aten::mm|matmul|linear|bmm"),
-    ("normalisation", r"norm|welford|var_mean|std_mean"),
+    ("normalisation", NORM),
     ("elementwise", r"gelu"),  # qpool::cat_gelu's CatGeluKernel: a GELU, though named "Cat"
     ("copy", r"copy|memcpy|memset|cat|concat|contiguous|transpose|permute|clone"),
     ("elementwise", r"elementwise|vectorized|unrolled|reduce|softmax|gelu|silu|add|mul|"
@@ -37,13 +39,12 @@ GROUPS = (
 
 # Inductor's generated pointwise, reduction and persistent-reduction kernels.
 GENERATED = re.compile(r"triton_(poi|red|per)_")
-NORM = re.compile(r"norm|welford|var_mean|std_mean", re.IGNORECASE)
 
 
 def kind_of(name):
     """The group of one kernel (or, without a GPU, ATen operator) name."""
     if GENERATED.match(name):
-        return "normalisation" if NORM.search(name) else "generated fused"
+        return "normalisation" if re.search(NORM, name, re.IGNORECASE) else "generated fused"
     if name.startswith("triton_tem_"):
         return ("attention" if "attention" in name else
                 "convolution" if "conv" in name else "matrix product")
