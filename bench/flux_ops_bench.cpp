@@ -1,10 +1,13 @@
-// FLUX's fused elementwise ops at a 1024x1024 image's shapes (4096 image and 512 text tokens,
-// width 3072, 24 heads of 128), each against the ATen operations it replaces, run on the GPU in
-// the same run: qpool::rms_rope (Note [Normed rotary embedding op]) on a double-stream block's q,
-// qpool::ada_norm (Note [Modulated norm op]) on the joint sequence, qpool::cat_gelu (Note [Joined
-// GELU op]) on a single-stream block's attention output and MLP branch. The inputs are the views
-// the traced transformer hands them (q of a fused q / k / v projection, the MLP branch of the
-// fused q / k / v / MLP one, shift and scale of one modulation output).
+// The fused elementwise ops, each against the ATen operations it replaces, run on the GPU in the
+// same run. FLUX's at a 1024x1024 image's shapes (4096 image and 512 text tokens, width 3072, 24
+// heads of 128): qpool::rms_rope (Note [Normed rotary embedding op]) on a double-stream block's
+// q, qpool::ada_norm (Note [Modulated norm op]) on the joint sequence, qpool::cat_gelu (Note
+// [Joined GELU op]) on a single-stream block's attention output and MLP branch. The inputs are the
+// views the traced transformer hands them (q of a fused q / k / v projection, the MLP branch of
+// the fused q / k / v / MLP one, shift and scale of one modulation output). And the UNets':
+// qpool::geglu (Note [GEGLU op]) on a transformer block's feed-forward projection at both of
+// SDXL's attention levels (4096 tokens of width 640, 1024 of width 1280; inner width 4x) for 4
+// images with guidance (8 rows of the batch), fp16.
 //
 //   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
 //
@@ -20,6 +23,7 @@
 #include "gpu_timing.h"
 #include "quant/ada_norm_op.h"
 #include "quant/cat_gelu_op.h"
+#include "quant/geglu_op.h"
 #include "quant/rope_op.h"
 
 namespace qpool {
@@ -74,6 +78,21 @@ Case CatGeluCase() {
   return c;
 }
 
+// A feed-forward projection's output [8, tokens, 2 * 4 * width] in fp16.
+Case GegluCase(int64_t tokens, int64_t width) {
+  const int64_t batch = 8, inner = 4 * width;
+  const at::Tensor x =
+      at::randn({batch, tokens, 2 * inner}, at::TensorOptions().device(at::kCUDA).dtype(at::kHalf));
+  Case c;
+  c.fused = [=] { return quant::Geglu(x); };
+  c.aten = [=] { return quant::GegluCpu(x); };
+  c.min_bytes = 3.0 * batch * tokens * inner * 2;
+  return c;
+}
+
+Case GegluSdxl64Case() { return GegluCase(4096, 640); }
+Case GegluSdxl32Case() { return GegluCase(1024, 1280); }
+
 void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
   if (!torch::cuda::is_available()) {
     state.SkipWithError("CUDA is not available");
@@ -94,7 +113,9 @@ void RegisterAll() {
   };
   for (const Named& op : {Named{"rms_rope/flux_joint_q_4608x24x128_bf16", &RmsRopeCase},
                           Named{"ada_norm/flux_joint_4608x3072_bf16", &AdaNormCase},
-                          Named{"cat_gelu/flux_single_4608x3072+12288_bf16", &CatGeluCase}}) {
+                          Named{"cat_gelu/flux_single_4608x3072+12288_bf16", &CatGeluCase},
+                          Named{"geglu/sdxl_b4_8x4096x640_fp16", &GegluSdxl64Case},
+                          Named{"geglu/sdxl_b4_8x1024x1280_fp16", &GegluSdxl32Case}}) {
     for (bool fused : {false, true}) {
       const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
       benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)

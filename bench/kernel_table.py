@@ -30,7 +30,8 @@ GROUPS = (
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit_gemm"),
     ("matrix product", r"gemm|nvjet|cutlass|cublas|xmma|addmm|\bmm\b|aten::mm|matmul|linear|bmm"),
     ("normalisation", NORM),
-    ("elementwise", r"gelu"),  # qpool::cat_gelu's CatGeluKernel: a GELU, though named "Cat"
+    # qpool::cat_gelu's CatGeluKernel (a GELU, though named "Cat") and qpool::geglu's GegluKernel.
+    ("elementwise", r"gelu|geglu"),
     ("copy", r"copy|memcpy|memset|cat|concat|contiguous|transpose|permute|clone"),
     ("elementwise", r"elementwise|vectorized|unrolled|reduce|softmax|gelu|silu|add|mul|"
                     r"activation"),

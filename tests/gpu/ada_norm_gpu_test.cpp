@@ -1,9 +1,6 @@
 // qpool::ada_norm on CUDA (Note [Modulated norm op]): the one-pass kernel against the unfused ATen
 // operations on the GPU, with 16-byte and value-wise access, for views, rows too wide for the
 // kernel (the ATen operations), and inside a CUDA graph.
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -11,6 +8,7 @@
 #include <string>
 
 #include "quant/ada_norm_op.h"
+#include "testing/cuda_graph_replay.h"
 #include "testing/op_schemas.h"
 
 namespace qpool::quant {
@@ -53,24 +51,9 @@ TEST(AdaNormCuda, CapturesIntoACudaGraph) {
   const at::Tensor x = at::randn({1, 64, 3072}, at::kCUDA).to(at::kBFloat16);
   const at::Tensor shift = at::randn({1, 3072}, at::kCUDA).to(at::kBFloat16);
   const at::Tensor scale = at::randn({1, 3072}, at::kCUDA).to(at::kBFloat16);
-  const at::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
-  at::Tensor captured;
-  at::cuda::CUDAGraph graph;
-  {
-    c10::cuda::CUDAStreamGuard guard(side);
-    AdaNorm(x, shift, scale, 1e-6);
-    graph.capture_begin();
-    captured = AdaNorm(x, shift, scale, 1e-6);
-    graph.capture_end();
-  }
-  x.copy_(at::randn_like(x));
-  torch::cuda::synchronize();
-  {
-    c10::cuda::CUDAStreamGuard guard(side);
-    graph.replay();
-  }
-  side.synchronize();
-  EXPECT_TRUE(at::equal(captured, AdaNorm(x, shift, scale, 1e-6)));
+  const at::Tensor replayed = testing::ReplayedAfterChange(
+      [&] { return AdaNorm(x, shift, scale, 1e-6); }, [&] { x.copy_(at::randn_like(x)); });
+  EXPECT_TRUE(at::equal(replayed, AdaNorm(x, shift, scale, 1e-6)));
 }
 
 }  // namespace

@@ -1,9 +1,6 @@
 // qpool::cat_gelu on CUDA (Note [Joined GELU op]): the one-pass kernel against the unfused ATen
 // operations on the GPU, with 16-byte and value-wise access, for views of a fused projection's
 // output, and inside a CUDA graph.
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -11,6 +8,7 @@
 #include <string>
 
 #include "quant/cat_gelu_op.h"
+#include "testing/cuda_graph_replay.h"
 
 namespace qpool::quant {
 namespace {
@@ -60,24 +58,9 @@ TEST(CatGeluCuda, CapturesIntoACudaGraph) {
   torch::manual_seed(42);
   const at::Tensor a = at::randn({1, 64, 128}, at::kCUDA).to(at::kBFloat16);
   const at::Tensor b = at::randn({1, 64, 512}, at::kCUDA).to(at::kBFloat16);
-  const at::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
-  at::Tensor captured;
-  at::cuda::CUDAGraph graph;
-  {
-    c10::cuda::CUDAStreamGuard guard(side);
-    CatGelu(a, b);
-    graph.capture_begin();
-    captured = CatGelu(a, b);
-    graph.capture_end();
-  }
-  b.copy_(at::randn_like(b));
-  torch::cuda::synchronize();
-  {
-    c10::cuda::CUDAStreamGuard guard(side);
-    graph.replay();
-  }
-  side.synchronize();
-  EXPECT_TRUE(at::equal(captured, CatGelu(a, b)));
+  const at::Tensor replayed = testing::ReplayedAfterChange([&] { return CatGelu(a, b); },
+                                                           [&] { b.copy_(at::randn_like(b)); });
+  EXPECT_TRUE(at::equal(replayed, CatGelu(a, b)));
 }
 
 }  // namespace

@@ -317,6 +317,7 @@ def test_smoothquant_w8a8_import_stays_close_to_diffusers(client, imported):
     activation scales (not the ones of an uncalibrated w8a8 layer), and the served image stays
     within W8A8's error of diffusers' float32 image (PSNR; on the CPU tiny pipelines give about
     50 dB)."""
+    from qpool_export import quant  # noqa: F401 (registers the ops a UNet file calls)
     pipes, repository = imported
     unet = torch.jit.load(str(repository / "sd-w8a8" / "unet.pt"))
     scales = [t for name, t in unet.named_buffers() if name.endswith(".code")]

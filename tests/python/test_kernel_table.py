@@ -23,6 +23,11 @@ import kernel_table  # noqa: E402
     ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "elementwise"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::Half, WelfordOps>>",
      "normalisation"),
+    # qpool's fused GELUs: named neither "gelu" alone nor after their products and joins.
+    ("void qpool::quant::cuda::(anonymous namespace)::GegluKernel<__half, 8, 16>(__half const*, "
+     "long, __half*, long, long)", "elementwise"),
+    ("void qpool::quant::cuda::(anonymous namespace)::CatGeluKernel<__nv_bfloat16, 8, 16>",
+     "elementwise"),
     # Inductor's kernels: named after what they fuse, grouped by what they are.
     ("triton_poi_fused_convolution_silu_3", "generated fused"),
     ("triton_poi_fused__scaled_dot_product_cudnn_attention_5", "generated fused"),

@@ -22,10 +22,12 @@ inline std::string RegisteredSchema(const std::string& op) {
   return printed.str();
 }
 
-// The string assigned to `constant` in the exporter's flux_transformer.py, on its line or the
-// line after a trailing backslash; "" (and a test failure) when the file has none.
-inline std::string ExporterSchema(const std::string& constant) {
-  const std::string path = SourceDir() + "/tools/qpool_export/qpool_export/flux_transformer.py";
+// The string assigned to `constant` in the exporter's `module` (flux_transformer.py unless
+// named), on its line or the line after a trailing backslash; "" (and a test failure) when the
+// file has none.
+inline std::string ExporterSchema(const std::string& constant,
+                                  const std::string& module = "flux_transformer.py") {
+  const std::string path = SourceDir() + "/tools/qpool_export/qpool_export/" + module;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
   std::string line;

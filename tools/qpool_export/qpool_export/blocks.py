@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import ops
+
 
 # Note [Fused projections]
 # fuse() replaces the linears of an attention that read the same input by one linear with their
@@ -201,16 +203,34 @@ class Attention(nn.Module):
         return self.to_out[0](y.transpose(1, 2).reshape(b, n, -1))
 
 
+# qpool::geglu's schema, byte-identical to kGegluSchema in server/quant/geglu_op.h (a unit test
+# compares them).
+GEGLU_SCHEMA = "geglu(Tensor x) -> Tensor"
+
+
+def _geglu_ref(x: torch.Tensor) -> torch.Tensor:
+    """The value half of x times the exact GELU of its gate half: qpool::geglu's reference, the
+    unfused operations of diffusers' GEGLU (Note [GEGLU op] in server/quant/geglu_op.h)."""
+    value, gate = x.chunk(2, dim=-1)
+    return value * F.gelu(gate)
+
+
+def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+_GEGLU_LIB = ops.register(GEGLU_SCHEMA, _geglu_ref, _geglu_fake)
+
+
 class GEGLU(nn.Module):
-    """Linear to 2*inner, then value * gelu(gate)."""
+    """Linear to 2*inner, then value * gelu(gate), the second step one qpool::geglu op."""
 
     def __init__(self, dim: int, inner: int):
         super().__init__()
         self.proj = nn.Linear(dim, inner * 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        value, gate = self.proj(x).chunk(2, dim=-1)
-        return value * F.gelu(gate)
+        return torch.ops.qpool.geglu(self.proj(x))
 
 
 class FeedForward(nn.Module):

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# blocks registers qpool::geglu, which a UNet file calls: a loader of qpool's files imports quant.
+from . import blocks  # noqa: F401
 from . import ops
 
 # Byte-identical to kQuantLinearSchema in server/quant/quant_linear_op.h; keep it on one line:
