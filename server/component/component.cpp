@@ -101,13 +101,12 @@ Status CheckPlaceableTensors(const std::string& path, const Component& component
 
 // Note [TorchScript executor]
 // The profiling graph executor re-specializes and optimizes a graph during its first calls:
-// the tiny pipeline's first request took ~12 s on 2 CPU cores, later ones ~0.7 s, and the gain
-// on convolution/attention-bound diffusion graphs is nil (their time is in ATen kernels). qpool
-// runs graphs as exported, so the first request is as fast as the rest.
-void ConfigureExecutorOnce() {
-  static std::once_flag once;
-  std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
-}
+// the tiny pipeline's first request took ~12 s on 2 CPU cores, later ones ~0.7 s. qpool runs
+// graphs as exported, so the first request is as fast as the rest, and fuses the elementwise
+// chains that cost real time into its own ops instead (Note [GEGLU op], Note [Joined GELU op]).
+// The switch is thread-local in LibTorch (a setting made once, on the thread that loaded the
+// first component, left every other device worker optimizing), so every forward sets it on the
+// thread that runs it (Component::Run).
 
 }  // namespace
 
@@ -165,7 +164,6 @@ Component::~Component() = default;
 // debug pickles do not change.
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
-  ConfigureExecutorOnce();
   try {
     torch::jit::Module module =
         torch::jit::load(path, c10::Device(c10::kCPU), /*load_debug_files=*/false);
@@ -414,6 +412,7 @@ bool Component::UseCompiled(const std::vector<c10::IValue>& inputs) {
 }
 
 StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {
+  const torch::jit::GraphOptimizerEnabledGuard as_exported(false);  // Note [TorchScript executor]
   try {
     const bool compiled = UseCompiled(inputs);
     forwards_.fetch_add(1);

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import.h>
+
+#include <thread>
 
 #include "testing/test_paths.h"
 
@@ -89,6 +92,30 @@ TEST(Component, ByteCountsFollowEveryChangeOfTheTensors) {
   c.module().attr("inner").toModule().setattr("absmax", torch::zeros({1}));
   c.Refresh();  // after module() edits
   EXPECT_EQ(c.Bytes().quant_state, 4u + 2 * 16u * 4);
+}
+
+// Note [TorchScript executor]: LibTorch's switch is per thread, and a device worker is not the
+// thread that loaded the component. The profiling executor's first run of a graph would be its
+// profiling run, whose graph holds prim::profile nodes.
+TEST(Component, EveryThreadRunsTheGraphAsExported) {
+  auto c = Component::Load("text_encoder", SaveModule(MakeModule(), "component-executor"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (int worker = 0; worker < 2; ++worker) {
+    std::string ran;
+    bool optimizing_after = false;
+    std::thread([&] {
+      for (int call = 0; call < 3; ++call) {
+        auto out = (*c)->Forward({torch::ones({2, 4})});
+        ASSERT_TRUE(out.ok()) << out.status().ToString();
+        EXPECT_TRUE(at::equal(*out, torch::full({2, 4}, 9.0)));
+        ran += torch::jit::lastExecutedOptimizedGraph()->toString();
+      }
+      optimizing_after = torch::jit::getGraphExecutorOptimize();
+    }).join();
+    EXPECT_EQ(ran.find("prim::profile"), std::string::npos) << "worker " << worker << ":\n" << ran;
+    // The thread's own setting is left as it was.
+    EXPECT_TRUE(optimizing_after);
+  }
 }
 
 TEST(Component, ForwardErrorsAreStatusesNotExceptions) {
