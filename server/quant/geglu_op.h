@@ -12,8 +12,8 @@ namespace qpool::quant {
 // linears. Unfused, the chunk leaves two views whose rows are not contiguous, so ATen's GELU and
 // its product run the element-by-element strided path: the GELU reads the gate and writes a copy,
 // the product reads the value and that copy and writes the output, five passes over D values per
-// row (a quarter of an SDXL UNet's kernel time, profiled at batch 4, went to such elementwise
-// kernels). The CUDA kernel reads value and gate once, 16 bytes at a time where the width, the
+// row (among the largest elementwise kernels of a profiled SDXL UNet, bench/results/README.md).
+// The CUDA kernel reads value and gate once, 16 bytes at a time where the width, the
 // row stride and the addresses allow, and writes the output once. It rounds as the unfused
 // operations do: the GELU is ATen's formula in float32 (x / 2 (1 + erf(x / sqrt(2)))) cast to the
 // dtype, and the product is taken in float32 and cast, so the results are the unfused ones bit
