@@ -34,6 +34,15 @@ EXPORTER = ROOT / "tools" / "qpool_export"
 SIZE = 16  # pixels; the tiny VAE downscales by 2, so latents are 8 x 8
 
 
+def load_component(path):
+    """torch.jit.load of a component file qpool wrote, with the Python references of the ops its
+    graphs call registered (qpool_export.quant: qpool::quant_linear, qpool::geglu)."""
+    sys.path.insert(0, str(EXPORTER))
+    from qpool_export import quant  # noqa: F401
+
+    return torch.jit.load(str(path))
+
+
 def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed=0, sd2=False):
     """A tiny diffusers pipeline with random weights, saved to `out` and loaded back: SD 1.x
     shaped, or with `sd2` SD 2.x shaped (linear projections in the transformers, heads per block,
@@ -317,9 +326,8 @@ def test_smoothquant_w8a8_import_stays_close_to_diffusers(client, imported):
     activation scales (not the ones of an uncalibrated w8a8 layer), and the served image stays
     within W8A8's error of diffusers' float32 image (PSNR; on the CPU tiny pipelines give about
     50 dB)."""
-    from qpool_export import quant  # noqa: F401 (registers the ops a UNet file calls)
     pipes, repository = imported
-    unet = torch.jit.load(str(repository / "sd-w8a8" / "unet.pt"))
+    unet = load_component(repository / "sd-w8a8" / "unet.pt")
     scales = [t for name, t in unet.named_buffers() if name.endswith(".code")]
     assert scales and all(t.dtype == torch.float32 and t.dim() == 1 for t in scales)
     assert any(not torch.equal(t, torch.ones_like(t)) for t in scales)

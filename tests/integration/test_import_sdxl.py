@@ -187,7 +187,7 @@ def unet_inputs(gen, batch, side):
 
 def test_traced_components_equal_diffusers(source, imported):
     _, pipe = source
-    load = {name: torch.jit.load(str(imported / f"{name}.pt"))
+    load = {name: sd_tests.load_component(imported / f"{name}.pt")
             for name in ("text_encoder", "text_encoder_2", "unet", "vae_decoder")}
     texts = [PROMPT, "", "A photo of an astronaut, riding a horse!"]
     context, pooled, ids, ids_2 = encode(pipe, texts)
@@ -258,7 +258,7 @@ def test_float16_import_keeps_the_vae_decoder_in_float32(imported_fp16_skip):
                         ("unet", torch.float16), ("vae_decoder", torch.float32)):
         if name != "vae_decoder":
             assert without_digests(manifest["components"])[name] == {"file": f"{name}.pt"}
-        module = torch.jit.load(str(imported_fp16_skip / f"{name}.pt"))
+        module = sd_tests.load_component(imported_fp16_skip / f"{name}.pt")
         dtypes = {t.dtype for n, t in list(module.named_parameters()) +
                   list(module.named_buffers())
                   if t.is_floating_point() and not n.endswith(".freqs")}
