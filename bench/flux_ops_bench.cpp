@@ -7,7 +7,9 @@
 // the fused q / k / v / MLP one, shift and scale of one modulation output). And the UNets':
 // qpool::geglu (Note [GEGLU op]) on a transformer block's feed-forward projection at both of
 // SDXL's attention levels (4096 tokens of width 640, 1024 of width 1280; inner width 4x) for 4
-// images with guidance (8 rows of the batch), fp16.
+// images with guidance (8 rows of the batch), fp16; and qpool::group_norm (Note [Group norm op])
+// as a resnet block's norm2 (the time embedding's addition, the norm, the SiLU) at SDXL's three
+// widths for the same batch of 8, channels-last fp16, 32 groups.
 //
 //   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
 //
@@ -24,6 +26,7 @@
 #include "quant/ada_norm_op.h"
 #include "quant/cat_gelu_op.h"
 #include "quant/geglu_op.h"
+#include "quant/group_norm_op.h"
 #include "quant/rope_op.h"
 
 namespace qpool {
@@ -93,6 +96,26 @@ Case GegluCase(int64_t tokens, int64_t width) {
 Case GegluSdxl64Case() { return GegluCase(4096, 640); }
 Case GegluSdxl32Case() { return GegluCase(1024, 1280); }
 
+// A resnet block's norm2 on x [8, channels, side, side] channels-last fp16: the time embedding's
+// addition, 32 groups, the SiLU.
+Case GroupNormCase(int64_t channels, int64_t side) {
+  const int64_t batch = 8;
+  const at::TensorOptions half = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const at::Tensor x =
+      at::randn({batch, channels, side, side}, half).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor weight = at::randn({channels}, half), bias = at::randn({channels}, half);
+  const at::Tensor add = at::randn({batch, channels}, half);
+  Case c;
+  c.fused = [=] { return quant::GroupNorm(x, weight, bias, 32, 1e-5, add, true); };
+  c.aten = [=] { return quant::GroupNormCpu(x, weight, bias, 32, 1e-5, add, true); };
+  c.min_bytes = 2.0 * batch * channels * side * side * 2;
+  return c;
+}
+
+Case GroupNormSdxl128Case() { return GroupNormCase(320, 128); }
+Case GroupNormSdxl64Case() { return GroupNormCase(640, 64); }
+Case GroupNormSdxl32Case() { return GroupNormCase(1280, 32); }
+
 void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
   if (!torch::cuda::is_available()) {
     state.SkipWithError("CUDA is not available");
@@ -115,7 +138,10 @@ void RegisterAll() {
                           Named{"ada_norm/flux_joint_4608x3072_bf16", &AdaNormCase},
                           Named{"cat_gelu/flux_single_4608x3072+12288_bf16", &CatGeluCase},
                           Named{"geglu/sdxl_b4_8x4096x640_fp16", &GegluSdxl64Case},
-                          Named{"geglu/sdxl_b4_8x1024x1280_fp16", &GegluSdxl32Case}}) {
+                          Named{"geglu/sdxl_b4_8x1024x1280_fp16", &GegluSdxl32Case},
+                          Named{"group_norm/sdxl_b4_8x320x128x128_fp16", &GroupNormSdxl128Case},
+                          Named{"group_norm/sdxl_b4_8x640x64x64_fp16", &GroupNormSdxl64Case},
+                          Named{"group_norm/sdxl_b4_8x1280x32x32_fp16", &GroupNormSdxl32Case}}) {
     for (bool fused : {false, true}) {
       const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
       benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)

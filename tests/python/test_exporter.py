@@ -513,6 +513,28 @@ def test_channels_last_group_norm_equals_group_norm_and_keeps_the_layout(shape, 
         ChannelsLastGroupNorm(groups, shape[1], affine=False)
 
 
+def test_a_resnet_block_norms_through_one_group_norm_op_each():
+    """Note [Group norm op]: with ChannelsLastGroupNorm, a resnet block's norm1 + SiLU and its
+    time-embedding addition + norm2 + SiLU each trace to one qpool::group_norm, with the result of
+    the block built on nn.GroupNorm's separate operations."""
+    from qpool_export.blocks import ChannelsLastGroupNorm, ResnetBlock2D
+
+    torch.manual_seed(8)
+    mine = ResnetBlock2D(64, 96, 32, 32, 1e-5, ChannelsLastGroupNorm).eval()
+    native = ResnetBlock2D(64, 96, 32, 32, 1e-5, torch.nn.GroupNorm).eval()
+    with torch.no_grad():
+        for p in mine.parameters():
+            p.normal_(0, 0.3)
+        native.load_state_dict(mine.state_dict())
+        x, temb = torch.randn(2, 64, 6, 5) * 2 + 1, torch.randn(2, 32)
+        traced = torch.jit.trace(mine, (x, temb))
+        nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+        assert nodes.count("qpool::group_norm") == 2
+        assert "aten::silu" in nodes  # the time embedding's, before its projection
+        assert nodes.count("aten::silu") == 1
+        torch.testing.assert_close(traced(x, temb), native(x, temb), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
 def test_reduction_group_norm_equals_group_norm(shape, groups):
     from qpool_export.blocks import ReductionGroupNorm

@@ -73,19 +73,49 @@ class ReductionGroupNorm(nn.GroupNorm):
         return y.type_as(x).reshape(x.shape)  # type_as: a traced dtype would be a constant
 
 
+# qpool::group_norm's schema, byte-identical to kGroupNormSchema in server/quant/group_norm_op.h (a
+# unit test compares them).
+GROUP_NORM_SCHEMA = \
+    "group_norm(Tensor x, Tensor weight, Tensor bias, int groups, float eps, Tensor? add, bool silu) -> Tensor"  # noqa: E501
+
+
+def _group_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int,
+                    eps: float, add: Optional[torch.Tensor], silu: bool) -> torch.Tensor:
+    """qpool::group_norm's reference (Note [Group norm op] in server/quant/group_norm_op.h): the
+    addition, ChannelsLastGroupNorm's unfused operations, the SiLU."""
+    if add is not None:
+        x = x + add[:, :, None, None]
+    std, mean = torch.std_mean(x.unflatten(1, (groups, -1)), dim=(2, 3, 4), correction=0)
+    # 1 / sqrt(var + eps) as 1 / hypot(std, sqrt(eps)): std is never squared in fp16.
+    rstd = torch.reciprocal(torch.hypot(std, torch.full_like(std, math.sqrt(eps))))
+    scale = rstd[:, :, None] * weight.reshape(groups, -1)  # [n, groups, channels per group]
+    shift = torch.addcmul(bias.reshape(groups, -1), mean[:, :, None], scale, value=-1)
+    y = torch.addcmul(shift.flatten(1)[:, :, None, None], x, scale.flatten(1)[:, :, None, None])
+    return F.silu(y) if silu else y
+
+
+def _group_norm_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int,
+                     eps: float, add: Optional[torch.Tensor], silu: bool) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_GROUP_NORM_LIB = ops.register(GROUP_NORM_SCHEMA, _group_norm_ref, _group_norm_fake)
+
+
 class ChannelsLastGroupNorm(nn.GroupNorm):
     """nn.GroupNorm (same parameters, state_dict keys and, in float32, result) that keeps its
-    input's memory layout: channels-last in, channels-last out.
+    input's memory layout: channels-last in, channels-last out; one qpool::group_norm op, which
+    can also add a per-channel vector before the norm and apply the SiLU after it.
 
     PyTorch's CUDA group norm makes its input contiguous (NCHW) first, so in a UNet whose
     convolutions run channels-last (the server lays their weights out so on GPUs) each norm cost a
-    copy to NCHW and the next convolution a copy back. Here a group is a view of the input in
-    either layout, its statistics come from one general reduction (std_mean accumulates in
-    float32, and a standard deviation cannot overflow fp16 where a variance above 65504 would),
-    and normalization with the affine is one addcmul of per-channel scale and shift, which keeps
-    the input's strides. An SD-1.5 UNet step on an H100 (traced, channels-last, CUDA graph) took
-    8.3 ms instead of 9.45. In fp16 the scale and shift are fp16 numbers: the output differs from
-    the native norm's by a few 1e-3 of its scale times a group's |mean| / std (tested)."""
+    copy to NCHW and the next convolution a copy back. The op's reference takes a group as a view
+    of the input in either layout, its statistics from one general reduction (std_mean accumulates
+    in float32, and a standard deviation cannot overflow fp16 where a variance above 65504 would),
+    and normalizes with the affine in one addcmul of per-channel scale and shift, which keeps the
+    input's strides; the server's CUDA kernel does all of it in two passes (Note [Group norm op]).
+    In fp16 the reference's scale and shift are fp16 numbers: its output differs from the native
+    norm's by a few 1e-3 of its scale times a group's |mean| / std (tested)."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
                  affine: bool = True):
@@ -93,15 +123,22 @@ class ChannelsLastGroupNorm(nn.GroupNorm):
             raise ValueError("ChannelsLastGroupNorm needs the affine weight and bias")
         super().__init__(num_groups, num_channels, eps=eps, affine=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.num_groups
-        std, mean = torch.std_mean(x.unflatten(1, (g, -1)), dim=(2, 3, 4), correction=0)
-        # 1 / sqrt(var + eps) as 1 / hypot(std, sqrt(eps)): std is never squared in fp16.
-        rstd = torch.reciprocal(torch.hypot(std, torch.full_like(std, math.sqrt(self.eps))))
-        scale = rstd[:, :, None] * self.weight.reshape(g, -1)  # [n, g, channels per group]
-        shift = torch.addcmul(self.bias.reshape(g, -1), mean[:, :, None], scale, value=-1)
-        return torch.addcmul(shift.flatten(1)[:, :, None, None], x,
-                             scale.flatten(1)[:, :, None, None])
+    def forward(self, x: torch.Tensor, add: Optional[torch.Tensor] = None,
+                silu: bool = False) -> torch.Tensor:
+        """The norm of x + add[:, :, None, None] (add [N, C]), then its SiLU when `silu`."""
+        return torch.ops.qpool.group_norm(x, self.weight, self.bias, self.num_groups, self.eps,
+                                          add, silu)
+
+
+def norm_silu(norm: nn.Module, x: torch.Tensor,
+              add: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """silu(norm(x + add[:, :, None, None])): one qpool::group_norm op for a
+    ChannelsLastGroupNorm, the separate operations for any other norm."""
+    if isinstance(norm, ChannelsLastGroupNorm):
+        return norm(x, add, silu=True)
+    if add is not None:
+        x = x + add[:, :, None, None]
+    return F.silu(norm(x))
 
 
 class ResnetBlock2D(nn.Module):
@@ -119,10 +156,11 @@ class ResnetBlock2D(nn.Module):
                               if in_channels != out_channels else None)
 
     def forward(self, x: torch.Tensor, temb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv1(norm_silu(self.norm1, x))
+        emb = None
         if self.time_emb_proj is not None and temb is not None:
-            h = h + self.time_emb_proj(F.silu(temb))[:, :, None, None]
-        h = self.conv2(F.silu(self.norm2(h)))
+            emb = self.time_emb_proj(F.silu(temb))
+        h = self.conv2(norm_silu(self.norm2, h, emb))
         if self.conv_shortcut is not None:
             x = self.conv_shortcut(x)
         return x + h

@@ -25,7 +25,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .blocks import (BasicTransformerBlock, ChannelsLastGroupNorm, Downsample2D,
                      ResnetBlock2D)
@@ -297,4 +296,4 @@ class SdUNet(nn.Module):
                 # diffusers passes the skip's size when the latent is not a multiple of the
                 # UNet's total downscale; with it, this is the same interpolation in both cases.
                 x = block.upsamplers[0](x, skips[-1])
-        return self.conv_out(F.silu(self.conv_norm_out(x)))
+        return self.conv_out(self.conv_norm_out(x, silu=True))

@@ -167,4 +167,4 @@ class UNet(nn.Module):
                     x = block.attentions[i](x, encoder_hidden_states)
             for up in block.samplers:
                 x = up(x, skips[-1])
-        return self.conv_out(F.silu(self.conv_norm_out(x)))
+        return self.conv_out(self.conv_norm_out(x, silu=True))
