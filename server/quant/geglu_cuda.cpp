@@ -26,8 +26,8 @@ at::Tensor GegluCuda(const at::Tensor& x) {
   // x as [rows, 2D] with contiguous rows: a view where its leading dimensions allow one.
   at::Tensor x2 = x.reshape({rows, 2 * d});
   if (x2.stride(1) != 1) x2 = x2.contiguous();
-  cuda::LaunchGeglu(x2.data_ptr(), x2.stride(0), rows, d, out.data_ptr(),
-                    ElemTypeOf(x.scalar_type()), at::cuda::getCurrentCUDAStream());
+  cuda::LaunchGeglu(x2.data_ptr(), x2.stride(0), rows, d, out.data_ptr(), ElemTypeOf(type),
+                    at::cuda::getCurrentCUDAStream());
   return out;
 }
 

@@ -239,8 +239,7 @@ int64_t GroupNormWorkspaceFloats(const GroupNormArgs& args) {
 
 void LaunchGroupNorm(const GroupNormArgs& args, float* workspace, cudaStream_t stream) {
   TORCH_CHECK(GroupNormSupported(args),
-              "qpool::group_norm: the CUDA kernel does not take these "
-              "arguments");
+              "qpool::group_norm: arguments the CUDA kernels do not take");
   WithElemType(args.type, [&](auto zero) { Launch<decltype(zero)>(args, workspace, stream); });
 }
 

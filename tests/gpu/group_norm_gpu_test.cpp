@@ -10,6 +10,7 @@
 
 #include "quant/group_norm_op.h"
 #include "testing/cuda_graph_replay.h"
+#include "testing/group_norm_reference.h"
 
 namespace qpool::quant {
 namespace {
@@ -18,16 +19,6 @@ namespace {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available; GPU test skipped"
 
 constexpr double kEps = 1e-5;
-
-// silu(group_norm(x + add[:, :, None, None])) in float64, by ATen's own group norm.
-at::Tensor Float64Reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                            int64_t groups, const std::optional<at::Tensor>& add, bool silu) {
-  at::Tensor sum = x.to(at::kDouble);
-  if (add) sum = sum + add->to(at::kDouble).unsqueeze(-1).unsqueeze(-1);
-  const at::Tensor y =
-      at::group_norm(sum.contiguous(), groups, weight.to(at::kDouble), bias.to(at::kDouble), kEps);
-  return silu ? at::silu(y) : y;
-}
 
 double MaxAbsDifference(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
@@ -81,7 +72,7 @@ TEST(GroupNormCuda, NearerAFloat64NormThanTheUnfusedOps) {
           EXPECT_TRUE(got.is_contiguous(at::MemoryFormat::ChannelsLast))
               << what << ": strides " << got.strides();
           const at::Tensor unfused = GroupNormCpu(x, weight, bias, 32, kEps, add, silu);
-          const at::Tensor ref = Float64Reference(x, weight, bias, 32, add, silu);
+          const at::Tensor ref = testing::GroupNormFloat64(x, weight, bias, 32, kEps, add, silu);
           const double scale = ref.abs().max().item<double>();
           const double error = MaxAbsDifference(got, ref);
           const double unfused_error = MaxAbsDifference(unfused, ref);

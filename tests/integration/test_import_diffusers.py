@@ -36,7 +36,8 @@ SIZE = 16  # pixels; the tiny VAE downscales by 2, so latents are 8 x 8
 
 def load_component(path):
     """torch.jit.load of a component file qpool wrote, with the Python references of the ops its
-    graphs call registered (qpool_export.quant: qpool::quant_linear, qpool::geglu)."""
+    graphs call registered (qpool_export.quant: qpool::quant_linear, qpool::geglu,
+    qpool::group_norm)."""
     sys.path.insert(0, str(EXPORTER))
     from qpool_export import quant  # noqa: F401
 

@@ -277,9 +277,9 @@ def test_clip_skip_takes_diffusers_layer(source, imported_fp16_skip):
     rounded.text_encoder_2 = copy.deepcopy(pipe.text_encoder_2).half().float()
     context, pooled, ids, ids_2 = encode(rounded, [PROMPT, ""], clip_skip=1)
     with torch.no_grad():
-        hidden = torch.jit.load(str(imported_fp16_skip / "text_encoder.pt")).float()(ids)
-        hidden_2, pooled_2 = torch.jit.load(
-            str(imported_fp16_skip / "text_encoder_2.pt")).float()(ids_2)
+        hidden = sd_tests.load_component(imported_fp16_skip / "text_encoder.pt").float()(ids)
+        hidden_2, pooled_2 = sd_tests.load_component(
+            imported_fp16_skip / "text_encoder_2.pt").float()(ids_2)
     assert_close(torch.cat([hidden, hidden_2], dim=-1), context, "clip-skip context", 1e-4)
     assert_close(pooled_2, pooled, "clip-skip text_embeds (from the last layer)", 1e-4)
     unskipped, *_ = encode(rounded, [PROMPT, ""])
@@ -379,11 +379,11 @@ def bnb_imported(tmp_path_factory, source):
 
 def saved_weights(path):
     """{layer: the weight qpool computes with} of every quantized layer of a saved component."""
-    sys.path.insert(0, str(EXPORTER))
-    from qpool_export import quant  # also registers qpool::quant_linear for torch.jit.load
+    component = sd_tests.load_component(path)
+    from qpool_export import quant  # on sys.path once load_component ran
 
     weights = {}
-    for name, layer in torch.jit.load(str(path)).named_modules():
+    for name, layer in component.named_modules():
         buffers = dict(layer.named_buffers(recurse=False))
         if "absmax" not in buffers:
             continue

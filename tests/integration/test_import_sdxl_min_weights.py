@@ -4,8 +4,6 @@ server's load-time quantization keeps the same layers float, so both give the sa
 tiny pipeline, its source and the import helpers are test_import_sdxl.py's.
 """
 
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,16 +12,9 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors.torch")
 
-from test_import_sdxl import (EXPORTER, PROMPT, SIZE,  # noqa: E402,F401 - fixtures too
+import test_import_diffusers as sd_tests  # noqa: E402
+from test_import_sdxl import (PROMPT, SIZE,  # noqa: E402,F401 - fixtures too
                               imported_into, one_thread, source, tokenizer_dir)
-
-
-def load_traced(path):
-    """A traced component, with qpool::quant_linear registered by the exporter's reference."""
-    sys.path.insert(0, str(EXPORTER))
-    from qpool_export import quant  # noqa: F401 - registers the op
-
-    return torch.jit.load(str(path))
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +61,7 @@ def test_min_weights_keeps_the_same_small_layers_float_at_import_and_at_load(
     folder = served_pipelines["sdxl-w8a8-large"]
     section = unet_quantization(folder)
     assert section["format"] == "w8a8" and section["min_weights"] > 0
-    kinds = [m.original_name for _, m in load_traced(folder / "unet.pt").named_modules()]
+    kinds = [m.original_name for _, m in sd_tests.load_component(folder / "unet.pt").named_modules()]
     assert kinds.count("QuantLinear") > 0 and kinds.count("Linear") > 0, kinds
     assert unet_quantization(served_pipelines["sdxl-w8a8-large-load"]) == section
     request = dict(pipeline="sdxl-w8a8-large", prompt=PROMPT, steps=3, width=SIZE, height=SIZE,
@@ -88,7 +79,7 @@ def test_a_component_with_every_layer_below_min_weights_stays_float(client, serv
     components = yaml.safe_load((folder / "pipeline.yaml").read_text())["components"]
     for name in ("text_encoder", "text_encoder_2"):
         assert "quantization" not in components[name], components[name]
-        kinds = [m.original_name for _, m in load_traced(folder / f"{name}.pt").named_modules()]
+        kinds = [m.original_name for _, m in sd_tests.load_component(folder / f"{name}.pt").named_modules()]
         assert "QuantLinear" not in kinds, name
     assert components["unet"]["quantization"]["format"] == "w8a8"
     load = yaml.safe_load((served_pipelines["sdxl-w8a8-unet-load"] / "pipeline.yaml").read_text())

@@ -11,23 +11,13 @@
 #include <vector>
 
 #include "testing/c10_error.h"
+#include "testing/group_norm_reference.h"
 #include "testing/op_schemas.h"
 
 namespace qpool::quant {
 namespace {
 
 using testing::ErrorOf;
-
-// silu(group_norm(x + add[:, :, None, None])) in float64, by ATen's own group norm.
-at::Tensor Float64Reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                            int64_t groups, double eps, const std::optional<at::Tensor>& add,
-                            bool silu) {
-  at::Tensor sum = x.to(at::kDouble);
-  if (add) sum = sum + add->to(at::kDouble).unsqueeze(-1).unsqueeze(-1);
-  const at::Tensor y =
-      at::group_norm(sum.contiguous(), groups, weight.to(at::kDouble), bias.to(at::kDouble), eps);
-  return silu ? at::silu(y) : y;
-}
 
 // The largest difference allowed, relative to the reference's largest magnitude. In fp16 and
 // bf16 the unfused operations round the standard deviation, scale and shift to x's dtype.
@@ -78,7 +68,8 @@ TEST(GroupNormOp, Values) {
             ASSERT_EQ(got.sizes(), x.sizes()) << what;
             EXPECT_EQ(got.scalar_type(), type) << what;
             EXPECT_TRUE(got.is_contiguous(format)) << what << ": strides " << got.strides();
-            const at::Tensor ref = Float64Reference(x, weight, bias, sh.groups, 1e-5, add, silu);
+            const at::Tensor ref =
+                testing::GroupNormFloat64(x, weight, bias, sh.groups, 1e-5, add, silu);
             const double diff = MaxAbs(got.to(at::kDouble) - ref);
             EXPECT_LE(diff, Tolerance(type) * MaxAbs(ref)) << what;
           }
