@@ -13,9 +13,7 @@ namespace qpool::quant {
 // group_norm(x [N, C, H, W], weight [C], bias [C], groups, eps, add [N, C]?, silu) is
 //   y = GroupNorm(x + add[:, :, None, None]) with the affine, then silu(y) when `silu`:
 // the norms of every resnet block of an SD 1.x / 2.x or SDXL UNet (norm1 then SiLU; the
-// time-embedding addition, norm2, SiLU) and of its transformers' inputs (no add, no SiLU). The
-// exporter passes conv1's bias in `add` too, with the conv run without it: ATen adds a cuDNN
-// convolution's bias in a broadcast pass of its own, on its slowest elementwise path.
+// time-embedding addition, norm2, SiLU) and of its transformers' inputs (no add, no SiLU).
 // Unfused (the exporter's ChannelsLastGroupNorm, tools/qpool_export/qpool_export/blocks.py), a
 // norm is a broadcast addition, a reduction, five small ops for the per-channel scale and shift,
 // an addcmul and a SiLU: four passes over x and up to nine launches. The CUDA kernels for a

@@ -156,20 +156,10 @@ class ResnetBlock2D(nn.Module):
                               if in_channels != out_channels else None)
 
     def forward(self, x: torch.Tensor, temb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        h = norm_silu(self.norm1, x)
+        h = self.conv1(norm_silu(self.norm1, x))
         emb = None
         if self.time_emb_proj is not None and temb is not None:
             emb = self.time_emb_proj(F.silu(temb))
-        conv1 = self.conv1
-        if isinstance(self.norm2, ChannelsLastGroupNorm) and conv1.bias is not None:
-            # conv1's bias joins the time embedding in qpool::group_norm's addition: ATen adds a
-            # convolution's bias in a broadcast pass of its own, ATen's slowest elementwise path
-            # (Note [Group norm op]).
-            h = F.conv2d(h, conv1.weight, None, conv1.stride, conv1.padding)
-            bias = conv1.bias[None, :]
-            emb = bias.expand(h.shape[0], -1) if emb is None else emb + bias
-        else:
-            h = conv1(h)
         h = self.conv2(norm_silu(self.norm2, h, emb))
         if self.conv_shortcut is not None:
             x = self.conv_shortcut(x)
