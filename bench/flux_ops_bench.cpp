@@ -9,7 +9,8 @@
 // SDXL's attention levels (4096 tokens of width 640, 1024 of width 1280; inner width 4x) for 4
 // images with guidance (8 rows of the batch), fp16; and qpool::group_norm (Note [Group norm op])
 // as a resnet block's norm2 (the time embedding's addition, the norm, the SiLU) at SDXL's three
-// widths for the same batch of 8, channels-last fp16, 32 groups.
+// widths for the same batch of 8, channels-last fp16, 32 groups; and qpool::bias_residual (Note
+// [Convolution biases]) as a resnet block's conv2 bias and residual at the same shapes.
 //
 //   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
 //
@@ -24,6 +25,7 @@
 
 #include "gpu_timing.h"
 #include "quant/ada_norm_op.h"
+#include "quant/bias_residual_op.h"
 #include "quant/cat_gelu_op.h"
 #include "quant/geglu_op.h"
 #include "quant/group_norm_op.h"
@@ -116,6 +118,26 @@ Case GroupNormSdxl128Case() { return GroupNormCase(320, 128); }
 Case GroupNormSdxl64Case() { return GroupNormCase(640, 64); }
 Case GroupNormSdxl32Case() { return GroupNormCase(1280, 32); }
 
+// A resnet block's end on [8, channels, side, side] channels-last fp16: conv2's bias-free output,
+// its bias, the residual.
+Case BiasResidualCase(int64_t channels, int64_t side) {
+  const int64_t batch = 8;
+  const at::TensorOptions half = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const auto map = [&] {
+    return at::randn({batch, channels, side, side}, half)
+        .contiguous(at::MemoryFormat::ChannelsLast);
+  };
+  const at::Tensor x = map(), residual = map(), bias = at::randn({channels}, half);
+  Case c;
+  c.fused = [=] { return quant::BiasResidual(x, bias, residual); };
+  c.aten = [=] { return quant::BiasResidualCpu(x, bias, residual); };
+  c.min_bytes = 3.0 * batch * channels * side * side * 2;
+  return c;
+}
+
+Case BiasResidualSdxl128Case() { return BiasResidualCase(320, 128); }
+Case BiasResidualSdxl32Case() { return BiasResidualCase(1280, 32); }
+
 void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
   if (!torch::cuda::is_available()) {
     state.SkipWithError("CUDA is not available");
@@ -134,14 +156,17 @@ void RegisterAll() {
     const char* name;
     Case (*make)();
   };
-  for (const Named& op : {Named{"rms_rope/flux_joint_q_4608x24x128_bf16", &RmsRopeCase},
-                          Named{"ada_norm/flux_joint_4608x3072_bf16", &AdaNormCase},
-                          Named{"cat_gelu/flux_single_4608x3072+12288_bf16", &CatGeluCase},
-                          Named{"geglu/sdxl_b4_8x4096x640_fp16", &GegluSdxl64Case},
-                          Named{"geglu/sdxl_b4_8x1024x1280_fp16", &GegluSdxl32Case},
-                          Named{"group_norm/sdxl_b4_8x320x128x128_fp16", &GroupNormSdxl128Case},
-                          Named{"group_norm/sdxl_b4_8x640x64x64_fp16", &GroupNormSdxl64Case},
-                          Named{"group_norm/sdxl_b4_8x1280x32x32_fp16", &GroupNormSdxl32Case}}) {
+  for (const Named& op :
+       {Named{"rms_rope/flux_joint_q_4608x24x128_bf16", &RmsRopeCase},
+        Named{"ada_norm/flux_joint_4608x3072_bf16", &AdaNormCase},
+        Named{"cat_gelu/flux_single_4608x3072+12288_bf16", &CatGeluCase},
+        Named{"geglu/sdxl_b4_8x4096x640_fp16", &GegluSdxl64Case},
+        Named{"geglu/sdxl_b4_8x1024x1280_fp16", &GegluSdxl32Case},
+        Named{"group_norm/sdxl_b4_8x320x128x128_fp16", &GroupNormSdxl128Case},
+        Named{"group_norm/sdxl_b4_8x640x64x64_fp16", &GroupNormSdxl64Case},
+        Named{"group_norm/sdxl_b4_8x1280x32x32_fp16", &GroupNormSdxl32Case},
+        Named{"bias_residual/sdxl_b4_8x320x128x128_fp16", &BiasResidualSdxl128Case},
+        Named{"bias_residual/sdxl_b4_8x1280x32x32_fp16", &BiasResidualSdxl32Case}}) {
     for (bool fused : {false, true}) {
       const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
       benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)

@@ -535,6 +535,46 @@ def test_a_resnet_block_norms_through_one_group_norm_op_each():
         torch.testing.assert_close(traced(x, temb), native(x, temb), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(channels_last):
+    """Note [Convolution biases]: conv2's bias and the residual trace to one qpool::bias_residual;
+    with channels_last, conv1 runs without its bias, which joins the time embedding, and the 1x1
+    shortcut is a linear. The block equals the plain convolutions' and reads no tensor of another
+    module (Note [Streaming]: each bias is read in its own module's forward)."""
+    import torch.nn.functional as F
+    from qpool_export.blocks import ChannelsLastGroupNorm, ResnetBlock2D
+
+    torch.manual_seed(9)
+    block = ResnetBlock2D(64, 96, 32, 32, 1e-5, ChannelsLastGroupNorm,
+                          channels_last=channels_last).eval()
+
+    def plain(x, temb):
+        def norm_silu(norm, h):
+            return F.silu(F.group_norm(h, 32, norm.weight, norm.bias, 1e-5))
+        h = F.conv2d(norm_silu(block.norm1, x), block.conv1.weight, block.conv1.bias, padding=1)
+        h = h + block.time_emb_proj(F.silu(temb))[:, :, None, None]
+        h = F.conv2d(norm_silu(block.norm2, h), block.conv2.weight, block.conv2.bias, padding=1)
+        sc = block.conv_shortcut
+        return F.conv2d(x, sc.weight, sc.bias) + h
+
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+        x, temb = torch.randn(2, 64, 6, 5) * 2 + 1, torch.randn(2, 32)
+        traced = torch.jit.trace(block, (x, temb))
+        nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+        assert nodes.count("qpool::bias_residual") == 1
+        assert "aten::linear" in nodes  # the time embedding's projection (and the shortcut)
+        assert nodes.count("aten::linear") == (2 if channels_last else 1)
+        children = {name for name, _ in block.named_children()}
+        for node in traced.graph.nodes():
+            if node.kind() == "prim::GetAttr":
+                assert node.s("name") in children, node
+        torch.testing.assert_close(traced(x, temb), plain(x, temb), rtol=1e-5, atol=1e-5)
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(traced(x_cl, temb), plain(x, temb), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
 def test_reduction_group_norm_equals_group_norm(shape, groups):
     from qpool_export.blocks import ReductionGroupNorm

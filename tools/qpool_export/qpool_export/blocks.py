@@ -7,7 +7,7 @@ Python ints), dtypes follow the input (`type_as`), and linear layers are plain n
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -141,29 +141,97 @@ def norm_silu(norm: nn.Module, x: torch.Tensor,
     return F.silu(norm(x))
 
 
+# qpool::bias_residual's schema, byte-identical to kBiasResidualSchema in
+# server/quant/bias_residual_op.h (a unit test compares them).
+BIAS_RESIDUAL_SCHEMA = "bias_residual(Tensor x, Tensor bias, Tensor residual) -> Tensor"
+
+
+def _bias_residual_ref(x: torch.Tensor, bias: torch.Tensor,
+                       residual: torch.Tensor) -> torch.Tensor:
+    """residual + (x + bias per channel): qpool::bias_residual's reference, the two additions a
+    convolution's bias and a residual cost unfused (Note [Convolution biases] in
+    server/quant/bias_residual_op.h)."""
+    # Into x's layout, as the fake says (ATen's addition would follow the residual's).
+    return torch.add(residual, x + bias.view([1, -1] + [1] * (x.dim() - 2)),
+                     out=torch.empty_like(x))
+
+
+def _bias_residual_fake(x: torch.Tensor, bias: torch.Tensor,
+                        residual: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_BIAS_RESIDUAL_LIB = ops.register(BIAS_RESIDUAL_SCHEMA, _bias_residual_ref, _bias_residual_fake)
+
+
+# The convolutions below are nn.Conv2d (same parameters, state_dict keys and results up to the
+# order of additions) that leave their bias to an operation after them, which adds it in a pass it
+# makes anyway (Note [Convolution biases] in server/quant/bias_residual_op.h). Each reads its bias
+# in its own forward, as streaming requires.
+class TimeBiasConv2d(nn.Conv2d):
+    """A resnet block's conv1: forward(x, add) is (the convolution without its bias, add + bias),
+    the second for qpool::group_norm's addition of the time embedding [N, C]."""
+
+    def forward(self, x: torch.Tensor, add: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._conv_forward(x, self.weight, None), add + self.bias
+
+
+class ResidualConv2d(nn.Conv2d):
+    """A resnet block's conv2: forward(x, residual) is residual + the convolution, its bias added
+    in the same qpool::bias_residual pass as the residual."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return torch.ops.qpool.bias_residual(self._conv_forward(x, self.weight, None), self.bias,
+                                             residual)
+
+
+class PointwiseConv2d(nn.Conv2d):
+    """A 1x1 convolution run as a linear over the pixels, whose GEMM adds the bias in its
+    epilogue: channels-last x in, channels-last out, no copy (x in another layout is copied for
+    the GEMM)."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__(in_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.permute(0, 2, 3, 1), self.weight.flatten(1), self.bias)
+        return y.permute(0, 3, 1, 2)
+
+
 class ResnetBlock2D(nn.Module):
-    """GroupNorm-SiLU-conv twice, with an optional time-embedding injection and 1x1 shortcut."""
+    """GroupNorm-SiLU-conv twice, with an optional time-embedding injection and 1x1 shortcut.
+    conv2 adds its bias with the residual (ResidualConv2d). With `channels_last` (a UNet's, whose
+    convolutions run so on GPUs), conv1 hands its bias to the time embedding (TimeBiasConv2d) and
+    the shortcut is a GEMM (PointwiseConv2d)."""
 
     def __init__(self, in_channels: int, out_channels: int, temb_channels: Optional[int],
-                 groups: int, eps: float, norm: Callable[..., nn.GroupNorm] = nn.GroupNorm):
+                 groups: int, eps: float, norm: Callable[..., nn.GroupNorm] = nn.GroupNorm,
+                 channels_last: bool = False):
         super().__init__()
         self.norm1 = norm(groups, in_channels, eps=eps)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        conv1 = TimeBiasConv2d if channels_last and temb_channels else nn.Conv2d
+        self.conv1 = conv1(in_channels, out_channels, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb_channels, out_channels) if temb_channels else None
         self.norm2 = norm(groups, out_channels, eps=eps)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        self.conv_shortcut = (nn.Conv2d(in_channels, out_channels, 1)
-                              if in_channels != out_channels else None)
+        self.conv2 = ResidualConv2d(out_channels, out_channels, 3, padding=1)
+        shortcut = (PointwiseConv2d(in_channels, out_channels) if channels_last
+                    else nn.Conv2d(in_channels, out_channels, 1))
+        self.conv_shortcut = shortcut if in_channels != out_channels else None
 
     def forward(self, x: torch.Tensor, temb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        h = self.conv1(norm_silu(self.norm1, x))
+        h = norm_silu(self.norm1, x)
         emb = None
-        if self.time_emb_proj is not None and temb is not None:
+        if self.time_emb_proj is not None:
+            if temb is None:
+                raise ValueError("a resnet block with a time-embedding projection takes temb")
             emb = self.time_emb_proj(F.silu(temb))
-        h = self.conv2(norm_silu(self.norm2, h, emb))
+        if isinstance(self.conv1, TimeBiasConv2d):
+            h, emb = self.conv1(h, emb)
+        else:
+            h = self.conv1(h)
         if self.conv_shortcut is not None:
             x = self.conv_shortcut(x)
-        return x + h
+        return self.conv2(norm_silu(self.norm2, h, emb), x)
 
 
 class Downsample2D(nn.Module):
@@ -302,17 +370,18 @@ class BasicTransformerBlock(nn.Module):
 
 
 class Transformer2D(nn.Module):
-    """GroupNorm, 1x1 conv in, transformer blocks over the H*W tokens, 1x1 conv out, residual."""
+    """GroupNorm, 1x1 conv in, transformer blocks over the H*W tokens, 1x1 conv out, residual
+    (the 1x1 convolutions as linears over the pixels, PointwiseConv2d)."""
 
     def __init__(self, channels: int, cross_dim: int, heads: int, groups: int, depth: int = 1):
         super().__init__()
         if channels % heads:
             raise ValueError(f"{channels} channels are not divisible by {heads} heads")
         self.norm = ChannelsLastGroupNorm(groups, channels, eps=1e-6)
-        self.proj_in = nn.Conv2d(channels, channels, 1)
+        self.proj_in = PointwiseConv2d(channels, channels)
         self.transformer_blocks = nn.ModuleList(
             BasicTransformerBlock(channels, cross_dim, heads) for _ in range(depth))
-        self.proj_out = nn.Conv2d(channels, channels, 1)
+        self.proj_out = PointwiseConv2d(channels, channels)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape

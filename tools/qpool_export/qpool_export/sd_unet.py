@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from .blocks import (BasicTransformerBlock, ChannelsLastGroupNorm, Downsample2D,
-                     ResnetBlock2D)
+                     PointwiseConv2d, ResnetBlock2D)
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection, UpsampleToSkip
 
@@ -163,11 +163,12 @@ class Transformer2D(nn.Module):
         super().__init__()
         self.linear = linear
         self.norm = ChannelsLastGroupNorm(groups, channels, eps=1e-6)
-        self.proj_in = nn.Linear(channels, channels) if linear else nn.Conv2d(channels, channels, 1)
+        self.proj_in = (nn.Linear(channels, channels) if linear
+                        else PointwiseConv2d(channels, channels))
         self.transformer_blocks = nn.ModuleList(
             BasicTransformerBlock(channels, cross_dim, heads) for _ in range(depth))
         self.proj_out = (nn.Linear(channels, channels) if linear
-                         else nn.Conv2d(channels, channels, 1))
+                         else PointwiseConv2d(channels, channels))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape
@@ -204,7 +205,8 @@ class SdUNet(nn.Module):
         groups, eps = cfg.norm_num_groups, cfg.norm_eps
 
         def resnet(cin: int, cout: int) -> ResnetBlock2D:
-            return ResnetBlock2D(cin, cout, temb_dim, groups, eps, ChannelsLastGroupNorm)
+            return ResnetBlock2D(cin, cout, temb_dim, groups, eps, ChannelsLastGroupNorm,
+                                 channels_last=True)
 
         def transformer(c: int, heads: int, depth: int) -> Transformer2D:
             return Transformer2D(c, cfg.cross_attention_dim, heads, groups, depth,

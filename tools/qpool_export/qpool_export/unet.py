@@ -93,7 +93,8 @@ class UNet(nn.Module):
         groups, eps = cfg.norm_groups, cfg.norm_eps
 
         def resnet(cin: int, cout: int) -> ResnetBlock2D:
-            return ResnetBlock2D(cin, cout, temb_dim, groups, eps, ChannelsLastGroupNorm)
+            return ResnetBlock2D(cin, cout, temb_dim, groups, eps, ChannelsLastGroupNorm,
+                                 channels_last=True)
 
         def transformer(c: int) -> Transformer2D:
             return Transformer2D(c, cfg.cross_attention_dim, cfg.num_heads, groups)
