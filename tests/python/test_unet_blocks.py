@@ -1,0 +1,169 @@
+"""Tests of the exporter's UNet building blocks (tools/qpool_export/qpool_export/blocks.py): the
+group-norm variants, the resnet block's fused norms and convolution biases, and the fused attention
+projections, each against the plain PyTorch operations it replaces. CPU only.
+
+Run: .venv/bin/python -m pytest -q tests/python/test_unet_blocks.py
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
+
+torch.set_num_threads(1)  # tiny ops: one thread is fastest and immune to a loaded CI machine
+
+GROUP_NORM_SHAPES = [((1, 64, 9, 7), 32), ((2, 32, 4, 4), 32), ((3, 12, 5, 6), 4)]
+
+
+def group_norm_pair(cls, channels, groups, seed):
+    """An nn.GroupNorm with random affine parameters, `cls` holding the same state, and the
+    generator for inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    native = torch.nn.GroupNorm(groups, channels, eps=1e-6)
+    with torch.no_grad():
+        native.weight.copy_(torch.randn(channels, generator=gen))
+        native.bias.copy_(torch.randn(channels, generator=gen))
+    mine = cls(groups, channels, eps=1e-6)
+    mine.load_state_dict(native.state_dict())
+    return native, mine, gen
+
+
+@pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
+def test_channels_last_group_norm_equals_group_norm_and_keeps_the_layout(shape, groups):
+    from qpool_export.blocks import ChannelsLastGroupNorm
+
+    native, mine, gen = group_norm_pair(ChannelsLastGroupNorm, shape[1], groups, seed=5)
+    x = torch.randn(shape, generator=gen) * 3 + 2
+    with torch.no_grad():
+        want = native(x)
+        traced = torch.jit.trace(mine, (x,))
+        for layout in (torch.contiguous_format, torch.channels_last):
+            y = traced(x.contiguous(memory_format=layout))
+            torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+            assert y.is_contiguous(memory_format=layout)
+        other = torch.randn(shape[0] + 1, shape[1], 3, 11, generator=gen)
+        torch.testing.assert_close(traced(other), native(other), rtol=1e-5, atol=1e-5)
+        # Saved in float16 (as the exporter does): within the documented bound, a few 1e-3 of
+        # the output's scale times a group's |mean| / std; and no overflow where the variance
+        # exceeds float16's range.
+        big = (x - 2) * 300 + 500
+        for sample in (x, big):
+            std, mean = torch.std_mean(sample.unflatten(1, (groups, -1)), dim=(2, 3, 4))
+            ratio = max((mean / std).abs().max().item(), 1)
+            got = traced.half()(sample.half())
+            assert got.dtype == torch.float16 and torch.isfinite(got).all()
+            ref = native(sample.half().float())
+            assert (got.float() - ref).abs().max() <= 3e-3 * ref.abs().max() * ratio
+    with pytest.raises(ValueError):
+        ChannelsLastGroupNorm(groups, shape[1], affine=False)
+
+
+def test_a_resnet_block_norms_through_one_group_norm_op_each():
+    """Note [Group norm op]: with ChannelsLastGroupNorm, a resnet block's norm1 + SiLU and its
+    time-embedding addition + norm2 + SiLU each trace to one qpool::group_norm, with the result of
+    the block built on nn.GroupNorm's separate operations."""
+    from qpool_export.blocks import ChannelsLastGroupNorm, ResnetBlock2D
+
+    torch.manual_seed(8)
+    mine = ResnetBlock2D(64, 96, 32, 32, 1e-5, ChannelsLastGroupNorm).eval()
+    native = ResnetBlock2D(64, 96, 32, 32, 1e-5, torch.nn.GroupNorm).eval()
+    with torch.no_grad():
+        for p in mine.parameters():
+            p.normal_(0, 0.3)
+        native.load_state_dict(mine.state_dict())
+        x, temb = torch.randn(2, 64, 6, 5) * 2 + 1, torch.randn(2, 32)
+        traced = torch.jit.trace(mine, (x, temb))
+        nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+        assert nodes.count("qpool::group_norm") == 2
+        assert "aten::silu" in nodes  # the time embedding's, before its projection
+        assert nodes.count("aten::silu") == 1
+        torch.testing.assert_close(traced(x, temb), native(x, temb), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(channels_last):
+    """Note [Convolution biases]: conv2's bias and the residual trace to one qpool::bias_residual;
+    with channels_last, conv1 runs without its bias, which joins the time embedding, and the 1x1
+    shortcut is a linear. The block equals the plain convolutions' and reads no tensor of another
+    module (Note [Streaming]: each bias is read in its own module's forward)."""
+    import torch.nn.functional as F
+    from qpool_export.blocks import ChannelsLastGroupNorm, ResnetBlock2D
+
+    torch.manual_seed(9)
+    block = ResnetBlock2D(64, 96, 32, 32, 1e-5, ChannelsLastGroupNorm,
+                          channels_last=channels_last).eval()
+
+    def plain(x, temb):
+        def norm_silu(norm, h):
+            return F.silu(F.group_norm(h, 32, norm.weight, norm.bias, 1e-5))
+        h = F.conv2d(norm_silu(block.norm1, x), block.conv1.weight, block.conv1.bias, padding=1)
+        h = h + block.time_emb_proj(F.silu(temb))[:, :, None, None]
+        h = F.conv2d(norm_silu(block.norm2, h), block.conv2.weight, block.conv2.bias, padding=1)
+        sc = block.conv_shortcut
+        return F.conv2d(x, sc.weight, sc.bias) + h
+
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+        x, temb = torch.randn(2, 64, 6, 5) * 2 + 1, torch.randn(2, 32)
+        traced = torch.jit.trace(block, (x, temb))
+        nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+        assert nodes.count("qpool::bias_residual") == 1
+        assert "aten::linear" in nodes  # the time embedding's projection (and the shortcut)
+        assert nodes.count("aten::linear") == (2 if channels_last else 1)
+        children = {name for name, _ in block.named_children()}
+        for node in traced.graph.nodes():
+            if node.kind() == "prim::GetAttr":
+                assert node.s("name") in children, node
+        torch.testing.assert_close(traced(x, temb), plain(x, temb), rtol=1e-5, atol=1e-5)
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(traced(x_cl, temb), plain(x, temb), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
+def test_reduction_group_norm_equals_group_norm(shape, groups):
+    from qpool_export.blocks import ReductionGroupNorm
+
+    native, mine, gen = group_norm_pair(ReductionGroupNorm, shape[1], groups, seed=3)
+    # Groups far from zero mean: the statistics must not lose what the native ones keep.
+    x = torch.randn(shape, generator=gen) * 3 + 40
+    with torch.no_grad():
+        want = native(x)
+        torch.testing.assert_close(mine(x), want, rtol=1e-5, atol=1e-4)
+        # Traced at one shape, right at another (shapes are read at run time).
+        traced = torch.jit.trace(mine, (x,))
+        other = torch.randn(shape[0] + 1, shape[1], 3, 11, generator=gen)
+        torch.testing.assert_close(traced(other), native(other), rtol=1e-5, atol=1e-5)
+        # Traced in float32 and saved in float16 (as the exporter does): float16 in, float16
+        # out, statistics in float32, so only float16's rounding of the result differs.
+        half = traced.half()(x.half())
+        assert half.dtype == torch.float16
+        torch.testing.assert_close(half.float(), native(x.half().float()), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_fused_attention_projections_equal_the_separate_ones(cross):
+    """Note [Fused projections]: a self-attention's q / k / v as one to_qkv, a cross-attention's
+    k / v as one to_kv, the same result as the three linears; a quantized part leaves it as is."""
+    from qpool_export import quant
+    from qpool_export.blocks import Attention, fuse_projections
+
+    torch.manual_seed(3)
+    attn = Attention(32, 24 if cross else None, 4, 8, qkv_bias=False)
+    x, context = torch.randn(2, 10, 32), torch.randn(2, 7, 24)
+    args = (x, context) if cross else (x,)
+    with torch.no_grad():
+        want = attn(*args)
+        assert fuse_projections(torch.nn.Sequential(attn)) == 1
+        fused = attn.to_kv if cross else attn.to_qkv
+        assert fused.out_features == (2 if cross else 3) * 32
+        assert (attn(*args) - want).abs().max().item() < 1e-6
+    assert not any(hasattr(attn, n) for n in (["to_k", "to_v"] if cross else ["to_q", "to_k"]))
+
+    quantized = Attention(32, None, 4, 8, qkv_bias=False)
+    quant.quantize_module(quantized, "int8", skip=["to_out"])
+    assert not quantized.fuse() and hasattr(quantized, "to_q")
