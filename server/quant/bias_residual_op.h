@@ -10,8 +10,8 @@ namespace qpool::quant {
 // Note [Convolution biases]
 // ATen runs a cuDNN convolution without its bias and adds the bias afterwards in a broadcast
 // pass of its own, which for channels-last output takes the element-by-element strided path:
-// one pass over the feature map per convolution, 51 a step in a profiled SDXL UNet
-// (bench/results/README.md). The UNet exports therefore give no convolution that feeds a later
+// one pass over the feature map per convolution (a profiled SDXL UNet's count is in
+// bench/results/README.md). The UNet exports therefore give no convolution that feeds a later
 // elementwise operation its bias to add, and fold the bias into that operation instead
 // (blocks.py):
 // - a resnet block's conv1 hands its bias to the time-embedding addition of qpool::group_norm

@@ -209,7 +209,8 @@ class ResnetBlock2D(nn.Module):
                  channels_last: bool = False):
         super().__init__()
         self.norm1 = norm(groups, in_channels, eps=eps)
-        conv1 = TimeBiasConv2d if channels_last and temb_channels else nn.Conv2d
+        self.conv1_takes_temb = bool(channels_last and temb_channels)
+        conv1 = TimeBiasConv2d if self.conv1_takes_temb else nn.Conv2d
         self.conv1 = conv1(in_channels, out_channels, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb_channels, out_channels) if temb_channels else None
         self.norm2 = norm(groups, out_channels, eps=eps)
@@ -225,7 +226,7 @@ class ResnetBlock2D(nn.Module):
             if temb is None:
                 raise ValueError("a resnet block with a time-embedding projection takes temb")
             emb = self.time_emb_proj(F.silu(temb))
-        if isinstance(self.conv1, TimeBiasConv2d):
+        if self.conv1_takes_temb:
             h, emb = self.conv1(h, emb)
         else:
             h = self.conv1(h)
