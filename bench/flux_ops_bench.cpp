@@ -10,7 +10,9 @@
 // images with guidance (8 rows of the batch), fp16; and qpool::group_norm (Note [Group norm op])
 // as a resnet block's norm2 (the time embedding's addition, the norm, the SiLU) at SDXL's three
 // widths for the same batch of 8, channels-last fp16, 32 groups; and qpool::bias_residual (Note
-// [Convolution biases]) as a resnet block's conv2 bias and residual at the same shapes.
+// [Convolution biases]) as a resnet block's conv2 bias and residual at the same shapes; and
+// qpool::add_layer_norm and qpool::layer_norm (Note [Residual layer norm]) as a transformer
+// block's norm2 (the residual addition and the norm) and norm1 at SDXL's two attention levels.
 //
 //   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
 //
@@ -22,6 +24,7 @@
 
 #include <functional>
 #include <string>
+#include <tuple>
 
 #include "gpu_timing.h"
 #include "quant/ada_norm_op.h"
@@ -29,6 +32,7 @@
 #include "quant/cat_gelu_op.h"
 #include "quant/geglu_op.h"
 #include "quant/group_norm_op.h"
+#include "quant/layer_norm_op.h"
 #include "quant/rope_op.h"
 
 namespace qpool {
@@ -138,6 +142,30 @@ Case BiasResidualCase(int64_t channels, int64_t side) {
 Case BiasResidualSdxl128Case() { return BiasResidualCase(320, 128); }
 Case BiasResidualSdxl32Case() { return BiasResidualCase(1280, 32); }
 
+// A transformer block's norm of `tokens` rows of `width` values for 4 images with guidance,
+// after the residual addition (`residual`) or alone.
+Case LayerNormCase(int64_t tokens, int64_t width, bool residual) {
+  const at::TensorOptions half = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const at::Tensor x = at::randn({8, tokens, width}, half);
+  const at::Tensor r = at::randn({8, tokens, width}, half);
+  const at::Tensor weight = at::randn({width}, half), bias = at::randn({width}, half);
+  Case c;
+  if (residual) {
+    c.fused = [=] { return std::get<1>(quant::AddLayerNorm(x, r, weight, bias, 1e-5)); };
+    c.aten = [=] { return std::get<1>(quant::AddLayerNormCpu(x, r, weight, bias, 1e-5)); };
+  } else {
+    c.fused = [=] { return quant::LayerNorm(x, weight, bias, 1e-5); };
+    c.aten = [=] { return quant::LayerNormCpu(x, weight, bias, 1e-5); };
+  }
+  c.min_bytes = (residual ? 4.0 : 2.0) * 8 * tokens * width * 2;
+  return c;
+}
+
+Case AddLayerNormSdxl4096Case() { return LayerNormCase(4096, 640, true); }
+Case AddLayerNormSdxl1024Case() { return LayerNormCase(1024, 1280, true); }
+Case LayerNormSdxl4096Case() { return LayerNormCase(4096, 640, false); }
+Case LayerNormSdxl1024Case() { return LayerNormCase(1024, 1280, false); }
+
 void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
   if (!torch::cuda::is_available()) {
     state.SkipWithError("CUDA is not available");
@@ -166,7 +194,11 @@ void RegisterAll() {
         Named{"group_norm/sdxl_b4_8x640x64x64_fp16", &GroupNormSdxl64Case},
         Named{"group_norm/sdxl_b4_8x1280x32x32_fp16", &GroupNormSdxl32Case},
         Named{"bias_residual/sdxl_b4_8x320x128x128_fp16", &BiasResidualSdxl128Case},
-        Named{"bias_residual/sdxl_b4_8x1280x32x32_fp16", &BiasResidualSdxl32Case}}) {
+        Named{"bias_residual/sdxl_b4_8x1280x32x32_fp16", &BiasResidualSdxl32Case},
+        Named{"add_layer_norm/sdxl_b4_8x4096x640_fp16", &AddLayerNormSdxl4096Case},
+        Named{"add_layer_norm/sdxl_b4_8x1024x1280_fp16", &AddLayerNormSdxl1024Case},
+        Named{"layer_norm/sdxl_b4_8x4096x640_fp16", &LayerNormSdxl4096Case},
+        Named{"layer_norm/sdxl_b4_8x1024x1280_fp16", &LayerNormSdxl1024Case}}) {
     for (bool fused : {false, true}) {
       const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
       benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)

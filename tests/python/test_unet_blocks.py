@@ -167,3 +167,47 @@ def test_fused_attention_projections_equal_the_separate_ones(cross):
     quantized = Attention(32, None, 4, 8, qkv_bias=False)
     quant.quantize_module(quantized, "int8", skip=["to_out"])
     assert not quantized.fuse() and hasattr(quantized, "to_q")
+
+
+def test_a_transformer_block_adds_each_residual_in_the_norm_after_it():
+    """Note [Residual layer norm]: a transformer block's norm1 traces to one qpool::layer_norm and
+    norm2 and norm3, with the residual additions before them, to one qpool::add_layer_norm each;
+    the block equals diffusers' order of plain operations, keeps nn.LayerNorm's state_dict keys,
+    and reads no tensor of another module (Note [Streaming])."""
+    import torch.nn.functional as F
+    from qpool_export.blocks import BasicTransformerBlock
+
+    torch.manual_seed(10)
+    block = BasicTransformerBlock(64, 24, 4).eval()
+
+    def plain(x, context):
+        def norm(module, h):
+            return F.layer_norm(h, (64,), module.weight, module.bias, module.eps)
+        x = x + block.attn1(norm(block.norm1, x))
+        x = x + block.attn2(norm(block.norm2, x), context)
+        return x + block.ff(norm(block.norm3, x))
+
+    assert {"norm1.weight", "norm2.bias", "norm3.weight"} <= set(block.state_dict())
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+        x, context = torch.randn(2, 12, 64) * 2 + 1, torch.randn(2, 5, 24)
+        traced = torch.jit.trace(block, (x, context))
+        nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+        assert nodes.count("qpool::layer_norm") == 1
+        assert nodes.count("qpool::add_layer_norm") == 2
+        assert "aten::layer_norm" not in nodes
+        assert nodes.count("aten::add") == 1  # the feed-forward's residual
+        children = {name for name, _ in block.named_children()}
+        for node in traced.graph.nodes():
+            if node.kind() == "prim::GetAttr":
+                assert node.s("name") in children, node
+        torch.testing.assert_close(traced(x, context), plain(x, context), rtol=1e-5, atol=1e-5)
+        other = torch.randn(3, 7, 64)  # traced at one shape, right at another
+        torch.testing.assert_close(traced(other, context[:1].expand(3, -1, -1)),
+                                   plain(other, context[:1].expand(3, -1, -1)),
+                                   rtol=1e-5, atol=1e-5)
+        got = traced.half()(x.half(), context.half())
+        block.half()
+        assert got.dtype == torch.float16
+        torch.testing.assert_close(got, plain(x.half(), context.half()), rtol=0, atol=0)

@@ -351,23 +351,77 @@ class FeedForward(nn.Module):
         return self.net[2](self.net[0](x))
 
 
+# qpool::layer_norm's and qpool::add_layer_norm's schemas, byte-identical to kLayerNormSchema and
+# kAddLayerNormSchema in server/quant/layer_norm_op.h (a unit test compares them).
+LAYER_NORM_SCHEMA = "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps) -> Tensor"
+ADD_LAYER_NORM_SCHEMA = \
+    "add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)"  # noqa: E501
+
+
+def _layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                    eps: float) -> torch.Tensor:
+    """aten::layer_norm over the last dimension: qpool::layer_norm's reference."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps).contiguous()
+
+
+def _layer_norm_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _add_layer_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, its layer_norm): qpool::add_layer_norm's reference, the unfused operations
+    (Note [Residual layer norm] in server/quant/layer_norm_op.h)."""
+    total = (x + residual).contiguous()
+    return total, F.layer_norm(total, (x.shape[-1],), weight, bias, eps).contiguous()
+
+
+def _add_layer_norm_fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+_LAYER_NORM_LIB = ops.register(LAYER_NORM_SCHEMA, _layer_norm_ref, _layer_norm_fake)
+_ADD_LAYER_NORM_LIB = ops.register(ADD_LAYER_NORM_SCHEMA, _add_layer_norm_ref,
+                                   _add_layer_norm_fake)
+
+
+class FusedLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (affine, over the last dimension) as one qpool::layer_norm op."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.qpool.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class ResidualLayerNorm(nn.LayerNorm):
+    """The residual addition before a LayerNorm and the norm in one qpool::add_layer_norm op:
+    forward(x, residual) returns (x + residual, the norm of it). The same parameters and
+    state_dict keys as nn.LayerNorm."""
+
+    def forward(self, x: torch.Tensor,  # type: ignore[override]
+                residual: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.qpool.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+
+
 class BasicTransformerBlock(nn.Module):
-    """Self-attention, cross-attention to the text, GEGLU feed-forward; pre-LN, residual."""
+    """Self-attention, cross-attention to the text, GEGLU feed-forward; pre-LN, residual. norm2
+    and norm3 add the residual before them (ResidualLayerNorm, Note [Residual layer norm])."""
 
     def __init__(self, dim: int, cross_dim: int, heads: int):
         super().__init__()
         head_dim = dim // heads
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = FusedLayerNorm(dim)
         self.attn1 = Attention(dim, None, heads, head_dim, qkv_bias=False)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = ResidualLayerNorm(dim)
         self.attn2 = Attention(dim, cross_dim, heads, head_dim, qkv_bias=False)
-        self.norm3 = nn.LayerNorm(dim)
+        self.norm3 = ResidualLayerNorm(dim)
         self.ff = FeedForward(dim)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x))
-        x = x + self.attn2(self.norm2(x), context)
-        return x + self.ff(self.norm3(x))
+        x, h = self.norm2(self.attn1(self.norm1(x)), x)
+        x, h = self.norm3(self.attn2(h, context), x)
+        return x + self.ff(h)
 
 
 class Transformer2D(nn.Module):

@@ -1,0 +1,34 @@
+// The CUDA kernel of qpool::layer_norm and qpool::add_layer_norm (Note [Residual layer norm])
+// behind a torch-free interface (raw pointers + stream), like bias_residual_kernels.h. Caller:
+// layer_norm_cuda.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "quant/quant_kernels.h"
+
+namespace qpool::quant::cuda {
+
+// out = layer_norm(s) over rows of d values, s = x + residual (written to `sum`, each value
+// rounded to `type`) or s = x where residual is null (sum is then unused). x, residual, sum and
+// out are [rows, d] with contiguous rows; weight and bias [d], contiguous.
+struct LayerNormArgs {
+  const void* x = nullptr;
+  const void* residual = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* sum = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0, d = 0;
+  float eps = 0.f;
+  ElemType type = ElemType::kFloat;
+};
+
+// Returns false, launching nothing, where the rows are too wide for a warp's registers or not a
+// multiple of 16 bytes, or a pointer is not 16-byte aligned (the caller runs the ATen
+// operations).
+bool LaunchLayerNorm(const LayerNormArgs& args, cudaStream_t stream);
+
+}  // namespace qpool::quant::cuda
