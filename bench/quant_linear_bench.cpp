@@ -12,7 +12,8 @@
 // Counters (from the median sample): us_per_call, weight_bytes (bytes of weight + quant state
 // read per call), weight_GBps (those bytes / us_per_call), fp16_us and bf16_us (torch::linear
 // in fp16 / bf16 on the same shape, measured the same way in the same run, once per shape and
-// M), ratio_vs_fp16 and ratio_vs_bf16 (this time / baseline; < 1 is faster). Without CUDA every
+// M), ratio_vs_fp16 and ratio_vs_bf16 (this time / baseline; < 1 is faster). The w8a8_product
+// family times the warpgroup-MMA w8a8 product alone, for M up to 32768. Without CUDA every
 // benchmark reports SkipWithError.
 #include <benchmark/benchmark.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -29,6 +30,7 @@
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
+#include "quant/w8a8_kernels.h"
 #include "quant/w8a8_linear.h"
 
 namespace qpool::quant {
@@ -191,7 +193,73 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   state.SetLabel(std::string(shape.name) + " " + v.name);
 }
 
+// The w8a8 product alone (Note [Warpgroup-MMA W8A8 linear]; rows of x quantized beforehand, no
+// bias); counters as BM_QuantLinear's plus TOPS (int8 operations per second, 2 M K N a call)
+// and fp16_TFLOPS (torch::linear's).
+void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("CUDA is not available");
+    return;
+  }
+  c10::InferenceMode guard;
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const QuantState s = *QuantizeW8A8(at::randn({shape.out, shape.in}, opts) * 0.02,
+                                     at::ones({shape.in}, opts.dtype(at::kFloat)));
+  const at::Tensor x = at::randn({m, shape.in}, opts);
+  const at::Tensor q = at::empty({m, shape.in}, opts.dtype(at::kChar));
+  const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
+  const at::Tensor row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cuda::LaunchW8A8QuantizeRows(x.data_ptr(), cuda::ElemType::kHalf, s.code.data_ptr<float>(), m,
+                               shape.in, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+                               row_scale.data_ptr<float>(), stream);
+  if (!cuda::W8A8WgmmaSupported(m, shape.in, shape.out, q.data_ptr(), s.weight.data_ptr(),
+                                cuda::ElemType::kHalf)) {
+    state.SkipWithError("the warpgroup-MMA kernel does not run here");
+    return;
+  }
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, shape.in, shape.out, sm_count);
+  const at::Tensor workspace = at::empty({std::max<int64_t>(bytes, 16)}, opts.dtype(at::kByte));
+  const at::Tensor out = at::empty({m, shape.out}, opts);
+  auto run = [&] {
+    cuda::LaunchW8A8Wgmma(q.data_ptr<int8_t>(), row_scale.data_ptr<float>(),
+                          s.weight.data_ptr<int8_t>(), s.absmax.data_ptr<float>(), nullptr,
+                          cuda::ElemType::kFloat, m, shape.in, shape.out, out.data_ptr(),
+                          cuda::ElemType::kHalf, sm_count, workspace.data_ptr(), stream);
+    return 0;
+  };
+  for (int i = 0; i < 3; ++i) run();
+  torch::cuda::synchronize();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> t;
+  for (auto _ : state) {
+    t.push_back(SampleMicros(run, start, stop));
+    state.SetIterationTime(t.back() * 1e-6);
+  }
+  const double us = bench::Median(t);
+  const double fp16_us = BaselineMicros(shape, m, at::kHalf);
+  state.counters["us_per_call"] = us;
+  state.counters["fp16_us"] = fp16_us;
+  state.counters["ratio_vs_fp16"] = us / fp16_us;
+  state.counters["TOPS"] = 2.0 * static_cast<double>(m * shape.in * shape.out) / us * 1e-6;
+  state.counters["fp16_TFLOPS"] =
+      2.0 * static_cast<double>(m * shape.in * shape.out) / fp16_us * 1e-6;
+  state.counters["M"] = static_cast<double>(m);
+  state.SetLabel(shape.name);
+}
+
 void RegisterAll() {
+  for (const LinearShape& shape : kShapes) {
+    for (int64_t m : {1024, 2048, 4096, 8192, 16384, 32768}) {
+      const std::string name =
+          std::string("w8a8_product/") + shape.name + "/M:" + std::to_string(m);
+      benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Product, shape, m)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->Iterations(kSamples);
+    }
+  }
   for (const LinearShape& shape : kShapes) {
     for (const Variant& v : kVariants) {
       for (int64_t m : kMs) {

@@ -74,20 +74,25 @@ at::Tensor W8A8LinearCuda(const at::Tensor& x, const QuantState& s,
   cuda::LaunchW8A8QuantizeRows(x2.data_ptr(), type, smooth.data_ptr<float>(), m, k,
                                q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
                                wgmma ? row_scale.data_ptr<float>() : nullptr, stream);
+  // The kernel widens a bias of x's dtype itself; the epilogue kernel takes float32.
   at::Tensor b;
-  if (bias.has_value() && bias->defined()) b = bias->to(at::kFloat).contiguous();
-  const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
+  if (bias.has_value() && bias->defined()) {
+    b = (wgmma && bias->scalar_type() == x.scalar_type() ? *bias : bias->to(at::kFloat))
+            .contiguous();
+  }
   at::Tensor out = at::empty({m, n}, x.options());
   if (wgmma) {
     const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, k, n, sm_count);
     at::Tensor workspace;
     if (bytes > 0) workspace = at::empty({bytes}, x.options().dtype(at::kByte));
-    cuda::LaunchW8A8Wgmma(q.data_ptr<int8_t>(), row_scale.data_ptr<float>(),
-                          weight.data_ptr<int8_t>(), absmax.data_ptr<float>(), bias_ptr, m, k, n,
-                          out.data_ptr(), type, sm_count,
-                          workspace.defined() ? workspace.data_ptr() : nullptr, stream);
+    cuda::LaunchW8A8Wgmma(
+        q.data_ptr<int8_t>(), row_scale.data_ptr<float>(), weight.data_ptr<int8_t>(),
+        absmax.data_ptr<float>(), b.defined() ? b.data_ptr() : nullptr,
+        b.defined() ? ElemTypeOf(b.scalar_type()) : cuda::ElemType::kFloat, m, k, n, out.data_ptr(),
+        type, sm_count, workspace.defined() ? workspace.data_ptr() : nullptr, stream);
   } else {
+    const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
     const at::Tensor acc = at::_int_mm(q, weight.t());
     cuda::LaunchW8A8Epilogue(acc.data_ptr<int32_t>(), row_amax.data_ptr<float>(),
                              absmax.data_ptr<float>(), bias_ptr, m, n, out.data_ptr(), type,

@@ -13,18 +13,27 @@ namespace {
 // int8 GEMM, writing float32 copies of x [M, K] and of the product [M, N] several times each;
 // at SD 1.5's M = 8192 tokens that made the w8a8 UNet 2.5x slower than the fp16 one. Two kernels
 // replace them: one pass over each row of x quantizes it (its absolute maximum, then the int8
-// values, reading the row twice from cache), and one pass over the int32 product scales it and
+// values; Note [Held rows]), and one pass over the int32 product scales it and
 // adds the bias. They compute the same float32 operations in the same order as the ATen form,
 // each rounded (__fdiv_rn, __fmul_rn, __fadd_rn: no contraction into fused multiply-adds), so
 // the CPU and CUDA give identical bytes. (ATen's CUDA division by a host scalar multiplies by
 // its reciprocal, which is not the CPU's division; hence no ATen scalar division here.)
-// One block per row reads long rows fast but leaves short ones (SD 1.5's K = 320) to a few of
-// its threads, so rows of up to kWarpRowMaxK values (a multiple of 8, 16-byte aligned) are
-// quantized by one warp each, 8 values per lane per 16-byte load, instead. Both compute each
-// value with the same operations.
+//
+// Note [Held rows]
+// The quantizing pass computes x / smooth and then xs / d per value, each an IEEE division (the
+// CPU's bytes need them; no reciprocal). Rows of 16-bit x whose width is a
+// multiple of 8 (16-byte aligned, at most kHeldMaxK values) are therefore quantized by a group
+// of kGroup threads that hold the row's x / smooth in registers between the maximum and the
+// int8 values: each value is loaded and divided by smooth once, where the first version (one
+// warp a row, reading the row again for the second pass) divided twice and left most of a warp
+// idle on SD 1.5's 320-value rows. A group of 8, 32 or 128 threads (the smallest that holds the
+// row in at most kMaxChunks 16-byte chunks a thread) takes a row; each thread holds exactly the
+// chunks the row needs. Other rows take one block each. All compute each value with the same
+// operations.
 constexpr int kRowThreads = 256;
-constexpr int kWarpRowMaxK = 4096;
-constexpr int kWarpRowWarps = 4;  // rows per block
+constexpr int kHeldThreads = 256;  // per block: 256 / kGroup rows
+constexpr int kMaxChunks = 8;      // 8-value chunks a thread holds
+constexpr int64_t kHeldMaxK = int64_t{128} * kMaxChunks * 8;
 constexpr int kEpilogueThreads = 256;
 constexpr int kEpilogueVector = 4;
 
@@ -55,35 +64,75 @@ __device__ __forceinline__ void LoadScaled8(const T* xr, const float* smooth, in
   for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(ToFloat(e[j]), sv[j]);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kWarpRowWarps* kWarp)
-    QuantizeRowsWarpKernel(const T* __restrict__ x, const float* __restrict__ smooth, int64_t m,
+// Note [Held rows]: rows of k values, kGroup threads each, kChunks chunks per thread.
+template <typename T, int kGroup, int kChunks>
+__global__ void __launch_bounds__(kHeldThreads)
+    QuantizeHeldRowsKernel(const T* __restrict__ x, const float* __restrict__ smooth, int64_t m,
                            int64_t k, int8_t* __restrict__ q, float* __restrict__ row_amax,
                            float* __restrict__ row_scale) {
-  const int64_t row = blockIdx.x * int64_t{kWarpRowWarps} + threadIdx.x / kWarp;
-  if (row >= m) return;
-  const int lane = threadIdx.x % kWarp;
+  constexpr int kGroupWarps = kGroup > kWarp ? kGroup / kWarp : 1;
+  constexpr int kWidth = kGroup < kWarp ? kGroup : kWarp;
+  __shared__ float warp_max[kHeldThreads / kWarp];
+  const int64_t row = (blockIdx.x * int64_t{kHeldThreads} + threadIdx.x) / kGroup;
+  const int g = threadIdx.x % kGroup;
+  const bool valid = row < m;  // every thread reaches the shuffles and the barrier
   const T* xr = x + row * k;
-  float xs[8];
+  float xs[kChunks][8];
   float mx = 0.f;
-  for (int64_t i = 8 * lane; i < k; i += 8 * kWarp) {
-    LoadScaled8(xr, smooth, i, xs);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(xs[j]));
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = 8 * (g + int64_t{c} * kGroup);
+    if (valid && i < k) {
+      LoadScaled8(xr, smooth, i, xs[c]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(xs[c][j]));
+    }
   }
-  for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) StoreRowMax(mx, row, row_amax, row_scale);
+  for (int o = kWidth / 2; o > 0; o /= 2) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o, kWidth));
+  }
+  if constexpr (kGroupWarps > 1) {
+    const int warp = threadIdx.x / kWarp;
+    if (threadIdx.x % kWarp == 0) warp_max[warp] = mx;
+    __syncthreads();
+    const int first = warp - warp % kGroupWarps;
+#pragma unroll
+    for (int w = 0; w < kGroupWarps; ++w) mx = fmaxf(mx, warp_max[first + w]);
+  }
+  if (!valid) return;
+  if (g == 0) StoreRowMax(mx, row, row_amax, row_scale);
   const float d = mx == 0.f ? 1.f : mx;
   int8_t* qr = q + row * k;
-  for (int64_t i = 8 * lane; i < k; i += 8 * kWarp) {
-    LoadScaled8(xr, smooth, i, xs);
-    uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      w[j / 4] |= uint32_t{static_cast<uint8_t>(QuantizeValue(xs[j], d))} << (8 * (j % 4));
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = 8 * (g + int64_t{c} * kGroup);
+    if (i < k) {
+      uint32_t w[2] = {0, 0};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        w[j / 4] |= uint32_t{static_cast<uint8_t>(QuantizeValue(xs[c][j], d))} << (8 * (j % 4));
+      }
+      *reinterpret_cast<uint2*>(qr + i) = make_uint2(w[0], w[1]);
     }
-    *reinterpret_cast<uint2*>(qr + i) = make_uint2(w[0], w[1]);
   }
+}
+
+// Launches the kernel whose threads hold exactly the chunks a row of k values needs.
+template <typename T, int kGroup, int kChunks = 1>
+void LaunchHeldRows(const T* x, const float* smooth, int64_t m, int64_t k, int8_t* q,
+                    float* row_amax, float* row_scale, cudaStream_t stream) {
+  if constexpr (kChunks < kMaxChunks) {
+    if (k > int64_t{8} * kGroup * kChunks) {
+      return LaunchHeldRows<T, kGroup, kChunks + 1>(x, smooth, m, k, q, row_amax, row_scale,
+                                                    stream);
+    }
+  }
+  constexpr int kRowsPerBlock = kHeldThreads / kGroup;
+  const int64_t blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
+  TORCH_CHECK(blocks <= int64_t{INT32_MAX}, "w8a8: ", m, " rows");
+  QuantizeHeldRowsKernel<T, kGroup, kChunks>
+      <<<static_cast<unsigned>(blocks), kHeldThreads, 0, stream>>>(x, smooth, m, k, q, row_amax,
+                                                                   row_scale);
 }
 
 template <typename T>
@@ -148,11 +197,15 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
     using T = decltype(t);
     const T* xt = static_cast<const T*>(x);
     if constexpr (sizeof(T) == 2) {
-      if (k <= kWarpRowMaxK && k % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q)) {
-        const int64_t blocks = (m + kWarpRowWarps - 1) / kWarpRowWarps;
-        QuantizeRowsWarpKernel<T>
-            <<<static_cast<unsigned>(blocks), kWarpRowWarps * kWarp, 0, stream>>>(
-                xt, smooth, m, k, q, row_amax, row_scale);
+      if (k <= kHeldMaxK && k % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q)) {
+        constexpr int64_t kChunkValues = int64_t{8} * kMaxChunks;  // a thread's at most
+        if (k <= 8 * kChunkValues) {
+          LaunchHeldRows<T, 8>(xt, smooth, m, k, q, row_amax, row_scale, stream);
+        } else if (k <= 32 * kChunkValues) {
+          LaunchHeldRows<T, 32>(xt, smooth, m, k, q, row_amax, row_scale, stream);
+        } else {
+          LaunchHeldRows<T, 128>(xt, smooth, m, k, q, row_amax, row_scale, stream);
+        }
         return;
       }
     }

@@ -39,11 +39,13 @@ int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count);
 // [m, k] and their row_scale [m] (LaunchW8A8QuantizeRows) and the int8 weight [n, k], scaled
 // and biased as
 // LaunchW8A8Epilogue does to at::_int_mm's product, with the same bytes, in one kernel (Note
-// [Warpgroup-MMA W8A8 linear]). Requires W8A8WgmmaSupported() and, when
-// W8A8WgmmaWorkspaceBytes() is not 0, that many bytes of 16-byte aligned device memory in
-// `workspace`, used on `stream` only.
+// [Warpgroup-MMA W8A8 linear]). The bias (or null) is float32 or of `type` (`bias_type`); a
+// 16-bit bias is widened exactly in the epilogue, so no cast runs before the launch. Requires
+// W8A8WgmmaSupported() and, when W8A8WgmmaWorkspaceBytes() is not 0, that many bytes of 16-byte
+// aligned device memory in `workspace`, used on `stream` only.
 void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weight,
-                     const float* absmax, const float* bias, int64_t m, int64_t k, int64_t n,
-                     void* out, ElemType type, int sm_count, void* workspace, cudaStream_t stream);
+                     const float* absmax, const void* bias, ElemType bias_type, int64_t m,
+                     int64_t k, int64_t n, void* out, ElemType type, int sm_count, void* workspace,
+                     cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda

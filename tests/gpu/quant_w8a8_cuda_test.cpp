@@ -62,6 +62,37 @@ TEST(W8A8Cuda, IntProductEqualsTheCpu) {
   }
 }
 
+// Note [Held rows]: the quantizing kernel's int8 rows, maxima and scales are the CPU's (the ATen
+// form of Note [W8A8 linear]) for every group size and chunk count, rows that fill a block
+// partly, rows of zeros, and rows too wide to hold (one block a row).
+TEST(W8A8Cuda, QuantizedRowsEqualTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(45);
+  for (int64_t k : {8, 64, 320, 520, 640, 1280, 2048, 2056, 5120, 8192, 8200}) {
+    for (int64_t m : {1, 33, 1000}) {
+      const at::Tensor smooth = at::rand({k}) + 0.5;
+      for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+        SCOPED_TRACE(Name(Shape{m, k, 0}, dt));
+        at::Tensor x = at::randn({m, k}).to(dt);
+        x[m / 2].zero_();
+        const at::Tensor xs = x.to(at::kFloat).div(smooth);
+        const at::Tensor amax = xs.abs().amax(1);
+        const at::Tensor xc = x.cuda(), sc = smooth.cuda();
+        const at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
+        const at::Tensor row_amax = at::empty({m}, xc.options().dtype(at::kFloat));
+        const at::Tensor row_scale = at::empty({m}, xc.options().dtype(at::kFloat));
+        cuda::LaunchW8A8QuantizeRows(
+            xc.data_ptr(), dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16,
+            sc.data_ptr<float>(), m, k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+            row_scale.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+        EXPECT_TRUE(at::equal(q.cpu(), RowsToInt8(xs, amax)));
+        EXPECT_TRUE(at::equal(row_amax.cpu(), amax));
+        EXPECT_TRUE(at::equal(row_scale.cpu(), DivideBy127(amax)));
+      }
+    }
+  }
+}
+
 bool Hopper() { return at::cuda::getCurrentDeviceProperties()->major == 9; }
 
 // Note [Warpgroup-MMA W8A8 linear]: the kernel's bytes are the CPU's and cuBLASLt's, on shapes
@@ -89,10 +120,13 @@ TEST(W8A8Cuda, WarpgroupKernelEqualsTheCpuAndCublas) {
       ASSERT_TRUE(cuda::W8A8WgmmaSupported(
           sh.m, sh.k, sh.n, q.data_ptr(), sc.weight.data_ptr(),
           dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16));
-      for (bool with_bias : {true, false}) {
+      // No bias, a float32 one, and one of x's dtype (which the kernel widens itself).
+      for (int bias_case : {0, 1, 2}) {
+        const at::Tensor bias_cpu = bias_case == 2 ? bias.to(dt) : bias;
         const std::optional<at::Tensor> b =
-            with_bias ? std::optional<at::Tensor>(bias.cuda()) : std::nullopt;
-        const at::Tensor cpu = QuantLinear(x, s, with_bias ? std::optional(bias) : std::nullopt);
+            bias_case > 0 ? std::optional<at::Tensor>(bias_cpu.cuda()) : std::nullopt;
+        const at::Tensor cpu =
+            QuantLinear(x, s, bias_case > 0 ? std::optional(bias_cpu) : std::nullopt);
         const at::Tensor wgmma = QuantLinearCuda(xc, sc, b, CudaPath::kWgmma).cpu();
         const at::Tensor cublas = QuantLinearCuda(xc, sc, b, CudaPath::kIntMatmul).cpu();
         EXPECT_TRUE(at::equal(cublas, cpu));

@@ -36,6 +36,9 @@ namespace {
 // schedule and its stream-K splits (Note [Stream-K schedule]) exchange int32 partial sums, whose
 // sum is exact in any order. K need not be a multiple of the k-block: the tensor maps fill what
 // lies past K (and past M or N) with zeros, which add nothing.
+// Not L2-bound: clusters of two blocks sharing the x tile through TMA multicast (half the L2
+// reads of x) ran 1.15-2x slower on every measured layer (bench/results/README.md, "W8A8 at four
+// images").
 // Requirements (W8A8WgmmaSupported): fp16/bf16 out, K % 16 == 0 (TMA row strides), N % 8 == 0
 // (16-byte stores of the output), 16-byte aligned q, weight and out.
 constexpr int kThreads = 384;
@@ -73,8 +76,8 @@ template <typename T, int kBn>
 __global__ void __launch_bounds__(kThreads, 1)
     W8A8WgmmaKernel(const __grid_constant__ CUtensorMap q_map,
                     const __grid_constant__ CUtensorMap w_map, int M, int N, const float* row_scale,
-                    const float* absmax, const float* bias, T* out, Schedule sched, int* slots,
-                    int* flags) {
+                    const float* absmax, const void* bias, bool bias_in_t, T* out, Schedule sched,
+                    int* slots, int* flags) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<kBn>;
   constexpr int kStages = L::kStages;
@@ -166,7 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n = n0 + row0 + 8 * h;
       if (n < N) {
         col_scale[h] = __fdiv_rn(__ldg(absmax + n), 127.f);
-        if (bias != nullptr) shift[h] = __ldg(bias + n);
+        if (bias != nullptr) {
+          shift[h] = bias_in_t ? ToFloat(__ldg(static_cast<const T*>(bias) + n))
+                               : __ldg(static_cast<const float*>(bias) + n);
+        }
       }
     }
     auto value = [&](int i, int h, float rs) {
@@ -214,8 +220,8 @@ Schedule MakeSchedule(int64_t m, int64_t k, int64_t n, int sm_count, bool* split
 
 template <typename T, int kBn>
 void Launch(const int8_t* q, const float* row_scale, const int8_t* w, const float* absmax,
-            const float* bias, int m, int64_t k, int n, T* out, int sm_count, void* workspace,
-            cudaStream_t stream) {
+            const void* bias, bool bias_in_t, int m, int64_t k, int n, T* out, int sm_count,
+            void* workspace, cudaStream_t stream) {
   using L = Smem<kBn>;
   auto kernel = W8A8WgmmaKernel<T, kBn>;
   static SmemLimit limit;
@@ -235,7 +241,7 @@ void Launch(const int8_t* q, const float* row_scale, const int8_t* w, const floa
     C10_CUDA_CHECK(cudaMemsetAsync(flags, 0, sizeof(int) * sched.blocks, stream));
   }
   kernel<<<sched.blocks, kThreads, L::kBytes, stream>>>(q_map, w_map, m, n, row_scale, absmax, bias,
-                                                        out, sched, slots, flags);
+                                                        bias_in_t, out, sched, slots, flags);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -258,25 +264,28 @@ int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count) {
 }
 
 void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weight,
-                     const float* absmax, const float* bias, int64_t m, int64_t k, int64_t n,
-                     void* out, ElemType type, int sm_count, void* workspace, cudaStream_t stream) {
+                     const float* absmax, const void* bias, ElemType bias_type, int64_t m,
+                     int64_t k, int64_t n, void* out, ElemType type, int sm_count, void* workspace,
+                     cudaStream_t stream) {
   if (m == 0 || n == 0) return;
   TORCH_CHECK(Aligned16(out), "LaunchW8A8Wgmma: out must be 16-byte aligned");
   TORCH_CHECK(sm_count >= 1, "LaunchW8A8Wgmma: no multiprocessors");
+  TORCH_CHECK(bias_type == ElemType::kFloat || bias_type == type,
+              "LaunchW8A8Wgmma: the bias is float32 or of the output's type");
   WithHalfType(type, "LaunchW8A8Wgmma", [&](auto t) {
     using T = decltype(t);
     const int mi = static_cast<int>(m), ni = static_cast<int>(n);
     T* o = static_cast<T*>(out);
     switch (TileRows(m)) {
       case 64:
-        return Launch<T, 64>(q, row_scale, weight, absmax, bias, mi, k, ni, o, sm_count, workspace,
-                             stream);
+        return Launch<T, 64>(q, row_scale, weight, absmax, bias, bias_type == type, mi, k, ni, o,
+                             sm_count, workspace, stream);
       case 128:
-        return Launch<T, 128>(q, row_scale, weight, absmax, bias, mi, k, ni, o, sm_count, workspace,
-                              stream);
+        return Launch<T, 128>(q, row_scale, weight, absmax, bias, bias_type == type, mi, k, ni, o,
+                              sm_count, workspace, stream);
       default:
-        return Launch<T, 256>(q, row_scale, weight, absmax, bias, mi, k, ni, o, sm_count, workspace,
-                              stream);
+        return Launch<T, 256>(q, row_scale, weight, absmax, bias, bias_type == type, mi, k, ni, o,
+                              sm_count, workspace, stream);
     }
   });
 }
