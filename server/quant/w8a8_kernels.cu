@@ -21,15 +21,18 @@ namespace {
 //
 // Note [Held rows]
 // The quantizing pass computes x / smooth and then xs / d per value, each an IEEE division (the
-// CPU's bytes need them; no reciprocal). Rows of 16-bit x whose width is a
-// multiple of 8 (16-byte aligned, at most kHeldMaxK values) are therefore quantized by a group
-// of kGroup threads that hold the row's x / smooth in registers between the maximum and the
-// int8 values: each value is loaded and divided by smooth once, where the first version (one
-// warp a row, reading the row again for the second pass) divided twice and left most of a warp
-// idle on SD 1.5's 320-value rows. A group of 8, 32 or 128 threads (the smallest that holds the
-// row in at most kMaxChunks 16-byte chunks a thread) takes a row; each thread holds exactly the
-// chunks the row needs. Other rows take one block each. All compute each value with the same
-// operations.
+// CPU's bytes need them; no reciprocal). Rows of 16-bit x whose width is a multiple of 8
+// (16-byte aligned, at most kHeldMaxK values) are quantized by a group of kGroup threads that
+// hold the row's x / smooth in registers between the maximum and the int8 values: each value is
+// loaded and divided by smooth once, where the first version (one warp a row, reading the row
+// again for the second pass) divided twice and left most of a warp idle on SD 1.5's 320-value
+// rows. A group of 8, 32 or 128 threads (the smallest that holds the row in at most kMaxChunks
+// 16-byte chunks a thread) takes a row; each thread holds exactly the chunks the row needs.
+// Other rows take one block each. All compute each value with the same operations. The
+// divisions do not bound the pass: multiplying by rounded reciprocals instead (one per feature,
+// kept for four rows a group, and one per row; another definition of Note [W8A8 linear]) took
+// as long at 8192 rows of 1280 and longer at a few thousand rows (bench/results/README.md, "W8A8
+// at four images").
 constexpr int kRowThreads = 256;
 constexpr int kHeldThreads = 256;  // per block: 256 / kGroup rows
 constexpr int kMaxChunks = 8;      // 8-value chunks a thread holds
