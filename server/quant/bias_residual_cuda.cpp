@@ -14,7 +14,6 @@ at::Tensor BiasResidualCuda(const at::Tensor& x, const at::Tensor& bias,
                             const at::Tensor& residual) {
   CheckBiasResidualArgs(x, bias, residual);
   const at::ScalarType type = x.scalar_type();
-  const bool kernel_type = type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
   // Both maps dense in one layout: channels-last, else NCHW; anything else runs the additions.
   std::optional<at::MemoryFormat> format;
   for (at::MemoryFormat f : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous}) {
@@ -23,7 +22,7 @@ at::Tensor BiasResidualCuda(const at::Tensor& x, const at::Tensor& bias,
       break;
     }
   }
-  if (!kernel_type || !format) return BiasResidualCpu(x, bias, residual);
+  if (!HasElemType(type) || !format) return BiasResidualCpu(x, bias, residual);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x, *format);
   const at::Tensor b = bias.contiguous();

@@ -15,7 +15,7 @@ namespace {
 at::Tensor GegluCuda(const at::Tensor& x) {
   CheckGegluArgs(x);
   const at::ScalarType type = x.scalar_type();
-  if (type != at::kFloat && type != at::kHalf && type != at::kBFloat16) return GegluCpu(x);
+  if (!HasElemType(type)) return GegluCpu(x);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t d = x.size(-1) / 2;
   std::vector<int64_t> sizes = x.sizes().vec();

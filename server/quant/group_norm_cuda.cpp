@@ -15,8 +15,7 @@ at::Tensor GroupNormCuda(const at::Tensor& x, const at::Tensor& weight, const at
                          bool silu) {
   CheckGroupNormArgs(x, weight, bias, groups, eps, add);
   const at::ScalarType type = x.scalar_type();
-  const bool kernel_type = type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
-  if (!kernel_type || !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+  if (!HasElemType(type) || !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     return GroupNormCpu(x, weight, bias, groups, eps, add, silu);
   }
   const c10::cuda::CUDAGuard guard(x.device());

@@ -10,10 +10,6 @@
 namespace qpool::quant {
 namespace {
 
-bool KernelType(at::ScalarType type) {
-  return type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
-}
-
 // Runs the kernel into `out` (and `sum` where residual is given); false where it declines.
 bool RunKernel(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
                const at::Tensor& bias, double eps, at::Tensor* sum, const at::Tensor& out) {
@@ -38,7 +34,7 @@ bool RunKernel(const at::Tensor& x, const at::Tensor* residual, const at::Tensor
 at::Tensor LayerNormCuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          double eps) {
   CheckLayerNormArgs("qpool::layer_norm", x, nullptr, weight, bias, eps);
-  if (!KernelType(x.scalar_type())) return LayerNormCpu(x, weight, bias, eps);
+  if (!HasElemType(x.scalar_type())) return LayerNormCpu(x, weight, bias, eps);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (!RunKernel(x, nullptr, weight, bias, eps, nullptr, out)) {
@@ -51,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> AddLayerNormCuda(const at::Tensor& x, const a
                                                     const at::Tensor& weight,
                                                     const at::Tensor& bias, double eps) {
   CheckLayerNormArgs("qpool::add_layer_norm", x, &residual, weight, bias, eps);
-  if (!KernelType(x.scalar_type())) return AddLayerNormCpu(x, residual, weight, bias, eps);
+  if (!HasElemType(x.scalar_type())) return AddLayerNormCpu(x, residual, weight, bias, eps);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor sum = at::empty(x.sizes(), x.options());
   at::Tensor out = at::empty(x.sizes(), x.options());

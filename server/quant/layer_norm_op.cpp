@@ -19,10 +19,14 @@ void CheckLayerNormArgs(const char* op, const at::Tensor& x, const at::Tensor* r
   const bool same = weight.scalar_type() == x.scalar_type() &&
                     bias.scalar_type() == x.scalar_type() &&
                     (residual == nullptr || residual->scalar_type() == x.scalar_type());
-  TORCH_CHECK(same, op, ": x, ", residual ? "residual, " : "",
-              "weight and bias must share a dtype, got ", x.scalar_type(), residual ? ", " : "",
-              residual ? c10::toString(residual->scalar_type()) : "", ", ", weight.scalar_type(),
-              " and ", bias.scalar_type());
+  if (residual == nullptr) {
+    TORCH_CHECK(same, op, ": x, weight and bias must share a dtype, got ", x.scalar_type(), ", ",
+                weight.scalar_type(), " and ", bias.scalar_type());
+  } else {
+    TORCH_CHECK(same, op, ": x, residual, weight and bias must share a dtype, got ",
+                x.scalar_type(), ", ", residual->scalar_type(), ", ", weight.scalar_type(), " and ",
+                bias.scalar_type());
+  }
   const bool one_device = weight.device() == x.device() && bias.device() == x.device() &&
                           (residual == nullptr || residual->device() == x.device());
   TORCH_CHECK(one_device, op, ": x, ", residual ? "residual, " : "",

@@ -33,6 +33,12 @@ enum class CudaPath {
 // The kernels' element type of float32, float16 and bfloat16 tensors; c10::Error otherwise.
 cuda::ElemType ElemTypeOf(at::ScalarType t);
 
+// Whether the kernels have an element type for t (ElemTypeOf's domain): the fused ops run their
+// kernels on these dtypes and ATen's operations on any other.
+inline bool HasElemType(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
 // Largest M (rows of x) the automatic choice sends to the CUDA-core fused kernel when the
 // tensor-core kernel cannot run (float32 x, unaligned or padded layouts).
 // Note [Fused kernel crossover]: on an H100 the CUDA-core kernel's cost grows about linearly
