@@ -13,10 +13,10 @@ namespace {
 // int8 GEMM, writing float32 copies of x [M, K] and of the product [M, N] several times each;
 // at SD 1.5's M = 8192 tokens that made the w8a8 UNet 2.5x slower than the fp16 one. Two kernels
 // replace them: one pass over each row of x quantizes it (its absolute maximum, then the int8
-// values; Note [Held rows]), and one pass over the int32 product scales it and
-// adds the bias. They compute the same float32 operations in the same order as the ATen form,
-// each rounded (__fdiv_rn, __fmul_rn, __fadd_rn: no contraction into fused multiply-adds), so
-// the CPU and CUDA give identical bytes. (ATen's CUDA division by a host scalar multiplies by
+// values; Note [Held rows]), and one pass over the int32 product scales it and adds the bias.
+// They compute the same float32 operations in the same order as the ATen form, each rounded
+// (__fdiv_rn, __fmul_rn, __fadd_rn: no contraction into fused multiply-adds), so the CPU and
+// CUDA give identical bytes. (ATen's CUDA division by a host scalar multiplies by
 // its reciprocal, which is not the CPU's division; hence no ATen scalar division here.)
 //
 // Note [Held rows]
