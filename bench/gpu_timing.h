@@ -58,16 +58,20 @@ double MedianMicros(Fn&& fn, int samples) {
   return Median(t);
 }
 
-// The same with one sample per Google Benchmark iteration, each the iteration's manual time.
+// The same with one sample per Google Benchmark iteration, each the iteration's manual time;
+// `host_us` (optional) receives the median host time per call to enqueue.
 template <typename Fn>
-double MedianMicros(Fn&& fn, benchmark::State& state) {
+double MedianMicros(Fn&& fn, benchmark::State& state, double* host_us = nullptr) {
   for (int i = 0; i < 3; ++i) fn();
   at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
+  std::vector<double> t, host;
   for (auto _ : state) {
-    t.push_back(SampleMicros(fn, start, stop));
+    double h = 0;
+    t.push_back(SampleMicros(fn, start, stop, &h));
+    host.push_back(h);
     state.SetIterationTime(t.back() * 1e-6);
   }
+  if (host_us != nullptr) *host_us = Median(host);
   return Median(t);
 }
 

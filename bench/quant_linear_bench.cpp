@@ -101,7 +101,6 @@ const Variant kVariants[] = {
 bool ForcedPath(const Variant& v) { return v.path != CudaPath::kAuto; }
 
 using bench::kCallsPerSample;
-using bench::SampleMicros;
 constexpr int kSamples = 15;
 constexpr int64_t kColdBytes = int64_t{200} << 20;
 constexpr int64_t kMaxColdCopies = 4000;
@@ -165,18 +164,9 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
     if (v.format == QuantFormat::kNone) return at::linear(x, c.weight);
     return QuantLinearCuda(x, c, std::nullopt, v.path);
   };
-  for (int i = 0; i < 3; ++i) run();
-  torch::cuda::synchronize();
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t, host;
-  for (auto _ : state) {
-    double h = 0;
-    t.push_back(SampleMicros(run, start, stop, &h));
-    host.push_back(h);
-    state.SetIterationTime(t.back() * 1e-6);
-  }
-  const double us = bench::Median(t);
-  state.counters["host_us"] = bench::Median(host);
+  double host_us = 0;
+  const double us = bench::MedianMicros(run, state, &host_us);
+  state.counters["host_us"] = host_us;
   const double bytes = static_cast<double>(StateBytes(s));
   const double fp16_us = BaselineMicros(shape, m, at::kHalf);
   const double bf16_us = BaselineMicros(shape, m, at::kBFloat16);
@@ -229,15 +219,7 @@ void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
                           cuda::ElemType::kHalf, sm_count, workspace.data_ptr(), stream);
     return 0;
   };
-  for (int i = 0; i < 3; ++i) run();
-  torch::cuda::synchronize();
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  std::vector<double> t;
-  for (auto _ : state) {
-    t.push_back(SampleMicros(run, start, stop));
-    state.SetIterationTime(t.back() * 1e-6);
-  }
-  const double us = bench::Median(t);
+  const double us = bench::MedianMicros(run, state);
   const double fp16_us = BaselineMicros(shape, m, at::kHalf);
   state.counters["us_per_call"] = us;
   state.counters["fp16_us"] = fp16_us;
@@ -249,7 +231,53 @@ void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
   state.SetLabel(shape.name);
 }
 
+// The w8a8 quantizing pass alone (Note [Held rows]): rows of fp16 x [m, k] to int8, with
+// SmoothQuant-like scales. GBps counts the bytes it must move (x read, q and the row maxima and
+// scales written); copy_us is a device-to-device copy of as many bytes as x and q hold (read
+// and written: the same traffic), the memory-bound floor.
+void BM_W8A8Quantize(benchmark::State& state, int64_t k, int64_t m) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("CUDA is not available");
+    return;
+  }
+  c10::InferenceMode guard;
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const at::Tensor smooth = at::pow(10.0, at::rand({k}, opts.dtype(at::kFloat)) * 2 - 1);
+  const at::Tensor x = at::randn({m, k}, opts);
+  const at::Tensor q = at::empty({m, k}, opts.dtype(at::kChar));
+  const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
+  const at::Tensor row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  auto run = [&] {
+    cuda::LaunchW8A8QuantizeRows(x.data_ptr(), cuda::ElemType::kHalf, smooth.data_ptr<float>(), m,
+                                 k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+                                 row_scale.data_ptr<float>(), stream);
+    return 0;
+  };
+  const double us = bench::MedianMicros(run, state);
+  const at::Tensor from = at::empty({m * k * 3 / 2}, opts.dtype(at::kByte));
+  const at::Tensor to = at::empty_like(from);
+  const double copy_us = bench::MedianMicros([&] { return to.copy_(from); }, kSamples);
+  const double bytes = static_cast<double>(m * k * 3 + m * 8);
+  state.counters["us_per_call"] = us;
+  state.counters["GBps"] = bytes * 1e-3 / us;
+  state.counters["copy_us"] = copy_us;
+  state.counters["ratio_vs_copy"] = us / copy_us;
+  state.counters["M"] = static_cast<double>(m);
+  state.counters["K"] = static_cast<double>(k);
+}
+
 void RegisterAll() {
+  // SD 1.5's and SDXL's row widths (320-1280 model widths, 2048 text, 5120 feed-forward).
+  for (int64_t k : {320, 640, 1280, 2048, 5120}) {
+    for (int64_t m : {616, 8192, 32768}) {
+      const std::string name = "w8a8_quantize/K:" + std::to_string(k) + "/M:" + std::to_string(m);
+      benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Quantize, k, m)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->Iterations(kSamples);
+    }
+  }
   for (const LinearShape& shape : kShapes) {
     for (int64_t m : {1024, 2048, 4096, 8192, 16384, 32768}) {
       const std::string name =

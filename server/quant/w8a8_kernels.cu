@@ -1,6 +1,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "quant/quant_kernel_common.cuh"
 #include "quant/w8a8_kernels.h"
@@ -20,30 +21,81 @@ namespace {
 // its reciprocal, which is not the CPU's division; hence no ATen scalar division here.)
 //
 // Note [Held rows]
-// The quantizing pass computes x / smooth and then xs / d per value, each an IEEE division (the
-// CPU's bytes need them; no reciprocal). Rows of 16-bit x whose width is a multiple of 8
-// (16-byte aligned, at most kHeldMaxK values) are quantized by a group of kGroup threads that
-// hold the row's x / smooth in registers between the maximum and the int8 values: each value is
-// loaded and divided by smooth once, where the first version (one warp a row, reading the row
-// again for the second pass) divided twice and left most of a warp idle on SD 1.5's 320-value
-// rows. A group of 8, 32 or 128 threads (the smallest that holds the row in at most kMaxChunks
-// 16-byte chunks a thread) takes a row; each thread holds exactly the chunks the row needs.
-// Other rows take one block each. All compute each value with the same operations. The
-// divisions do not bound the pass: multiplying by rounded reciprocals instead (one per feature,
-// kept for four rows a group, and one per row; another definition of Note [W8A8 linear]) took
-// as long at 8192 rows of 1280 and longer at a few thousand rows (bench/results/README.md, "W8A8
-// at four images").
+// The quantizing pass computes x / smooth and then xs / d per value, each correctly rounded (the
+// CPU's bytes need them; Note [Division by the row's reciprocal]). Rows of 16-bit x whose width is
+// a multiple of 8 (16-byte aligned, at most kHeldMaxK values) are quantized by a group of kGroup
+// threads that hold the row's x / smooth in registers between the maximum and the int8 values: each
+// value is loaded and divided by smooth once, where the first version (one warp a row, reading the
+// row again for the second pass) divided twice and left most of a warp idle on SD 1.5's 320-value
+// rows. A group of 8 to 256 threads (a power of two, the smallest that holds the row in at most
+// kMaxChunks 16-byte chunks a thread) takes a row; each thread holds exactly the chunks the row
+// needs. More chunks a thread (fewer threads a row, as in a first choice of 8, 32 or 128) ran
+// slower on rows of 640 and 2048 values: registers limit the warps resident. Other rows take one
+// block each. All compute each value with the same operations.
+//
+// Note [Division by the row's reciprocal]
+// The pass was bound by its arithmetic, not by memory: it took several times as long as a copy of
+// the same bytes, and the IEEE division of each value by its row's divisor d (a reciprocal on the
+// special-function unit, refinement and a range check, per value) was most of it. Each thread now
+// takes y = RN(1 / d) once a row and divides by two corrections:
+//   q0 = RN(xs y),  q1 = q0 + RN(xs - d q0) y,  q = q1 + RN(xs - d q1) y   (fused multiply-adds)
+// y is within half an ulp of 1 / d and q1 within an ulp of xs / d, so q = RN(xs / d) (Markstein's
+// theorem; the last residual is exact) wherever nothing underflows or overflows. Since |xs| <= d,
+// that holds for 2^-60 <= d <= 2^100 (a quotient below 2^-20 becomes 0 either way; above it every
+// operand and residual is a normal float); rows outside the range (and NaN or infinite d) divide.
+// The int8 value of RN(t * 127) clamped to [-127, 127] is the low byte of that number plus
+// 1.5 * 2^23, rounded to nearest even by the addition (no conversion instruction). The bytes are
+// the CPU's (GPU test, with rows of every magnitude); the pass's time is in bench/results/README.md
+// ("The quantizing pass's arithmetic"). The division by smooth stays an IEEE division: by
+// reciprocals it would need them per feature, either kept beside smooth (one more tensor a layer)
+// or computed once a block (a persistent kernel, which measured slower).
 constexpr int kRowThreads = 256;
 constexpr int kHeldThreads = 256;  // per block: 256 / kGroup rows
-constexpr int kMaxChunks = 8;      // 8-value chunks a thread holds
-constexpr int64_t kHeldMaxK = int64_t{128} * kMaxChunks * 8;
+constexpr int kMaxChunks = 5;      // 8-value chunks a thread holds
+constexpr int kMaxGroup = 256;
+constexpr int64_t kHeldMaxK = int64_t{kMaxGroup} * kMaxChunks * 8;
 constexpr int kEpilogueThreads = 256;
 constexpr int kEpilogueVector = 4;
 
-// The quantized value of x / smooth (`xs`) in a row whose divisor is d.
-__device__ __forceinline__ int8_t QuantizeValue(float xs, float d) {
-  const float v = rintf(__fmul_rn(__fdiv_rn(xs, d), 127.f));
-  return static_cast<int8_t>(fminf(fmaxf(v, -127.f), 127.f));
+// A row's divisor d (its maximum, or 1 where that is 0) and its reciprocal (Note [Division by
+// the row's reciprocal]).
+struct RowDivisor {
+  float d, y;
+  // Whether Quantize<true> divides exactly (else Quantize<false> must).
+  __device__ bool ByReciprocal() const { return d >= 0x1p-60f && d <= 0x1p100f; }
+  // RN(xs / d): by the reciprocal, or by an IEEE division.
+  template <bool kByReciprocal>
+  __device__ __forceinline__ float Divide(float xs) const {
+    if constexpr (kByReciprocal) {
+      float q = __fmul_rn(xs, y);
+      q = __fmaf_rn(__fmaf_rn(-d, q, xs), y, q);
+      return __fmaf_rn(__fmaf_rn(-d, q, xs), y, q);
+    } else {
+      return __fdiv_rn(xs, d);
+    }
+  }
+  // The quantized value of x / smooth (`xs`), as the low byte of the result.
+  template <bool kByReciprocal>
+  __device__ __forceinline__ uint32_t Quantize(float xs) const {
+    const float v = fminf(fmaxf(__fmul_rn(Divide<kByReciprocal>(xs), 127.f), -127.f), 127.f);
+    return __float_as_uint(__fadd_rn(v, 0x1.8p23f)) & 0xffu;
+  }
+};
+
+__device__ __forceinline__ RowDivisor DivisorOf(float row_max) {
+  const float d = row_max == 0.f ? 1.f : row_max;
+  return RowDivisor{d, __frcp_rn(d)};
+}
+
+// Calls f(std::true_type{}) for a row that Quantize<true> divides, f(std::false_type{}) else: a
+// branch per row, around the whole loop, so no thread computes both.
+template <typename F>
+__device__ __forceinline__ void WithDivision(const RowDivisor& div, F&& f) {
+  if (div.ByReciprocal()) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
 }
 
 // Writes a row's maximum and, when asked for, its scale on the product, max / 127.
@@ -104,30 +156,38 @@ __global__ void __launch_bounds__(kHeldThreads)
   }
   if (!valid) return;
   if (g == 0) StoreRowMax(mx, row, row_amax, row_scale);
-  const float d = mx == 0.f ? 1.f : mx;
+  const RowDivisor div = DivisorOf(mx);
   int8_t* qr = q + row * k;
+  WithDivision(div, [&](auto by_reciprocal) {
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t i = 8 * (g + int64_t{c} * kGroup);
-    if (i < k) {
-      uint32_t w[2] = {0, 0};
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t i = 8 * (g + int64_t{c} * kGroup);
+      if (i < k) {
+        uint32_t w[2] = {0, 0};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        w[j / 4] |= uint32_t{static_cast<uint8_t>(QuantizeValue(xs[c][j], d))} << (8 * (j % 4));
+        for (int j = 0; j < 8; ++j) {
+          w[j / 4] |= div.Quantize<decltype(by_reciprocal)::value>(xs[c][j]) << (8 * (j % 4));
+        }
+        *reinterpret_cast<uint2*>(qr + i) = make_uint2(w[0], w[1]);
       }
-      *reinterpret_cast<uint2*>(qr + i) = make_uint2(w[0], w[1]);
     }
-  }
+  });
 }
 
-// Launches the kernel whose threads hold exactly the chunks a row of k values needs.
-template <typename T, int kGroup, int kChunks = 1>
+// Launches the kernel of the smallest group (8 to kMaxGroup threads) that holds a row of k values
+// in at most kMaxChunks chunks a thread, whose threads hold exactly the chunks the row needs.
+template <typename T, int kGroup = 8, int kChunks = 1>
 void LaunchHeldRows(const T* x, const float* smooth, int64_t m, int64_t k, int8_t* q,
                     float* row_amax, float* row_scale, cudaStream_t stream) {
   if constexpr (kChunks < kMaxChunks) {
     if (k > int64_t{8} * kGroup * kChunks) {
       return LaunchHeldRows<T, kGroup, kChunks + 1>(x, smooth, m, k, q, row_amax, row_scale,
                                                     stream);
+    }
+  } else if constexpr (kGroup < kMaxGroup) {
+    if (k > int64_t{8} * kGroup * kChunks) {
+      return LaunchHeldRows<T, kGroup * 2, (kMaxChunks + 1) / 2>(x, smooth, m, k, q, row_amax,
+                                                                 row_scale, stream);
     }
   }
   constexpr int kRowsPerBlock = kHeldThreads / kGroup;
@@ -162,10 +222,14 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
   m = warp_max[0];
   if (threadIdx.x == 0) StoreRowMax(m, row, row_amax, row_scale);
-  const float d = m == 0.f ? 1.f : m;
+  const RowDivisor div = DivisorOf(m);
   int8_t* qr = q + row * k;
-  for (int64_t i = threadIdx.x; i < k; i += kRowThreads)
-    qr[i] = QuantizeValue(__fdiv_rn(ToFloat(xr[i]), smooth[i]), d);
+  WithDivision(div, [&](auto by_reciprocal) {
+    for (int64_t i = threadIdx.x; i < k; i += kRowThreads) {
+      const float xs = __fdiv_rn(ToFloat(xr[i]), smooth[i]);
+      qr[i] = static_cast<int8_t>(div.Quantize<decltype(by_reciprocal)::value>(xs));
+    }
+  });
 }
 
 template <typename T>
@@ -201,14 +265,7 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
     const T* xt = static_cast<const T*>(x);
     if constexpr (sizeof(T) == 2) {
       if (k <= kHeldMaxK && k % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q)) {
-        constexpr int64_t kChunkValues = int64_t{8} * kMaxChunks;  // a thread's at most
-        if (k <= 8 * kChunkValues) {
-          LaunchHeldRows<T, 8>(xt, smooth, m, k, q, row_amax, row_scale, stream);
-        } else if (k <= 32 * kChunkValues) {
-          LaunchHeldRows<T, 32>(xt, smooth, m, k, q, row_amax, row_scale, stream);
-        } else {
-          LaunchHeldRows<T, 128>(xt, smooth, m, k, q, row_amax, row_scale, stream);
-        }
+        LaunchHeldRows<T>(xt, smooth, m, k, q, row_amax, row_scale, stream);
         return;
       }
     }

@@ -62,34 +62,64 @@ TEST(W8A8Cuda, IntProductEqualsTheCpu) {
   }
 }
 
-// Note [Held rows]: the quantizing kernel's int8 rows, maxima and scales are the CPU's (the ATen
-// form of Note [W8A8 linear]) for every group size and chunk count, rows that fill a block
-// partly, rows of zeros, and rows too wide to hold (one block a row).
+// LaunchW8A8QuantizeRows's int8 rows, maxima and scales for 16-bit x [m, k] equal the CPU's (the
+// ATen form of Note [W8A8 linear]).
+void ExpectQuantizedRowsEqualTheCpu(const at::Tensor& x, const at::Tensor& smooth) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const at::Tensor xs = x.to(at::kFloat).div(smooth);
+  const at::Tensor amax = xs.abs().amax(1);
+  const at::Tensor xc = x.cuda(), sc = smooth.cuda();
+  const at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
+  const at::Tensor row_amax = at::empty({m}, xc.options().dtype(at::kFloat));
+  const at::Tensor row_scale = at::empty({m}, xc.options().dtype(at::kFloat));
+  cuda::LaunchW8A8QuantizeRows(
+      xc.data_ptr(),
+      x.scalar_type() == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16,
+      sc.data_ptr<float>(), m, k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+      row_scale.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+  const at::Tensor want = RowsToInt8(xs, amax);
+  EXPECT_TRUE(at::equal(q.cpu(), want))
+      << q.cpu().ne(want).sum().item<int64_t>() << " values differ";
+  EXPECT_TRUE(at::equal(row_amax.cpu(), amax));
+  EXPECT_TRUE(at::equal(row_scale.cpu(), DivideBy127(amax)));
+}
+
+// Note [Held rows]: every group size and chunk count, rows that fill a block partly, rows of
+// zeros, and rows too wide to hold (one block a row).
 TEST(W8A8Cuda, QuantizedRowsEqualTheCpu) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(45);
-  for (int64_t k : {8, 64, 320, 520, 640, 1280, 2048, 2056, 5120, 8192, 8200}) {
+  for (int64_t k : {8, 64, 320, 520, 640, 1280, 2048, 2056, 5120, 8192, 10240, 10248}) {
     for (int64_t m : {1, 33, 1000}) {
       const at::Tensor smooth = at::rand({k}) + 0.5;
       for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
         SCOPED_TRACE(Name(Shape{m, k, 0}, dt));
         at::Tensor x = at::randn({m, k}).to(dt);
         x[m / 2].zero_();
-        const at::Tensor xs = x.to(at::kFloat).div(smooth);
-        const at::Tensor amax = xs.abs().amax(1);
-        const at::Tensor xc = x.cuda(), sc = smooth.cuda();
-        const at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
-        const at::Tensor row_amax = at::empty({m}, xc.options().dtype(at::kFloat));
-        const at::Tensor row_scale = at::empty({m}, xc.options().dtype(at::kFloat));
-        cuda::LaunchW8A8QuantizeRows(
-            xc.data_ptr(), dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16,
-            sc.data_ptr<float>(), m, k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
-            row_scale.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
-        EXPECT_TRUE(at::equal(q.cpu(), RowsToInt8(xs, amax)));
-        EXPECT_TRUE(at::equal(row_amax.cpu(), amax));
-        EXPECT_TRUE(at::equal(row_scale.cpu(), DivideBy127(amax)));
+        ExpectQuantizedRowsEqualTheCpu(x, smooth);
       }
     }
+  }
+}
+
+// Note [Division by the row's reciprocal]: values of every binade and SmoothQuant's whole range
+// of scales, so that many quotients fall on or near the points where rounding changes; in
+// bfloat16 also rows whose maxima lie below and above the range divided by the reciprocal.
+TEST(W8A8Cuda, QuantizedRowsOfEveryMagnitudeEqualTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(46);
+  for (int64_t k : {640, 1280, 5120, 10248}) {
+    const int64_t m = 512;
+    const at::Tensor smooth = at::pow(10.0, at::rand({k}) * 10 - 5);  // [1e-5, 1e5]
+    const at::Tensor binades = at::randint(-14, 12, {m, k}).to(at::kFloat);
+    const at::Tensor x = at::randn({m, k}) * at::exp2(binades);
+    SCOPED_TRACE(Name(Shape{m, k, 0}, at::kHalf));
+    ExpectQuantizedRowsEqualTheCpu(x.to(at::kHalf), smooth);
+    // Rows scaled by 2^-110 to 2^90: maxima of x / smooth below 2^-60 and above 2^100, none
+    // infinite (where a row's maximum overflows, the CPU's int8 of NaN is not defined).
+    const at::Tensor rows = at::exp2(at::linspace(-110, 90, m)).unsqueeze(1);
+    SCOPED_TRACE(Name(Shape{m, k, 0}, at::kBFloat16));
+    ExpectQuantizedRowsEqualTheCpu((x * rows).to(at::kBFloat16), smooth);
   }
 }
 
