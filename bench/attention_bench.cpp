@@ -51,10 +51,7 @@ const char* const kBackends[] = {"flash", "cudnn", "efficient"};
 constexpr int kSamples = 15;
 
 void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("CUDA is not available");
-    return;
-  }
+  if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   SettleAttentionOrder(0);  // ATen's own order, as a server has it (Note [Attention backend])
   const std::vector<int64_t> pytorch = CurrentAttentionPriority();
@@ -86,10 +83,7 @@ void BM_Attention(benchmark::State& state, AttentionShape s, std::string backend
 // qpool::rope (Note [Rotary embedding op]) on q of a 1024x1024 FLUX image against the same
 // rotation in ATen operations (diffusers' apply_rotary_emb, RopeCpu's body) on the GPU.
 void BM_Rope(benchmark::State& state, bool fused) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("CUDA is not available");
-    return;
-  }
+  if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   const int64_t n = 4608, heads = 24, d = 128;
   auto opts = at::TensorOptions().device(at::kCUDA);

@@ -167,10 +167,7 @@ Case LayerNormSdxl4096Case() { return LayerNormCase(4096, 640, false); }
 Case LayerNormSdxl1024Case() { return LayerNormCase(1024, 1280, false); }
 
 void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("CUDA is not available");
-    return;
-  }
+  if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   const Case c = make();
   const double us = bench::MedianMicros(fused ? c.fused : c.aten, state);

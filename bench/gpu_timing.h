@@ -29,6 +29,14 @@ namespace qpool::bench {
 constexpr int kCallsPerSample = 20;
 constexpr int64_t kSleepCycles = 4'000'000;  // ~2 ms at 1.98 GHz: longer than 20 enqueues
 
+// Marks `state` skipped and returns true when no CUDA device is available (every GPU
+// benchmark's first line).
+inline bool SkippedWithoutCuda(benchmark::State& state) {
+  if (torch::cuda::is_available()) return false;
+  state.SkipWithError("CUDA is not available");
+  return true;
+}
+
 // Per-call microseconds of one sample: kCallsPerSample calls of `fn` between two events.
 // `host_us` (optional) receives the host time per call spent enqueueing.
 template <typename Fn>

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "gpu_timing.h"
+#include "quant/geglu_kernels.h"
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
@@ -138,10 +139,7 @@ double BaselineMicros(const LinearShape& s, int64_t m, at::ScalarType dtype) {
 }
 
 void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64_t m) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("CUDA is not available");
-    return;
-  }
+  if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(v.dtype);
   at::Tensor w = at::randn({shape.out, shape.in}, opts) * 0.02;
@@ -187,10 +185,7 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
 // bias); counters as BM_QuantLinear's plus TOPS (int8 operations per second, 2 M K N a call)
 // and fp16_TFLOPS (torch::linear's).
 void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("CUDA is not available");
-    return;
-  }
+  if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
   const QuantState s = *QuantizeW8A8(at::randn({shape.out, shape.in}, opts) * 0.02,
@@ -236,10 +231,7 @@ void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
 // scales written); copy_us is a device-to-device copy of as many bytes as x and q hold (read
 // and written: the same traffic), the memory-bound floor.
 void BM_W8A8Quantize(benchmark::State& state, int64_t k, int64_t m) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("CUDA is not available");
-    return;
-  }
+  if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
   const at::Tensor smooth = at::pow(10.0, at::rand({k}, opts.dtype(at::kFloat)) * 2 - 1);
@@ -267,12 +259,66 @@ void BM_W8A8Quantize(benchmark::State& state, int64_t k, int64_t m) {
   state.counters["K"] = static_cast<double>(k);
 }
 
+// The GEGLU and the quantizing pass of a feed-forward's down projection (Note [GEGLU rows]):
+// in one pass (us_per_call) against qpool::geglu's kernel then the quantizing pass (two_pass_us),
+// fp16 x [m, 2d].
+void BM_W8A8GegluQuantize(benchmark::State& state, int64_t d, int64_t m) {
+  if (bench::SkippedWithoutCuda(state)) return;
+  c10::InferenceMode guard;
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const at::Tensor smooth = at::pow(10.0, at::rand({d}, opts.dtype(at::kFloat)) * 2 - 1);
+  const at::Tensor x = at::randn({m, 2 * d}, opts);
+  const at::Tensor h = at::empty({m, d}, opts);
+  const at::Tensor q = at::empty({m, d}, opts.dtype(at::kChar));
+  const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
+  const at::Tensor row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const auto quantize = [&](const at::Tensor& rows) {
+    cuda::LaunchW8A8QuantizeRows(rows.data_ptr(), cuda::ElemType::kHalf, smooth.data_ptr<float>(),
+                                 m, d, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+                                 row_scale.data_ptr<float>(), stream);
+  };
+  const double us = bench::MedianMicros(
+      [&] {
+        cuda::LaunchW8A8GegluQuantizeRows(
+            x.data_ptr(), 2 * d, cuda::ElemType::kHalf, smooth.data_ptr<float>(), m, d,
+            q.data_ptr<int8_t>(), row_amax.data_ptr<float>(), row_scale.data_ptr<float>(), stream);
+        return 0;
+      },
+      state);
+  const double two_pass_us = bench::MedianMicros(
+      [&] {
+        cuda::LaunchGeglu(x.data_ptr(), 2 * d, m, d, h.data_ptr(), cuda::ElemType::kHalf, stream);
+        quantize(h);
+        return 0;
+      },
+      kSamples);
+  state.counters["us_per_call"] = us;
+  state.counters["two_pass_us"] = two_pass_us;
+  state.counters["ratio_vs_two_pass"] = us / two_pass_us;
+  state.counters["GBps"] = static_cast<double>(m * d * 5 + m * 8) * 1e-3 / us;
+  state.counters["M"] = static_cast<double>(m);
+  state.counters["D"] = static_cast<double>(d);
+}
+
 void RegisterAll() {
   // SD 1.5's and SDXL's row widths (320-1280 model widths, 2048 text, 5120 feed-forward).
   for (int64_t k : {320, 640, 1280, 2048, 5120}) {
     for (int64_t m : {616, 8192, 32768}) {
       const std::string name = "w8a8_quantize/K:" + std::to_string(k) + "/M:" + std::to_string(m);
       benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Quantize, k, m)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->Iterations(kSamples);
+    }
+  }
+  // Feed-forward widths and rows at four images: SD 1.5's 1280 (32768 rows) and 2560 (8192),
+  // SDXL's 2560 (32768) and 5120 (8192).
+  for (int64_t d : {1280, 2560, 5120}) {
+    for (int64_t m : {8192, 32768}) {
+      const std::string name =
+          "w8a8_geglu_quantize/D:" + std::to_string(d) + "/M:" + std::to_string(m);
+      benchmark::RegisterBenchmark(name.c_str(), BM_W8A8GegluQuantize, d, m)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond)
           ->Iterations(kSamples);

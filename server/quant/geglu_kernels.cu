@@ -10,12 +10,6 @@ namespace {
 
 constexpr int kThreads = kElementwiseThreads;
 
-// ATen's exact GELU, in float32 and in ATen's order of operations (Note [GEGLU op]).
-__device__ __forceinline__ float GeluErf(float x) {
-  constexpr float kAlpha = 0.70710678118654752440f;  // 1 / sqrt(2)
-  return x * 0.5f * (1.f + erff(x * kAlpha));
-}
-
 // Each thread writes kValues consecutive values of one output row from the same columns of the
 // value half and of the gate half of its input row.
 template <typename T, int kValues, int kAlign>
@@ -32,11 +26,7 @@ __global__ void GegluKernel(const T* __restrict__ x, int64_t stride_x, T* __rest
     const P gate = *reinterpret_cast<const P*>(in + d);
     P o;
 #pragma unroll
-    for (int j = 0; j < kValues; ++j) {
-      // The GELU rounds to T before the product, as aten::gelu's output does.
-      const float g = ToFloat(FromFloat<T>(GeluErf(ToFloat(gate.v[j]))));
-      o.v[j] = FromFloat<T>(ToFloat(value.v[j]) * g);
-    }
+    for (int j = 0; j < kValues; ++j) o.v[j] = GegluValue(value.v[j], gate.v[j]);
     *reinterpret_cast<P*>(out + row * d + col) = o;
   }
 }

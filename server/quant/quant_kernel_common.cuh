@@ -1,5 +1,6 @@
-// Helpers shared by the CUDA kernels of the quant layer (quant_linear, w8a8, rope, cat_gelu).
-// Included by .cu files only; everything here is inline or internal to each translation unit.
+// Helpers shared by the CUDA kernels of the quant layer (quant_linear, w8a8, rope, cat_gelu,
+// geglu). Included by .cu files only; everything here is inline or internal to each translation
+// unit.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -51,6 +52,19 @@ __device__ __forceinline__ __half FromFloat<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// ATen's exact GELU, in float32 and in ATen's order of operations (Note [GEGLU op]).
+__device__ __forceinline__ float GeluErf(float x) {
+  constexpr float kAlpha = 0.70710678118654752440f;  // 1 / sqrt(2)
+  return x * 0.5f * (1.f + erff(x * kAlpha));
+}
+
+// One value of qpool::geglu (Note [GEGLU op]): value * gelu(gate), the GELU rounded to T before
+// the product, as aten::gelu's output is, and the product taken in float32 and rounded to T.
+template <typename T>
+__device__ __forceinline__ T GegluValue(T value, T gate) {
+  return FromFloat<T>(ToFloat(value) * ToFloat(FromFloat<T>(GeluErf(ToFloat(gate)))));
 }
 
 // Multiprocessors of the current device (host; the runtime caches the attribute).

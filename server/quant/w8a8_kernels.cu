@@ -30,8 +30,10 @@ namespace {
 // rows. A group of 8 to 256 threads (a power of two, the smallest that holds the row in at most
 // kMaxChunks 16-byte chunks a thread) takes a row; each thread holds exactly the chunks the row
 // needs. More chunks a thread (fewer threads a row, as in a first choice of 8, 32 or 128) ran
-// slower on rows of 640 and 2048 values: registers limit the warps resident. Other rows take one
-// block each. All compute each value with the same operations.
+// slower on rows of 640 and 2048 values: registers limit the warps resident. For the same reason
+// the kernel is held to 64 registers a thread (four blocks a multiprocessor), which made rows of
+// 5120 values 1.15x faster at the cost of a few bytes spilled. Other rows take one block each. All
+// compute each value with the same operations.
 //
 // Note [Division by the row's reciprocal]
 // The pass was bound by its arithmetic, not by memory: it took several times as long as a copy of
@@ -50,8 +52,9 @@ namespace {
 // reciprocals it would need them per feature, either kept beside smooth (one more tensor a layer)
 // or computed once a block (a persistent kernel, which measured slower).
 constexpr int kRowThreads = 256;
-constexpr int kHeldThreads = 256;  // per block: 256 / kGroup rows
-constexpr int kMaxChunks = 5;      // 8-value chunks a thread holds
+constexpr int kHeldThreads = 256;    // per block: 256 / kGroup rows
+constexpr int kHeldBlocksPerSm = 4;  // resident: at most 64 registers a thread
+constexpr int kMaxChunks = 5;        // 8-value chunks a thread holds
 constexpr int kMaxGroup = 256;
 constexpr int64_t kHeldMaxK = int64_t{kMaxGroup} * kMaxChunks * 8;
 constexpr int kEpilogueThreads = 256;
@@ -105,25 +108,56 @@ __device__ __forceinline__ void StoreRowMax(float m, int64_t row, float* row_ama
   if (row_scale != nullptr) row_scale[row] = __fdiv_rn(m, 127.f);
 }
 
-// x[i .. i + 7] / smooth[i .. i + 7] of a row of 16-bit T, from one 16-byte load of x and two of
-// smooth.
+// The rows a held-row kernel quantizes (Note [Held rows]): operator()(row, i, v) sets v to
+// values i .. i + 7 of the row (i a multiple of 8).
+// The rows of 16-bit x [m, k], contiguous, 16-byte aligned.
 template <typename T>
-__device__ __forceinline__ void LoadScaled8(const T* xr, const float* smooth, int64_t i,
-                                            float (&xs)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(xr + i);
+struct PlainRows {
+  const T* x;
+  int64_t k;
+  __device__ __forceinline__ void operator()(int64_t row, int64_t i, float (&v)[8]) const {
+    const uint4 u = *reinterpret_cast<const uint4*>(x + row * k + i);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = ToFloat(e[j]);
+  }
+};
+
+// The rows of qpool::geglu's output for 16-bit x [m, 2k] with row stride `stride` (Note [GEGLU
+// op]; Note [GEGLU rows]), each value as GegluKernel writes it, computed and never stored.
+template <typename T>
+struct GegluRows {
+  const T* x;
+  int64_t stride, k;
+  __device__ __forceinline__ void operator()(int64_t row, int64_t i, float (&v)[8]) const {
+    const T* xr = x + row * stride + i;
+    const uint4 value = *reinterpret_cast<const uint4*>(xr);
+    const uint4 gate = *reinterpret_cast<const uint4*>(xr + k);
+    const T* ev = reinterpret_cast<const T*>(&value);
+    const T* eg = reinterpret_cast<const T*>(&gate);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = ToFloat(GegluValue(ev[j], eg[j]));
+  }
+};
+
+// Values i .. i + 7 of row `row` divided by smooth[i .. i + 7] (two 16-byte loads of smooth).
+template <typename Rows>
+__device__ __forceinline__ void LoadScaled8(const Rows& rows, int64_t row, const float* smooth,
+                                            int64_t i, float (&xs)[8]) {
+  float v[8];
+  rows(row, i, v);
   const float4 s0 = *reinterpret_cast<const float4*>(smooth + i);
   const float4 s1 = *reinterpret_cast<const float4*>(smooth + i + 4);
   const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-  const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(ToFloat(e[j]), sv[j]);
+  for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(v[j], sv[j]);
 }
 
-// Note [Held rows]: rows of k values, kGroup threads each, kChunks chunks per thread.
-template <typename T, int kGroup, int kChunks>
-__global__ void __launch_bounds__(kHeldThreads)
-    QuantizeHeldRowsKernel(const T* __restrict__ x, const float* __restrict__ smooth, int64_t m,
-                           int64_t k, int8_t* __restrict__ q, float* __restrict__ row_amax,
+// Note [Held rows]: m rows of k values, kGroup threads each, kChunks chunks per thread.
+template <typename Rows, int kGroup, int kChunks>
+__global__ void __launch_bounds__(kHeldThreads, kHeldBlocksPerSm)
+    QuantizeHeldRowsKernel(Rows rows, const float* __restrict__ smooth, int64_t m, int64_t k,
+                           int8_t* __restrict__ q, float* __restrict__ row_amax,
                            float* __restrict__ row_scale) {
   constexpr int kGroupWarps = kGroup > kWarp ? kGroup / kWarp : 1;
   constexpr int kWidth = kGroup < kWarp ? kGroup : kWarp;
@@ -131,14 +165,13 @@ __global__ void __launch_bounds__(kHeldThreads)
   const int64_t row = (blockIdx.x * int64_t{kHeldThreads} + threadIdx.x) / kGroup;
   const int g = threadIdx.x % kGroup;
   const bool valid = row < m;  // every thread reaches the shuffles and the barrier
-  const T* xr = x + row * k;
   float xs[kChunks][8];
   float mx = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = 8 * (g + int64_t{c} * kGroup);
     if (valid && i < k) {
-      LoadScaled8(xr, smooth, i, xs[c]);
+      LoadScaled8(rows, row, smooth, i, xs[c]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(xs[c][j]));
     }
@@ -176,25 +209,25 @@ __global__ void __launch_bounds__(kHeldThreads)
 
 // Launches the kernel of the smallest group (8 to kMaxGroup threads) that holds a row of k values
 // in at most kMaxChunks chunks a thread, whose threads hold exactly the chunks the row needs.
-template <typename T, int kGroup = 8, int kChunks = 1>
-void LaunchHeldRows(const T* x, const float* smooth, int64_t m, int64_t k, int8_t* q,
+template <typename Rows, int kGroup = 8, int kChunks = 1>
+void LaunchHeldRows(const Rows& rows, const float* smooth, int64_t m, int64_t k, int8_t* q,
                     float* row_amax, float* row_scale, cudaStream_t stream) {
   if constexpr (kChunks < kMaxChunks) {
     if (k > int64_t{8} * kGroup * kChunks) {
-      return LaunchHeldRows<T, kGroup, kChunks + 1>(x, smooth, m, k, q, row_amax, row_scale,
-                                                    stream);
+      return LaunchHeldRows<Rows, kGroup, kChunks + 1>(rows, smooth, m, k, q, row_amax, row_scale,
+                                                       stream);
     }
   } else if constexpr (kGroup < kMaxGroup) {
     if (k > int64_t{8} * kGroup * kChunks) {
-      return LaunchHeldRows<T, kGroup * 2, (kMaxChunks + 1) / 2>(x, smooth, m, k, q, row_amax,
-                                                                 row_scale, stream);
+      return LaunchHeldRows<Rows, kGroup * 2, (kMaxChunks + 1) / 2>(rows, smooth, m, k, q, row_amax,
+                                                                    row_scale, stream);
     }
   }
   constexpr int kRowsPerBlock = kHeldThreads / kGroup;
   const int64_t blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
   TORCH_CHECK(blocks <= int64_t{INT32_MAX}, "w8a8: ", m, " rows");
-  QuantizeHeldRowsKernel<T, kGroup, kChunks>
-      <<<static_cast<unsigned>(blocks), kHeldThreads, 0, stream>>>(x, smooth, m, k, q, row_amax,
+  QuantizeHeldRowsKernel<Rows, kGroup, kChunks>
+      <<<static_cast<unsigned>(blocks), kHeldThreads, 0, stream>>>(rows, smooth, m, k, q, row_amax,
                                                                    row_scale);
 }
 
@@ -265,12 +298,34 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
     const T* xt = static_cast<const T*>(x);
     if constexpr (sizeof(T) == 2) {
       if (k <= kHeldMaxK && k % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q)) {
-        LaunchHeldRows<T>(xt, smooth, m, k, q, row_amax, row_scale, stream);
+        LaunchHeldRows(PlainRows<T>{xt, k}, smooth, m, k, q, row_amax, row_scale, stream);
         return;
       }
     }
     QuantizeRowsKernel<T><<<static_cast<unsigned>(m), kRowThreads, 0, stream>>>(
         xt, smooth, k, q, row_amax, row_scale);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+bool W8A8GegluRowsSupported(const void* x, int64_t stride_x, int64_t d, ElemType type,
+                            const float* smooth, const int8_t* q) {
+  return type != ElemType::kFloat && d > 0 && d <= kHeldMaxK && d % 8 == 0 && stride_x % 8 == 0 &&
+         Aligned16(x) && Aligned16(smooth) && Aligned16(q);
+}
+
+void LaunchW8A8GegluQuantizeRows(const void* x, int64_t stride_x, ElemType type,
+                                 const float* smooth, int64_t m, int64_t d, int8_t* q,
+                                 float* row_amax, float* row_scale, cudaStream_t stream) {
+  TORCH_CHECK(W8A8GegluRowsSupported(x, stride_x, d, type, smooth, q), "w8a8: GEGLU rows of ", d,
+              " values (row stride ", stride_x, ") cannot be quantized in one pass");
+  if (m == 0) return;
+  WithElemType(type, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (sizeof(T) == 2) {
+      LaunchHeldRows(GegluRows<T>{static_cast<const T*>(x), stride_x, d}, smooth, m, d, q, row_amax,
+                     row_scale, stream);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

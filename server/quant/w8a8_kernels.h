@@ -1,6 +1,7 @@
 // CUDA kernels of the w8a8 linear (Note [W8A8 linear], Note [Fused W8A8 kernels]) behind a
 // torch-free interface (raw pointers + stream), like quant_kernels.h. Caller:
-// quant_linear_cuda.cpp.
+// quant_linear_cuda.cpp (LaunchW8A8GegluQuantizeRows: the GPU test and quant_linear_bench only;
+// no operator calls it yet).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +19,27 @@ namespace qpool::quant::cuda {
 // W8A8Linear on any device.
 void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, int64_t m, int64_t k,
                             int8_t* q, float* row_amax, float* row_scale, cudaStream_t stream);
+
+// Note [GEGLU rows]
+// The feed-forward of a UNet transformer block is geglu(proj(x)) followed by the down projection,
+// a w8a8 layer whose input rows are the GEGLU's output: written in fp16 by one pass, read by the
+// quantizing pass. LaunchW8A8GegluQuantizeRows computes each row of the GEGLU (value * gelu(gate),
+// GegluValue, as qpool::geglu's kernel writes it) in the quantizing kernel's registers instead, so
+// that row is never stored: q, row_amax and row_scale are LaunchW8A8QuantizeRows's of
+// LaunchGeglu's output, byte for byte (GPU test), from one pass over x. Its time against the two
+// passes: bench/results/README.md ("GEGLU rows").
+
+// Whether LaunchW8A8GegluQuantizeRows takes these rows: 16-bit x whose rows (stride_x elements
+// apart) hold value and gate halves of d values each, d and stride_x multiples of 8, at most the
+// held rows' width, and 16-byte aligned x, smooth and q.
+bool W8A8GegluRowsSupported(const void* x, int64_t stride_x, int64_t d, ElemType type,
+                            const float* smooth, const int8_t* q);
+
+// LaunchW8A8QuantizeRows of geglu(x) [m, d] for x [m, 2d] of `type` with row stride stride_x
+// (Note [GEGLU rows]). Requires W8A8GegluRowsSupported().
+void LaunchW8A8GegluQuantizeRows(const void* x, int64_t stride_x, ElemType type,
+                                 const float* smooth, int64_t m, int64_t d, int8_t* q,
+                                 float* row_amax, float* row_scale, cudaStream_t stream);
 
 // out[r, c] = acc[r, c] * (row_amax[r] / 127) * (absmax[c] / 127) + bias[c], each operation
 // rounded in float32 (no fused multiply-add), cast to `type`, for contiguous int32 acc and out

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "quant/geglu_kernels.h"
 #include "quant/quant_format.h"
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
@@ -121,6 +122,57 @@ TEST(W8A8Cuda, QuantizedRowsOfEveryMagnitudeEqualTheCpu) {
     SCOPED_TRACE(Name(Shape{m, k, 0}, at::kBFloat16));
     ExpectQuantizedRowsEqualTheCpu((x * rows).to(at::kBFloat16), smooth);
   }
+}
+
+// Note [GEGLU rows]: the GEGLU rows quantized in one pass are the bytes of qpool::geglu's kernel
+// followed by the quantizing pass, for every group size, rows that fill a block partly, and x
+// whose rows lie further apart than their 2d values (a view into a wider buffer).
+TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(47);
+  for (int64_t d : {8, 320, 640, 1280, 2048, 5120, 10240}) {
+    for (int64_t m : {1, 33, 1000}) {
+      const at::Tensor smooth = at::pow(10.0, at::rand({d}) * 4 - 2).cuda();
+      for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+        for (int64_t pad : {0, 8}) {
+          SCOPED_TRACE(Name(Shape{m, d, 0}, dt) + " pad " + std::to_string(pad));
+          const at::Tensor wide = (at::randn({m, 2 * d + pad}) * 3).to(dt).cuda();
+          const at::Tensor x = wide.narrow(1, 0, 2 * d);
+          const cuda::ElemType type =
+              dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16;
+          const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+          const auto i8 = x.options().dtype(at::kChar), f32 = x.options().dtype(at::kFloat);
+          const at::Tensor h = at::empty({m, d}, x.options());
+          cuda::LaunchGeglu(x.data_ptr(), x.stride(0), m, d, h.data_ptr(), type, stream);
+          const at::Tensor q = at::empty({m, d}, i8), amax = at::empty({m}, f32),
+                           scale = at::empty({m}, f32);
+          cuda::LaunchW8A8QuantizeRows(h.data_ptr(), type, smooth.data_ptr<float>(), m, d,
+                                       q.data_ptr<int8_t>(), amax.data_ptr<float>(),
+                                       scale.data_ptr<float>(), stream);
+          const at::Tensor fq = at::empty({m, d}, i8), famax = at::empty({m}, f32),
+                           fscale = at::empty({m}, f32);
+          ASSERT_TRUE(cuda::W8A8GegluRowsSupported(
+              x.data_ptr(), x.stride(0), d, type, smooth.data_ptr<float>(), fq.data_ptr<int8_t>()));
+          cuda::LaunchW8A8GegluQuantizeRows(
+              x.data_ptr(), x.stride(0), type, smooth.data_ptr<float>(), m, d,
+              fq.data_ptr<int8_t>(), famax.data_ptr<float>(), fscale.data_ptr<float>(), stream);
+          EXPECT_TRUE(at::equal(fq, q)) << fq.ne(q).sum().item<int64_t>() << " values differ";
+          EXPECT_TRUE(at::equal(famax, amax));
+          EXPECT_TRUE(at::equal(fscale, scale));
+        }
+      }
+    }
+  }
+  // Rows it does not take: float32, a width or stride no multiple of 8, rows wider than held.
+  const at::Tensor s8 = at::ones({16}, at::kCUDA);
+  const at::Tensor q8 = at::empty({16}, at::TensorOptions(at::kCUDA).dtype(at::kChar));
+  const float* sp = s8.data_ptr<float>();
+  const int8_t* qp = q8.data_ptr<int8_t>();
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 16, 8, cuda::ElemType::kFloat, sp, qp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 12, 6, cuda::ElemType::kHalf, sp, qp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20, 8, cuda::ElemType::kHalf, sp, qp));
+  EXPECT_FALSE(
+      cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20496, 10248, cuda::ElemType::kHalf, sp, qp));
 }
 
 bool Hopper() { return at::cuda::getCurrentDeviceProperties()->major == 9; }
