@@ -73,11 +73,9 @@ void ExpectQuantizedRowsEqualTheCpu(const at::Tensor& x, const at::Tensor& smoot
   const at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
   const at::Tensor row_amax = at::empty({m}, xc.options().dtype(at::kFloat));
   const at::Tensor row_scale = at::empty({m}, xc.options().dtype(at::kFloat));
-  cuda::LaunchW8A8QuantizeRows(
-      xc.data_ptr(),
-      x.scalar_type() == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16,
-      sc.data_ptr<float>(), m, k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
-      row_scale.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+  cuda::LaunchW8A8QuantizeRows(xc.data_ptr(), ElemTypeOf(x.scalar_type()), sc.data_ptr<float>(), m,
+                               k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+                               row_scale.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
   const at::Tensor want = RowsToInt8(xs, amax);
   EXPECT_TRUE(at::equal(q.cpu(), want))
       << q.cpu().ne(want).sum().item<int64_t>() << " values differ";
@@ -138,8 +136,7 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
           SCOPED_TRACE(Name(Shape{m, d, 0}, dt) + " pad " + std::to_string(pad));
           const at::Tensor wide = (at::randn({m, 2 * d + pad}) * 3).to(dt).cuda();
           const at::Tensor x = wide.narrow(1, 0, 2 * d);
-          const cuda::ElemType type =
-              dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16;
+          const cuda::ElemType type = ElemTypeOf(dt);
           const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
           const auto i8 = x.options().dtype(at::kChar), f32 = x.options().dtype(at::kFloat);
           const at::Tensor h = at::empty({m, d}, x.options());
@@ -199,9 +196,8 @@ TEST(W8A8Cuda, WarpgroupKernelEqualsTheCpuAndCublas) {
       const at::Tensor x = at::randn({sh.m, sh.k}).to(dt);
       const at::Tensor xc = x.cuda();
       const at::Tensor q = at::empty({sh.m, sh.k}, xc.options().dtype(at::kChar));
-      ASSERT_TRUE(cuda::W8A8WgmmaSupported(
-          sh.m, sh.k, sh.n, q.data_ptr(), sc.weight.data_ptr(),
-          dt == at::kHalf ? cuda::ElemType::kHalf : cuda::ElemType::kBFloat16));
+      ASSERT_TRUE(cuda::W8A8WgmmaSupported(sh.m, sh.k, sh.n, q.data_ptr(), sc.weight.data_ptr(),
+                                           ElemTypeOf(dt)));
       // No bias, a float32 one, and one of x's dtype (which the kernel widens itself).
       for (int bias_case : {0, 1, 2}) {
         const at::Tensor bias_cpu = bias_case == 2 ? bias.to(dt) : bias;
