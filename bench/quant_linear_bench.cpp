@@ -229,12 +229,14 @@ void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
 // The w8a8 quantizing pass alone (Note [Held rows]): rows of fp16 x [m, k] to int8, with
 // SmoothQuant-like scales. GBps counts the bytes it must move (x read, q and the row maxima and
 // scales written); copy_us is a device-to-device copy of as many bytes as x and q hold (read
-// and written: the same traffic), the memory-bound floor.
-void BM_W8A8Quantize(benchmark::State& state, int64_t k, int64_t m) {
+// and written: the same traffic), the memory-bound floor. `unit`: scales of ones (Note [Unit
+// scales]).
+void BM_W8A8Quantize(benchmark::State& state, int64_t k, int64_t m, bool unit) {
   if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
-  const at::Tensor smooth = at::pow(10.0, at::rand({k}, opts.dtype(at::kFloat)) * 2 - 1);
+  const at::Tensor smooth = unit ? at::ones({k}, opts.dtype(at::kFloat))
+                                 : at::pow(10.0, at::rand({k}, opts.dtype(at::kFloat)) * 2 - 1);
   const at::Tensor x = at::randn({m, k}, opts);
   const at::Tensor q = at::empty({m, k}, opts.dtype(at::kChar));
   const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
@@ -303,13 +305,16 @@ void BM_W8A8GegluQuantize(benchmark::State& state, int64_t d, int64_t m) {
 
 void RegisterAll() {
   // SD 1.5's and SDXL's row widths (320-1280 model widths, 2048 text, 5120 feed-forward).
-  for (int64_t k : {320, 640, 1280, 2048, 5120}) {
-    for (int64_t m : {616, 8192, 32768}) {
-      const std::string name = "w8a8_quantize/K:" + std::to_string(k) + "/M:" + std::to_string(m);
-      benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Quantize, k, m)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(kSamples);
+  for (bool unit : {false, true}) {
+    for (int64_t k : {320, 640, 1280, 2048, 5120}) {
+      for (int64_t m : {616, 8192, 32768}) {
+        const std::string name = std::string(unit ? "w8a8_quantize_unit" : "w8a8_quantize") +
+                                 "/K:" + std::to_string(k) + "/M:" + std::to_string(m);
+        benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Quantize, k, m, unit)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->Iterations(kSamples);
+      }
     }
   }
   // Feed-forward widths and rows at four images: SD 1.5's 1280 (32768 rows) and 2560 (8192),

@@ -51,6 +51,14 @@ namespace {
 // ("The quantizing pass's arithmetic"). The division by smooth stays an IEEE division: by
 // reciprocals it would need them per feature, either kept beside smooth (one more tensor a layer)
 // or computed once a block (a persistent kernel, which measured slower).
+//
+// Note [Unit scales]
+// Most w8a8 layers divide by scales of 1: an import without SmoothQuant writes ones, and one with
+// it folds the scales of most layers into the layers that produce their inputs (Note [Folded
+// smoothing] in tools/qpool_export/qpool_export/smoothquant.py). x / 1 is x (a NaN stays a NaN),
+// so the held-row kernel tests each chunk's eight scales and skips their divisions when all are
+// 1: the same bytes, without the pass's costliest instructions. The test is uniform across a warp
+// where whole layers have unit scales; elsewhere it costs eight comparisons a chunk.
 constexpr int kRowThreads = 256;
 constexpr int kHeldThreads = 256;    // per block: 256 / kGroup rows
 constexpr int kHeldBlocksPerSm = 4;  // resident: at most 64 registers a thread
@@ -141,16 +149,21 @@ struct GegluRows {
 };
 
 // Values i .. i + 7 of row `row` divided by smooth[i .. i + 7] (two 16-byte loads of smooth).
+// Note [Unit scales]: a chunk whose eight scales are all 1 skips its divisions.
 template <typename Rows>
 __device__ __forceinline__ void LoadScaled8(const Rows& rows, int64_t row, const float* smooth,
                                             int64_t i, float (&xs)[8]) {
-  float v[8];
-  rows(row, i, v);
+  rows(row, i, xs);
   const float4 s0 = *reinterpret_cast<const float4*>(smooth + i);
   const float4 s1 = *reinterpret_cast<const float4*>(smooth + i + 4);
   const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+  bool unit = true;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(v[j], sv[j]);
+  for (int j = 0; j < 8; ++j) unit &= sv[j] == 1.f;
+  if (!unit) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(xs[j], sv[j]);
+  }
 }
 
 // Note [Held rows]: m rows of k values, kGroup threads each, kChunks chunks per thread.

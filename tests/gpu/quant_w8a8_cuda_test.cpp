@@ -84,18 +84,22 @@ void ExpectQuantizedRowsEqualTheCpu(const at::Tensor& x, const at::Tensor& smoot
 }
 
 // Note [Held rows]: every group size and chunk count, rows that fill a block partly, rows of
-// zeros, and rows too wide to hold (one block a row).
+// zeros, and rows too wide to hold (one block a row); Note [Unit scales]: scales of ones, and
+// scales of which most are 1, so that chunks of ones lie beside chunks with one scale that is not.
 TEST(W8A8Cuda, QuantizedRowsEqualTheCpu) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(45);
   for (int64_t k : {8, 64, 320, 520, 640, 1280, 2048, 2056, 5120, 8192, 10240, 10248}) {
-    for (int64_t m : {1, 33, 1000}) {
-      const at::Tensor smooth = at::rand({k}) + 0.5;
-      for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
-        SCOPED_TRACE(Name(Shape{m, k, 0}, dt));
-        at::Tensor x = at::randn({m, k}).to(dt);
-        x[m / 2].zero_();
-        ExpectQuantizedRowsEqualTheCpu(x, smooth);
+    const at::Tensor scales = at::rand({k}) + 0.5;
+    const at::Tensor mostly_ones = scales.masked_fill(at::rand({k}) < 0.9, 1.0);
+    for (const at::Tensor& smooth : {scales, at::ones({k}), mostly_ones}) {
+      for (int64_t m : {1, 33, 1000}) {
+        for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+          SCOPED_TRACE(Name(Shape{m, k, 0}, dt));
+          at::Tensor x = at::randn({m, k}).to(dt);
+          x[m / 2].zero_();
+          ExpectQuantizedRowsEqualTheCpu(x, smooth);
+        }
       }
     }
   }
