@@ -459,6 +459,9 @@ def main() -> int:
                         "ahead of time for CUDA (from-diffusers --compile)")
     p.add_argument("--compile-mode", default="default",
                    help="from-diffusers --compile-mode of the compiled pipelines")
+    p.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
+                   help="from-diffusers --smoothquant ALPHA for the w8a8 variants (default: "
+                        "activation scales of ones)")
     p.add_argument("--min-weights", type=int, default=0,
                    help="add '<variant>-min' twins of the w8a8 variants imported with "
                         "from-diffusers --min-weights N (their smaller layers in float)")
@@ -491,7 +494,7 @@ def main() -> int:
               "model": a.model, "size": a.size, "steps": a.steps, "batch": a.batch,
               "scheduler": "ddim",
               "guidance": a.guidance, "build_seconds": time.monotonic() - start,
-              "import_seconds": {}}
+              "smoothquant": a.smoothquant, "import_seconds": {}}
     import diffusers
     import transformers
 
@@ -541,12 +544,14 @@ def main() -> int:
         # Each quantized layer's own error (from-diffusers --layer-error), beside the images'
         # PSNR: the worst layers name candidates to leave in float.
         errors_json = os.path.join(a.work, f"{name}-layer-error.json")
-        error_args = ("--layer-error", errors_json) if mode == "prequantized" else ()
+        import_args = ("--layer-error", errors_json) if mode == "prequantized" else ()
+        if fmt == "w8a8" and mode == "prequantized" and a.smoothquant is not None:
+            import_args += ("--smoothquant", str(a.smoothquant))
         if not os.path.exists(os.path.join(repo, name, "pipeline.yaml")):
             result["import_seconds"][name] = run_import(
                 src, os.path.join(repo, name), "--dtype", "float16", "-q", "--quant-mode", mode,
                 "--quantize", ",".join(f"{c}={fmt}" for c in model["quantize"]), *compile_args,
-                *min_args, *error_args)
+                *min_args, *import_args)
         if os.path.exists(errors_json):
             result.setdefault("layer_error", {})[name] = layer_error_summary(errors_json)
     twins = ([("eager", "  cuda_graphs: false\n")] if a.graphs_off else []) + \

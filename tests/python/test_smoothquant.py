@@ -16,7 +16,7 @@ from torch import nn
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
-from qpool_export import export, quant, smoothquant  # noqa: E402
+from qpool_export import blocks, export, quant, smoothquant, text_encoder  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -70,6 +70,91 @@ def test_calibrated_w8a8_is_closer_to_the_float_net():
     assert errors[True] < 0.6 * errors[False], errors
 
 
+def transformer_block(gen):
+    """A UNet transformer block with fused projections and norms that are not the identity, and
+    batches of its inputs (tokens, text)."""
+    block = blocks.BasicTransformerBlock(64, 48, 4)
+    assert blocks.fuse_projections(block) == 2
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.dim() == 1 else 0.1))
+        for norm in (block.norm1, block.norm2, block.norm3):
+            norm.weight.add_(1)
+    batches = [(outlier_input(gen, 24).view(2, 12, 64), torch.randn(2, 7, 48, generator=gen))
+               for _ in range(3)]
+    return block, batches
+
+
+BLOCK_FOLDS = {"attn1.to_qkv": "norm1", "attn1.to_out.0": "attn1.to_qkv",
+               "attn2.to_q": "norm2", "attn2.to_out.0": "attn2.to_kv",
+               "ff.net.0.proj": "norm3", "ff.net.2": "ff.net.0.proj"}
+
+
+def test_folds_name_each_layer_read_from_one_producer():
+    block, _ = transformer_block(torch.Generator().manual_seed(53))
+    found = {f.consumer: f for f in smoothquant.folds(block)}
+    assert {c: f.producer for c, f in found.items()} == BLOCK_FOLDS
+    assert found["attn1.to_out.0"].rows == (128, 192) and found["ff.net.2"].rows == (0, 256)
+    layer = text_encoder.ClipEncoderLayer(text_encoder.TextEncoderConfig(hidden_size=32, num_heads=4))
+    outer = nn.ModuleList([layer])
+    assert {(f.consumer, f.producer) for f in smoothquant.folds(outer)} == {
+        ("0.self_attn.out_proj", "0.self_attn.v_proj"), ("0.mlp.fc1", "0.layer_norm2")}
+
+
+def test_folding_keeps_the_outputs_and_leaves_the_other_scales():
+    """Note [Folded smoothing]: in float32 the folded block computes what it did, its folded
+    layers read x / s, and the scales of the layers that read the text stay to divide by."""
+    gen = torch.Generator().manual_seed(54)
+    block, batches = transformer_block(gen)
+    scales = smoothquant.calibrate(block, batches)
+    with torch.no_grad():
+        ref = [block(*b) for b in batches]
+    before = smoothquant.activation_maxima(block, batches)
+    left = smoothquant.fold(block, scales)
+    assert set(left) == set(scales) - set(BLOCK_FOLDS) == {"attn2.to_kv"}
+    assert torch.equal(left["attn2.to_kv"], scales["attn2.to_kv"])
+    with torch.no_grad():
+        for b, r in zip(batches, ref):
+            torch.testing.assert_close(block(*b), r, rtol=1e-4, atol=1e-5)
+    after = smoothquant.activation_maxima(block, batches)
+    for name in BLOCK_FOLDS:
+        torch.testing.assert_close(after[name], before[name] / scales[name], rtol=1e-4, atol=1e-6)
+
+
+def test_folded_w8a8_is_as_close_to_the_float_block():
+    """The folded layers quantize the same x / s with the same w * s: the w8a8 block's error
+    against the float block is the unfolded one's, up to rounding."""
+    gen = torch.Generator().manual_seed(55)
+    block, batches = transformer_block(gen)
+    x = (outlier_input(gen, 24).view(2, 12, 64), torch.randn(2, 7, 48, generator=gen))
+    with torch.no_grad():
+        ref = block(*x)
+    errors = {}
+    for folded in (False, True):
+        q = copy.deepcopy(block)
+        scales = smoothquant.calibrate(q, batches)
+        smooth = smoothquant.fold(q, scales) if folded else scales
+        assert quant.quantize_module(q, "w8a8", smooth=smooth) == 7
+        codes = {n: m.code for n, m in q.named_modules() if isinstance(m, quant.QuantLinear)}
+        assert all(torch.equal(codes[n], torch.ones_like(codes[n])) == folded
+                   for n in BLOCK_FOLDS)
+        with torch.no_grad():
+            errors[folded] = (q(*x) - ref).abs().mean().item()
+    assert errors[True] == pytest.approx(errors[False], rel=0.05), errors
+
+
+def test_scales_beyond_the_folded_range_stay():
+    gen = torch.Generator().manual_seed(56)
+    block, batches = transformer_block(gen)
+    scales = smoothquant.calibrate(block, batches)
+    scales["ff.net.2"][5] = 2 * smoothquant.MAX_FOLDED
+    scales["attn2.to_q"][0] = 0.5 / smoothquant.MAX_FOLDED
+    weight = block.ff.net[2].weight.clone()
+    left = smoothquant.fold(block, scales)
+    assert set(left) == {"attn2.to_kv", "ff.net.2", "attn2.to_q"}
+    assert torch.equal(block.ff.net[2].weight, weight)
+
+
 def run_export(out, *args):
     return export.main(["--preset", "tiny", "--out", str(out), "-q", *args])
 
@@ -84,6 +169,8 @@ def test_export_writes_calibrated_scales(tmp_path):
     codes = [buffers[n[:-len("weight")] + "code"] for n, b in buffers.items()
              if b.dtype == torch.int8]
     assert codes and all(c.dtype == torch.float32 and bool((c > 0).all()) for c in codes)
+    # Folded into their producers (Note [Folded smoothing]) or left to divide by.
+    assert any(torch.equal(c, torch.ones_like(c)) for c in codes)
     assert any(not torch.equal(c, torch.ones_like(c)) for c in codes)
     with torch.no_grad():
         noise = unet(torch.randn(2, 4, 8, 8), torch.tensor([999.0, 1.0]), torch.randn(2, 77, 32))

@@ -7,13 +7,14 @@ Python ints), dtypes follow the input (`type_as`), and linear layers are plain n
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from . import ops
+from .smoothquant import Fold
 
 
 # Note [Fused projections]
@@ -309,6 +310,16 @@ class Attention(nn.Module):
         b, _, n, _ = y.shape
         return self.to_out[0](y.transpose(1, 2).reshape(b, n, -1))
 
+    def smoothing_folds(self) -> List[Fold]:
+        """The output projection reads the value projection's channels, alone or the last rows of
+        a fused one (Note [Folded smoothing] in smoothquant.py)."""
+        inner = self.to_out[0].in_features
+        if hasattr(self, "to_qkv"):
+            return [Fold("to_out.0", "to_qkv", (2 * inner, 3 * inner))]
+        if hasattr(self, "to_kv"):
+            return [Fold("to_out.0", "to_kv", (inner, 2 * inner))]
+        return [Fold("to_out.0", "to_v")]
+
 
 # qpool::geglu's schema, byte-identical to kGegluSchema in server/quant/geglu_op.h (a unit test
 # compares them).
@@ -349,6 +360,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net[2](self.net[0](x))
+
+    def smoothing_folds(self) -> List[Fold]:
+        """The output layer reads the GEGLU's value half, the projection's first rows, times the
+        GELU of the gate half (Note [Folded smoothing] in smoothquant.py)."""
+        return [Fold("net.2", "net.0.proj", (0, self.net[2].in_features))]
 
 
 # qpool::layer_norm's and qpool::add_layer_norm's schemas, byte-identical to kLayerNormSchema and
@@ -422,6 +438,15 @@ class BasicTransformerBlock(nn.Module):
         x, h = self.norm2(self.attn1(self.norm1(x)), x)
         x, h = self.norm3(self.attn2(h, context), x)
         return x + self.ff(h)
+
+    def smoothing_folds(self) -> List[Fold]:
+        """Each norm feeds one layer: the fused self-attention projection (separate q / k / v
+        would need one scale for three layers), the cross-attention's query, the feed-forward
+        (Note [Folded smoothing] in smoothquant.py)."""
+        folds = [Fold("attn2.to_q", "norm2"), Fold("ff.net.0.proj", "norm3")]
+        if hasattr(self.attn1, "to_qkv"):
+            folds.append(Fold("attn1.to_qkv", "norm1"))
+        return folds
 
 
 class Transformer2D(nn.Module):

@@ -17,13 +17,14 @@ final layer norm of the last layer's output at the end-of-text position.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, List
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .import_error import ImportFailure
+from .smoothquant import Fold
 from .text_encoder import ClipAttention
 
 
@@ -96,6 +97,11 @@ class ClipLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.layer_norm1(x))
         return x + self.mlp(self.layer_norm2(x))
+
+    def smoothing_folds(self) -> List[Fold]:
+        """The MLP's first layer reads layer_norm2 alone (Note [Folded smoothing] in
+        smoothquant.py)."""
+        return [Fold("mlp.fc1", "layer_norm2")]
 
 
 class ClipEmbeddings(nn.Module):

@@ -107,7 +107,8 @@ def _quantize(module: torch.nn.Module, opts: ExportOptions,
     smooth = None
     if opts.smoothquant is not None:
         from . import smoothquant
-        smooth = smoothquant.calibrate(module, calibration, opts.smoothquant)
+        smooth = smoothquant.fold(module,
+                                  smoothquant.calibrate(module, calibration, opts.smoothquant))
     return quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
                                  double_quant=opts.double_quant, skip=list(opts.skip),
                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth,

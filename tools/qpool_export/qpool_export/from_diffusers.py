@@ -155,8 +155,9 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
         # random values); smoothquant.py.
         from . import smoothquant
 
-        smooth = smoothquant.calibrate(built.module, (built.trace_inputs, built.check_inputs),
+        scales = smoothquant.calibrate(built.module, (built.trace_inputs, built.check_inputs),
                                        opts.smoothquant)
+        smooth = smoothquant.fold(built.module, scales)  # Note [Folded smoothing]
     records = None
     if opts.layer_error and opts.quant_mode == "prequantized":
         from . import layer_error

@@ -7,10 +7,13 @@ the forward needs is a parameter or buffer (no tensor constants after torch.jit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .smoothquant import Fold
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class ClipAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out_proj(y.transpose(1, 2).reshape(b, n, d))
 
+    def smoothing_folds(self) -> List[Fold]:
+        """The output projection reads the value projection's channels (Note [Folded
+        smoothing] in smoothquant.py)."""
+        return [Fold("out_proj", "v_proj")]
+
 
 class ClipMlp(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -72,6 +80,10 @@ class ClipEncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.layer_norm1(x))
         return x + self.mlp(self.layer_norm2(x))
+
+    def smoothing_folds(self) -> List[Fold]:
+        """The MLP's first layer reads layer_norm2 alone (Note [Folded smoothing])."""
+        return [Fold("mlp.fc1", "layer_norm2")]
 
 
 class TextEncoder(nn.Module):
