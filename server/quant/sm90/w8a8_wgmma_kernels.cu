@@ -39,6 +39,18 @@ namespace {
 // Not L2-bound: clusters of two blocks sharing the x tile through TMA multicast (half the L2
 // reads of x) ran 1.15-2x slower on every measured layer (bench/results/README.md, "W8A8 at four
 // images").
+//
+// Note [Epilogue operands]
+// Both consumer warpgroups run the epilogue at once, so the tensor cores idle through it: on
+// SDXL's feed-forward at 8192 rows it took two fifths of the consumers' sampled time, and the
+// tensor pipe was active 54% of the kernel's cycles (Nsight Compute). Most of that epilogue
+// waited on global loads: each thread loaded 64 row scales, each behind its own address and
+// bounds arithmetic, and the column scales' division waited on the absmax load. Each consumer
+// thread now loads its operands when a tile starts, so the loads complete under the main loop:
+// one row scale (thread i takes row m0 + i), its two features' absmax and bias. At the epilogue
+// the row scales go through shared memory (a barrier of both warpgroups before the stores, so
+// the previous tile's are read, and one after), and each value's row scale is a shared load at a
+// constant offset. The operations on each value are unchanged, so are the bytes.
 // Requirements (W8A8WgmmaSupported): fp16/bf16 out, K % 16 == 0 (TMA row strides), N % 8 == 0
 // (16-byte stores of the output), 16-byte aligned q, weight and out.
 constexpr int kThreads = 384;
@@ -55,7 +67,9 @@ struct Smem {
   static constexpr int kEpiRows = 64;
   static constexpr int kEpiStride = 64 + 8;
   static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;
-  static constexpr int kFixed = kEpiBytes + 256 + 1024;  // + barriers, alignment slack
+  static constexpr int kBarrierBytes = 256;
+  static constexpr int kRowScaleBytes = kBn * 4;  // Note [Epilogue operands]
+  static constexpr int kFixed = kEpiBytes + kBarrierBytes + kRowScaleBytes + 1024;  // + alignment
   static constexpr int kMaxStages = kBn == 256 ? 4 : 8;
   static constexpr int kStages = std::min(kMaxStages, (kMaxSmem - kFixed) / kStageBytes);
   static constexpr int kBytes = kStages * kStageBytes + kFixed;
@@ -71,6 +85,10 @@ __host__ __device__ constexpr int64_t SlotWords(int rows) { return int64_t{rows 
 __device__ __forceinline__ float RowScale(const float* row_scale, int64_t r, int M) {
   return r < M ? __ldg(row_scale + r) : 0.f;
 }
+
+// Note [Epilogue operands]: named barrier of the two consumer warpgroups (1 + cw are theirs
+// alone, 3 is ExchangeSums').
+constexpr int kRowScaleBarrier = 4;
 
 template <typename T, int kBn>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -89,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t epi_addr = smem_addr + kStages * L::kStageBytes;
   const uint32_t full_bar = epi_addr + L::kEpiBytes;  // kStages barriers of 8 bytes
   const uint32_t empty_bar = full_bar + 8 * kStages;
+  const uint32_t row_scale_addr = full_bar + L::kBarrierBytes;  // kBn floats
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
   const int b = blockIdx.x;
 
@@ -134,6 +153,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (segments.Next(tile, first, last)) {
     int m0 = 0, n0 = 0;
     sched.TileStart(tile, kBn, m0, n0);
+    // Note [Epilogue operands]: loaded now, used after the main loop.
+    const float my_row_scale = ctid < kBn ? RowScale(row_scale, int64_t{m0} + ctid, M) : 0.f;
+    float feature_absmax[2] = {0.f, 0.f}, shift[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + row0 + 8 * h;
+      if (n < N) {
+        feature_absmax[h] = __ldg(absmax + n);
+        if (bias != nullptr) {
+          shift[h] = bias_in_t ? ToFloat(__ldg(static_cast<const T*>(bias) + n))
+                               : __ldg(static_cast<const float*>(bias) + n);
+        }
+      }
+    }
     for (int kb = first; kb < last; ++kb, ++it) {
       const int s = it % kStages;
       BarrierWait(full_bar + 8 * s, (it / kStages) & 1);
@@ -163,18 +196,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // Epilogue. acc[4 c + 2 h + e]: feature row0 + 8 h, row of x 8 c + 2 t + e.
-    float col_scale[2] = {0.f, 0.f}, shift[2] = {0.f, 0.f};
+    NamedBarrier(kRowScaleBarrier, 256);  // the previous tile's row scales have been read
+    if (ctid < kBn) StoreShared4(row_scale_addr + 4 * ctid, my_row_scale);
+    NamedBarrier(kRowScaleBarrier, 256);
+    float col_scale[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + row0 + 8 * h;
-      if (n < N) {
-        col_scale[h] = __fdiv_rn(__ldg(absmax + n), 127.f);
-        if (bias != nullptr) {
-          shift[h] = bias_in_t ? ToFloat(__ldg(static_cast<const T*>(bias) + n))
-                               : __ldg(static_cast<const float*>(bias) + n);
-        }
-      }
-    }
+    for (int h = 0; h < 2; ++h) col_scale[h] = __fdiv_rn(feature_absmax[h], 127.f);
     auto value = [&](int i, int h, float rs) {
       const float y = __fmul_rn(__fmul_rn(__int2float_rn(acc[i]), rs), col_scale[h]);
       return uint32_t{Bits(FromFloat<T>(bias != nullptr ? __fadd_rn(y, shift[h]) : y))};
@@ -184,9 +211,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                      cw * L::kEpiRows * L::kEpiStride;
     StoreTileTransposed<T, kBn, L::kEpiRows, L::kEpiStride>(
         chunk_addr, chunk, cw, warp, lane, tid, m0, n0, M, N, out, [&](int c, uint32_t(&r)[4]) {
-          const int64_t row = m0 + 8 * c + 2 * t;  // rows 8 c + 2 t + e and 8 more
-          const float s0 = RowScale(row_scale, row, M), s1 = RowScale(row_scale, row + 1, M);
-          const float s8 = RowScale(row_scale, row + 8, M), s9 = RowScale(row_scale, row + 9, M);
+          // Rows m0 + 8 c + 2 t + e and 8 more.
+          const uint32_t rs = row_scale_addr + 4 * (8 * c + 2 * t);
+          const float s0 = LoadSharedFloat(rs), s1 = LoadSharedFloat(rs + 4);
+          const float s8 = LoadSharedFloat(rs + 32), s9 = LoadSharedFloat(rs + 36);
           r[0] = value(4 * c, 0, s0) | (value(4 * c + 1, 0, s1) << 16);
           r[1] = value(4 * c + 2, 1, s0) | (value(4 * c + 3, 1, s1) << 16);
           r[2] = value(4 * c + 4, 0, s8) | (value(4 * c + 5, 0, s9) << 16);
