@@ -181,6 +181,15 @@ void BM_QuantLinear(benchmark::State& state, LinearShape shape, Variant v, int64
   state.SetLabel(std::string(shape.name) + " " + v.name);
 }
 
+// The outputs of a quantizing pass over m rows of k values, on the device of `opts`.
+struct QuantizedRows {
+  at::Tensor q, row_amax, row_scale;
+  QuantizedRows(int64_t m, int64_t k, const at::TensorOptions& opts)
+      : q(at::empty({m, k}, opts.dtype(at::kChar))),
+        row_amax(at::empty({m}, opts.dtype(at::kFloat))),
+        row_scale(at::empty({m}, opts.dtype(at::kFloat))) {}
+};
+
 // The w8a8 product alone (Note [Warpgroup-MMA W8A8 linear]; rows of x quantized beforehand, no
 // bias); counters as BM_QuantLinear's plus TOPS (int8 operations per second, 2 M K N a call)
 // and fp16_TFLOPS (torch::linear's).
@@ -191,12 +200,12 @@ void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
   const QuantState s = *QuantizeW8A8(at::randn({shape.out, shape.in}, opts) * 0.02,
                                      at::ones({shape.in}, opts.dtype(at::kFloat)));
   const at::Tensor x = at::randn({m, shape.in}, opts);
-  const at::Tensor q = at::empty({m, shape.in}, opts.dtype(at::kChar));
-  const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
-  const at::Tensor row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  const QuantizedRows rows(m, shape.in, opts);
+  const at::Tensor& q = rows.q;
+  const at::Tensor& row_scale = rows.row_scale;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cuda::LaunchW8A8QuantizeRows(x.data_ptr(), cuda::ElemType::kHalf, s.code.data_ptr<float>(), m,
-                               shape.in, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
+                               shape.in, q.data_ptr<int8_t>(), rows.row_amax.data_ptr<float>(),
                                row_scale.data_ptr<float>(), stream);
   if (!cuda::W8A8WgmmaSupported(m, shape.in, shape.out, q.data_ptr(), s.weight.data_ptr(),
                                 cuda::ElemType::kHalf)) {
@@ -238,14 +247,12 @@ void BM_W8A8Quantize(benchmark::State& state, int64_t k, int64_t m, bool unit) {
   const at::Tensor smooth = unit ? at::ones({k}, opts.dtype(at::kFloat))
                                  : at::pow(10.0, at::rand({k}, opts.dtype(at::kFloat)) * 2 - 1);
   const at::Tensor x = at::randn({m, k}, opts);
-  const at::Tensor q = at::empty({m, k}, opts.dtype(at::kChar));
-  const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
-  const at::Tensor row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  const QuantizedRows out(m, k, opts);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   auto run = [&] {
     cuda::LaunchW8A8QuantizeRows(x.data_ptr(), cuda::ElemType::kHalf, smooth.data_ptr<float>(), m,
-                                 k, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
-                                 row_scale.data_ptr<float>(), stream);
+                                 k, out.q.data_ptr<int8_t>(), out.row_amax.data_ptr<float>(),
+                                 out.row_scale.data_ptr<float>(), stream);
     return 0;
   };
   const double us = bench::MedianMicros(run, state);
@@ -271,20 +278,19 @@ void BM_W8A8GegluQuantize(benchmark::State& state, int64_t d, int64_t m) {
   const at::Tensor smooth = at::pow(10.0, at::rand({d}, opts.dtype(at::kFloat)) * 2 - 1);
   const at::Tensor x = at::randn({m, 2 * d}, opts);
   const at::Tensor h = at::empty({m, d}, opts);
-  const at::Tensor q = at::empty({m, d}, opts.dtype(at::kChar));
-  const at::Tensor row_amax = at::empty({m}, opts.dtype(at::kFloat));
-  const at::Tensor row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  const QuantizedRows out(m, d, opts);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const auto quantize = [&](const at::Tensor& rows) {
     cuda::LaunchW8A8QuantizeRows(rows.data_ptr(), cuda::ElemType::kHalf, smooth.data_ptr<float>(),
-                                 m, d, q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
-                                 row_scale.data_ptr<float>(), stream);
+                                 m, d, out.q.data_ptr<int8_t>(), out.row_amax.data_ptr<float>(),
+                                 out.row_scale.data_ptr<float>(), stream);
   };
   const double us = bench::MedianMicros(
       [&] {
-        cuda::LaunchW8A8GegluQuantizeRows(
-            x.data_ptr(), 2 * d, cuda::ElemType::kHalf, smooth.data_ptr<float>(), m, d,
-            q.data_ptr<int8_t>(), row_amax.data_ptr<float>(), row_scale.data_ptr<float>(), stream);
+        cuda::LaunchW8A8GegluQuantizeRows(x.data_ptr(), 2 * d, cuda::ElemType::kHalf,
+                                          smooth.data_ptr<float>(), m, d, out.q.data_ptr<int8_t>(),
+                                          out.row_amax.data_ptr<float>(),
+                                          out.row_scale.data_ptr<float>(), stream);
         return 0;
       },
       state);

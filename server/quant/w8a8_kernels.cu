@@ -323,8 +323,8 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
 
 bool W8A8GegluRowsSupported(const void* x, int64_t stride_x, int64_t d, ElemType type,
                             const float* smooth, const int8_t* q) {
-  return type != ElemType::kFloat && d > 0 && d <= kHeldMaxK && d % 8 == 0 && stride_x % 8 == 0 &&
-         Aligned16(x) && Aligned16(smooth) && Aligned16(q);
+  return type != ElemType::kFloat && d > 0 && d <= kHeldMaxK && d % 8 == 0 && stride_x >= 2 * d &&
+         stride_x % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q);
 }
 
 void LaunchW8A8GegluQuantizeRows(const void* x, int64_t stride_x, ElemType type,

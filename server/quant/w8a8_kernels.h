@@ -30,8 +30,8 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
 // passes: bench/results/README.md ("GEGLU rows").
 
 // Whether LaunchW8A8GegluQuantizeRows takes these rows: 16-bit x whose rows (stride_x elements
-// apart) hold value and gate halves of d values each, d and stride_x multiples of 8, at most the
-// held rows' width, and 16-byte aligned x, smooth and q.
+// apart, at least 2d) hold value and gate halves of d values each, d and stride_x multiples of 8,
+// at most the held rows' width, and 16-byte aligned x, smooth and q.
 bool W8A8GegluRowsSupported(const void* x, int64_t stride_x, int64_t d, ElemType type,
                             const float* smooth, const int8_t* q);
 

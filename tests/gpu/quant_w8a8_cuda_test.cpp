@@ -164,7 +164,8 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
       }
     }
   }
-  // Rows it does not take: float32, a width or stride no multiple of 8, rows wider than held.
+  // Rows it does not take: float32, a width or stride no multiple of 8, rows that overlap (a
+  // stride below 2d), rows wider than held.
   const at::Tensor s8 = at::ones({16}, at::kCUDA);
   const at::Tensor q8 = at::empty({16}, at::TensorOptions(at::kCUDA).dtype(at::kChar));
   const float* sp = s8.data_ptr<float>();
@@ -172,6 +173,7 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
   EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 16, 8, cuda::ElemType::kFloat, sp, qp));
   EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 12, 6, cuda::ElemType::kHalf, sp, qp));
   EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20, 8, cuda::ElemType::kHalf, sp, qp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 8, 8, cuda::ElemType::kHalf, sp, qp));
   EXPECT_FALSE(
       cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20496, 10248, cuda::ElemType::kHalf, sp, qp));
 }
