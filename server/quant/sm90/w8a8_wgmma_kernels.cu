@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Epilogue. acc[4 c + 2 h + e]: feature row0 + 8 h, row of x 8 c + 2 t + e.
     NamedBarrier(kRowScaleBarrier, 256);  // the previous tile's row scales have been read
-    if (ctid < kBn) StoreShared4(row_scale_addr + 4 * ctid, my_row_scale);
+    if (ctid < kBn) StoreShared4(row_scale_addr + 4 * ctid, __float_as_uint(my_row_scale));
     NamedBarrier(kRowScaleBarrier, 256);
     float col_scale[2];
 #pragma unroll
@@ -213,8 +213,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         chunk_addr, chunk, cw, warp, lane, tid, m0, n0, M, N, out, [&](int c, uint32_t(&r)[4]) {
           // Rows m0 + 8 c + 2 t + e and 8 more.
           const uint32_t rs = row_scale_addr + 4 * (8 * c + 2 * t);
-          const float s0 = LoadSharedFloat(rs), s1 = LoadSharedFloat(rs + 4);
-          const float s8 = LoadSharedFloat(rs + 32), s9 = LoadSharedFloat(rs + 36);
+          const float s0 = __uint_as_float(LoadShared4(rs));
+          const float s1 = __uint_as_float(LoadShared4(rs + 4));
+          const float s8 = __uint_as_float(LoadShared4(rs + 32));
+          const float s9 = __uint_as_float(LoadShared4(rs + 36));
           r[0] = value(4 * c, 0, s0) | (value(4 * c + 1, 0, s1) << 16);
           r[1] = value(4 * c + 2, 1, s0) | (value(4 * c + 3, 1, s1) << 16);
           r[2] = value(4 * c + 4, 0, s8) | (value(4 * c + 5, 0, s9) << 16);

@@ -51,13 +51,8 @@ __device__ __forceinline__ uint32_t LoadShared4(uint32_t addr) {
   return v;
 }
 
-__device__ __forceinline__ void StoreShared4(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
-}
-__device__ __forceinline__ float LoadSharedFloat(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
+__device__ __forceinline__ void StoreShared4(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ void StoreShared16(uint32_t addr, const uint32_t (&v)[4]) {
