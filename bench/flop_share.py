@@ -12,7 +12,7 @@ import json
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from import_bench import MODELS, SD15_UNET, SDXL_UNET
+from bench_models import MODELS, SD15_UNET, SDXL_UNET
 
 
 # PyTorch's FLOP counter's operators, by the kind of layer that runs them in a UNet.
