@@ -39,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 import import_bench  # noqa: E402
-from import_bench import CLIP_L, summary  # noqa: E402
+from bench_models import CLIP_L  # noqa: E402
+from import_bench import summary  # noqa: E402
 
 # black-forest-labs/FLUX.1-dev's published configs.
 FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38,
