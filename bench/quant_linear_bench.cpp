@@ -24,6 +24,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpu_timing.h"
@@ -191,9 +192,9 @@ struct QuantizedRows {
 };
 
 // The w8a8 product alone (Note [Warpgroup-MMA W8A8 linear]; rows of x quantized beforehand, no
-// bias); counters as BM_QuantLinear's plus TOPS (int8 operations per second, 2 M K N a call)
-// and fp16_TFLOPS (torch::linear's).
-void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
+// bias) with the tiles `tiles` (Note [W8A8 tile choice]); counters as BM_QuantLinear's plus
+// TOPS (int8 operations per second, 2 M K N a call) and fp16_TFLOPS (torch::linear's).
+void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m, cuda::W8A8Tiles tiles) {
   if (bench::SkippedWithoutCuda(state)) return;
   c10::InferenceMode guard;
   auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
@@ -213,14 +214,14 @@ void BM_W8A8Product(benchmark::State& state, LinearShape shape, int64_t m) {
     return;
   }
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, shape.in, shape.out, sm_count);
+  const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, shape.in, shape.out, sm_count, tiles);
   const at::Tensor workspace = at::empty({std::max<int64_t>(bytes, 16)}, opts.dtype(at::kByte));
   const at::Tensor out = at::empty({m, shape.out}, opts);
   auto run = [&] {
     cuda::LaunchW8A8Wgmma(q.data_ptr<int8_t>(), row_scale.data_ptr<float>(),
                           s.weight.data_ptr<int8_t>(), s.absmax.data_ptr<float>(), nullptr,
                           cuda::ElemType::kFloat, m, shape.in, shape.out, out.data_ptr(),
-                          cuda::ElemType::kHalf, sm_count, workspace.data_ptr(), stream);
+                          cuda::ElemType::kHalf, sm_count, workspace.data_ptr(), stream, tiles);
     return 0;
   };
   const double us = bench::MedianMicros(run, state);
@@ -335,14 +336,20 @@ void RegisterAll() {
           ->Iterations(kSamples);
     }
   }
+  const std::pair<const char*, cuda::W8A8Tiles> tile_kinds[] = {
+      {"auto", cuda::W8A8Tiles::kAuto},
+      {"shared", cuda::W8A8Tiles::kShared},
+      {"pingpong", cuda::W8A8Tiles::kPingPong}};
   for (const LinearShape& shape : kShapes) {
     for (int64_t m : {1024, 2048, 4096, 8192, 16384, 32768}) {
-      const std::string name =
-          std::string("w8a8_product/") + shape.name + "/M:" + std::to_string(m);
-      benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Product, shape, m)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(kSamples);
+      for (const auto& [tiles_name, tiles] : tile_kinds) {
+        const std::string name = std::string("w8a8_product/") + shape.name +
+                                 "/M:" + std::to_string(m) + "/" + tiles_name;
+        benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Product, shape, m, tiles)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->Iterations(kSamples);
+      }
     }
   }
   for (const LinearShape& shape : kShapes) {

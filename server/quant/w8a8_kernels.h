@@ -53,9 +53,16 @@ void LaunchW8A8Epilogue(const int32_t* acc, const float* row_amax, const float* 
 bool W8A8WgmmaSupported(int64_t m, int64_t k, int64_t n, const void* q, const void* weight,
                         ElemType type);
 
+// The tiles of LaunchW8A8Wgmma: both consumer warpgroups on one tile of 128 features x up to 256
+// rows of x, stream-K where it pays (Note [Warpgroup-MMA W8A8 linear]), or a 128 x 128 tile of
+// each, alternating (Note [Ping-pong W8A8 tiles]); kAuto picks by the shape (Note [W8A8 tile
+// choice]).
+enum class W8A8Tiles { kAuto, kShared, kPingPong };
+
 // Bytes of device workspace LaunchW8A8Wgmma needs on `sm_count` multiprocessors: int32 partial
 // sums and flags for the tiles its stream-K schedule splits between blocks; 0 when none.
-int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count);
+int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count,
+                                W8A8Tiles tiles = W8A8Tiles::kAuto);
 
 // out [m, n] (contiguous, `type`, 16-byte aligned) = the w8a8 product of the quantized rows q
 // [m, k] and their row_scale [m] (LaunchW8A8QuantizeRows) and the int8 weight [n, k], scaled
@@ -68,6 +75,6 @@ int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count);
 void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weight,
                      const float* absmax, const void* bias, ElemType bias_type, int64_t m,
                      int64_t k, int64_t n, void* out, ElemType type, int sm_count, void* workspace,
-                     cudaStream_t stream);
+                     cudaStream_t stream, W8A8Tiles tiles = W8A8Tiles::kAuto);
 
 }  // namespace qpool::quant::cuda

@@ -7,6 +7,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 
 #include "quant/geglu_kernels.h"
@@ -216,6 +217,53 @@ TEST(W8A8Cuda, WarpgroupKernelEqualsTheCpuAndCublas) {
         EXPECT_TRUE(at::equal(cublas, cpu));
         EXPECT_TRUE(at::equal(wgmma, cpu))
             << (wgmma.to(at::kFloat) - cpu.to(at::kFloat)).abs().max().item<float>();
+      }
+    }
+  }
+}
+
+// Note [Ping-pong W8A8 tiles]: both tile kinds, forced, give the CPU's bytes; the shapes give
+// blocks one tile (the second warpgroup idle), two, and several per warpgroup, with one k-block
+// (the ring wrapping within a tile pair) and K, M and N no multiples of the tiles.
+TEST(W8A8Cuda, BothTileKindsEqualTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  if (!Hopper()) GTEST_SKIP() << "the warpgroup-MMA kernel needs compute capability 9.0";
+  torch::manual_seed(44);
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  for (Shape sh : {Shape{200, 320, 264}, Shape{8192, 64, 1280}, Shape{3000, 1280, 1288},
+                   Shape{9000, 144, 2560}, Shape{1100, 5120, 640}}) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const at::Tensor bias = at::randn({sh.n});
+    const QuantState s = *QuantizeW8A8(w, at::rand({sh.k}) + 0.5);
+    const QuantState sc = OnCuda(s);
+    for (at::ScalarType dt : {at::kHalf, at::kBFloat16}) {
+      SCOPED_TRACE(Name(sh, dt));
+      const at::Tensor x = at::randn({sh.m, sh.k}).to(dt);
+      const at::Tensor cpu = QuantLinear(x, s, bias);
+      const at::Tensor xc = x.cuda();
+      const at::TensorOptions f32 = xc.options().dtype(at::kFloat);
+      const at::Tensor q = at::empty({sh.m, sh.k}, xc.options().dtype(at::kChar));
+      const at::Tensor amax = at::empty({sh.m}, f32), scale = at::empty({sh.m}, f32);
+      const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      cuda::LaunchW8A8QuantizeRows(xc.data_ptr(), ElemTypeOf(dt), sc.code.data_ptr<float>(), sh.m,
+                                   sh.k, q.data_ptr<int8_t>(), amax.data_ptr<float>(),
+                                   scale.data_ptr<float>(), stream);
+      const at::Tensor b = bias.cuda();
+      for (cuda::W8A8Tiles tiles : {cuda::W8A8Tiles::kShared, cuda::W8A8Tiles::kPingPong}) {
+        SCOPED_TRACE(tiles == cuda::W8A8Tiles::kShared ? "shared" : "ping-pong");
+        const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(sh.m, sh.k, sh.n, sm_count, tiles);
+        if (tiles == cuda::W8A8Tiles::kPingPong) EXPECT_EQ(bytes, 0);
+        const at::Tensor workspace =
+            at::empty({std::max<int64_t>(bytes, 16)}, f32.dtype(at::kByte));
+        const at::Tensor out = at::full({sh.m, sh.n}, 7.0, xc.options());
+        cuda::LaunchW8A8Wgmma(
+            q.data_ptr<int8_t>(), scale.data_ptr<float>(), sc.weight.data_ptr<int8_t>(),
+            sc.absmax.data_ptr<float>(), b.data_ptr(), cuda::ElemType::kFloat, sh.m, sh.k, sh.n,
+            out.data_ptr(), ElemTypeOf(dt), sm_count, workspace.data_ptr(), stream, tiles);
+        const at::Tensor got = out.cpu();
+        EXPECT_TRUE(at::equal(got, cpu))
+            << got.ne(cpu).sum().item<int64_t>() << " values differ, max "
+            << (got.to(at::kFloat) - cpu.to(at::kFloat)).abs().max().item<float>();
       }
     }
   }

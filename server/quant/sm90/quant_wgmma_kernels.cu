@@ -272,13 +272,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t chunk_addr = epi_addr + cw * L::kEpiRows * L::kEpiStride * 2;
     const T* chunk = reinterpret_cast<const T*>(smem + kStages * L::kStageBytes) +
                      cw * L::kEpiRows * L::kEpiStride;
-    StoreTileTransposed<T, kBn, L::kEpiRows, L::kEpiStride>(
-        chunk_addr, chunk, cw, warp, lane, tid, m0, n0, M, N, out, [&](int c, uint32_t(&r)[4]) {
-          r[0] = pack(4 * c, 0);
-          r[1] = pack(4 * c + 2, 1);
-          r[2] = pack(4 * c + 4, 0);
-          r[3] = pack(4 * c + 6, 1);
-        });
+    StoreTileTransposed<T, kBn, L::kEpiRows, L::kEpiStride>(chunk_addr, chunk, 1 + cw, warp, lane,
+                                                            tid, m0, n0 + 64 * cw, M, N, out,
+                                                            [&](int c, uint32_t(&r)[4]) {
+                                                              r[0] = pack(4 * c, 0);
+                                                              r[1] = pack(4 * c + 2, 1);
+                                                              r[2] = pack(4 * c + 4, 0);
+                                                              r[3] = pack(4 * c + 6, 1);
+                                                            });
   }
 #endif
 }

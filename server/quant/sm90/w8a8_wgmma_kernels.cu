@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* chunk = reinterpret_cast<const T*>(smem + kStages * L::kStageBytes) +
                      cw * L::kEpiRows * L::kEpiStride;
     StoreTileTransposed<T, kBn, L::kEpiRows, L::kEpiStride>(
-        chunk_addr, chunk, cw, warp, lane, tid, m0, n0, M, N, out, [&](int c, uint32_t(&r)[4]) {
+        chunk_addr, chunk, 1 + cw, warp, lane, tid, m0, n0 + 64 * cw, M, N, out,
+        [&](int c, uint32_t(&r)[4]) {
           // Rows m0 + 8 c + 2 t + e and 8 more.
           const uint32_t rs = row_scale_addr + 4 * (8 * c + 2 * t);
           const float s0 = __uint_as_float(LoadShared4(rs));
@@ -222,6 +223,178 @@ __global__ void __launch_bounds__(kThreads, 1)
           r[2] = value(4 * c + 4, 0, s8) | (value(4 * c + 5, 0, s9) << 16);
           r[3] = value(4 * c + 6, 1, s8) | (value(4 * c + 7, 1, s9) << 16);
         });
+  }
+#endif
+}
+
+// Note [Ping-pong W8A8 tiles]
+// In W8A8WgmmaKernel both consumer warpgroups compute one tile and run its epilogue at once, so
+// the tensor cores idle through every epilogue (30% of the consumers' sampled time on SDXL's
+// feed-forward at 8192 rows, after Note [Epilogue operands]). W8A8PingPongKernel gives each
+// consumer warpgroup tiles of its own, 128 features x 128 rows of x (two m64n128k32 wgmma's a
+// k32 step: 128 int32 accumulators a thread, as before), and alternates them: the producer loads
+// the block's tiles in order into one ring of 32 KB stages, warpgroup j % 2 computes the block's
+// j-th tile, and a pair of named barriers lets a warpgroup start a main loop only once the other
+// has issued all of its own, so each epilogue runs under the other warpgroup's main loop. The
+// order also keeps the ring's parity waits sound: a warpgroup skips the other's k-blocks, and a
+// wait on a stage's phase must come after the phase before it has completed, which the other
+// warpgroup's waits of the tile before (all passed when it arrives) guarantee. The cost is L2
+// traffic: a 128 x 128 tile reads 1.33x the bytes per product of a 128 x 256 one. Data-parallel
+// only: the ordered warpgroups have no stream-K exchange. The operations on each value are
+// W8A8WgmmaKernel's, so are the bytes (GPU test). Which kernel runs: Note [W8A8 tile choice].
+constexpr int kPingPongRows = 128;       // rows of x per warpgroup tile
+constexpr int kPingPongTurnBarrier = 5;  // + cw: warpgroup cw waits there for its turn
+
+struct PingPongSmem {
+  static constexpr int kXBytes = kPingPongRows * kKBlock;
+  static constexpr int kStageBytes = kXBytes + 128 * kKBlock;
+  static constexpr int kEpiRows = 64;
+  static constexpr int kEpiStride = 64 + 8;
+  static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;
+  static constexpr int kBarrierBytes = 256;
+  static constexpr int kRowScaleBytes = 2 * kPingPongRows * 4;  // one set per warpgroup
+  static constexpr int kFixed = kEpiBytes + kBarrierBytes + kRowScaleBytes + 1024;
+  static constexpr int kStages = std::min(8, (kMaxSmem - kFixed) / kStageBytes);
+  static constexpr int kBytes = kStages * kStageBytes + kFixed;
+  static_assert(kStages >= 4, "shared memory too small for the pipeline");
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    W8A8PingPongKernel(const __grid_constant__ CUtensorMap q_map,
+                       const __grid_constant__ CUtensorMap w_map, int M, int N,
+                       const float* row_scale, const float* absmax, const void* bias,
+                       bool bias_in_t, T* out, Schedule sched) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = PingPongSmem;
+  constexpr int kStages = L::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t epi_addr = smem_addr + kStages * L::kStageBytes;
+  const uint32_t full_bar = epi_addr + L::kEpiBytes;  // kStages barriers of 8 bytes
+  const uint32_t empty_bar = full_bar + 8 * kStages;
+  const uint32_t row_scale_addr = full_bar + L::kBarrierBytes;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % kWarp;
+  const int b = blockIdx.x, k_blocks = sched.k_blocks;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(full_bar + 8 * s, 1);
+      BarrierInit(empty_bar + 8 * s, 4);  // the warps of the warpgroup computing the stage's tile
+    }
+    BarrierInitFence();
+    TmaPrefetchDescriptor(&q_map);
+    TmaPrefetchDescriptor(&w_map);
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one lane loads the block's tiles in order
+    SetMaxRegistersDown<kProducerRegs>();
+    if (tid != 0) return;
+    int it = 0;
+    for (int tile = b; tile < sched.tiles; tile += sched.blocks) {
+      int m0 = 0, n0 = 0;
+      sched.TileStart(tile, kPingPongRows, m0, n0);
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) BarrierWait(empty_bar + 8 * s, (it / kStages - 1) & 1);
+        const uint32_t stage = smem_addr + s * L::kStageBytes;
+        BarrierArriveExpectTx(full_bar + 8 * s, L::kStageBytes);
+        TmaLoad2d(stage, &q_map, full_bar + 8 * s, kb * kKBlock, m0);
+        TmaLoad2d(stage + L::kXBytes, &w_map, full_bar + 8 * s, kb * kKBlock, n0);
+      }
+    }
+    return;
+  }
+
+  // consumers: warpgroup cw takes the block's tiles j = cw, cw + 2, ...
+  SetMaxRegistersUp<kConsumerRegs>();
+  const int cw = wg - 1, warp = (tid / kWarp) % 4, g = lane / 4, t = lane % 4, wtid = tid % 128;
+  const int row0 = 16 * warp + g;  // the lane's features row0, row0 + 8 of each 64-feature half
+  const uint32_t my_row_scales = row_scale_addr + cw * kPingPongRows * 4;
+  const uint32_t chunk_addr = epi_addr + cw * L::kEpiRows * L::kEpiStride * 2;
+  const T* chunk = reinterpret_cast<const T*>(smem + kStages * L::kStageBytes) +
+                   cw * L::kEpiRows * L::kEpiStride;
+  int acc[2][64];  // [feature half][4 c + 2 h + e]
+  for (int tile = b + cw * sched.blocks, j = cw; tile < sched.tiles;
+       tile += 2 * sched.blocks, j += 2) {
+    int m0 = 0, n0 = 0;
+    sched.TileStart(tile, kPingPongRows, m0, n0);
+    // Note [Epilogue operands]: loaded now, used after the main loop.
+    const float my_row_scale = RowScale(row_scale, int64_t{m0} + wtid, M);
+    float feature_absmax[2][2] = {}, shift[2][2] = {};
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = n0 + 64 * f + row0 + 8 * h;
+        if (n < N) {
+          feature_absmax[f][h] = __ldg(absmax + n);
+          if (bias != nullptr) {
+            shift[f][h] = bias_in_t ? ToFloat(__ldg(static_cast<const T*>(bias) + n))
+                                    : __ldg(static_cast<const float*>(bias) + n);
+          }
+        }
+      }
+    }
+    if (j > 0) NamedBarrier(kPingPongTurnBarrier + cw, 256);  // the other's main loop is issued
+    const int it0 = j * k_blocks;
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int it = it0 + kb, s = it % kStages;
+      BarrierWait(full_bar + 8 * s, (it / kStages) & 1);
+      const uint32_t stage = smem_addr + s * L::kStageBytes;
+      const uint32_t w_tile = stage + L::kXBytes;
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+          sm90::WgmmaSsS8<kPingPongRows>::Run(acc[f],
+                                              SwizzledDesc(w_tile + f * 64 * kKBlock + 32 * k),
+                                              SwizzledDesc(stage + 32 * k), kb > 0 || k > 0);
+        }
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();  // the k-block before is done: release its stage
+      if (kb > 0) {
+        __syncwarp();
+        if (lane == 0) BarrierArrive(empty_bar + 8 * ((it - 1) % kStages));
+      }
+    }
+    // The other warpgroup's turn, if it has the block's next tile.
+    if (tile + sched.blocks < sched.tiles) NamedBarrierArrive(kPingPongTurnBarrier + 1 - cw, 256);
+    WgmmaWait<0>();
+    __syncwarp();
+    if (lane == 0) BarrierArrive(empty_bar + 8 * ((it0 + k_blocks - 1) % kStages));
+
+    // Epilogue, as W8A8WgmmaKernel's. The first barrier of StoreTileTransposed orders these row
+    // scales before their loads; the tile before's loads came before its last barrier.
+    StoreShared4(my_row_scales + 4 * wtid, __float_as_uint(my_row_scale));
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {
+      float col_scale[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) col_scale[h] = __fdiv_rn(feature_absmax[f][h], 127.f);
+      auto value = [&](int i, int h, float rs) {
+        const float y = __fmul_rn(__fmul_rn(__int2float_rn(acc[f][i]), rs), col_scale[h]);
+        return uint32_t{Bits(FromFloat<T>(bias != nullptr ? __fadd_rn(y, shift[f][h]) : y))};
+      };
+      StoreTileTransposed<T, kPingPongRows, L::kEpiRows, L::kEpiStride>(
+          chunk_addr, chunk, 1 + cw, warp, lane, tid, m0, n0 + 64 * f, M, N, out,
+          [&](int c, uint32_t(&r)[4]) {
+            const uint32_t rs = my_row_scales + 4 * (8 * c + 2 * t);
+            const float s0 = __uint_as_float(LoadShared4(rs));
+            const float s1 = __uint_as_float(LoadShared4(rs + 4));
+            const float s8 = __uint_as_float(LoadShared4(rs + 32));
+            const float s9 = __uint_as_float(LoadShared4(rs + 36));
+            r[0] = value(4 * c, 0, s0) | (value(4 * c + 1, 0, s1) << 16);
+            r[1] = value(4 * c + 2, 1, s0) | (value(4 * c + 3, 1, s1) << 16);
+            r[2] = value(4 * c + 4, 0, s8) | (value(4 * c + 5, 0, s9) << 16);
+            r[3] = value(4 * c + 6, 1, s8) | (value(4 * c + 7, 1, s9) << 16);
+          });
+    }
   }
 #endif
 }
@@ -275,6 +448,61 @@ void Launch(const int8_t* q, const float* row_scale, const int8_t* w, const floa
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+Schedule PingPongSchedule(int64_t m, int64_t k, int64_t n, int sm_count) {
+  const int64_t m_tiles = (m + kPingPongRows - 1) / kPingPongRows, n_tiles = (n + 127) / 128;
+  const int64_t tiles = m_tiles * n_tiles;
+  TORCH_CHECK(tiles < (int64_t{1} << 31), "LaunchW8A8Wgmma: too many tiles");
+  const int k_blocks = static_cast<int>((k + kKBlock - 1) / kKBlock);
+  Schedule sched = sm90::PlanSchedule(tiles, k_blocks, sm_count, WgmmaSchedule::kDataParallel);
+  sched.raster = sm90::PlanRaster(static_cast<int>(m_tiles), static_cast<int>(n_tiles),
+                                  int64_t{kPingPongRows} * k);
+  return sched;
+}
+
+template <typename T>
+void LaunchPingPong(const int8_t* q, const float* row_scale, const int8_t* w, const float* absmax,
+                    const void* bias, bool bias_in_t, int m, int64_t k, int n, T* out, int sm_count,
+                    cudaStream_t stream) {
+  using L = PingPongSmem;
+  auto kernel = W8A8PingPongKernel<T>;
+  static SmemLimit limit;
+  limit.Ensure(reinterpret_cast<const void*>(kernel), L::kBytes);
+  const CUtensorMap q_map = TensorMap2d(q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, m, k, kPingPongRows,
+                                        kKBlock, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap w_map = TensorMap2d(w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, n, k, 128, kKBlock,
+                                        CU_TENSOR_MAP_SWIZZLE_128B);
+  const Schedule sched = PingPongSchedule(m, k, n, sm_count);
+  kernel<<<sched.blocks, kThreads, L::kBytes, stream>>>(q_map, w_map, m, n, row_scale, absmax, bias,
+                                                        bias_in_t, out, sched);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Note [W8A8 tile choice]
+// Per tile the two kinds do about equally well: where both fill the multiprocessors the same
+// number of times, ping-pong took 0.94-1.24x the shared kernel's time (median 1.02x) on the
+// benchmark layers at 1024-32768 rows (bench/results/w8a8_ping_pong_h200.json): hiding the
+// epilogue did not pay for the 128 x 128 tiles' L2 traffic. What differs is the rounds: kAuto
+// estimates each kind's time as the k-blocks of its busiest block, counting a 128 x 128 tile's
+// as half a 128 x 256 one's (for a stream-K schedule, a block's share plus kSplitCost), and takes
+// ping-pong where that is at most 0.9 of the shared kernel's. On the measured layers those
+// choices ran at 0.63-0.92x the shared kernel's time (SDXL's 1280 x 1280 at 8192 rows 0.85x;
+// SD 1.5's 320-wide layers at 1024-4096 rows 0.65-0.87x). Below 1024 rows nothing was measured
+// and the shared kernel stays.
+bool PingPongTiles(int64_t m, int64_t k, int64_t n, int sm_count, W8A8Tiles tiles) {
+  if (tiles != W8A8Tiles::kAuto) return tiles == W8A8Tiles::kPingPong;
+  if (m < 1024) return false;
+  bool split = false;
+  const Schedule shared = MakeSchedule(m, k, n, sm_count, &split);
+  const Schedule pp = PingPongSchedule(m, k, n, sm_count);
+  auto rounds = [](const Schedule& s) {
+    return static_cast<double>((s.tiles + s.blocks - 1) / s.blocks) * s.k_blocks;
+  };
+  const double shared_cost =
+      2.0 * (shared.stream_k ? static_cast<double>(shared.work) / shared.blocks + sm90::kSplitCost
+                             : rounds(shared));
+  return rounds(pp) <= 0.9 * shared_cost;
+}
+
 }  // namespace
 
 bool W8A8WgmmaSupported(int64_t m, int64_t k, int64_t n, const void* q, const void* weight,
@@ -285,8 +513,8 @@ bool W8A8WgmmaSupported(int64_t m, int64_t k, int64_t n, const void* q, const vo
   return KernelsLoadable();
 }
 
-int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count) {
-  if (m == 0 || n == 0) return 0;
+int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count, W8A8Tiles tiles) {
+  if (m == 0 || n == 0 || PingPongTiles(m, k, n, sm_count, tiles)) return 0;
   bool split = false;
   const Schedule sched = MakeSchedule(m, k, n, sm_count, &split);
   if (!split) return 0;
@@ -296,7 +524,7 @@ int64_t W8A8WgmmaWorkspaceBytes(int64_t m, int64_t k, int64_t n, int sm_count) {
 void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weight,
                      const float* absmax, const void* bias, ElemType bias_type, int64_t m,
                      int64_t k, int64_t n, void* out, ElemType type, int sm_count, void* workspace,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, W8A8Tiles tiles) {
   if (m == 0 || n == 0) return;
   TORCH_CHECK(Aligned16(out), "LaunchW8A8Wgmma: out must be 16-byte aligned");
   TORCH_CHECK(sm_count >= 1, "LaunchW8A8Wgmma: no multiprocessors");
@@ -306,6 +534,10 @@ void LaunchW8A8Wgmma(const int8_t* q, const float* row_scale, const int8_t* weig
     using T = decltype(t);
     const int mi = static_cast<int>(m), ni = static_cast<int>(n);
     T* o = static_cast<T*>(out);
+    if (PingPongTiles(m, k, n, sm_count, tiles)) {
+      return LaunchPingPong<T>(q, row_scale, weight, absmax, bias, bias_type == type, mi, k, ni, o,
+                               sm_count, stream);
+    }
     switch (TileRows(m)) {
       case 64:
         return Launch<T, 64>(q, row_scale, weight, absmax, bias, bias_type == type, mi, k, ni, o,

@@ -202,6 +202,10 @@ __device__ __forceinline__ void SetMaxRegistersUp() {
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at barrier `id` of `threads` threads without waiting (the others bar.sync on it).
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Four 8x8 tiles of 16-bit values, transposed: register i of lane (g, t) holds row g, columns
 // 2 t, 2 t + 1 of tile i; lane 8 i + j gives the shared address of row j of stored tile i.
 __device__ __forceinline__ void StoreMatrixT4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
@@ -256,34 +260,35 @@ __device__ __forceinline__ bool ExchangeSums(const sm90::Schedule& sched, int b,
   return false;
 }
 
-// The epilogue's store of consumer warpgroup cw's 64 features x kBn rows of x: its D fragments
-// (feature rows, the transpose of out's) go through its shared-memory chunk of kEpiRows rows of
-// kEpiStride T at `chunk_addr` (`chunk` the same bytes) with stmatrix, kEpiRows rows of out at a
-// time, then to out [M, N] as 16-byte rows. `fragments(c, r)` gives the stmatrix registers of
+// The epilogue's store of a consumer warpgroup's 64 features n_first.. x kBn rows of x from m0:
+// its D fragments (feature rows, the transpose of out's) go through its shared-memory chunk of
+// kEpiRows rows of kEpiStride T at `chunk_addr` (`chunk` the same bytes) with stmatrix, kEpiRows
+// rows of out at a time, then to out [M, N] as 16-byte rows; named barrier `barrier` is the
+// warpgroup's alone. `fragments(c, r)` gives the stmatrix registers of
 // row groups c and c + 1 (c even): r[0], r[1] features row0 and row0 + 8 of rows 8 c + 2 t + e,
 // r[2], r[3] the same of rows 8 (c + 1) + 2 t + e, as pairs of T (e = 0 low).
 template <typename T, int kBn, int kEpiRows, int kEpiStride, typename Fragments>
-__device__ __forceinline__ void StoreTileTransposed(uint32_t chunk_addr, const T* chunk, int cw,
-                                                    int warp, int lane, int tid, int m0, int n0,
-                                                    int M, int64_t N, T* out,
+__device__ __forceinline__ void StoreTileTransposed(uint32_t chunk_addr, const T* chunk,
+                                                    int barrier, int warp, int lane, int tid,
+                                                    int m0, int n_first, int M, int64_t N, T* out,
                                                     Fragments&& fragments) {
   const int j = lane / 8, i8 = lane % 8;  // stmatrix: lane gives row i8 of tile j
   const uint32_t lane_addr =
       chunk_addr + ((8 * (j / 2) + i8) * kEpiStride + 16 * warp + 8 * (j % 2)) * 2;
 #pragma unroll
   for (int q = 0; q < kBn / kEpiRows; ++q) {
-    NamedBarrier(1 + cw, 128);  // the chunk before has been read
+    NamedBarrier(barrier, 128);  // the chunk before has been read
 #pragma unroll
     for (int c = 8 * q; c < 8 * q + 8; c += 2) {
       uint32_t r[4];
       fragments(c, r);
       StoreMatrixT4(lane_addr + (c - 8 * q) * 8 * kEpiStride * 2, r[0], r[1], r[2], r[3]);
     }
-    NamedBarrier(1 + cw, 128);
+    NamedBarrier(barrier, 128);
 #pragma unroll
     for (int v = tid % 128; v < kEpiRows * 8; v += 128) {
       const int rr = v / 8, c8 = v % 8;
-      const int64_t m = m0 + kEpiRows * q + rr, n = n0 + 64 * cw + 8 * c8;
+      const int64_t m = m0 + kEpiRows * q + rr, n = n_first + 8 * c8;
       if (m < M && n < N) {
         *reinterpret_cast<uint4*>(out + m * N + n) =
             *reinterpret_cast<const uint4*>(chunk + rr * kEpiStride + 8 * c8);
