@@ -18,16 +18,8 @@ at::Tensor GroupNormCuda(const at::Tensor& x, const at::Tensor& weight, const at
   if (!HasElemType(type) || !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     return GroupNormCpu(x, weight, bias, groups, eps, add, silu);
   }
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty_like(x, at::MemoryFormat::ChannelsLast);
-  const at::Tensor w = weight.contiguous(), b = bias.contiguous();
-  const at::Tensor a = add ? add->contiguous() : at::Tensor();
   cuda::GroupNormArgs args;
   args.x = x.data_ptr();
-  args.add = a.defined() ? a.data_ptr() : nullptr;
-  args.weight = w.data_ptr();
-  args.bias = b.data_ptr();
-  args.out = out.data_ptr();
   args.n = x.size(0);
   args.pixels = x.size(2) * x.size(3);
   args.c = x.size(1);
@@ -35,8 +27,17 @@ at::Tensor GroupNormCuda(const at::Tensor& x, const at::Tensor& weight, const at
   args.eps = static_cast<float>(eps);
   args.silu = silu;
   args.type = ElemTypeOf(type);
-  // Widths the kernels do not take, or no pixels: the ATen operations, on the GPU.
+  // Widths the kernels do not take, or no pixels: the ATen operations, on the GPU, before this
+  // path allocates or copies anything.
   if (!cuda::GroupNormSupported(args)) return GroupNormCpu(x, weight, bias, groups, eps, add, silu);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::ChannelsLast);
+  const at::Tensor w = weight.contiguous(), b = bias.contiguous();
+  const at::Tensor a = add ? add->contiguous() : at::Tensor();
+  args.add = a.defined() ? a.data_ptr() : nullptr;
+  args.weight = w.data_ptr();
+  args.bias = b.data_ptr();
+  args.out = out.data_ptr();
   const at::Tensor workspace =
       at::empty({cuda::GroupNormWorkspaceFloats(args)}, x.options().dtype(at::kFloat));
   cuda::LaunchGroupNorm(args, workspace.data_ptr<float>(), at::cuda::getCurrentCUDAStream());

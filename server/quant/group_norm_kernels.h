@@ -25,15 +25,15 @@ struct GroupNormArgs {
 };
 
 // Whether the kernels take these arguments: c a multiple of one 16-byte vector of `type` and at
-// most 512 vectors wide (4096 channels in fp16 / bf16, 2048 in float32), x and out 16-byte
-// aligned, at least one pixel.
+// most 512 vectors wide (4096 channels in fp16 / bf16, 2048 in float32), x 16-byte aligned, at
+// least one pixel. Reads only x and the sizes, so a caller asks before allocating out.
 bool GroupNormSupported(const GroupNormArgs& args);
 
 // Float32 values of workspace LaunchGroupNorm needs (the partial statistics of each block).
 int64_t GroupNormWorkspaceFloats(const GroupNormArgs& args);
 
 // Writes out; `workspace` holds GroupNormWorkspaceFloats(args) floats on the device. Requires
-// GroupNormSupported(args).
+// GroupNormSupported(args) and a 16-byte aligned out (every caching-allocator block is).
 void LaunchGroupNorm(const GroupNormArgs& args, float* workspace, cudaStream_t stream);
 
 }  // namespace qpool::quant::cuda
