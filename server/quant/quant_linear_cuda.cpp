@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "quant/geglu_linear_op.h"
 #include "quant/quant_kernels.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
@@ -48,6 +49,58 @@ bool W8A8WgmmaWins(int64_t m, int64_t k, int64_t n) {
   return m >= 128 && std::max(k, n) >= 5120 && k * n >= (int64_t{1} << 22);
 }
 
+// The int8 rows of a w8a8 product: q [m, k], their maxima, and the row scales the
+// warpgroup-MMA kernel reads (undefined where cuBLASLt multiplies); filled by a quantizing pass.
+struct W8A8Rows {
+  at::Tensor q, row_amax, row_scale;
+};
+
+// Allocates the rows of an m x k by k x n product and chooses its kernel: the warpgroup-MMA one
+// where Note [W8A8 product choice] takes it and it runs, else at::_int_mm.
+W8A8Rows MakeW8A8Rows(int64_t m, int64_t k, int64_t n, const at::Tensor& weight,
+                      const at::TensorOptions& opts, cuda::ElemType type, CudaPath path) {
+  W8A8Rows rows;
+  rows.q = at::empty({m, k}, opts.dtype(at::kChar));
+  rows.row_amax = at::empty({m}, opts.dtype(at::kFloat));
+  const bool wgmma =
+      (path == CudaPath::kWgmma || (path == CudaPath::kAuto && W8A8WgmmaWins(m, k, n))) &&
+      cuda::W8A8WgmmaSupported(m, k, n, rows.q.data_ptr(), weight.data_ptr(), type);
+  if (wgmma) rows.row_scale = at::empty({m}, opts.dtype(at::kFloat));
+  return rows;
+}
+
+// The product of quantized rows and the contiguous int8 weight [n, k], scaled and biased:
+// out [m, n] of `opts`'s dtype.
+at::Tensor W8A8Product(const W8A8Rows& rows, const at::Tensor& weight, const at::Tensor& absmax,
+                       const std::optional<at::Tensor>& bias, const at::TensorOptions& opts,
+                       cuda::ElemType type, cudaStream_t stream) {
+  const int64_t m = rows.q.size(0), k = rows.q.size(1), n = weight.size(0);
+  const bool wgmma = rows.row_scale.defined();
+  // The kernel widens a bias of x's dtype itself; the epilogue kernel takes float32.
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = (wgmma && bias->scalar_type() == opts.dtype() ? *bias : bias->to(at::kFloat)).contiguous();
+  }
+  at::Tensor out = at::empty({m, n}, opts);
+  if (wgmma) {
+    const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, k, n, sm_count);
+    at::Tensor workspace;
+    if (bytes > 0) workspace = at::empty({bytes}, opts.dtype(at::kByte));
+    cuda::LaunchW8A8Wgmma(
+        rows.q.data_ptr<int8_t>(), rows.row_scale.data_ptr<float>(), weight.data_ptr<int8_t>(),
+        absmax.data_ptr<float>(), b.defined() ? b.data_ptr() : nullptr,
+        b.defined() ? ElemTypeOf(b.scalar_type()) : cuda::ElemType::kFloat, m, k, n, out.data_ptr(),
+        type, sm_count, workspace.defined() ? workspace.data_ptr() : nullptr, stream);
+  } else {
+    const at::Tensor acc = at::_int_mm(rows.q, weight.t());
+    cuda::LaunchW8A8Epilogue(acc.data_ptr<int32_t>(), rows.row_amax.data_ptr<float>(),
+                             absmax.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+                             m, n, out.data_ptr(), type, stream);
+  }
+  return out;
+}
+
 // Note [W8A8 linear] on CUDA: where the int8 product runs, x is quantized by the fused kernel
 // (Note [Fused W8A8 kernels]) and multiplied, on Hopper by the warpgroup-MMA kernel that scales
 // in its epilogue where Note [W8A8 product choice] takes it, otherwise by at::_int_mm and
@@ -63,42 +116,14 @@ at::Tensor W8A8LinearCuda(const at::Tensor& x, const QuantState& s,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cuda::ElemType type = ElemTypeOf(x.scalar_type());
   const at::Tensor smooth = s.code.contiguous();
-  const at::Tensor absmax = s.absmax.contiguous();
   const at::Tensor weight = s.weight.contiguous();
-  const at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
-  const at::Tensor row_amax = at::empty({m}, x.options().dtype(at::kFloat));
-  const bool wgmma =
-      (path == CudaPath::kWgmma || (path == CudaPath::kAuto && W8A8WgmmaWins(m, k, n))) &&
-      cuda::W8A8WgmmaSupported(m, k, n, q.data_ptr(), weight.data_ptr(), type);
-  const at::Tensor row_scale = wgmma ? at::empty({m}, x.options().dtype(at::kFloat)) : at::Tensor();
-  cuda::LaunchW8A8QuantizeRows(x2.data_ptr(), type, smooth.data_ptr<float>(), m, k,
-                               q.data_ptr<int8_t>(), row_amax.data_ptr<float>(),
-                               wgmma ? row_scale.data_ptr<float>() : nullptr, stream);
-  // The kernel widens a bias of x's dtype itself; the epilogue kernel takes float32.
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = (wgmma && bias->scalar_type() == x.scalar_type() ? *bias : bias->to(at::kFloat))
-            .contiguous();
-  }
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (wgmma) {
-    const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t bytes = cuda::W8A8WgmmaWorkspaceBytes(m, k, n, sm_count);
-    at::Tensor workspace;
-    if (bytes > 0) workspace = at::empty({bytes}, x.options().dtype(at::kByte));
-    cuda::LaunchW8A8Wgmma(
-        q.data_ptr<int8_t>(), row_scale.data_ptr<float>(), weight.data_ptr<int8_t>(),
-        absmax.data_ptr<float>(), b.defined() ? b.data_ptr() : nullptr,
-        b.defined() ? ElemTypeOf(b.scalar_type()) : cuda::ElemType::kFloat, m, k, n, out.data_ptr(),
-        type, sm_count, workspace.defined() ? workspace.data_ptr() : nullptr, stream);
-  } else {
-    const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
-    const at::Tensor acc = at::_int_mm(q, weight.t());
-    cuda::LaunchW8A8Epilogue(acc.data_ptr<int32_t>(), row_amax.data_ptr<float>(),
-                             absmax.data_ptr<float>(), bias_ptr, m, n, out.data_ptr(), type,
-                             stream);
-  }
-  return out.reshape(QuantLinearOutputShape(x, n));
+  const W8A8Rows rows = MakeW8A8Rows(m, k, n, weight, x.options(), type, path);
+  cuda::LaunchW8A8QuantizeRows(
+      x2.data_ptr(), type, smooth.data_ptr<float>(), m, k, rows.q.data_ptr<int8_t>(),
+      rows.row_amax.data_ptr<float>(),
+      rows.row_scale.defined() ? rows.row_scale.data_ptr<float>() : nullptr, stream);
+  return W8A8Product(rows, weight, s.absmax.contiguous(), bias, x.options(), type, stream)
+      .reshape(QuantLinearOutputShape(x, n));
 }
 
 // Contiguous copies of the state (no-ops when already contiguous) and the raw view on them;
@@ -386,6 +411,47 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   return at::linear(x, w, b);
 }
 
+namespace {
+
+// Note [GEGLU linear op] on CUDA: a w8a8 linear whose int8 product runs on 16-bit rows the
+// fused kernel takes quantizes the GEGLU's rows while computing them (Note [GEGLU rows]) and
+// multiplies them as qpool::quant_linear does; anything else runs the two ops.
+at::Tensor GegluQuantLinearCudaOp(const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& absmax, const at::Tensor& code,
+                                  const at::Tensor& nested_absmax, const at::Tensor& nested_code,
+                                  const at::Tensor& offset, const std::optional<at::Tensor>& bias) {
+  const QuantState s{weight, absmax, code, nested_absmax, nested_code, offset};
+  const QuantLayout layout = CheckGegluQuantLinearArgs(x, s, bias);
+  TORCH_CHECK(x.is_cuda(), "qpool::geglu_quant_linear: the CUDA kernel got x on ", x.device());
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t d = layout.in_features, n = layout.out_features;
+  const CudaPath path = PathFromEnvironment();
+  if (layout.format == QuantFormat::kW8A8 && HasElemType(x.scalar_type())) {
+    const at::Tensor x2 = x.reshape({-1, 2 * d}).contiguous();
+    const int64_t m = x2.size(0);
+    const cuda::ElemType type = ElemTypeOf(x.scalar_type());
+    const at::Tensor smooth = code.contiguous();
+    if (W8A8IntMatmulRuns(m, d, n) &&
+        cuda::W8A8GegluRowsSupported(x2.data_ptr(), 2 * d, d, type, smooth.data_ptr<float>())) {
+      const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      const at::Tensor w = weight.contiguous();
+      const W8A8Rows rows = MakeW8A8Rows(m, d, n, w, x.options(), type, path);
+      cuda::LaunchW8A8GegluQuantizeRows(
+          x2.data_ptr(), 2 * d, type, smooth.data_ptr<float>(), m, d, rows.q.data_ptr<int8_t>(),
+          rows.row_amax.data_ptr<float>(),
+          rows.row_scale.defined() ? rows.row_scale.data_ptr<float>() : nullptr, stream);
+      return W8A8Product(rows, w, absmax.contiguous(), bias, x.options(), type, stream)
+          .reshape(QuantLinearOutputShape(x, n));
+    }
+  }
+  return GegluThenQuantLinear(x, s, bias);
+}
+
+}  // namespace
+
 }  // namespace qpool::quant
 
-TORCH_LIBRARY_IMPL(qpool, CUDA, m) { m.impl("quant_linear", &qpool::quant::QuantLinearCudaOp); }
+TORCH_LIBRARY_IMPL(qpool, CUDA, m) {
+  m.impl("quant_linear", &qpool::quant::QuantLinearCudaOp);
+  m.impl("geglu_quant_linear", &qpool::quant::GegluQuantLinearCudaOp);
+}

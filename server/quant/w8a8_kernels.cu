@@ -322,16 +322,17 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
 }
 
 bool W8A8GegluRowsSupported(const void* x, int64_t stride_x, int64_t d, ElemType type,
-                            const float* smooth, const int8_t* q) {
+                            const float* smooth) {
   return type != ElemType::kFloat && d > 0 && d <= kHeldMaxK && d % 8 == 0 && stride_x >= 2 * d &&
-         stride_x % 8 == 0 && Aligned16(x) && Aligned16(smooth) && Aligned16(q);
+         stride_x % 8 == 0 && Aligned16(x) && Aligned16(smooth);
 }
 
 void LaunchW8A8GegluQuantizeRows(const void* x, int64_t stride_x, ElemType type,
                                  const float* smooth, int64_t m, int64_t d, int8_t* q,
                                  float* row_amax, float* row_scale, cudaStream_t stream) {
-  TORCH_CHECK(W8A8GegluRowsSupported(x, stride_x, d, type, smooth, q), "w8a8: GEGLU rows of ", d,
-              " values (row stride ", stride_x, ") cannot be quantized in one pass");
+  TORCH_CHECK(W8A8GegluRowsSupported(x, stride_x, d, type, smooth) && Aligned16(q),
+              "w8a8: GEGLU rows of ", d, " values (row stride ", stride_x,
+              ") cannot be quantized in one pass");
   if (m == 0) return;
   WithElemType(type, [&](auto t) {
     using T = decltype(t);

@@ -1,7 +1,6 @@
 // CUDA kernels of the w8a8 linear (Note [W8A8 linear], Note [Fused W8A8 kernels]) behind a
 // torch-free interface (raw pointers + stream), like quant_kernels.h. Caller:
-// quant_linear_cuda.cpp (LaunchW8A8GegluQuantizeRows: the GPU test and quant_linear_bench only;
-// no operator calls it yet).
+// quant_linear_cuda.cpp (qpool::quant_linear and qpool::geglu_quant_linear).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,12 +30,14 @@ void LaunchW8A8QuantizeRows(const void* x, ElemType type, const float* smooth, i
 
 // Whether LaunchW8A8GegluQuantizeRows takes these rows: 16-bit x whose rows (stride_x elements
 // apart, at least 2d) hold value and gate halves of d values each, d and stride_x multiples of 8,
-// at most the held rows' width, and 16-byte aligned x, smooth and q.
+// at most the held rows' width, and 16-byte aligned x and smooth. Reads no output, so a caller
+// asks before allocating them.
 bool W8A8GegluRowsSupported(const void* x, int64_t stride_x, int64_t d, ElemType type,
-                            const float* smooth, const int8_t* q);
+                            const float* smooth);
 
 // LaunchW8A8QuantizeRows of geglu(x) [m, d] for x [m, 2d] of `type` with row stride stride_x
-// (Note [GEGLU rows]). Requires W8A8GegluRowsSupported().
+// (Note [GEGLU rows]). Requires W8A8GegluRowsSupported() and a 16-byte aligned q (every
+// caching-allocator block is).
 void LaunchW8A8GegluQuantizeRows(const void* x, int64_t stride_x, ElemType type,
                                  const float* smooth, int64_t m, int64_t d, int8_t* q,
                                  float* row_amax, float* row_scale, cudaStream_t stream);

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "quant/geglu_kernels.h"
+#include "quant/geglu_linear_op.h"
+#include "quant/geglu_op.h"
 #include "quant/quant_format.h"
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
@@ -153,8 +155,8 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
                                        scale.data_ptr<float>(), stream);
           const at::Tensor fq = at::empty({m, d}, i8), famax = at::empty({m}, f32),
                            fscale = at::empty({m}, f32);
-          ASSERT_TRUE(cuda::W8A8GegluRowsSupported(
-              x.data_ptr(), x.stride(0), d, type, smooth.data_ptr<float>(), fq.data_ptr<int8_t>()));
+          ASSERT_TRUE(cuda::W8A8GegluRowsSupported(x.data_ptr(), x.stride(0), d, type,
+                                                   smooth.data_ptr<float>()));
           cuda::LaunchW8A8GegluQuantizeRows(
               x.data_ptr(), x.stride(0), type, smooth.data_ptr<float>(), m, d,
               fq.data_ptr<int8_t>(), famax.data_ptr<float>(), fscale.data_ptr<float>(), stream);
@@ -168,15 +170,47 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
   // Rows it does not take: float32, a width or stride no multiple of 8, rows that overlap (a
   // stride below 2d), rows wider than held.
   const at::Tensor s8 = at::ones({16}, at::kCUDA);
-  const at::Tensor q8 = at::empty({16}, at::TensorOptions(at::kCUDA).dtype(at::kChar));
   const float* sp = s8.data_ptr<float>();
-  const int8_t* qp = q8.data_ptr<int8_t>();
-  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 16, 8, cuda::ElemType::kFloat, sp, qp));
-  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 12, 6, cuda::ElemType::kHalf, sp, qp));
-  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20, 8, cuda::ElemType::kHalf, sp, qp));
-  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 8, 8, cuda::ElemType::kHalf, sp, qp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 16, 8, cuda::ElemType::kFloat, sp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 12, 6, cuda::ElemType::kHalf, sp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20, 8, cuda::ElemType::kHalf, sp));
+  EXPECT_FALSE(cuda::W8A8GegluRowsSupported(s8.data_ptr(), 8, 8, cuda::ElemType::kHalf, sp));
   EXPECT_FALSE(
-      cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20496, 10248, cuda::ElemType::kHalf, sp, qp));
+      cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20496, 10248, cuda::ElemType::kHalf, sp));
+}
+
+// Note [GEGLU linear op]: qpool::geglu_quant_linear on CUDA gives qpool::geglu then
+// qpool::quant_linear on CUDA, byte for byte: through the fused rows on 16-bit x where the int8
+// product runs (the warpgroup-MMA kernel at 2048 rows, cuBLASLt at 100), and the two ops for
+// float32 x and below 17 rows; with random activation scales and with ones.
+TEST(W8A8Cuda, GegluLinearEqualsGegluThenTheLinear) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(45);
+  for (Shape sh : {Shape{2048, 1280, 640}, Shape{100, 320, 256}, Shape{8, 64, 32}}) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const at::Tensor bias = at::randn({sh.n}).cuda();
+    for (bool ones : {false, true}) {
+      const QuantState sc =
+          OnCuda(*QuantizeW8A8(w, ones ? at::ones({sh.k}) : at::rand({sh.k}) + 0.5));
+      for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
+        SCOPED_TRACE(Name(sh, dt) + (ones ? " ones" : " random scales"));
+        // [2, m / 2, 2k] where m is even: the op takes any leading dimensions.
+        const at::Tensor x = (at::randn({sh.m, 2 * sh.k}) * 2).to(dt).cuda();
+        const at::Tensor xv = sh.m % 2 == 0 ? x.view({2, sh.m / 2, 2 * sh.k}) : x;
+        if (dt != at::kFloat && sh.m >= kW8A8MinRows) {  // the cases meant for the fused rows
+          ASSERT_TRUE(W8A8IntMatmulRuns(sh.m, sh.k, sh.n));
+          ASSERT_TRUE(cuda::W8A8GegluRowsSupported(x.data_ptr(), 2 * sh.k, sh.k, ElemTypeOf(dt),
+                                                   sc.code.data_ptr<float>()));
+        }
+        const at::Tensor got = GegluQuantLinear(xv, sc, bias).cpu();
+        const at::Tensor want = QuantLinear(Geglu(xv), sc, bias).cpu();
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_TRUE(at::equal(got, want))
+            << got.ne(want).sum().item<int64_t>() << " values differ, max "
+            << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+      }
+    }
+  }
 }
 
 bool Hopper() { return at::cuda::getCurrentDeviceProperties()->major == 9; }

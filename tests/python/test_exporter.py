@@ -451,6 +451,9 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
     assert torch.isfinite(noise).all()
     for name in COMPONENT_FILES:
         assert tracing.tensor_constants(jit_load(os.path.join(out, name))) == [], name
+    # Note [GEGLU linear op]: prequantized w8a8 feed-forwards take the GEGLU into their output.
+    fused = "qpool::geglu_quant_linear" in str(unet.inlined_graph)
+    assert fused == (fmt == "w8a8" and mode == "prequantized"), (fmt, mode, extra)
     if fmt == "w8a8" and mode == "prequantized":  # int8 weights, activation scales of ones
         buffers = dict(unet.named_buffers())
         int8 = [n[:-len("weight")] for n, b in buffers.items() if b.dtype == torch.int8]
@@ -458,7 +461,7 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
             buffers[p + "weight"].shape[1])) for p in int8)
     if "--min-weights" in extra:  # Note [Small layers stay float]
         weights = [m.weight for _, m in unet.named_modules()
-                   if m.original_name in ("Linear", "QuantLinear")]
+                   if m.original_name in ("Linear", "QuantLinear", "GegluQuantLinear")]
         small = [w for w in weights if w.numel() < 2048]
         assert small and len(small) < len(weights)
         if mode == "prequantized":  # quantized now: int8 exactly where not small

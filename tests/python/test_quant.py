@@ -355,6 +355,55 @@ def test_w8a8_bad_input_is_a_clear_error():
         quant.quantize_module(nn.Sequential(nn.Linear(4, 4)), "int8", smooth={"0": torch.ones(4)})
 
 
+def test_geglu_schema_constant_is_the_registered_schema():
+    assert str(torch.ops.qpool.geglu_quant_linear.default._schema) == \
+        "qpool::" + quant.GEGLU_QUANT_LINEAR_SCHEMA
+
+
+def _feed_forwards(seed: int = 3) -> nn.Module:
+    from qpool_export import blocks
+
+    torch.manual_seed(seed)
+    return nn.Sequential(blocks.FeedForward(16), blocks.FeedForward(16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_geglu_linears_give_the_same_bytes(dtype):
+    """Note [GEGLU linear op]: after fuse_geglu_linears the w8a8 feed-forwards run their GEGLU
+    inside the output linear's op, with the unfused outputs' bytes, in the product's int8 path
+    (20 rows) and its fallback (3 rows); the traced graph calls the fused op and no qpool::geglu."""
+    module = _feed_forwards().to(dtype)
+    quant.quantize_module(module, "w8a8", smooth={"0.net.2": torch.rand(64) + 0.5})
+    xs = [torch.randn(2, 10, 16).to(dtype), torch.randn(3, 16).to(dtype)]
+    with torch.no_grad():
+        want = [module(x) for x in xs]
+        assert quant.fuse_geglu_linears(module) == 2
+        got = [module(x) for x in xs]
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    assert all(isinstance(ff.net[2], quant.GegluQuantLinear) and ff.net[0].in_linear
+               for ff in module)
+    assert module[0].net[2].format == "w8a8"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = str(torch.jit.trace(module, xs[0]).inlined_graph)
+    assert graph.count("qpool::geglu_quant_linear") == 2 and "qpool::geglu(" not in graph
+
+
+def test_only_w8a8_feed_forwards_are_fused():
+    for fmt in ("int8", "nf4"):
+        module = _feed_forwards()
+        quant.quantize_module(module, fmt)
+        assert quant.fuse_geglu_linears(module) == 0
+        assert not any(ff.net[0].in_linear for ff in module)
+    float_module = _feed_forwards()
+    assert quant.fuse_geglu_linears(float_module) == 0
+    module = _feed_forwards()
+    quant.quantize_module(module, "w8a8", skip=["1.net.2"])
+    assert quant.fuse_geglu_linears(module) == 1
+    assert type(module[1].net[2]) is nn.Linear and not module[1].net[0].in_linear
+
+
 class _Golden(nn.Module):
     """A layer plus the input and output the Python reference computed for it."""
 

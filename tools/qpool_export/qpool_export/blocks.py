@@ -326,7 +326,7 @@ class Attention(nn.Module):
 GEGLU_SCHEMA = "geglu(Tensor x) -> Tensor"
 
 
-def _geglu_ref(x: torch.Tensor) -> torch.Tensor:
+def geglu_ref(x: torch.Tensor) -> torch.Tensor:
     """The value half of x times the exact GELU of its gate half: qpool::geglu's reference, the
     unfused operations of diffusers' GEGLU (Note [GEGLU op] in server/quant/geglu_op.h)."""
     value, gate = x.chunk(2, dim=-1)
@@ -337,18 +337,21 @@ def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
-_GEGLU_LIB = ops.register(GEGLU_SCHEMA, _geglu_ref, _geglu_fake)
+_GEGLU_LIB = ops.register(GEGLU_SCHEMA, geglu_ref, _geglu_fake)
 
 
 class GEGLU(nn.Module):
-    """Linear to 2*inner, then value * gelu(gate), the second step one qpool::geglu op."""
+    """Linear to 2*inner, then value * gelu(gate), the second step one qpool::geglu op, or none
+    once quant.fuse_geglu_linears() has moved it into the output linear (in_linear)."""
 
     def __init__(self, dim: int, inner: int):
         super().__init__()
         self.proj = nn.Linear(dim, inner * 2)
+        self.in_linear = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.qpool.geglu(self.proj(x))
+        h = self.proj(x)
+        return h if self.in_linear else torch.ops.qpool.geglu(h)
 
 
 class FeedForward(nn.Module):

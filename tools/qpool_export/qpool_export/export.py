@@ -109,10 +109,13 @@ def _quantize(module: torch.nn.Module, opts: ExportOptions,
         from . import smoothquant
         smooth = smoothquant.fold(module,
                                   smoothquant.calibrate(module, calibration, opts.smoothquant))
-    return quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
-                                 double_quant=opts.double_quant, skip=list(opts.skip),
-                                 prequantize=opts.quant_mode == "prequantized", smooth=smooth,
-                                 min_weights=opts.min_weights)
+    count = quant.quantize_module(module, opts.quantize, blocksize=opts.blocksize,
+                                  double_quant=opts.double_quant, skip=list(opts.skip),
+                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth,
+                                  min_weights=opts.min_weights)
+    if opts.quantize == "w8a8" and opts.quant_mode == "prequantized":
+        quant.fuse_geglu_linears(module)  # Note [GEGLU linear op]
+    return count
 
 
 def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:

@@ -169,6 +169,8 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
                                   min_weights=opts.min_weights)
     if records is not None:
         built.layer_errors = layer_error.errors(built.module, records)
+    if fmt == "w8a8" and opts.quant_mode == "prequantized":
+        quant.fuse_geglu_linears(built.module)  # after the layer errors (Note [GEGLU linear op])
     return count
 
 

@@ -358,6 +358,59 @@ class QuantLinear(nn.Module):
                 f"format={self.format}, bias={self.bias is not None}")
 
 
+# Byte-identical to kGegluQuantLinearSchema in server/quant/geglu_linear_op.h; one line, as SCHEMA.
+GEGLU_QUANT_LINEAR_SCHEMA = "geglu_quant_linear(Tensor x, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> Tensor"  # noqa: E501
+
+
+def _geglu_quant_linear_ref(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias):
+    """qpool::geglu_quant_linear's reference: qpool::geglu's, then qpool::quant_linear's."""
+    return _quant_linear_ref(blocks.geglu_ref(x), weight, absmax, code, nested_absmax,
+                             nested_code_t, offset, bias)
+
+
+def _geglu_quant_linear_fake(x, weight, absmax, code, nested_absmax, nested_code_t, offset,
+                             bias):
+    _check_devices(x, weight, absmax, code, nested_absmax, nested_code_t, offset, bias)
+    return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+_GEGLU_LIB = ops.register(GEGLU_QUANT_LINEAR_SCHEMA, _geglu_quant_linear_ref,
+                          _geglu_quant_linear_fake)
+
+
+class GegluQuantLinear(QuantLinear):
+    """A feed-forward's output linear that takes the GEGLU's input (the projection's output,
+    [..., 2 * in_features]) through torch.ops.qpool.geglu_quant_linear: the GEGLU and the linear
+    in one op, whose w8a8 form quantizes the GEGLU's rows as it computes them (Note [GEGLU linear
+    op] in server/quant/geglu_linear_op.h). Its tensors are QuantLinear's, read by its own
+    forward, so streaming brings them in with it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.qpool.geglu_quant_linear(x, self.weight, self.absmax, self.code,
+                                                  self.nested_absmax, self.nested_code,
+                                                  self.offset, self.bias)
+
+
+def fuse_geglu_linears(module: nn.Module) -> int:
+    """Moves the GEGLU of every feed-forward of `module` whose output linear is a w8a8
+    QuantLinear into that linear (a GegluQuantLinear; the GEGLU module then returns its
+    projection's output). The outputs are the same bytes. Run it after quantization and the
+    layer errors: a fused linear takes the projection's output, not the layer's input. Returns
+    the number of feed-forwards fused."""
+    count = 0
+    for ff in module.modules():
+        if not isinstance(ff, blocks.FeedForward):
+            continue
+        out = ff.net[2]
+        if type(out) is not QuantLinear or out.format != "w8a8":
+            continue
+        state = {"weight": out.weight, **{name: getattr(out, name) for name in STATE_NAMES}}
+        ff.net[2] = GegluQuantLinear(out.in_features, out.out_features, state, out.bias)
+        ff.net[0].in_linear = True
+        count += 1
+    return count
+
+
 def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_quant: bool = False,
                     skip: Iterable[str] = (), prequantize: bool = True,
                     smooth: Optional[Dict[str, torch.Tensor]] = None, min_weights: int = 0) -> int:
