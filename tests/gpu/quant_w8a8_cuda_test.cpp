@@ -181,12 +181,14 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
 
 // Note [GEGLU linear op]: qpool::geglu_quant_linear on CUDA gives qpool::geglu then
 // qpool::quant_linear on CUDA, byte for byte: through the fused rows on 16-bit x where the int8
-// product runs (the warpgroup-MMA kernel at 2048 rows, cuBLASLt at 100), and the two ops for
-// float32 x and below 17 rows; with random activation scales and with ones.
+// product runs (the warpgroup-MMA kernel at 2048 rows and on SDXL's two feed-forward widths at
+// four images, cuBLASLt at 100), and the two ops for float32 x and below 17 rows; with random
+// activation scales and with ones.
 TEST(W8A8Cuda, GegluLinearEqualsGegluThenTheLinear) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(45);
-  for (Shape sh : {Shape{2048, 1280, 640}, Shape{100, 320, 256}, Shape{8, 64, 32}}) {
+  for (Shape sh : {Shape{2048, 1280, 640}, Shape{100, 320, 256}, Shape{8, 64, 32},
+                   Shape{8192, 5120, 1280}, Shape{32768, 2560, 640}}) {
     const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
     const at::Tensor bias = at::randn({sh.n}).cuda();
     for (bool ones : {false, true}) {
