@@ -486,7 +486,7 @@ void LaunchPingPong(const int8_t* q, const float* row_scale, const int8_t* w, co
 // as half a 128 x 256 one's (for a stream-K schedule, a block's share plus kSplitCost), and takes
 // ping-pong where that is at most 0.9 of the shared kernel's. On the measured layers those
 // choices ran at 0.63-0.92x the shared kernel's time (SDXL's 1280 x 1280 at 8192 rows 0.85x;
-// SD 1.5's 320-wide layers at 1024-4096 rows 0.65-0.87x). Below 1024 rows nothing was measured
+// SD 1.5's 320-wide layers at 1024-4096 rows 0.65-0.88x). Below 1024 rows nothing was measured
 // and the shared kernel stays.
 bool PingPongTiles(int64_t m, int64_t k, int64_t n, int sm_count, W8A8Tiles tiles) {
   if (tiles != W8A8Tiles::kAuto) return tiles == W8A8Tiles::kPingPong;
