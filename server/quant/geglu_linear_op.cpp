@@ -16,20 +16,16 @@ QuantLayout CheckGegluQuantLinearArgs(const at::Tensor& x, const QuantState& s,
   return CheckQuantLinearArgs(x.narrow(-1, 0, x.size(-1) / 2), s, bias);
 }
 
-at::Tensor GegluThenQuantLinear(const at::Tensor& x, const QuantState& s,
-                                const std::optional<at::Tensor>& bias) {
-  CheckGegluQuantLinearArgs(x, s, bias);
-  return QuantLinear(Geglu(x), s, bias);
-}
-
 namespace {
 
+// The two ops in turn through the dispatcher.
 at::Tensor GegluQuantLinearCpu(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& absmax, const at::Tensor& code,
                                const at::Tensor& nested_absmax, const at::Tensor& nested_code,
                                const at::Tensor& offset, const std::optional<at::Tensor>& bias) {
-  return GegluThenQuantLinear(
-      x, QuantState{weight, absmax, code, nested_absmax, nested_code, offset}, bias);
+  const QuantState s{weight, absmax, code, nested_absmax, nested_code, offset};
+  CheckGegluQuantLinearArgs(x, s, bias);
+  return QuantLinear(Geglu(x), s, bias);
 }
 
 at::Tensor GegluQuantLinearMeta(const at::Tensor& x, const at::Tensor& weight,

@@ -36,8 +36,4 @@ at::Tensor GegluQuantLinear(const at::Tensor& x, const QuantState& state,
 QuantLayout CheckGegluQuantLinearArgs(const at::Tensor& x, const QuantState& state,
                                       const std::optional<at::Tensor>& bias);
 
-// The two ops in turn through the dispatcher (the CPU kernel, and the CUDA one's fallback).
-at::Tensor GegluThenQuantLinear(const at::Tensor& x, const QuantState& state,
-                                const std::optional<at::Tensor>& bias);
-
 }  // namespace qpool::quant

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "quant/geglu_linear_op.h"
+#include "quant/geglu_op.h"
 #include "quant/quant_kernels.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
@@ -444,7 +445,7 @@ at::Tensor GegluQuantLinearCudaOp(const at::Tensor& x, const at::Tensor& weight,
           .reshape(QuantLinearOutputShape(x, n));
     }
   }
-  return GegluThenQuantLinear(x, s, bias);
+  return QuantLinear(Geglu(x), s, bias);  // the arguments are checked above
 }
 
 }  // namespace
