@@ -7,10 +7,14 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "quant/geglu_linear_op.h"
 #include "quant/geglu_op.h"
+#include "quant/layer_norm_kernels.h"
+#include "quant/norm_linear_op.h"
 #include "quant/quant_kernels.h"
 #include "quant/quant_linear_op.h"
 #include "quant/quantizer.h"
@@ -448,6 +452,88 @@ at::Tensor GegluQuantLinearCudaOp(const at::Tensor& x, const at::Tensor& weight,
   return QuantLinear(Geglu(x), s, bias);  // the arguments are checked above
 }
 
+// Note [Norm linear op] on CUDA: a w8a8 linear whose int8 product runs on 16-bit rows that the
+// norm's kernel holds takes them quantized from it (Note [Quantized norm rows]) and multiplies
+// them as qpool::quant_linear does; `sum` gets the norm's input where a residual is given.
+// nullopt, having run nothing, elsewhere: the caller runs the two ops.
+std::optional<at::Tensor> NormW8A8Linear(const at::Tensor& x, const at::Tensor* residual,
+                                         const at::Tensor& norm_weight, const at::Tensor& norm_bias,
+                                         double eps, const QuantState& s, const QuantLayout& layout,
+                                         const std::optional<at::Tensor>& bias, at::Tensor* sum) {
+  if (layout.format != QuantFormat::kW8A8 || !HasElemType(x.scalar_type())) return std::nullopt;
+  const int64_t d = layout.in_features, n = layout.out_features;
+  const int64_t m = x.numel() / d;
+  if (!W8A8IntMatmulRuns(m, d, n)) return std::nullopt;
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor rc = residual ? residual->contiguous() : at::Tensor();
+  const at::Tensor nw = norm_weight.contiguous(), nb = norm_bias.contiguous();
+  const at::Tensor smooth = s.code.contiguous();
+  const cuda::ElemType type = ElemTypeOf(x.scalar_type());
+  cuda::LayerNormArgs args;
+  args.x = xc.data_ptr();
+  args.residual = residual ? rc.data_ptr() : nullptr;
+  args.weight = nw.data_ptr();
+  args.bias = nb.data_ptr();
+  args.smooth = smooth.data_ptr<float>();
+  args.rows = m;
+  args.d = d;
+  args.eps = static_cast<float>(eps);
+  args.type = type;
+  if (!cuda::LayerNormQuantizeSupported(args)) return std::nullopt;
+  const at::Tensor w = s.weight.contiguous();
+  const W8A8Rows rows = MakeW8A8Rows(m, d, n, w, x.options(), type, PathFromEnvironment());
+  if (residual) {
+    *sum = at::empty(x.sizes(), x.options());
+    args.sum = sum->data_ptr();
+  }
+  args.q = rows.q.data_ptr<int8_t>();
+  args.row_amax = rows.row_amax.data_ptr<float>();
+  args.row_scale = rows.row_scale.defined() ? rows.row_scale.data_ptr<float>() : nullptr;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(cuda::LaunchLayerNorm(args, stream), "qpool: the norm's kernel declined its rows");
+  return W8A8Product(rows, w, s.absmax.contiguous(), bias, x.options(), type, stream)
+      .reshape(QuantLinearOutputShape(x, n));
+}
+
+// Checks the arguments, then the quantized rows where they run, else the two ops.
+std::tuple<at::Tensor, at::Tensor> NormQuantLinearCuda(const char* op, const at::Tensor& x,
+                                                       const at::Tensor* residual,
+                                                       const at::Tensor& norm_weight,
+                                                       const at::Tensor& norm_bias, double eps,
+                                                       const QuantState& s,
+                                                       const std::optional<at::Tensor>& bias) {
+  const QuantLayout layout =
+      CheckNormQuantLinearArgs(op, x, residual, norm_weight, norm_bias, eps, s, bias);
+  TORCH_CHECK(x.is_cuda(), op, ": the CUDA kernel got x on ", x.device());
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor sum;
+  if (auto out = NormW8A8Linear(x, residual, norm_weight, norm_bias, eps, s, layout, bias, &sum)) {
+    return {sum, *out};
+  }
+  return NormThenQuantLinear(x, residual, norm_weight, norm_bias, eps, s, bias);
+}
+
+at::Tensor LayerNormQuantLinearCudaOp(const at::Tensor& x, const at::Tensor& norm_weight,
+                                      const at::Tensor& norm_bias, double eps,
+                                      const at::Tensor& weight, const at::Tensor& absmax,
+                                      const at::Tensor& code, const at::Tensor& nested_absmax,
+                                      const at::Tensor& nested_code, const at::Tensor& offset,
+                                      const std::optional<at::Tensor>& bias) {
+  return std::get<1>(NormQuantLinearCuda(
+      "qpool::layer_norm_quant_linear", x, nullptr, norm_weight, norm_bias, eps,
+      QuantState{weight, absmax, code, nested_absmax, nested_code, offset}, bias));
+}
+
+std::tuple<at::Tensor, at::Tensor> AddLayerNormQuantLinearCudaOp(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& norm_weight,
+    const at::Tensor& norm_bias, double eps, const at::Tensor& weight, const at::Tensor& absmax,
+    const at::Tensor& code, const at::Tensor& nested_absmax, const at::Tensor& nested_code,
+    const at::Tensor& offset, const std::optional<at::Tensor>& bias) {
+  return NormQuantLinearCuda(
+      "qpool::add_layer_norm_quant_linear", x, &residual, norm_weight, norm_bias, eps,
+      QuantState{weight, absmax, code, nested_absmax, nested_code, offset}, bias);
+}
+
 }  // namespace
 
 }  // namespace qpool::quant
@@ -455,4 +541,6 @@ at::Tensor GegluQuantLinearCudaOp(const at::Tensor& x, const at::Tensor& weight,
 TORCH_LIBRARY_IMPL(qpool, CUDA, m) {
   m.impl("quant_linear", &qpool::quant::QuantLinearCudaOp);
   m.impl("geglu_quant_linear", &qpool::quant::GegluQuantLinearCudaOp);
+  m.impl("layer_norm_quant_linear", &qpool::quant::LayerNormQuantLinearCudaOp);
+  m.impl("add_layer_norm_quant_linear", &qpool::quant::AddLayerNormQuantLinearCudaOp);
 }

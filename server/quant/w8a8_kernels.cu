@@ -1,10 +1,10 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "quant/quant_kernel_common.cuh"
 #include "quant/w8a8_kernels.h"
+#include "quant/w8a8_rows.cuh"
 
 namespace qpool::quant::cuda {
 namespace {
@@ -68,54 +68,6 @@ constexpr int64_t kHeldMaxK = int64_t{kMaxGroup} * kMaxChunks * 8;
 constexpr int kEpilogueThreads = 256;
 constexpr int kEpilogueVector = 4;
 
-// A row's divisor d (its maximum, or 1 where that is 0) and its reciprocal (Note [Division by
-// the row's reciprocal]).
-struct RowDivisor {
-  float d, y;
-  // Whether Quantize<true> divides exactly (else Quantize<false> must).
-  __device__ bool ByReciprocal() const { return d >= 0x1p-60f && d <= 0x1p100f; }
-  // RN(xs / d): by the reciprocal, or by an IEEE division.
-  template <bool kByReciprocal>
-  __device__ __forceinline__ float Divide(float xs) const {
-    if constexpr (kByReciprocal) {
-      float q = __fmul_rn(xs, y);
-      q = __fmaf_rn(__fmaf_rn(-d, q, xs), y, q);
-      return __fmaf_rn(__fmaf_rn(-d, q, xs), y, q);
-    } else {
-      return __fdiv_rn(xs, d);
-    }
-  }
-  // The quantized value of x / smooth (`xs`), as the low byte of the result.
-  template <bool kByReciprocal>
-  __device__ __forceinline__ uint32_t Quantize(float xs) const {
-    const float v = fminf(fmaxf(__fmul_rn(Divide<kByReciprocal>(xs), 127.f), -127.f), 127.f);
-    return __float_as_uint(__fadd_rn(v, 0x1.8p23f)) & 0xffu;
-  }
-};
-
-__device__ __forceinline__ RowDivisor DivisorOf(float row_max) {
-  const float d = row_max == 0.f ? 1.f : row_max;
-  return RowDivisor{d, __frcp_rn(d)};
-}
-
-// Calls f(std::true_type{}) for a row that Quantize<true> divides, f(std::false_type{}) else: a
-// branch per row, around the whole loop, so no thread computes both.
-template <typename F>
-__device__ __forceinline__ void WithDivision(const RowDivisor& div, F&& f) {
-  if (div.ByReciprocal()) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
-}
-
-// Writes a row's maximum and, when asked for, its scale on the product, max / 127.
-__device__ __forceinline__ void StoreRowMax(float m, int64_t row, float* row_amax,
-                                            float* row_scale) {
-  row_amax[row] = m;
-  if (row_scale != nullptr) row_scale[row] = __fdiv_rn(m, 127.f);
-}
-
 // The rows a held-row kernel quantizes (Note [Held rows]): operator()(row, i, v) sets v to
 // values i .. i + 7 of the row (i a multiple of 8).
 // The rows of 16-bit x [m, k], contiguous, 16-byte aligned.
@@ -148,22 +100,12 @@ struct GegluRows {
   }
 };
 
-// Values i .. i + 7 of row `row` divided by smooth[i .. i + 7] (two 16-byte loads of smooth).
-// Note [Unit scales]: a chunk whose eight scales are all 1 skips its divisions.
+// Values i .. i + 7 of row `row` divided by smooth[i .. i + 7] (Note [Unit scales]).
 template <typename Rows>
 __device__ __forceinline__ void LoadScaled8(const Rows& rows, int64_t row, const float* smooth,
                                             int64_t i, float (&xs)[8]) {
   rows(row, i, xs);
-  const float4 s0 = *reinterpret_cast<const float4*>(smooth + i);
-  const float4 s1 = *reinterpret_cast<const float4*>(smooth + i + 4);
-  const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-  bool unit = true;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) unit &= sv[j] == 1.f;
-  if (!unit) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) xs[j] = __fdiv_rn(xs[j], sv[j]);
-  }
+  DivideBySmooth8(smooth, i, xs);
 }
 
 // Note [Held rows]: m rows of k values, kGroup threads each, kChunks chunks per thread.
@@ -209,12 +151,7 @@ __global__ void __launch_bounds__(kHeldThreads, kHeldBlocksPerSm)
     for (int c = 0; c < kChunks; ++c) {
       const int64_t i = 8 * (g + int64_t{c} * kGroup);
       if (i < k) {
-        uint32_t w[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          w[j / 4] |= div.Quantize<decltype(by_reciprocal)::value>(xs[c][j]) << (8 * (j % 4));
-        }
-        *reinterpret_cast<uint2*>(qr + i) = make_uint2(w[0], w[1]);
+        *reinterpret_cast<uint2*>(qr + i) = div.Quantize8<decltype(by_reciprocal)::value>(xs[c]);
       }
     }
   });

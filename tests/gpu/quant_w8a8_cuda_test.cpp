@@ -13,6 +13,9 @@
 #include "quant/geglu_kernels.h"
 #include "quant/geglu_linear_op.h"
 #include "quant/geglu_op.h"
+#include "quant/layer_norm_kernels.h"
+#include "quant/layer_norm_op.h"
+#include "quant/norm_linear_op.h"
 #include "quant/quant_format.h"
 #include "quant/quant_linear_cuda.h"
 #include "quant/quant_linear_op.h"
@@ -210,6 +213,58 @@ TEST(W8A8Cuda, GegluLinearEqualsGegluThenTheLinear) {
         EXPECT_TRUE(at::equal(got, want))
             << got.ne(want).sum().item<int64_t>() << " values differ, max "
             << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+      }
+    }
+  }
+}
+
+// Note [Norm linear op]: qpool::layer_norm_quant_linear and add_layer_norm_quant_linear on CUDA
+// give qpool::layer_norm / add_layer_norm then qpool::quant_linear on CUDA, byte for byte:
+// through the quantized norm rows (Note [Quantized norm rows]) on 16-bit x where the int8 product
+// runs (SDXL's three norm-fed projections at four images, SD 1.5's feed-forward at one, and
+// cuBLASLt at 100 rows), and the two ops for float32 x, rows wider than a warp holds and below 17
+// rows; with random activation scales and with ones.
+TEST(W8A8Cuda, NormLinearEqualsTheNormThenTheLinear) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(47);
+  const double eps = 1e-5;
+  for (Shape sh :
+       {Shape{32768, 640, 1920}, Shape{8192, 1280, 1280}, Shape{8192, 1280, 10240},
+        Shape{4096, 320, 2560}, Shape{100, 320, 256}, Shape{64, 2560, 64}, Shape{8, 64, 32}}) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const at::Tensor bias = at::randn({sh.n}).cuda();
+    for (bool ones : {false, true}) {
+      const QuantState sc =
+          OnCuda(*QuantizeW8A8(w, ones ? at::ones({sh.k}) : at::rand({sh.k}) + 0.5));
+      for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
+        SCOPED_TRACE(Name(sh, dt) + (ones ? " ones" : " random scales"));
+        const at::Tensor gamma = (at::rand({sh.k}) + 0.5).to(dt).cuda();
+        const at::Tensor beta = at::randn({sh.k}).to(dt).cuda();
+        // [2, m / 2, k]: the ops take any leading dimensions.
+        const at::Tensor x = (at::randn({2, sh.m / 2, sh.k}) * 3 + 1).to(dt).cuda();
+        const at::Tensor r = at::randn({2, sh.m / 2, sh.k}).to(dt).cuda();
+        if (dt != at::kFloat && sh.m >= kW8A8MinRows && sh.k <= 2048) {  // meant for the rows
+          ASSERT_TRUE(W8A8IntMatmulRuns(sh.m, sh.k, sh.n));
+          cuda::LayerNormArgs args;
+          args.x = x.data_ptr();
+          args.residual = r.data_ptr();
+          args.weight = gamma.data_ptr();
+          args.bias = beta.data_ptr();
+          args.smooth = sc.code.data_ptr<float>();
+          args.d = sh.k;
+          args.type = ElemTypeOf(dt);
+          ASSERT_TRUE(cuda::LayerNormQuantizeSupported(args));
+        }
+        const at::Tensor got = LayerNormQuantLinear(x, gamma, beta, eps, sc, bias).cpu();
+        const at::Tensor want = QuantLinear(LayerNorm(x, gamma, beta, eps), sc, bias).cpu();
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_TRUE(at::equal(got, want)) << got.ne(want).sum().item<int64_t>() << " differ";
+        const auto [sum, out] = AddLayerNormQuantLinear(x, r, gamma, beta, eps, sc, bias);
+        const auto [want_sum, normed] = AddLayerNorm(x, r, gamma, beta, eps);
+        EXPECT_TRUE(at::equal(sum, want_sum));
+        const at::Tensor want_out = QuantLinear(normed, sc, bias);
+        EXPECT_TRUE(at::equal(out, want_out))
+            << out.ne(want_out).sum().item<int64_t>() << " differ";
       }
     }
   }

@@ -452,8 +452,13 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
     for name in COMPONENT_FILES:
         assert tracing.tensor_constants(jit_load(os.path.join(out, name))) == [], name
     # Note [GEGLU linear op]: prequantized w8a8 feed-forwards take the GEGLU into their output.
-    fused = "qpool::geglu_quant_linear" in str(unet.inlined_graph)
+    # Note [Norm linear op]: and their norms take the linear that reads them.
+    graph = str(unet.inlined_graph)
+    fused = "qpool::geglu_quant_linear" in graph
     assert fused == (fmt == "w8a8" and mode == "prequantized"), (fmt, mode, extra)
+    norms = graph.count("qpool::layer_norm_quant_linear") + \
+        graph.count("qpool::add_layer_norm_quant_linear")
+    assert (norms > 0) == fused and ("qpool::layer_norm(" in graph) != fused, (fmt, mode, extra)
     if fmt == "w8a8" and mode == "prequantized":  # int8 weights, activation scales of ones
         buffers = dict(unet.named_buffers())
         int8 = [n[:-len("weight")] for n, b in buffers.items() if b.dtype == torch.int8]
@@ -461,7 +466,8 @@ def test_quantized_export(tmp_path, fmt, mode, extra, section):
             buffers[p + "weight"].shape[1])) for p in int8)
     if "--min-weights" in extra:  # Note [Small layers stay float]
         weights = [m.weight for _, m in unet.named_modules()
-                   if m.original_name in ("Linear", "QuantLinear", "GegluQuantLinear")]
+                   if m.original_name in ("Linear", "QuantLinear", "GegluQuantLinear",
+                                        "NormQuantLinear")]
         small = [w for w in weights if w.numel() < 2048]
         assert small and len(small) < len(weights)
         if mode == "prequantized":  # quantized now: int8 exactly where not small

@@ -404,6 +404,65 @@ def test_only_w8a8_feed_forwards_are_fused():
     assert type(module[1].net[2]) is nn.Linear and not module[1].net[0].in_linear
 
 
+def test_norm_schema_constants_are_the_registered_schemas():
+    assert str(torch.ops.qpool.layer_norm_quant_linear.default._schema) == \
+        "qpool::" + quant.LAYER_NORM_QUANT_LINEAR_SCHEMA
+    assert str(torch.ops.qpool.add_layer_norm_quant_linear.default._schema) == \
+        "qpool::" + quant.ADD_LAYER_NORM_QUANT_LINEAR_SCHEMA
+
+
+def _transformer_block(seed: int = 5) -> nn.Module:
+    from qpool_export import blocks
+
+    torch.manual_seed(seed)
+    holder = nn.ModuleList([blocks.BasicTransformerBlock(32, 24, 2)])
+    blocks.fuse_projections(holder)
+    return holder[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_norm_linears_give_the_same_bytes(dtype):
+    """Note [Norm linear op]: after fuse_norm_linears a w8a8 transformer block's three norms run
+    the linear that reads each of them, with the unfused outputs' bytes, in the product's int8
+    path (40 rows) and its fallback (3 rows); the traced graph calls the fused ops and no plain
+    layer_norm, and every tensor is read by the module that owns it."""
+    block = _transformer_block().to(dtype)
+    quant.quantize_module(block, "w8a8", smooth={"attn2.to_q": torch.rand(32) + 0.5})
+    inputs = [(torch.randn(2, 20, 32).to(dtype), torch.randn(2, 7, 24).to(dtype)),
+              (torch.randn(1, 3, 32).to(dtype), torch.randn(1, 7, 24).to(dtype))]
+    with torch.no_grad():
+        want = [block(*i) for i in inputs]
+        assert quant.fuse_geglu_linears(block) == 1
+        assert quant.fuse_norm_linears(block) == 3
+        got = [block(*i) for i in inputs]
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    norms = (block.norm1, block.norm2, block.norm3)
+    assert all(type(n) is quant.NormQuantLinear for n in norms)
+    assert block.norm1.format == "w8a8" and block.norm3.out_features == 256
+    assert all(type(m) is nn.Identity for m in (block.attn1.to_qkv, block.attn2.to_q,
+                                                block.ff.net[0].proj))
+    assert block.norm2.norm_weight.dtype == dtype and not block.norm2.norm_weight.requires_grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = str(torch.jit.trace(block, inputs[0]).inlined_graph)
+    assert graph.count("qpool::layer_norm_quant_linear") == 1
+    assert graph.count("qpool::add_layer_norm_quant_linear") == 2
+    assert "qpool::layer_norm(" not in graph and "qpool::add_layer_norm(" not in graph
+
+
+def test_only_w8a8_norm_linears_are_fused():
+    for fmt in ("int8", "nf4"):
+        block = _transformer_block()
+        quant.quantize_module(block, fmt)
+        assert quant.fuse_norm_linears(block) == 0
+    assert quant.fuse_norm_linears(_transformer_block()) == 0
+    block = _transformer_block()
+    quant.quantize_module(block, "w8a8", skip=["attn1.to_qkv"])
+    assert quant.fuse_norm_linears(block) == 2
+    assert type(block.attn1.to_qkv) is nn.Linear and type(block.norm1) is not quant.NormQuantLinear
+
+
 class _Golden(nn.Module):
     """A layer plus the input and output the Python reference computed for it."""
 

@@ -342,7 +342,9 @@ _GEGLU_LIB = ops.register(GEGLU_SCHEMA, geglu_ref, _geglu_fake)
 
 class GEGLU(nn.Module):
     """Linear to 2*inner, then value * gelu(gate), the second step one qpool::geglu op, or none
-    once quant.fuse_geglu_linears() has moved it into the output linear (in_linear)."""
+    once quant.fuse_geglu_linears() has moved it into the output linear (in_linear). The
+    projection is an nn.Identity once quant.fuse_norm_linears() has moved it into the block's
+    norm3."""
 
     def __init__(self, dim: int, inner: int):
         super().__init__()
@@ -377,7 +379,7 @@ ADD_LAYER_NORM_SCHEMA = \
     "add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)"  # noqa: E501
 
 
-def _layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     eps: float) -> torch.Tensor:
     """aten::layer_norm over the last dimension: qpool::layer_norm's reference."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps).contiguous()
@@ -388,7 +390,7 @@ def _layer_norm_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return x.new_empty(x.shape)
 
 
-def _add_layer_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+def add_layer_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                         bias: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, its layer_norm): qpool::add_layer_norm's reference, the unfused operations
     (Note [Residual layer norm] in server/quant/layer_norm_op.h)."""
@@ -401,8 +403,8 @@ def _add_layer_norm_fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
-_LAYER_NORM_LIB = ops.register(LAYER_NORM_SCHEMA, _layer_norm_ref, _layer_norm_fake)
-_ADD_LAYER_NORM_LIB = ops.register(ADD_LAYER_NORM_SCHEMA, _add_layer_norm_ref,
+_LAYER_NORM_LIB = ops.register(LAYER_NORM_SCHEMA, layer_norm_ref, _layer_norm_fake)
+_ADD_LAYER_NORM_LIB = ops.register(ADD_LAYER_NORM_SCHEMA, add_layer_norm_ref,
                                    _add_layer_norm_fake)
 
 
@@ -425,7 +427,10 @@ class ResidualLayerNorm(nn.LayerNorm):
 
 class BasicTransformerBlock(nn.Module):
     """Self-attention, cross-attention to the text, GEGLU feed-forward; pre-LN, residual. norm2
-    and norm3 add the residual before them (ResidualLayerNorm, Note [Residual layer norm])."""
+    and norm3 add the residual before them (ResidualLayerNorm, Note [Residual layer norm]). Where
+    quant.fuse_norm_linears() has moved the linear that reads a norm into the norm's module (Note
+    [Norm linear op]), the norm returns that linear's output and the linear's place holds an
+    nn.Identity: the forward is the same."""
 
     def __init__(self, dim: int, cross_dim: int, heads: int):
         super().__init__()

@@ -115,19 +115,20 @@ def _quantize(module: torch.nn.Module, opts: ExportOptions,
                                   min_weights=opts.min_weights)
     if opts.quantize == "w8a8" and opts.quant_mode == "prequantized":
         quant.fuse_geglu_linears(module)  # Note [GEGLU linear op]
+        quant.fuse_norm_linears(module)  # Note [Norm linear op]
     return count
 
 
 def _to_half(traced: torch.jit.ScriptModule, quant_modules: Sequence[str]) -> None:
     """Converts fp32 parameters and buffers to fp16 in place, except the quant state of quantized
-    layers (absmax, code, ...: only their weight and bias follow --dtype) and the frequency
-    tables (FLOAT32_BUFFERS)."""
-    from .quant import FLOAT32_BUFFERS
+    layers (absmax, code, ...: their weight and bias, and a NormQuantLinear's norm_weight and
+    norm_bias, follow --dtype) and the frequency tables (FLOAT32_BUFFERS)."""
+    from .quant import FLOAT32_BUFFERS, STATE_NAMES
 
     quant = set(quant_modules)
     for name, t in list(traced.named_parameters()) + list(traced.named_buffers()):
         owner, _, leaf = name.rpartition(".")
-        if (owner in quant and leaf not in ("weight", "bias")) or leaf in FLOAT32_BUFFERS:
+        if (owner in quant and leaf in STATE_NAMES) or leaf in FLOAT32_BUFFERS:
             continue
         if t.dtype == torch.float32:
             t.data = t.data.half()

@@ -171,6 +171,7 @@ def _quantize(built: Built, opts: ImportOptions) -> int:
         built.layer_errors = layer_error.errors(built.module, records)
     if fmt == "w8a8" and opts.quant_mode == "prequantized":
         quant.fuse_geglu_linears(built.module)  # after the layer errors (Note [GEGLU linear op])
+        quant.fuse_norm_linears(built.module)  # Note [Norm linear op]
     return count
 
 

@@ -411,6 +411,96 @@ def fuse_geglu_linears(module: nn.Module) -> int:
     return count
 
 
+# Byte-identical to kLayerNormQuantLinearSchema and kAddLayerNormQuantLinearSchema in
+# server/quant/norm_linear_op.h; one line each, as SCHEMA.
+LAYER_NORM_QUANT_LINEAR_SCHEMA = "layer_norm_quant_linear(Tensor x, Tensor norm_weight, Tensor norm_bias, float eps, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> Tensor"  # noqa: E501
+ADD_LAYER_NORM_QUANT_LINEAR_SCHEMA = "add_layer_norm_quant_linear(Tensor x, Tensor residual, Tensor norm_weight, Tensor norm_bias, float eps, Tensor weight, Tensor absmax, Tensor code, Tensor nested_absmax, Tensor nested_code, Tensor offset, Tensor? bias) -> (Tensor, Tensor)"  # noqa: E501
+
+
+def _layer_norm_quant_linear_ref(x, norm_weight, norm_bias, eps, *state):
+    """qpool::layer_norm_quant_linear's reference: qpool::layer_norm's, then qpool::quant_linear's
+    (state: weight, the five state tensors, bias)."""
+    return _quant_linear_ref(blocks.layer_norm_ref(x, norm_weight, norm_bias, eps), *state)
+
+
+def _layer_norm_quant_linear_fake(x, norm_weight, norm_bias, eps, weight, *state):
+    _check_devices(x, weight, *state)
+    return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+def _add_layer_norm_quant_linear_ref(x, residual, norm_weight, norm_bias, eps, *state):
+    """qpool::add_layer_norm_quant_linear's reference: qpool::add_layer_norm's, then
+    qpool::quant_linear's on the normed rows."""
+    total, normed = blocks.add_layer_norm_ref(x, residual, norm_weight, norm_bias, eps)
+    return total, _quant_linear_ref(normed, *state)
+
+
+def _add_layer_norm_quant_linear_fake(x, residual, norm_weight, norm_bias, eps, weight, *state):
+    _check_devices(x, weight, *state)
+    return x.new_empty(x.shape), x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+_NORM_LIB = ops.register(LAYER_NORM_QUANT_LINEAR_SCHEMA, _layer_norm_quant_linear_ref,
+                         _layer_norm_quant_linear_fake)
+_ADD_NORM_LIB = ops.register(ADD_LAYER_NORM_QUANT_LINEAR_SCHEMA,
+                             _add_layer_norm_quant_linear_ref, _add_layer_norm_quant_linear_fake)
+
+
+class NormQuantLinear(QuantLinear):
+    """A LayerNorm (blocks.FusedLayerNorm, or blocks.ResidualLayerNorm when `residual`) and the
+    one linear that reads its output, in one module and one op: forward(x) returns the linear's
+    output, forward(x, residual) (x + residual, the linear's output), the norm's forward then the
+    linear's with the same bytes. The linear's tensors are QuantLinear's; the norm's weight and
+    bias are norm_weight and norm_bias, so the op reads only this module's own tensors and
+    streaming brings them in together (Note [Norm linear op] in server/quant/norm_linear_op.h)."""
+
+    def __init__(self, norm: nn.LayerNorm, linear: QuantLinear, residual: bool):
+        state = {"weight": linear.weight, **{name: getattr(linear, name) for name in STATE_NAMES}}
+        super().__init__(linear.in_features, linear.out_features, state, linear.bias)
+        # Parameters, as the norm's were: the server counts them as weights.
+        self.norm_weight = nn.Parameter(norm.weight.detach(), requires_grad=False)
+        self.norm_bias = nn.Parameter(norm.bias.detach(), requires_grad=False)
+        self.eps = float(norm.eps)
+        self.residual = residual
+
+    def forward(self, x: torch.Tensor,  # type: ignore[override]
+                residual: Optional[torch.Tensor] = None):
+        state = (self.weight, self.absmax, self.code, self.nested_absmax, self.nested_code,
+                 self.offset, self.bias)
+        if self.residual:
+            return torch.ops.qpool.add_layer_norm_quant_linear(
+                x, residual, self.norm_weight, self.norm_bias, self.eps, *state)
+        return torch.ops.qpool.layer_norm_quant_linear(x, self.norm_weight, self.norm_bias,
+                                                       self.eps, *state)
+
+
+def _replace(module: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, attr, new)
+
+
+def fuse_norm_linears(module: nn.Module) -> int:
+    """Moves every w8a8 QuantLinear of `module` that reads a UNet block's norm alone (the
+    LayerNorm folds that smoothing_folds() lists) into that norm's module, a NormQuantLinear in
+    the norm's place; the linear's place holds an nn.Identity. The outputs are the same bytes.
+    Run it after quantization and the layer errors, as fuse_geglu_linears. Returns the number of
+    norms fused."""
+    from . import smoothquant
+
+    count = 0
+    for f in smoothquant.folds(module):
+        norm, linear = module.get_submodule(f.producer), module.get_submodule(f.consumer)
+        residual = type(norm) is blocks.ResidualLayerNorm
+        if not (residual or type(norm) is blocks.FusedLayerNorm):
+            continue
+        if type(linear) is not QuantLinear or linear.format != "w8a8":
+            continue
+        _replace(module, f.producer, NormQuantLinear(norm, linear, residual))
+        _replace(module, f.consumer, nn.Identity())
+        count += 1
+    return count
+
+
 def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_quant: bool = False,
                     skip: Iterable[str] = (), prequantize: bool = True,
                     smooth: Optional[Dict[str, torch.Tensor]] = None, min_weights: int = 0) -> int:
