@@ -12,12 +12,15 @@
 // widths for the same batch of 8, channels-last fp16, 32 groups; and qpool::bias_residual (Note
 // [Convolution biases]) as a resnet block's conv2 bias and residual at the same shapes; and
 // qpool::add_layer_norm and qpool::layer_norm (Note [Residual layer norm]) as a transformer
-// block's norm2 (the residual addition and the norm) and norm1 at SDXL's two attention levels.
+// block's norm2 (the residual addition and the norm) and norm1 at SDXL's two attention levels;
+// and norm2 quantizing its rows for a w8a8 linear (Note [Quantized norm rows]), against the norm's
+// kernel then the quantizing pass.
 //
 //   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
 //
 // Timing as Note [Benchmark methodology] (gpu_timing.h). Counters: us_per_call and
 // min_bytes_GBps (the bytes the one-pass kernel must read and write, over the time).
+#include <ATen/cuda/CUDAContext.h>
 #include <benchmark/benchmark.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -32,8 +35,10 @@
 #include "quant/cat_gelu_op.h"
 #include "quant/geglu_op.h"
 #include "quant/group_norm_op.h"
+#include "quant/layer_norm_kernels.h"
 #include "quant/layer_norm_op.h"
 #include "quant/rope_op.h"
+#include "quant/w8a8_kernels.h"
 
 namespace qpool {
 namespace {
@@ -48,6 +53,7 @@ at::TensorOptions Bf16() { return at::TensorOptions().device(at::kCUDA).dtype(at
 struct Case {
   std::function<at::Tensor()> fused, aten;
   double min_bytes = 0;
+  const char* baseline = "ATen operations";  // what `aten` runs
 };
 
 Case RmsRopeCase() {
@@ -161,6 +167,55 @@ Case LayerNormCase(int64_t tokens, int64_t width, bool residual) {
   return c;
 }
 
+// Note [Quantized norm rows]: the norm that quantizes its rows for a w8a8 linear (scales of
+// ones), against the norm's kernel then the quantizing pass, at the same shapes.
+Case QuantizedNormRowsCase(int64_t tokens, int64_t width) {
+  const at::TensorOptions half = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
+  const at::Tensor x = at::randn({8, tokens, width}, half);
+  const at::Tensor r = at::randn({8, tokens, width}, half);
+  const at::Tensor weight = at::randn({width}, half), bias = at::randn({width}, half);
+  const at::Tensor smooth = at::ones({width}, half.dtype(at::kFloat));
+  const at::Tensor sum = at::empty_like(x), out = at::empty_like(x);
+  const at::Tensor q = at::empty(x.sizes(), half.dtype(at::kChar));
+  const at::Tensor amax = at::empty({8 * tokens}, half.dtype(at::kFloat));
+  const at::Tensor scale = at::empty({8 * tokens}, half.dtype(at::kFloat));
+  quant::cuda::LayerNormArgs a;
+  a.x = x.data_ptr();
+  a.residual = r.data_ptr();
+  a.weight = weight.data_ptr();
+  a.bias = bias.data_ptr();
+  a.sum = sum.data_ptr();
+  a.rows = 8 * tokens;
+  a.d = width;
+  a.eps = 1e-5f;
+  a.type = quant::cuda::ElemType::kHalf;
+  quant::cuda::LayerNormArgs rows = a;
+  rows.smooth = smooth.data_ptr<float>();
+  rows.q = q.data_ptr<int8_t>();
+  rows.row_amax = amax.data_ptr<float>();
+  rows.row_scale = scale.data_ptr<float>();
+  a.out = out.data_ptr();
+  Case c;
+  c.fused = [=] {
+    quant::cuda::LaunchLayerNorm(rows, at::cuda::getCurrentCUDAStream());
+    return q;
+  };
+  c.aten = [=] {
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    quant::cuda::LaunchLayerNorm(a, stream);
+    quant::cuda::LaunchW8A8QuantizeRows(
+        out.data_ptr(), quant::cuda::ElemType::kHalf, smooth.data_ptr<float>(), 8 * tokens, width,
+        q.data_ptr<int8_t>(), amax.data_ptr<float>(), scale.data_ptr<float>(), stream);
+    return q;
+  };
+  c.baseline = "qpool::add_layer_norm's kernel, then the quantizing pass";
+  c.min_bytes = 8.0 * tokens * width * (2 + 2 + 2 + 1);
+  return c;
+}
+
+Case QuantizedNormRowsSdxl4096Case() { return QuantizedNormRowsCase(4096, 640); }
+Case QuantizedNormRowsSdxl1024Case() { return QuantizedNormRowsCase(1024, 1280); }
+
 Case AddLayerNormSdxl4096Case() { return LayerNormCase(4096, 640, true); }
 Case AddLayerNormSdxl1024Case() { return LayerNormCase(1024, 1280, true); }
 Case LayerNormSdxl4096Case() { return LayerNormCase(4096, 640, false); }
@@ -173,7 +228,7 @@ void BM_Op(benchmark::State& state, Case (*make)(), bool fused) {
   const double us = bench::MedianMicros(fused ? c.fused : c.aten, state);
   state.counters["us_per_call"] = us;
   state.counters["min_bytes_GBps"] = c.min_bytes / us * 1e-3;
-  state.SetLabel(fused ? "qpool op" : "ATen operations");
+  state.SetLabel(fused ? "qpool op" : c.baseline);
 }
 
 void RegisterAll() {
@@ -195,7 +250,9 @@ void RegisterAll() {
         Named{"add_layer_norm/sdxl_b4_8x4096x640_fp16", &AddLayerNormSdxl4096Case},
         Named{"add_layer_norm/sdxl_b4_8x1024x1280_fp16", &AddLayerNormSdxl1024Case},
         Named{"layer_norm/sdxl_b4_8x4096x640_fp16", &LayerNormSdxl4096Case},
-        Named{"layer_norm/sdxl_b4_8x1024x1280_fp16", &LayerNormSdxl1024Case}}) {
+        Named{"layer_norm/sdxl_b4_8x1024x1280_fp16", &LayerNormSdxl1024Case},
+        Named{"quantized_norm_rows/sdxl_b4_8x4096x640_fp16", &QuantizedNormRowsSdxl4096Case},
+        Named{"quantized_norm_rows/sdxl_b4_8x1024x1280_fp16", &QuantizedNormRowsSdxl1024Case}}) {
     for (bool fused : {false, true}) {
       const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
       benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)

@@ -10,6 +10,10 @@ namespace {
 constexpr int kThreads = kElementwiseThreads;
 constexpr int kRowsPerBlock = kThreads / kWarp;
 constexpr int kMaxPacksPerLane = 8;  // rows of up to 8 * 32 packs of 16 bytes
+// The quantizing kernels are held to 64 registers a thread, as the quantizing pass is (Note [Held
+// rows] in w8a8_kernels.cu): unbounded, rows of 1280 values took more and ran slower
+// (bench/results/README.md, "W8A8: the norms quantize their linears' rows").
+constexpr int kQuantizeBlocksPerSm = 4;
 
 // Where a quantizing kernel writes its rows (LayerNormArgs's q, row_amax, row_scale, smooth).
 struct RowsOut {
@@ -30,19 +34,20 @@ __device__ __forceinline__ float WarpSum(float v) {
 // first pass reads the normed rows back to quantize them (Note [Fused W8A8 kernels] in
 // w8a8_kernels.cu). With q given, the warp that norms a row quantizes it from its registers:
 // each normed value rounded to the dtype (the value the norm would have stored), divided by the
-// linear's scale (Note [Unit scales]), the row's maximum over the warp, then the int8 values
-// (Note [Division by the row's reciprocal]). The same operations in the same order as the two
-// passes, so the same bytes (GPU test); the normed rows are never stored and one pass is saved.
+// linear's scale (Note [Unit scales] in w8a8_kernels.cu), the row's maximum over the warp, then
+// the int8 values (Note [Division by the row's reciprocal]). The same operations in the same
+// order as the two passes, so the same bytes (GPU test); the normed rows are never stored and one
+// pass is saved.
 
 // One warp per row (Note [Residual layer norm]): lane l holds the row's 16-byte packs l, l + 32,
 // ... (at most kPacks of them) in registers, as the dtype's values of the rounded sum. kQuantize
 // writes the quantized rows instead of `out` (Note [Quantized norm rows]; 16-bit T, whose packs
 // are the chunks of eight values the quantizing kernels divide by smooth).
 template <typename T, int kPacks, bool kResidual, bool kQuantize>
-__global__ void LayerNormKernel(const T* __restrict__ x, const T* __restrict__ residual,
-                                const T* __restrict__ weight, const T* __restrict__ bias,
-                                T* __restrict__ sum, T* __restrict__ out, int64_t rows, int d,
-                                float eps, RowsOut quantized) {
+__global__ void __launch_bounds__(kThreads, kQuantize ? kQuantizeBlocksPerSm : 1)
+    LayerNormKernel(const T* __restrict__ x, const T* __restrict__ residual,
+                    const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ sum,
+                    T* __restrict__ out, int64_t rows, int d, float eps, RowsOut quantized) {
   constexpr int kValues = 16 / sizeof(T);
   using P = Pack<T, kValues, 16>;
   const int lane = threadIdx.x % kWarp;
