@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "quant/geglu_kernels.h"
@@ -182,6 +183,24 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
       cuda::W8A8GegluRowsSupported(s8.data_ptr(), 20496, 10248, cuda::ElemType::kHalf, sp));
 }
 
+// Calls check(shape, layer, bias, dtype) for a w8a8 layer of each shape (on the GPU), its
+// activation scales random and all ones, in fp16, bf16 and float32, under a trace naming them.
+template <typename F>
+void ForEachW8A8Layer(std::initializer_list<Shape> shapes, F&& check) {
+  for (Shape sh : shapes) {
+    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
+    const at::Tensor bias = at::randn({sh.n}).cuda();
+    for (bool ones : {false, true}) {
+      const QuantState sc =
+          OnCuda(*QuantizeW8A8(w, ones ? at::ones({sh.k}) : at::rand({sh.k}) + 0.5));
+      for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
+        SCOPED_TRACE(Name(sh, dt) + (ones ? " ones" : " random scales"));
+        check(sh, sc, bias, dt);
+      }
+    }
+  }
+}
+
 // Note [GEGLU linear op]: qpool::geglu_quant_linear on CUDA gives qpool::geglu then
 // qpool::quant_linear on CUDA, byte for byte: through the fused rows on 16-bit x where the int8
 // product runs (the warpgroup-MMA kernel at 2048 rows and on SDXL's two feed-forward widths at
@@ -190,19 +209,14 @@ TEST(W8A8Cuda, GegluRowsEqualGegluThenQuantize) {
 TEST(W8A8Cuda, GegluLinearEqualsGegluThenTheLinear) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(45);
-  for (Shape sh : {Shape{2048, 1280, 640}, Shape{100, 320, 256}, Shape{8, 64, 32},
-                   Shape{8192, 5120, 1280}, Shape{32768, 2560, 640}}) {
-    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
-    const at::Tensor bias = at::randn({sh.n}).cuda();
-    for (bool ones : {false, true}) {
-      const QuantState sc =
-          OnCuda(*QuantizeW8A8(w, ones ? at::ones({sh.k}) : at::rand({sh.k}) + 0.5));
-      for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
-        SCOPED_TRACE(Name(sh, dt) + (ones ? " ones" : " random scales"));
+  ForEachW8A8Layer(
+      {Shape{2048, 1280, 640}, Shape{100, 320, 256}, Shape{8, 64, 32}, Shape{8192, 5120, 1280},
+       Shape{32768, 2560, 640}},
+      [](Shape sh, const QuantState& sc, const at::Tensor& bias, at::ScalarType dt) {
         // [2, m / 2, 2k] where m is even: the op takes any leading dimensions.
         const at::Tensor x = (at::randn({sh.m, 2 * sh.k}) * 2).to(dt).cuda();
         const at::Tensor xv = sh.m % 2 == 0 ? x.view({2, sh.m / 2, 2 * sh.k}) : x;
-        if (dt != at::kFloat && sh.m >= kW8A8MinRows) {  // the cases meant for the fused rows
+        if (dt != at::kFloat && sh.m >= kW8A8MinRows) {  // meant for the fused rows
           ASSERT_TRUE(W8A8IntMatmulRuns(sh.m, sh.k, sh.n));
           ASSERT_TRUE(cuda::W8A8GegluRowsSupported(x.data_ptr(), 2 * sh.k, sh.k, ElemTypeOf(dt),
                                                    sc.code.data_ptr<float>()));
@@ -213,9 +227,7 @@ TEST(W8A8Cuda, GegluLinearEqualsGegluThenTheLinear) {
         EXPECT_TRUE(at::equal(got, want))
             << got.ne(want).sum().item<int64_t>() << " values differ, max "
             << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
-      }
-    }
-  }
+      });
 }
 
 // Note [Norm linear op]: qpool::layer_norm_quant_linear and add_layer_norm_quant_linear on CUDA
@@ -228,16 +240,10 @@ TEST(W8A8Cuda, NormLinearEqualsTheNormThenTheLinear) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(47);
   const double eps = 1e-5;
-  for (Shape sh :
-       {Shape{32768, 640, 1920}, Shape{8192, 1280, 1280}, Shape{8192, 1280, 10240},
-        Shape{4096, 320, 2560}, Shape{100, 320, 256}, Shape{64, 2560, 64}, Shape{8, 64, 32}}) {
-    const at::Tensor w = at::randn({sh.n, sh.k}) * 0.05;
-    const at::Tensor bias = at::randn({sh.n}).cuda();
-    for (bool ones : {false, true}) {
-      const QuantState sc =
-          OnCuda(*QuantizeW8A8(w, ones ? at::ones({sh.k}) : at::rand({sh.k}) + 0.5));
-      for (at::ScalarType dt : {at::kHalf, at::kBFloat16, at::kFloat}) {
-        SCOPED_TRACE(Name(sh, dt) + (ones ? " ones" : " random scales"));
+  ForEachW8A8Layer(
+      {Shape{32768, 640, 1920}, Shape{8192, 1280, 1280}, Shape{8192, 1280, 10240},
+       Shape{4096, 320, 2560}, Shape{100, 320, 256}, Shape{64, 2560, 64}, Shape{8, 64, 32}},
+      [eps](Shape sh, const QuantState& sc, const at::Tensor& bias, at::ScalarType dt) {
         const at::Tensor gamma = (at::rand({sh.k}) + 0.5).to(dt).cuda();
         const at::Tensor beta = at::randn({sh.k}).to(dt).cuda();
         // [2, m / 2, k]: the ops take any leading dimensions.
@@ -265,9 +271,7 @@ TEST(W8A8Cuda, NormLinearEqualsTheNormThenTheLinear) {
         const at::Tensor want_out = QuantLinear(normed, sc, bias);
         EXPECT_TRUE(at::equal(out, want_out))
             << out.ne(want_out).sum().item<int64_t>() << " differ";
-      }
-    }
-  }
+      });
 }
 
 bool Hopper() { return at::cuda::getCurrentDeviceProperties()->major == 9; }

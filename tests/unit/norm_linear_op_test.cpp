@@ -14,6 +14,7 @@
 #include "quant/quantizer.h"
 #include "testing/c10_error.h"
 #include "testing/op_schemas.h"
+#include "testing/quant_states.h"
 
 namespace qpool::quant {
 namespace {
@@ -31,23 +32,13 @@ TEST(NormQuantLinearOp, SchemasMatchTheExporter) {
             kAddLayerNormQuantLinearSchema);
 }
 
-QuantState FloatState(const at::Tensor& w) {
-  const at::Tensor e = at::empty({0});
-  return QuantState{w, e, e, e, e, e};
-}
-
 TEST(NormQuantLinearOp, EqualsTheNormThenTheLinearOnEveryFormat) {
   torch::manual_seed(37);
   const int64_t d = 64, n = 48;
   const double eps = 1e-5;
   const at::Tensor w = at::randn({n, d}) * 0.1;
   const at::Tensor bias = at::randn({n});
-  const std::vector<std::pair<std::string, QuantState>> states = {
-      {"none", FloatState(w)},
-      {"int8", *QuantizeInt8(w)},
-      {"nf4", *QuantizeNf4(w, 64, true)},
-      {"w8a8", *QuantizeW8A8(w, at::rand({d}) + 0.5)}};
-  for (const auto& [name, s] : states) {
+  for (const auto& [name, s] : testing::EveryFormat(w)) {
     for (at::ScalarType type : {at::kFloat, at::kHalf, at::kBFloat16}) {
       const at::Tensor gamma = (at::rand({d}) + 0.5).to(type);
       const at::Tensor beta = at::randn({d}).to(type);
