@@ -1,5 +1,6 @@
-"""The sequential offload policy through the real server: streamed pipelines (full precision and
-NF4 quantized at load) give the same images as resident ones, every request (Encode alone
+"""The sequential offload policy through the real server: streamed pipelines (full precision,
+NF4 quantized at load, and prequantized W8A8, whose UNet's norms hold the linears that read them:
+Note [Norm linear op]) give the same images as resident ones, every request (Encode alone
 included) ends with everything on the host, each streamed run is a memory event, and the
 settings show in ListPipelines."""
 
@@ -36,9 +37,9 @@ def setups(*fns):
 def client(make_server):  # the fixture's servers export /metrics
     return make_server(
         pipelines=("tiny", ("tiny", "tiny-seq"), "tiny-nf4", ("tiny-nf4", "tiny-nf4-seq"),
-                   ("tiny", "tiny-seq-coarse")),
+                   ("tiny", "tiny-seq-coarse"), "tiny-w8a8", ("tiny-w8a8", "tiny-w8a8-seq")),
         setup=setups(streamed("tiny-seq"), streamed("tiny-nf4-seq", prefetch=2, resident_mib=1),
-                     streamed("tiny-seq-coarse", group_mib=64)))
+                     streamed("tiny-seq-coarse", group_mib=64), streamed("tiny-w8a8-seq")))
 
 
 def events_since(client, sequence):
@@ -53,7 +54,8 @@ def last_sequence(client):
 
 
 @pytest.mark.parametrize("resident,streaming", [("tiny", "tiny-seq"), ("tiny", "tiny-seq-coarse"),
-                                                ("tiny-nf4", "tiny-nf4-seq")])
+                                                ("tiny-nf4", "tiny-nf4-seq"),
+                                                ("tiny-w8a8", "tiny-w8a8-seq")])
 def test_streamed_pipelines_give_the_same_images(client, resident, streaming):
     fields = dict(prompt="a red fox in the snow", seed=11, steps=3, num_images=2)
     expected = client.generate_one(pipeline=resident, **fields)
