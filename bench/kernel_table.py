@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where a profiled batch's device time went: a `--profile-dir` kernel table
 (<pipeline>-<n>.kernels.tsv, Note [Batch profiler]) grouped into kinds of work (matrix
-products, convolutions, attention, normalisation, rotary embedding, copies, elementwise), each
-with its share and its largest kernels.
+products, convolutions, attention, normalisation, rotary embedding, copies, elementwise, and
+the passes that quantize w8a8 activations), each with its share and its largest kernels.
 
     python3 bench/kernel_table.py DIR/flux-bf16-1.kernels.tsv [--top 3] [--json]
 
@@ -24,6 +24,10 @@ import sys
 NORM = r"norm|welford|var_mean|std_mean"
 # First match wins: more specific names before the general ones.
 GROUPS = (
+    # qpool's passes that quantize a w8a8 linear's input rows: alone (QuantizeHeldRowsKernel,
+    # QuantizeRowsKernel, the GEGLU's rows among them) or in a norm's kernel (LayerNormKernel
+    # whose last template argument, kQuantize, is true; Note [Quantized norm rows]).
+    ("quantizing", r"QuantizeHeldRows|QuantizeRowsKernel|LayerNormKernel<[^()]*, true>"),
     ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn_generated"),
     ("rotary embedding", r"rope"),
     ("quantized linear", r"w8a8|quantlinear|quant_linear|dequant|nf4|int8|_int_mm"),

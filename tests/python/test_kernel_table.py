@@ -28,6 +28,17 @@ import kernel_table  # noqa: E402
      "long, __half*, long, long)", "elementwise"),
     ("void qpool::quant::cuda::(anonymous namespace)::CatGeluKernel<__nv_bfloat16, 8, 16>",
      "elementwise"),
+    # The passes that quantize w8a8 activations, a norm's kernel among them when it quantizes.
+    ("void qpool::quant::cuda::(anonymous namespace)::QuantizeHeldRowsKernel<qpool::quant::cuda::"
+     "(anonymous namespace)::GegluRows<__half>, 128, 5>(qpool::quant::cuda::(anonymous namespace)"
+     "::GegluRows<__half>, float const*, long, long, signed char*, float*, float*)",
+     "quantizing"),
+    ("void qpool::quant::cuda::(anonymous namespace)::LayerNormKernel<__half, 5, true, true>("
+     "__half const*, __half const*, __half const*, __half const*, __half*, __half*, long, int, "
+     "float, qpool::quant::cuda::(anonymous namespace)::RowsOut)", "quantizing"),
+    ("void qpool::quant::cuda::(anonymous namespace)::LayerNormKernel<__half, 5, true, false>("
+     "__half const*, __half const*, __half const*, __half const*, __half*, __half*, long, int, "
+     "float, qpool::quant::cuda::(anonymous namespace)::RowsOut)", "normalisation"),
     # Inductor's kernels: named after what they fuse, grouped by what they are.
     ("triton_poi_fused_convolution_silu_3", "generated fused"),
     ("triton_poi_fused__scaled_dot_product_cudnn_attention_5", "generated fused"),
