@@ -245,8 +245,15 @@ def fidelity(work: str, base: str, name: str) -> dict:
 
     sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
     from png_reader import read_png  # the tests' stdlib PNG decoder
+    try:  # Pillow (diffusers needs it) decodes in C; the stdlib reader takes seconds at 1024²
+        from PIL import Image
+    except ImportError:
+        Image = None
 
     def pixels(path):
+        if Image is not None:
+            with Image.open(path) as image:
+                return np.asarray(image, dtype=np.uint8).astype(np.float64).ravel()
         with open(path, "rb") as f:
             png = read_png(f.read())
         return np.frombuffer(b"".join(png.rows), dtype=np.uint8).astype(np.float64)
