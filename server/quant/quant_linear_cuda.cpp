@@ -460,8 +460,10 @@ std::optional<at::Tensor> NormW8A8Linear(const at::Tensor& x, const at::Tensor* 
                                          const at::Tensor& norm_weight, const at::Tensor& norm_bias,
                                          double eps, const QuantState& s, const QuantLayout& layout,
                                          const std::optional<at::Tensor>& bias, at::Tensor* sum) {
-  if (layout.format != QuantFormat::kW8A8 || !HasElemType(x.scalar_type())) return std::nullopt;
   const int64_t d = layout.in_features, n = layout.out_features;
+  if (layout.format != QuantFormat::kW8A8 || !HasElemType(x.scalar_type()) || d == 0) {
+    return std::nullopt;
+  }
   const int64_t m = x.numel() / d;
   if (!W8A8IntMatmulRuns(m, d, n)) return std::nullopt;
   const at::Tensor xc = x.contiguous();

@@ -380,7 +380,7 @@ ADD_LAYER_NORM_SCHEMA = \
 
 
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                    eps: float) -> torch.Tensor:
+                   eps: float) -> torch.Tensor:
     """aten::layer_norm over the last dimension: qpool::layer_norm's reference."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps).contiguous()
 
@@ -391,7 +391,7 @@ def _layer_norm_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
 
 
 def add_layer_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                       bias: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, its layer_norm): qpool::add_layer_norm's reference, the unfused operations
     (Note [Residual layer norm] in server/quant/layer_norm_op.h)."""
     total = (x + residual).contiguous()
