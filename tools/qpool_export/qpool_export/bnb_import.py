@@ -170,15 +170,13 @@ def install(module: torch.nn.Module, layers: Dict[str, quant.State], where: str)
     """Puts a QuantLinear holding each converted layer's bytes in place of module's nn.Linear of
     the same name; returns how many."""
     for prefix, qstate in layers.items():
-        parent_name, _, attr = prefix.rpartition(".")
         try:
-            parent = module.get_submodule(parent_name) if parent_name else module
-            linear = getattr(parent, attr)
+            linear = module.get_submodule(prefix) if prefix else None
         except AttributeError:
             linear = None
         if not isinstance(linear, torch.nn.Linear):
             raise ImportFailure(f"{where}: quantized layer '{prefix}' is not a linear layer of "
                                 f"the architecture")
-        setattr(parent, attr, quant.QuantLinear(linear.in_features, linear.out_features, qstate,
-                                                linear.bias))
+        quant.replace_submodule(module, prefix, quant.QuantLinear(
+            linear.in_features, linear.out_features, qstate, linear.bias))
     return len(layers)

@@ -474,7 +474,8 @@ class NormQuantLinear(QuantLinear):
                                                        self.eps, *state)
 
 
-def _replace(module: nn.Module, name: str, new: nn.Module) -> None:
+def replace_submodule(module: nn.Module, name: str, new: nn.Module) -> None:
+    """Puts `new` in place of module's submodule `name` (a qualified name, not empty)."""
     parent, _, attr = name.rpartition(".")
     setattr(module.get_submodule(parent) if parent else module, attr, new)
 
@@ -495,8 +496,8 @@ def fuse_norm_linears(module: nn.Module) -> int:
             continue
         if type(linear) is not QuantLinear or linear.format != "w8a8":
             continue
-        _replace(module, f.producer, NormQuantLinear(norm, linear, residual))
-        _replace(module, f.consumer, nn.Identity())
+        replace_submodule(module, f.producer, NormQuantLinear(norm, linear, residual))
+        replace_submodule(module, f.consumer, nn.Identity())
         count += 1
     return count
 
@@ -536,12 +537,10 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
         raise ValueError(f"no nn.Linear layers to quantize in {type(module).__name__}"
                          + (f" ({skipped} skipped)" if skipped else ""))
     for qualified in targets:
-        parent_name, _, attr = qualified.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        if not attr:
+        if not qualified:
             raise ValueError("the module itself is an nn.Linear; wrap it in a container")
-        linear = getattr(parent, attr)
-        setattr(parent, attr, QuantLinear.from_linear(linear, fmt, blocksize, double_quant,
-                                                      prequantize, qualified,
-                                                      smooth.get(qualified)))
+        linear = module.get_submodule(qualified)
+        replace_submodule(module, qualified,
+                          QuantLinear.from_linear(linear, fmt, blocksize, double_quant,
+                                                  prequantize, qualified, smooth.get(qualified)))
     return len(targets)
