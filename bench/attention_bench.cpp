@@ -100,20 +100,14 @@ void BM_Rope(benchmark::State& state, bool fused) {
 
 void RegisterAll() {
   for (bool fused : {false, true}) {
-    benchmark::RegisterBenchmark(
-        fused ? "rope/flux_q_4608x24x128_bf16/qpool" : "rope/flux_q_4608x24x128_bf16/aten", BM_Rope,
-        fused)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->Iterations(kSamples);
+    bench::RegisterTimed(
+        fused ? "rope/flux_q_4608x24x128_bf16/qpool" : "rope/flux_q_4608x24x128_bf16/aten",
+        kSamples, BM_Rope, fused);
   }
   for (const AttentionShape& s : kShapes) {
     for (const char* backend : kBackends) {
       const std::string name = std::string("attention/") + s.name + "/" + backend;
-      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, std::string(backend))
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(kSamples);
+      bench::RegisterTimed(name, kSamples, BM_Attention, s, std::string(backend));
     }
   }
 }

@@ -255,10 +255,7 @@ void RegisterAll() {
         Named{"quantized_norm_rows/sdxl_b4_8x1024x1280_fp16", &QuantizedNormRowsSdxl1024Case}}) {
     for (bool fused : {false, true}) {
       const std::string name = std::string(op.name) + (fused ? "/qpool" : "/aten");
-      benchmark::RegisterBenchmark(name.c_str(), BM_Op, op.make, fused)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(kSamples);
+      bench::RegisterTimed(name, kSamples, BM_Op, op.make, fused);
     }
   }
 }

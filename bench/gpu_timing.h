@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_common.h"
@@ -81,6 +82,16 @@ double MedianMicros(Fn&& fn, benchmark::State& state, double* host_us = nullptr)
   }
   if (host_us != nullptr) *host_us = Median(host);
   return Median(t);
+}
+
+// Registers a benchmark timed by MedianMicros(fn, state): manual time in microseconds, one
+// sample per iteration, `samples` iterations.
+template <typename... Args>
+void RegisterTimed(const std::string& name, int samples, Args&&... args) {
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<Args>(args)...)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->Iterations(samples);
 }
 
 // The GPU's name and the CUDA runtime and driver versions in Google Benchmark's context (its

@@ -317,10 +317,7 @@ void RegisterAll() {
       for (int64_t m : {616, 8192, 32768}) {
         const std::string name = std::string(unit ? "w8a8_quantize_unit" : "w8a8_quantize") +
                                  "/K:" + std::to_string(k) + "/M:" + std::to_string(m);
-        benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Quantize, k, m, unit)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->Iterations(kSamples);
+        bench::RegisterTimed(name, kSamples, BM_W8A8Quantize, k, m, unit);
       }
     }
   }
@@ -330,10 +327,7 @@ void RegisterAll() {
     for (int64_t m : {8192, 32768}) {
       const std::string name =
           "w8a8_geglu_quantize/D:" + std::to_string(d) + "/M:" + std::to_string(m);
-      benchmark::RegisterBenchmark(name.c_str(), BM_W8A8GegluQuantize, d, m)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(kSamples);
+      bench::RegisterTimed(name, kSamples, BM_W8A8GegluQuantize, d, m);
     }
   }
   const std::pair<const char*, cuda::W8A8Tiles> tile_kinds[] = {
@@ -345,10 +339,7 @@ void RegisterAll() {
       for (const auto& [tiles_name, tiles] : tile_kinds) {
         const std::string name = std::string("w8a8_product/") + shape.name +
                                  "/M:" + std::to_string(m) + "/" + tiles_name;
-        benchmark::RegisterBenchmark(name.c_str(), BM_W8A8Product, shape, m, tiles)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->Iterations(kSamples);
+        bench::RegisterTimed(name, kSamples, BM_W8A8Product, shape, m, tiles);
       }
     }
   }
@@ -363,10 +354,7 @@ void RegisterAll() {
         if (v.path == CudaPath::kMma && m > 16) continue;
         const std::string name =
             std::string("quant_linear/") + shape.name + "/" + v.name + "/M:" + std::to_string(m);
-        benchmark::RegisterBenchmark(name.c_str(), BM_QuantLinear, shape, v, m)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->Iterations(kSamples);
+        bench::RegisterTimed(name, kSamples, BM_QuantLinear, shape, v, m);
       }
     }
   }
