@@ -5,14 +5,27 @@ then with each convolution's weight and input rounded to int8 as Int8Conv2d take
 other layer unchanged; each variant's decoded images against the unquantized ones (PSNR, largest
 difference in 8-bit levels).
 
-Variants: `none` (the unquantized pipeline again: the comparison's floor), `weights`
-(per-output-channel int8 weights alone), `per_batch` (and the input with one scale for the whole
-batch, guidance's two halves included: what Int8Conv2d computes), `per_image` (one scale per image
-of the batch, for comparison). Convolutions whose channel counts are not multiples of 16 (the
-UNet's first and last) stay as they are, as in Int8Conv2d. A random-weight UNet can turn small
-differences into different images over 30 guided steps, so each convolution's own error is
-measured too: during one unquantized generation, ||conv_q(x) - conv(x)|| / ||conv(x)|| on the
-input it was given (the largest over the generation's calls).
+Variants:
+- `none`: the unquantized pipeline again (the comparison's floor);
+- `linears`: the UNet's linear weights rounded to int8 per output row, its convolutions untouched
+  (how much the pipeline itself turns small changes into different images);
+- `linears_w8a8`: the linears as the w8a8 format computes them (int8 weights per output row, int8
+  inputs per token), the convolutions untouched;
+- `weights`: the convolutions' per-output-channel int8 weights alone;
+- `per_batch`: and their inputs with one scale for the whole batch, guidance's two halves
+  included (what Int8Conv2d computes);
+- `per_image`: one input scale per image of the batch, for comparison;
+- `smooth`: per batch, after SmoothQuant's per-input-channel factors max|x_c|^0.5 / max|w_c|^0.5,
+  divided out of the input and into the weight (taken from each call's own input: an upper bound
+  for calibrated factors);
+- `asymmetric`: per batch, 256 levels between the input's minimum and maximum, zero exact;
+- `fp8`: per batch, float8 e4m3 scaled to the input's absmax, and the weight in float8 per output
+  channel (an fp8 convolution).
+Convolutions whose channel counts are not multiples of 16 (the UNet's first and last) stay as they
+are, as in Int8Conv2d. A random-weight UNet can turn small differences into different images over
+30 guided steps, so each convolution's own error is measured too: during one unquantized
+generation, ||conv_q(x) - conv(x)|| / ||conv(x)|| on the input it was given (the largest over the
+generation's calls).
 
   bench/conv_quant_accuracy.py --model sdxl --tokenizer build/test-models/tiny/tokenizer \\
       --work /tmp/convq --out conv_int8_accuracy.json
@@ -32,8 +45,11 @@ from bench_models import MODELS, build  # noqa: E402
 
 PROMPTS = ["a red fox in the snow", "a lighthouse at dusk, oil painting",
            "a bowl of ramen, studio photo", "an old map of a harbour town"]
-VARIANTS = ("none", "weights", "per_batch", "per_image")
-INPUT_DIMS = {"per_batch": (0, 1, 2, 3), "per_image": (1, 2, 3)}
+VARIANTS = ("none", "linears", "linears_w8a8", "weights", "per_batch", "per_image", "smooth",
+            "asymmetric", "fp8")
+# The input variants: the dimensions one activation scale covers.
+INPUT_DIMS = {"per_batch": (0, 1, 2, 3), "per_image": (1, 2, 3), "smooth": (0, 1, 2, 3),
+              "asymmetric": (0, 1, 2, 3), "fp8": (0, 1, 2, 3)}
 
 
 def int8_rows(t: torch.Tensor, dims) -> torch.Tensor:
@@ -44,27 +60,74 @@ def int8_rows(t: torch.Tensor, dims) -> torch.Tensor:
     return ((f / scale).round().clamp(-127, 127) * scale).to(t.dtype)
 
 
+def uint8_range(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to 256 levels between its minimum and maximum, with 0 a level (an int8 zero
+    point), returned dequantized in t's dtype."""
+    f = t.float()
+    low, high = min(f.min().item(), 0.0), max(f.max().item(), 0.0)
+    scale = max(high - low, 1e-12) / 255
+    zero = round(-low / scale)
+    return ((f / scale).round().add(zero).clamp(0, 255).sub(zero) * scale).to(t.dtype)
+
+
+def float8(t: torch.Tensor, dims=None) -> torch.Tensor:
+    """t scaled so its absmax (over `dims`, default all) is e4m3's largest value (448), rounded to
+    float8 e4m3, scaled back."""
+    f = t.float()
+    dims = dims if dims is not None else tuple(range(t.dim()))
+    scale = f.abs().amax(dim=dims, keepdim=True).clamp_min(1e-12) / 448
+    return ((f / scale).to(torch.float8_e4m3fn).float() * scale).to(t.dtype)
+
+
+def smoothing(x: torch.Tensor, w: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factors for a convolution: max|x_c|^a / max|w_c|^(1-a)."""
+    xs = x.float().abs().amax(dim=(0, 2, 3)).clamp_min(1e-5)
+    ws = w.float().abs().amax(dim=(0, 2, 3)).clamp_min(1e-5)
+    return (xs.pow(alpha) / ws.pow(1 - alpha)).clamp_min(1e-5)
+
+
+def quantized_conv(m, x: torch.Tensor, variant: str) -> torch.Tensor:
+    """Convolution `m` of `x` with its weight and input rounded to int8 as `variant` says."""
+    w = m.weight
+    if variant == "smooth":
+        s = smoothing(x, w).view(1, -1, 1, 1)
+        x, w = (x.float() / s).to(x.dtype), (w.float() * s).to(w.dtype)
+    rounded = {"asymmetric": uint8_range, "fp8": float8}.get(
+        variant, lambda t: int8_rows(t, INPUT_DIMS[variant]))(x)
+    weight = float8(w, (1, 2, 3)) if variant == "fp8" else int8_rows(w, (1, 2, 3))
+    return torch.nn.functional.conv2d(rounded, weight, m.bias, m.stride, m.padding, m.dilation,
+                                      m.groups)
+
+
 def eligible(module) -> bool:
     return (isinstance(module, torch.nn.Conv2d) and module.in_channels % 16 == 0
             and module.out_channels % 16 == 0 and module.groups == 1)
 
 
 class Quantized:
-    """The UNet's eligible convolutions with int8 weights and, unless `variant` is `weights`, int8
-    inputs; undone on exit."""
+    """The UNet's eligible convolutions with int8 weights and, for the input variants, int8
+    inputs (`linears`: its linear layers' weights instead); undone on exit."""
 
     def __init__(self, unet, variant: str):
-        self.convs = [m for m in unet.modules() if eligible(m)]
+        if variant.startswith("linears"):
+            self.convs = [m for m in unet.modules() if isinstance(m, torch.nn.Linear)]
+        else:
+            self.convs = [m for m in unet.modules() if eligible(m)]
         self.variant, self.saved, self.hooks = variant, [], []
 
     def __enter__(self):
         for conv in self.convs if self.variant != "none" else []:
+            if self.variant in INPUT_DIMS:  # the output replaced by the quantized convolution's
+                self.hooks.append(conv.register_forward_hook(
+                    lambda m, args, _out: quantized_conv(m, args[0], self.variant)))
+                continue
+            if self.variant == "linears_w8a8":  # per-token inputs, per-row weights
+                self.hooks.append(conv.register_forward_hook(
+                    lambda m, args, _out: torch.nn.functional.linear(
+                        int8_rows(args[0], (-1,)), int8_rows(m.weight, (1,)), m.bias)))
+                continue
             self.saved.append(conv.weight.data)
-            conv.weight.data = int8_rows(conv.weight.data, (1, 2, 3))
-            if self.variant in INPUT_DIMS:
-                dims = INPUT_DIMS[self.variant]
-                self.hooks.append(conv.register_forward_pre_hook(
-                    lambda _m, args, dims=dims: (int8_rows(args[0], dims),) + args[1:]))
+            conv.weight.data = int8_rows(conv.weight.data, tuple(range(1, conv.weight.dim())))
         return self
 
     def __exit__(self, *exc):
@@ -75,20 +138,18 @@ class Quantized:
 
 
 class LayerErrors:
-    """Each eligible convolution's relative output error had its weight and input been int8 (input
-    scales over `dims`), on the inputs of an unquantized run: the largest over its calls."""
+    """Each eligible convolution's relative output error had its weight and input been int8 as
+    input variant `variant` says, on the inputs of an unquantized run: the largest over its
+    calls."""
 
-    def __init__(self, unet, dims):
-        self.errors, self.dims = {}, dims
+    def __init__(self, unet, variant: str):
+        self.errors, self.variant = {}, variant
         self.hooks = [m.register_forward_hook(self._hook(name))
                       for name, m in unet.named_modules() if eligible(m)]
 
     def _hook(self, name):
         def hook(m, args, out):
-            q = torch.nn.functional.conv2d(int8_rows(args[0], self.dims),
-                                           int8_rows(m.weight, (1, 2, 3)), m.bias, m.stride,
-                                           m.padding, m.dilation, m.groups).float()
-            ref = out.float()
+            q, ref = quantized_conv(m, args[0], self.variant).float(), out.float()
             err = ((q - ref).norm() / ref.norm().clamp_min(1e-30)).item()
             self.errors[name] = max(self.errors.get(name, 0.0), err)
         return hook
@@ -107,7 +168,7 @@ def images(pipe, a) -> list:
     for i, prompt in enumerate(PROMPTS[:a.images]):
         result = pipe(prompt, height=a.size, width=a.size, num_inference_steps=a.steps,
                       guidance_scale=7.5, output_type="np",
-                      generator=torch.Generator("cuda").manual_seed(i))
+                      generator=torch.Generator(a.device).manual_seed(i))
         out.append((result.images[0] * 255).round().astype(np.uint8))
     return out
 
@@ -133,22 +194,28 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--images", type=int, default=4, choices=range(1, len(PROMPTS) + 1))
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: float32, a smoke test with --tiny")
+    p.add_argument("--tiny", action="store_true", help="the model's layout at toy widths")
+    p.add_argument("--size", type=int, help="image side (default: the model's)")
     p.add_argument("--out")
     a = p.parse_args()
-    a.size = MODELS[a.model]["size"]
+    a.size = a.size or MODELS[a.model]["size"]
     from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    src = os.path.join(a.work, a.model)
+    src = os.path.join(a.work, a.model + ("-tiny" if a.tiny else ""))
     if not os.path.exists(os.path.join(src, "model_index.json")):
-        build(a.model, src, a.tokenizer)
+        build(a.model, src, a.tokenizer, a.device, a.tiny)
     cls = StableDiffusionXLPipeline if a.model == "sdxl" else StableDiffusionPipeline
-    pipe = cls.from_pretrained(src, torch_dtype=torch.float16).to("cuda")
+    dtype = torch.float16 if a.device == "cuda" else torch.float32
+    pipe = cls.from_pretrained(src, torch_dtype=dtype).to(a.device)
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     convs = [m for m in pipe.unet.modules() if isinstance(m, torch.nn.Conv2d)]
     result = {"model": a.model, "size": a.size, "steps": a.steps, "images": a.images,
-              "guidance_scale": 7.5, "scheduler": "DDIM", "dtype": "float16",
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "guidance_scale": 7.5, "scheduler": "DDIM", "dtype": str(dtype), "tiny": a.tiny,
+              "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+              "torch": torch.__version__,
               "unet_convolutions": len(convs),
               "quantized_convolutions": sum(eligible(m) for m in convs), "variants": {}}
     with torch.inference_mode():
@@ -160,8 +227,8 @@ def main() -> int:
                 result["variants"][variant] = compare(reference, images(pipe, a))
             print(variant, json.dumps(result["variants"][variant]), flush=True)
         result["layer_relative_error"] = {}
-        for variant, dims in INPUT_DIMS.items():
-            errors = LayerErrors(pipe.unet, dims)
+        for variant in INPUT_DIMS:
+            errors = LayerErrors(pipe.unet, variant)
             images(pipe, argparse.Namespace(**{**vars(a), "images": 1}))
             result["layer_relative_error"][variant] = errors.summary()
             print(variant, json.dumps(result["layer_relative_error"][variant]), flush=True)

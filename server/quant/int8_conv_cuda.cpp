@@ -356,6 +356,7 @@ at::Tensor Int8Conv2d(const at::Tensor& x, const at::Tensor& x_scale, const at::
   const at::Tensor y =
       at::empty({key.n, key.k, ho, wo},
                 x.options().dtype(out_dtype).memory_format(at::MemoryFormat::ChannelsLast));
+  if (y.numel() == 0) return y;  // an empty batch: nothing for cuDNN to do
   for (const at::Tensor* t : {&x, &weight, &y}) {
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
                 "Int8Conv2d: every tensor must start at a 16-byte boundary");

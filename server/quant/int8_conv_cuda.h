@@ -20,6 +20,8 @@ namespace qpool::quant::cuda {
 // memory of logical NCHW tensors, the memory the UNets run in on CUDA). cuDNN's runtime-fusion
 // engines compile the graph for the device; int8 with a float output and no fused epilogue has no
 // tensor-core engine there, which is why the scales live in the graph and not in a second pass.
+// One scale for a batch loses far more than the w8a8 linears' per-token scales (bench/results):
+// which convolutions, if any, may take int8 inputs is measured before a model calls this.
 //
 // Plans are built once per (device, sizes, stride, padding, output dtype, bias) and cached for
 // the process's life. The first call of a shape outside stream capture times the engine
