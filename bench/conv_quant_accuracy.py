@@ -27,6 +27,10 @@ are, as in Int8Conv2d. A random-weight UNet can turn small differences into diff
 generation, ||conv_q(x) - conv(x)|| / ||conv(x)|| on the input it was given (the largest over the
 generation's calls).
 
+`--sweep VARIANT` then rounds one convolution at a time as VARIANT does and compares the first
+image, and finally rounds together every convolution that alone kept `--sweep-db` or more: which
+convolutions could take int8 inputs, and what all of them at once cost.
+
   bench/conv_quant_accuracy.py --model sdxl --tokenizer build/test-models/tiny/tokenizer \\
       --work /tmp/convq --out conv_int8_accuracy.json
 """
@@ -108,8 +112,10 @@ class Quantized:
     """The UNet's eligible convolutions with int8 weights and, for the input variants, int8
     inputs (`linears`: its linear layers' weights instead); undone on exit."""
 
-    def __init__(self, unet, variant: str):
-        if variant.startswith("linears"):
+    def __init__(self, unet, variant: str, only=None):
+        if only is not None:  # these convolutions alone
+            self.convs = list(only)
+        elif variant.startswith("linears"):
             self.convs = [m for m in unet.modules() if isinstance(m, torch.nn.Linear)]
         else:
             self.convs = [m for m in unet.modules() if eligible(m)]
@@ -186,6 +192,25 @@ def compare(reference: list, other: list) -> dict:
             "max_abs_diff": largest}
 
 
+def sweep(pipe, a, reference) -> dict:
+    """Each eligible convolution rounded alone as `a.sweep` says (first image's PSNR), then every
+    one that kept `a.sweep_db` rounded together."""
+    one = argparse.Namespace(**{**vars(a), "images": 1})
+    named = [(name, m) for name, m in pipe.unet.named_modules() if eligible(m)]
+    alone = {}
+    for name, conv in named:
+        with Quantized(pipe.unet, a.sweep, only=[conv]):
+            alone[name] = compare([reference], images(pipe, one))["psnr_db"][0]
+    kept = [conv for name, conv in named if alone[name] >= a.sweep_db]
+    with Quantized(pipe.unet, a.sweep, only=kept):
+        together = compare([reference], images(pipe, one))["psnr_db"][0]
+    out = {"variant": a.sweep, "threshold_db": a.sweep_db, "kept": len(kept),
+           "of": len(named), "kept_together_psnr_db": together,
+           "alone_psnr_db": dict(sorted(alone.items(), key=lambda kv: kv[1]))}
+    print("sweep", json.dumps({k: v for k, v in out.items() if k != "alone_psnr_db"}), flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="sd15")
@@ -198,6 +223,10 @@ def main() -> int:
                    help="cpu: float32, a smoke test with --tiny")
     p.add_argument("--tiny", action="store_true", help="the model's layout at toy widths")
     p.add_argument("--size", type=int, help="image side (default: the model's)")
+    p.add_argument("--sweep", choices=sorted(INPUT_DIMS),
+                   help="also round one convolution at a time (first image only)")
+    p.add_argument("--sweep-db", type=float, default=40.0,
+                   help="the PSNR a convolution must keep alone to join the sweep's final set")
     p.add_argument("--out")
     a = p.parse_args()
     a.size = a.size or MODELS[a.model]["size"]
@@ -232,6 +261,8 @@ def main() -> int:
             images(pipe, argparse.Namespace(**{**vars(a), "images": 1}))
             result["layer_relative_error"][variant] = errors.summary()
             print(variant, json.dumps(result["layer_relative_error"][variant]), flush=True)
+        if a.sweep:
+            result["sweep"] = sweep(pipe, a, reference[0])
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=2)

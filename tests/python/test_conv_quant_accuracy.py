@@ -125,7 +125,8 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_toy_widths(tmp_path):
     subprocess.run([sys.executable, str(script), "--model", "sd15", "--tiny", "--device", "cpu",
                     "--size", "64", "--steps", "2", "--images", "1", "--tokenizer",
                     str(tokenizer), "--work", str(tmp_path / "work"), "--variants",
-                    "none,weights,per_batch", "--out", str(out)], check=True, timeout=600,
+                    "none,weights,per_batch", "--sweep", "per_batch", "--out", str(out)],
+                   check=True, timeout=600,
                    capture_output=True)
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["tiny"]
@@ -136,3 +137,6 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_toy_widths(tmp_path):
         errors = result["layer_relative_error"][variant]
         assert errors["layers"] == result["quantized_convolutions"]
         assert 0 < errors["median"] <= errors["max"] < 0.1
+    sweep = result["sweep"]
+    assert sweep["of"] == result["quantized_convolutions"] == len(sweep["alone_psnr_db"])
+    assert sweep["kept"] == sum(p >= sweep["threshold_db"] for p in sweep["alone_psnr_db"].values())
