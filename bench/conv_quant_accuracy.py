@@ -192,10 +192,15 @@ def compare(reference: list, other: list) -> dict:
             "max_abs_diff": largest}
 
 
+def first_image(a) -> argparse.Namespace:
+    """`a` asking for one image."""
+    return argparse.Namespace(**{**vars(a), "images": 1})
+
+
 def sweep(pipe, a, reference) -> dict:
     """Each eligible convolution rounded alone as `a.sweep` says (first image's PSNR), then every
     one that kept `a.sweep_db` rounded together."""
-    one = argparse.Namespace(**{**vars(a), "images": 1})
+    one = first_image(a)
     named = [(name, m) for name, m in pipe.unet.named_modules() if eligible(m)]
     alone = {}
     for name, conv in named:
@@ -258,7 +263,7 @@ def main() -> int:
         result["layer_relative_error"] = {}
         for variant in INPUT_DIMS:
             errors = LayerErrors(pipe.unet, variant)
-            images(pipe, argparse.Namespace(**{**vars(a), "images": 1}))
+            images(pipe, first_image(a))
             result["layer_relative_error"][variant] = errors.summary()
             print(variant, json.dumps(result["layer_relative_error"][variant]), flush=True)
         if a.sweep:

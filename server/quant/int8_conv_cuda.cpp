@@ -358,20 +358,18 @@ at::Tensor Int8Conv2d(const at::Tensor& x, const at::Tensor& x_scale, const at::
       at::empty({key.n, key.k, ho, wo},
                 x.options().dtype(out_dtype).memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;  // an empty batch: nothing for cuDNN to do
-  for (const at::Tensor* t : {&x, &weight, &y}) {
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
-                "Int8Conv2d: every tensor must start at a 16-byte boundary");
-  }
   // The batch's one activation scale goes into the weight scales here: cuDNN's fused engines
   // take per-channel factors, not per-image ones (Note [Int8 convolutions]).
   const at::Tensor scale = weight_scale * x_scale;
   Pack pack{{kX, kW, kScale, kY},
             {x.data_ptr(), weight.data_ptr(), scale.data_ptr(), y.data_ptr()}};
   if (bias.defined()) {
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0,
-                "Int8Conv2d: every tensor must start at a 16-byte boundary");
     pack.uids.push_back(kBias);
     pack.pointers.push_back(bias.data_ptr());
+  }
+  for (const void* p : pack.pointers) {
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+                "Int8Conv2d: every tensor must start at a 16-byte boundary");
   }
 
   const cudnnHandle_t handle = at::native::getCudnnHandle();
