@@ -340,7 +340,7 @@ def main() -> int:
                    help="only the diffusers peers: no import, no qpool-server (e.g. a slow "
                         "max-autotune peer on a GPU of its own)")
     p.add_argument("--server-args", default="",
-                   help="more qpool-server flags, space-separated, e.g. '--cudnn-benchmark off'")
+                   help="more qpool-server flags, space-separated, e.g. '--max-queue 64'")
     p.add_argument("--attention", default="auto",
                    help="comma list of qpool-server --attention values: every pipeline is timed "
                         "with each ('NAME@cudnn' etc. beside NAME for auto), images compared")
