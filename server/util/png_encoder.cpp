@@ -96,6 +96,16 @@ uint64_t Cost(const uint8_t* f, size_t n) {
 // way. Each piece compresses from an empty window: 64-row pieces of a 512-pixel-wide image came
 // out about 2% larger than one stream.
 
+// Note [Run-length deflate]
+// Every generated image is encoded on the request path, and zlib's string matching (its default
+// strategy) is what costs there, most of all on smooth images, where level 6 searches long hash
+// chains of near-repeats. Once rows are filtered (Sub, Up, Average, Paeth), what repeats in an
+// image is mostly runs of one byte (zero differences in flat regions), which Z_RLE finds without
+// searching the window, and Huffman coding does the rest. On the adaptively filtered rows of
+// smooth, textured and noise images it is faster than level 6 and level 1, and its files are
+// smaller than level 6's, or as large on noise, which nothing compresses (bench/png_bench;
+// bench/results/png_cpu.json). The stream is ordinary deflate: any decoder reads it.
+
 struct Piece {
   std::vector<uint8_t> deflated;
   uLong adler = 0;
@@ -137,7 +147,8 @@ void EncodePiece(const uint8_t* rgb, size_t stride, int first, int last, bool fi
   piece->adler = adler32_z(adler32(0L, Z_NULL, 0), filtered.data(), filtered.size());
 
   z_stream z{};
-  if (deflateInit2(&z, level, Z_DEFLATED, /*windowBits=*/-15, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+  const int strategy = options.search == PngOptions::Search::kRuns ? Z_RLE : Z_DEFAULT_STRATEGY;
+  if (deflateInit2(&z, level, Z_DEFLATED, /*windowBits=*/-15, 8, strategy) != Z_OK) {
     return;
   }
   // deflateBound covers the final block; a full flush adds at most a few bytes.

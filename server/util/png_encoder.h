@@ -7,8 +7,8 @@
 namespace qpool {
 
 struct PngOptions {
-  // zlib level 0..9; 6 is zlib's default: within a few percent of 9's size at a fraction of the
-  // time, which matters when every generated image is encoded on the request path.
+  // zlib level 0..9 of Search::kMatches; 6 is zlib's default: within a few percent of 9's size
+  // at a fraction of the time. With Search::kRuns any level but 0 (stored) deflates alike.
   int compression_level = 6;
   // Pick each row's filter (None/Sub/Up/Average/Paeth) by the minimum-sum-of-absolute-
   // differences heuristic; smooth generated images shrink by roughly a third over filter 0.
@@ -18,6 +18,11 @@ struct PngOptions {
   int rows_per_piece = 64;
   // Pieces encoded at once: 0 is one per piece, up to the hardware's threads and 8.
   int threads = 0;
+  // How deflate looks for repeats (Note [Run-length deflate] in png_encoder.cpp). kRuns: runs of
+  // one byte only (zlib's Z_RLE), what filtered image rows mostly repeat. kMatches: zlib's
+  // string matching at compression_level, for the smallest files.
+  enum class Search { kRuns, kMatches };
+  Search search = Search::kRuns;
 };
 
 // Encodes `height` rows of `width` packed RGB pixels (3 bytes each, no row padding) as a PNG

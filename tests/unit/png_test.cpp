@@ -213,6 +213,30 @@ TEST(PngEncoder, PiecesDecodeAsOneStreamWhateverTheThreads) {
   }
 }
 
+// Note [Run-length deflate]: run-length deflate (the default) and string matching are two
+// encodings of the same pixels.
+TEST(PngEncoder, RunsAndMatchesDecodeToTheSamePixels) {
+  const int w = 130, h = 90;
+  std::vector<uint8_t> px = Gradient(w, h);
+  std::mt19937 rng(3);
+  for (size_t i = 0; i < px.size(); i += 7) px[i] = static_cast<uint8_t>(rng());
+  PngOptions runs;
+  runs.rows_per_piece = 16;
+  EXPECT_EQ(runs.search, PngOptions::Search::kRuns);
+  const std::string by_runs = EncodePng(px.data(), w, h, runs);
+  EXPECT_EQ(by_runs, EncodePng(px.data(), w, h, PngOptions{6, true, 16}));
+  std::vector<int> types;
+  EXPECT_EQ(Decode(by_runs, w, h, &types), px);
+  for (int level : {1, 6, 9}) {
+    PngOptions matches = runs;
+    matches.search = PngOptions::Search::kMatches;
+    matches.compression_level = level;
+    const std::string by_matches = EncodePng(px.data(), w, h, matches);
+    EXPECT_NE(by_matches, by_runs) << "level " << level;
+    EXPECT_EQ(Decode(by_matches, w, h, &types), px) << "level " << level;
+  }
+}
+
 TEST(PngEncoder, Deterministic) {
   const std::vector<uint8_t> px = Gradient(40, 30);
   const std::vector<uint8_t> copy = px;
