@@ -51,6 +51,16 @@ Status CheckNoTensorConstants(const std::string& path, const torch::jit::Module&
   return Status::Ok();
 }
 
+bool BlockCalls(const torch::jit::Block* block, c10::Symbol op) {
+  for (const torch::jit::Node* node : block->nodes()) {
+    if (node->kind() == op) return true;
+    for (const torch::jit::Block* sub : node->blocks()) {
+      if (BlockCalls(sub, op)) return true;
+    }
+  }
+  return false;
+}
+
 // Whether qpool places tensors of `dtype`: the residency copies them into a block and converts
 // floating ones to a compute dtype (Note [Load errors]). The sub-byte integers and the quantized
 // dtypes have no such copy, float4 no conversion, and the bit dtypes no use in a component.
@@ -117,6 +127,16 @@ bool LeafIsOneOf(const std::string& attr_name, const char* const (&names)[N]) {
   const std::string leaf = dot == std::string::npos ? attr_name : attr_name.substr(dot + 1);
   for (const char* n : names) {
     if (leaf == n) return true;
+  }
+  return false;
+}
+
+bool GraphCalls(const torch::jit::Module& module, const std::string& op) {
+  const c10::Symbol symbol = c10::Symbol::fromQualString(op);
+  for (const auto& named : module.named_modules()) {
+    for (const auto& method : named.value.get_methods()) {
+      if (BlockCalls(method.graph()->block(), symbol)) return true;
+    }
   }
   return false;
 }

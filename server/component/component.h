@@ -50,8 +50,10 @@ struct ComponentBytes {
 // channels-last activations and returns channels-last ones, which the elementwise ops keep, so
 // the kind marks its convolutional denoiser and its 4-d weights are laid out channels-last
 // (in the host copy and every device copy alike: moves copy the block's bytes). Only on GPUs:
-// a CPU pipeline keeps the layout its images are checked against. Not the VAE decoder: its
-// GroupNorms at full resolution copy channels-last activations back to NCHW and ran slower.
+// a CPU pipeline keeps the layout its images are checked against. The VAE decoder too, where
+// its graph norms through qpool::group_norm, which keeps the layout: a decoder exported with
+// ATen's norms would copy channels-last activations back to NCHW at each of them, which costs
+// more than the conversions, so it stays NCHW.
 //
 // Note [No tensor constants]
 // torch.jit.trace bakes tensors computed during tracing into the graph as constants. No mover
@@ -186,6 +188,10 @@ class Component {
   std::atomic<uint64_t> forwards_{0};
   std::atomic<uint64_t> compiled_forwards_{0};
 };
+
+// Whether a method of `module` or of one of its submodules calls the operator `op` (qualified,
+// e.g. "qpool::group_norm"), at any depth of its graphs' blocks.
+bool GraphCalls(const torch::jit::Module& module, const std::string& op);
 
 // The attribute names of a quantized linear layer's quant state (Note [Load-time quantization]
 // in quant/module_quantizer.h): what accounting counts as quant state and moves with the weight.

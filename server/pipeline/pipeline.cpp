@@ -163,7 +163,9 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
                   report->layers_small, " layers have fewer than ", q.min_weights, " weights");
       }
     }
-    if (decl.channels_last && device.is_cuda()) {
+    if (decl.channels_last && device.is_cuda() &&
+        (decl.channels_last_needs.empty() ||
+         GraphCalls(component->module(), decl.channels_last_needs))) {
       component->set_weight_memory_format(c10::MemoryFormat::ChannelsLast);
     }
     if (spec->compiled) {  // Note [Compiled forward]

@@ -4,6 +4,15 @@
 
 namespace qpool {
 
+ComponentDecl VaeDecoderDecl() {
+  ComponentDecl decl{"vae_decoder", ComponentRole::kDecoder, {"latents"}};
+  decl.channels_last = true;
+  // An export whose decoder norms through ATen's operations would copy every channels-last
+  // activation back to NCHW at each norm (Note [Channels-last convolutions]).
+  decl.channels_last_needs = "qpool::group_norm";
+  return decl;
+}
+
 StatusOr<GenerateParams> PipelineKind::ResolveGenerate(const GenerateRequestIn& in,
                                                        const PipelineManifest& manifest) const {
   return ResolveGenerateRequest(in, manifest);

@@ -29,9 +29,15 @@ struct ComponentDecl {
   std::vector<std::string> inputs;  // forward's arguments after self, by name
   size_t outputs = 1;               // 1: a tensor; more: a tuple of that many
   // Its 4-d weights are laid out channels-last on GPUs (Note [Channels-last convolutions] in
-  // component/component.h).
+  // component/component.h)...
   bool channels_last = false;
+  // ... when its graph calls this operator (empty: always).
+  std::string channels_last_needs;
 };
+
+// The image decoder the kinds here end with: vae_decoder(latents) -> image, its weights
+// channels-last on GPUs where its norms keep that layout (Note [Channels-last convolutions]).
+ComponentDecl VaeDecoderDecl();
 
 // Note [Pipeline kinds]
 // A kind declares its components (names and roles, in the order its stages run them: encode

@@ -11,11 +11,12 @@ namespace qpool::quant {
 // ATen runs a cuDNN convolution without its bias and adds the bias afterwards in a broadcast
 // pass of its own, which for channels-last output takes the element-by-element strided path:
 // one pass over the feature map per convolution (a profiled SDXL UNet's count is in
-// bench/results/README.md). The UNet exports therefore give no convolution that feeds a later
-// elementwise operation its bias to add, and fold the bias into that operation instead
-// (blocks.py):
-// - a resnet block's conv1 hands its bias to the time-embedding addition of qpool::group_norm
-//   (a vector of [N, C] values, not a pass over the map);
+// bench/results/README.md). The UNet and VAE decoder exports therefore give no convolution of a
+// resnet block that feeds a later elementwise operation its bias to add, and fold the bias into
+// that operation instead (blocks.py):
+// - a resnet block's conv1 hands its bias to norm2's addition in qpool::group_norm (a vector of
+//   [N, C] values, not a pass over the map): with the time embedding in a UNet, alone in a
+//   decoder;
 // - its conv2 adds its bias and the block's residual in qpool::bias_residual;
 // - 1x1 convolutions (shortcuts, SD 1.x's transformer projections) run as linears over the
 //   channels-last pixels, whose GEMM adds the bias in its epilogue.

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-
 #include "gpu/gpu_pipeline_fixture.h"
 
 namespace qpool {
@@ -38,10 +37,20 @@ TEST_P(PipelineGpuTest, EveryTensorOnEveryGpuAndUnloadReturnsTheBytes) {
         auto pipeline = Load(name, device);
         ASSERT_NE(pipeline, nullptr);
         for (const auto& component : pipeline->components()) {
+          // Note [Channels-last convolutions]: the UNet's and the decoder's 4-d weights.
+          const bool convolutional =
+              component->name() == "unet" || component->name() == "vae_decoder";
+          EXPECT_EQ(component->weight_memory_format(),
+                    convolutional ? c10::MemoryFormat::ChannelsLast : c10::MemoryFormat::Contiguous)
+              << name << "/" << component->name();
           for (const auto& named : component->module().named_attributes(/*recurse=*/true)) {
             if (!named.value.isTensor()) continue;
-            EXPECT_EQ(named.value.toTensor().device(), device)
-                << name << "/" << component->name() << "." << named.name;
+            const torch::Tensor t = named.value.toTensor();
+            EXPECT_EQ(t.device(), device) << name << "/" << component->name() << "." << named.name;
+            if (convolutional && t.dim() == 4 && t.is_floating_point()) {
+              EXPECT_TRUE(t.is_contiguous(c10::MemoryFormat::ChannelsLast))
+                  << name << "/" << component->name() << "." << named.name;
+            }
           }
           held += component->Bytes().total();
         }

@@ -85,23 +85,27 @@ def test_a_resnet_block_norms_through_one_group_norm_op_each():
 
 
 @pytest.mark.parametrize("channels_last", [True, False])
-def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(channels_last):
+@pytest.mark.parametrize("temb_dim", [32, None])
+def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(channels_last,
+                                                                              temb_dim):
     """Note [Convolution biases]: conv2's bias and the residual trace to one qpool::bias_residual;
-    with channels_last, conv1 runs without its bias, which joins the time embedding, and the 1x1
-    shortcut is a linear. The block equals the plain convolutions' and reads no tensor of another
-    module (Note [Streaming]: each bias is read in its own module's forward)."""
+    with channels_last, conv1 runs without its bias, which joins norm2's addition (with the time
+    embedding in a UNet's block, alone in a VAE decoder's), and the 1x1 shortcut is a linear. The
+    block equals the plain convolutions' and reads no tensor of another module (Note [Streaming]:
+    each bias is read in its own module's forward)."""
     import torch.nn.functional as F
     from qpool_export.blocks import ChannelsLastGroupNorm, ResnetBlock2D
 
     torch.manual_seed(9)
-    block = ResnetBlock2D(64, 96, 32, 32, 1e-5, ChannelsLastGroupNorm,
+    block = ResnetBlock2D(64, 96, temb_dim, 32, 1e-5, ChannelsLastGroupNorm,
                           channels_last=channels_last).eval()
 
-    def plain(x, temb):
+    def plain(x, *temb):
         def norm_silu(norm, h):
             return F.silu(F.group_norm(h, 32, norm.weight, norm.bias, 1e-5))
         h = F.conv2d(norm_silu(block.norm1, x), block.conv1.weight, block.conv1.bias, padding=1)
-        h = h + block.time_emb_proj(F.silu(temb))[:, :, None, None]
+        if temb:
+            h = h + block.time_emb_proj(F.silu(temb[0]))[:, :, None, None]
         h = F.conv2d(norm_silu(block.norm2, h), block.conv2.weight, block.conv2.bias, padding=1)
         sc = block.conv_shortcut
         return F.conv2d(x, sc.weight, sc.bias) + h
@@ -109,40 +113,65 @@ def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(cha
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.3)
-        x, temb = torch.randn(2, 64, 6, 5) * 2 + 1, torch.randn(2, 32)
-        traced = torch.jit.trace(block, (x, temb))
+        x = torch.randn(2, 64, 6, 5) * 2 + 1
+        temb = (torch.randn(2, 32),) if temb_dim else ()
+        traced = torch.jit.trace(block, (x, *temb))
         nodes = [n.kind() for n in traced.inlined_graph.nodes()]
         assert nodes.count("qpool::bias_residual") == 1
-        assert "aten::linear" in nodes  # the time embedding's projection (and the shortcut)
-        assert nodes.count("aten::linear") == (2 if channels_last else 1)
+        assert nodes.count("qpool::group_norm") == 2
+        # The time embedding's projection, and the shortcut with channels_last.
+        assert nodes.count("aten::linear") == bool(temb_dim) + channels_last
+        convs = [n for n in traced.inlined_graph.nodes() if n.kind() == "aten::_convolution"]
+        assert len(convs) == 2 + (not channels_last)
+        # The convolutions that add their own bias (input 2): conv1 and the shortcut, unless
+        # channels_last hands conv1's to norm2 and makes the shortcut a linear.
+        with_bias = [c for c in convs if c.inputsAt(2).type().kind() != "NoneType"]
+        assert len(with_bias) == (0 if channels_last else 2)
         children = {name for name, _ in block.named_children()}
         for node in traced.graph.nodes():
             if node.kind() == "prim::GetAttr":
                 assert node.s("name") in children, node
-        torch.testing.assert_close(traced(x, temb), plain(x, temb), rtol=1e-5, atol=1e-5)
+        want = plain(x, *temb)
+        torch.testing.assert_close(traced(x, *temb), want, rtol=1e-5, atol=1e-5)
         x_cl = x.contiguous(memory_format=torch.channels_last)
-        torch.testing.assert_close(traced(x_cl, temb), plain(x, temb), rtol=1e-5, atol=1e-5)
+        got = traced(x_cl, *temb)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        # Traced at two images, right at three (conv1's bias is expanded to the batch at run
+        # time).
+        x3 = torch.randn(3, 64, 4, 7)
+        temb3 = (torch.randn(3, 32),) if temb_dim else ()
+        torch.testing.assert_close(traced(x3, *temb3), plain(x3, *temb3), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape,groups", GROUP_NORM_SHAPES)
-def test_reduction_group_norm_equals_group_norm(shape, groups):
-    from qpool_export.blocks import ReductionGroupNorm
+def test_the_vae_attention_keeps_its_input_layout():
+    """The VAE mid block's attention takes the pixels of a channels-last x as tokens without a
+    copy and returns x's layout, with the result of diffusers' operations (norm, the pixels as
+    [b, h * w, c] tokens, single-head attention, the output projection, the residual)."""
+    import torch.nn.functional as F
+    from qpool_export.blocks import ChannelsLastGroupNorm, VaeAttention
 
-    native, mine, gen = group_norm_pair(ReductionGroupNorm, shape[1], groups, seed=3)
-    # Groups far from zero mean: the statistics must not lose what the native ones keep.
-    x = torch.randn(shape, generator=gen) * 3 + 40
+    torch.manual_seed(11)
+    attn = VaeAttention(64, 32, 1e-6, ChannelsLastGroupNorm).eval()
+
+    def plain(x):
+        b, c, h, w = x.shape
+        t = F.group_norm(x, 32, attn.group_norm.weight, attn.group_norm.bias, 1e-6)
+        t = t.reshape(b, c, h * w).transpose(1, 2)
+        q, k, v = (m(t)[:, None] for m in (attn.to_q, attn.to_k, attn.to_v))
+        y = attn.to_out[0](F.scaled_dot_product_attention(q, k, v)[:, 0])
+        return x + y.transpose(1, 2).reshape(b, c, h, w)
+
     with torch.no_grad():
-        want = native(x)
-        torch.testing.assert_close(mine(x), want, rtol=1e-5, atol=1e-4)
-        # Traced at one shape, right at another (shapes are read at run time).
-        traced = torch.jit.trace(mine, (x,))
-        other = torch.randn(shape[0] + 1, shape[1], 3, 11, generator=gen)
-        torch.testing.assert_close(traced(other), native(other), rtol=1e-5, atol=1e-5)
-        # Traced in float32 and saved in float16 (as the exporter does): float16 in, float16
-        # out, statistics in float32, so only float16's rounding of the result differs.
-        half = traced.half()(x.half())
-        assert half.dtype == torch.float16
-        torch.testing.assert_close(half.float(), native(x.half().float()), rtol=1e-3, atol=1e-3)
+        for p in attn.parameters():
+            p.normal_(0, 0.2)
+        x = torch.randn(2, 64, 5, 6) * 2 + 1
+        traced = torch.jit.trace(attn, (x,))
+        for layout in (torch.contiguous_format, torch.channels_last):
+            for sample in (x, torch.randn(1, 64, 7, 3)):
+                y = traced(sample.contiguous(memory_format=layout))
+                torch.testing.assert_close(y, plain(sample), rtol=1e-5, atol=1e-5)
+                assert y.is_contiguous(memory_format=layout)
 
 
 @pytest.mark.parametrize("cross", [False, True])

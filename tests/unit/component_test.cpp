@@ -155,6 +155,41 @@ TEST(Component, RefusesTensorConstantsNamingTheNode) {
   EXPECT_NE(c.status().message().find("component.pt"), std::string::npos);
 }
 
+TEST(Component, GraphCallsFindsAnOperatorInSubmodulesAndBlocks) {
+  torch::jit::Module inner("Inner");
+  inner.define(R"JIT(
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            return torch.relu(x)
+        return x
+  )JIT");
+  torch::jit::Module outer("Outer");
+  outer.register_module("inner", inner);
+  outer.define(R"JIT(
+    def forward(self, x):
+        return self.inner.forward(x) * 2
+  )JIT");
+  EXPECT_TRUE(GraphCalls(outer, "aten::mul"));
+  EXPECT_TRUE(GraphCalls(outer, "aten::relu"));  // in the submodule, inside an if
+  EXPECT_FALSE(GraphCalls(outer, "aten::sigmoid"));
+  EXPECT_FALSE(GraphCalls(outer, "qpool::group_norm"));
+  EXPECT_FALSE(GraphCalls(inner, "aten::mul"));
+}
+
+// Note [Channels-last convolutions]: the exporter's decoders norm through qpool::group_norm, so
+// the kinds lay their weights out channels-last on GPUs.
+TEST(Component, TheExportedDecoderNormsThroughTheLayoutKeepingOperator) {
+  const std::string repo = testing::TinyRepository();
+  if (repo.empty()) GTEST_SKIP() << "the tiny test pipeline is not exported";
+  auto decoder = Component::Load("vae_decoder", repo + "/tiny/vae_decoder.pt");
+  ASSERT_TRUE(decoder.ok()) << decoder.status().ToString();
+  EXPECT_TRUE(GraphCalls((*decoder)->module(), "qpool::group_norm"));
+  EXPECT_FALSE(GraphCalls((*decoder)->module(), "aten::group_norm"));
+  auto encoder = Component::Load("text_encoder", repo + "/tiny/text_encoder.pt");
+  ASSERT_TRUE(encoder.ok()) << encoder.status().ToString();
+  EXPECT_FALSE(GraphCalls((*encoder)->module(), "qpool::group_norm"));
+}
+
 TEST(Component, MissingFileIsAClearError) {
   auto c = Component::Load("unet", "/nonexistent/unet.pt");
   ASSERT_FALSE(c.ok());

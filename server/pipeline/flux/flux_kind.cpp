@@ -11,7 +11,7 @@ FluxKind::FluxKind()
                    ComponentRole::kDenoiser,
                    {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
                     "img_ids", "txt_ids", "guidance"}},
-                  {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
+                  VaeDecoderDecl()} {}
 
 StatusOr<GenerateParams> FluxKind::ResolveGenerate(const GenerateRequestIn& in,
                                                    const PipelineManifest& manifest) const {

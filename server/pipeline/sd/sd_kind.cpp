@@ -11,7 +11,7 @@ SdKind::SdKind()
                    {"sample", "timestep", "encoder_hidden_states"},
                    1,
                    /*channels_last=*/true},
-                  {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
+                  VaeDecoderDecl()} {}
 
 StatusOr<std::unique_ptr<Pipeline>> SdKind::Load(const PipelineManifest& manifest,
                                                  const c10::Device& device, c10::ScalarType dtype,

@@ -12,7 +12,7 @@ SdxlKind::SdxlKind()
                    {"sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"},
                    1,
                    /*channels_last=*/true},
-                  {"vae_decoder", ComponentRole::kDecoder, {"latents"}}} {}
+                  VaeDecoderDecl()} {}
 
 StatusOr<GenerateParams> SdxlKind::ResolveGenerate(const GenerateRequestIn& in,
                                                    const PipelineManifest& manifest) const {

@@ -49,31 +49,6 @@ def fused_linear(parts: Sequence[nn.Module]) -> Optional[nn.Linear]:
     return fused
 
 
-class ReductionGroupNorm(nn.GroupNorm):
-    """nn.GroupNorm (same parameters, state_dict keys and result) whose statistics come from
-    torch.var_mean over each group in float32, and whose normalization and affine are one
-    per-channel scale and shift.
-
-    PyTorch's CUDA group norm computes each (image, group)'s moments in one thread block: for one
-    image at VAE decoder resolutions that is 32 blocks reducing up to 2M values each, which took
-    half of an SD-1.5 decode on an H100. The general reduction spreads a group over many blocks;
-    the decoder ran 1.6x faster, as close to a float32 decode as the native one."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = x.shape
-        g = self.num_groups
-        xf = x.reshape(n, g, -1).float()
-        var, mean = torch.var_mean(xf, dim=-1, correction=0)
-        # (A Python number added to a tensor, or a size divided by one, traces as a tensor
-        # constant: eps comes in through full_like, and no size is divided here.)
-        rstd = torch.rsqrt(var + torch.full_like(var, self.eps))[:, :, None]  # [n, g, 1]
-        # Per channel ([n, g, channels per group]): y = x * scale + shift.
-        scale = rstd * self.weight.float().reshape(g, -1)
-        shift = self.bias.float().reshape(g, -1) - mean[:, :, None] * scale
-        y = xf.reshape(n, g, -1, h * w) * scale[..., None] + shift[..., None]
-        return y.type_as(x).reshape(x.shape)  # type_as: a traced dtype would be a constant
-
-
 # qpool::group_norm's schema, byte-identical to kGroupNormSchema in server/quant/group_norm_op.h (a
 # unit test compares them).
 GROUP_NORM_SCHEMA = \
@@ -108,9 +83,9 @@ class ChannelsLastGroupNorm(nn.GroupNorm):
     input's memory layout: channels-last in, channels-last out; one qpool::group_norm op, which
     can also add a per-channel vector before the norm and apply the SiLU after it.
 
-    PyTorch's CUDA group norm makes its input contiguous (NCHW) first, so in a UNet whose
-    convolutions run channels-last (the server lays their weights out so on GPUs) each norm cost a
-    copy to NCHW and the next convolution a copy back. The op's reference takes a group as a view
+    PyTorch's CUDA group norm makes its input contiguous (NCHW) first, so in a UNet or VAE decoder
+    whose convolutions run channels-last (the server lays their weights out so on GPUs) each norm
+    cost a copy to NCHW and the next convolution a copy back. The op's reference takes a group as a view
     of the input in either layout, its statistics from one general reduction (std_mean accumulates
     in float32, and a standard deviation cannot overflow fp16 where a variance above 65504 would),
     and normalizes with the affine in one addcmul of per-channel scale and shift, which keeps the
@@ -171,10 +146,15 @@ _BIAS_RESIDUAL_LIB = ops.register(BIAS_RESIDUAL_SCHEMA, _bias_residual_ref, _bia
 # in its own forward, as streaming requires.
 class TimeBiasConv2d(nn.Conv2d):
     """A resnet block's conv1: forward(x, add) is (the convolution without its bias, add + bias),
-    the second for qpool::group_norm's addition of the time embedding [N, C]."""
+    the second for qpool::group_norm's addition before the next norm: the time embedding [N, C]
+    plus the bias, or the bias alone for each of the N images when `add` is None."""
 
-    def forward(self, x: torch.Tensor, add: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self._conv_forward(x, self.weight, None), add + self.bias
+    def forward(self, x: torch.Tensor,
+                add: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        y = self._conv_forward(x, self.weight, None)
+        if add is None:
+            return y, self.bias.expand(x.shape[0], -1)
+        return y, add + self.bias
 
 
 class ResidualConv2d(nn.Conv2d):
@@ -201,17 +181,18 @@ class PointwiseConv2d(nn.Conv2d):
 
 class ResnetBlock2D(nn.Module):
     """GroupNorm-SiLU-conv twice, with an optional time-embedding injection and 1x1 shortcut.
-    conv2 adds its bias with the residual (ResidualConv2d). With `channels_last` (a UNet's, whose
-    convolutions run so on GPUs), conv1 hands its bias to the time embedding (TimeBiasConv2d) and
-    the shortcut is a GEMM (PointwiseConv2d)."""
+    conv2 adds its bias with the residual (ResidualConv2d). With `channels_last` (a UNet's or a
+    VAE decoder's, whose convolutions run so on GPUs), conv1 hands its bias to norm2's addition,
+    with the time embedding where there is one (TimeBiasConv2d), and the shortcut is a GEMM
+    (PointwiseConv2d)."""
 
     def __init__(self, in_channels: int, out_channels: int, temb_channels: Optional[int],
                  groups: int, eps: float, norm: Callable[..., nn.GroupNorm] = nn.GroupNorm,
                  channels_last: bool = False):
         super().__init__()
         self.norm1 = norm(groups, in_channels, eps=eps)
-        self.conv1_takes_temb = bool(channels_last and temb_channels)
-        conv1 = TimeBiasConv2d if self.conv1_takes_temb else nn.Conv2d
+        self.conv1_hands_bias = channels_last
+        conv1 = TimeBiasConv2d if channels_last else nn.Conv2d
         self.conv1 = conv1(in_channels, out_channels, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb_channels, out_channels) if temb_channels else None
         self.norm2 = norm(groups, out_channels, eps=eps)
@@ -227,7 +208,7 @@ class ResnetBlock2D(nn.Module):
             if temb is None:
                 raise ValueError("a resnet block with a time-embedding projection takes temb")
             emb = self.time_emb_proj(F.silu(temb))
-        if self.conv1_takes_temb:
+        if self.conv1_hands_bias:
             h, emb = self.conv1(h, emb)
         else:
             h = self.conv1(h)
@@ -493,11 +474,13 @@ class VaeAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape
-        t = self.group_norm(x).view(b, c, h * w).transpose(1, 2)
+        # The pixels as tokens [b, h * w, c]: a view of a channels-last x (a copy of an NCHW one),
+        # and back as a view in channels-last order.
+        t = self.group_norm(x).permute(0, 2, 3, 1).reshape(b, h * w, c)
         q, k, v = self.to_q(t)[:, None], self.to_k(t)[:, None], self.to_v(t)[:, None]
         y = F.scaled_dot_product_attention(q, k, v)[:, 0]
         y = self.to_out[0](y)
-        return x + y.transpose(1, 2).reshape(b, c, h, w)
+        return x + y.view(b, h, w, c).permute(0, 3, 1, 2)
 
 
 def fuse_projections(module: nn.Module) -> int:

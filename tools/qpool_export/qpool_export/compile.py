@@ -250,9 +250,10 @@ def compile_component(module: torch.nn.Module, component: str,
     module = module.to(device=device, dtype=dtype).eval()
     for (owner, leaf), buf in saved.items():
         module.get_submodule(owner)._buffers[leaf] = buf.to(device)
-    # Note [Channels-last convolutions]: the server lays out a UNet's 4-d weights channels-last on
-    # GPUs, and the package must read them as they are.
-    if device == "cuda" and component == "unet":
+    # Note [Channels-last convolutions]: the server lays out a UNet's and a VAE decoder's 4-d
+    # weights channels-last on GPUs (the decoder's when its norms are qpool::group_norm, as every
+    # decoder this exporter writes), and the package must read them as they are.
+    if device == "cuda" and component in ("unet", "vae_decoder"):
         module = module.to(memory_format=torch.channels_last)
         layout = "channels_last"
     args = example_args(component, inputs, dtype, device)

@@ -12,9 +12,9 @@ from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .blocks import ReductionGroupNorm, ResnetBlock2D, Upsample2D, VaeAttention
+from .blocks import (ChannelsLastGroupNorm, ResnetBlock2D, Upsample2D, VaeAttention,
+                     norm_silu)
 from .import_error import ImportFailure
 
 
@@ -65,7 +65,8 @@ class UpDecoderBlock(nn.Module):
     def __init__(self, cin: int, cout: int, layers: int, upsample: bool, groups: int):
         super().__init__()
         self.resnets = nn.ModuleList(
-            ResnetBlock2D(cin if i == 0 else cout, cout, None, groups, 1e-6, ReductionGroupNorm)
+            ResnetBlock2D(cin if i == 0 else cout, cout, None, groups, 1e-6, ChannelsLastGroupNorm,
+                          channels_last=True)
             for i in range(layers))
         if upsample:
             self.upsamplers = nn.ModuleList([Upsample2D(cout)])
@@ -81,9 +82,11 @@ class UpDecoderBlock(nn.Module):
 class MidBlock(nn.Module):
     def __init__(self, channels: int, groups: int):
         super().__init__()
-        self.attentions = nn.ModuleList([VaeAttention(channels, groups, 1e-6, ReductionGroupNorm)])
+        self.attentions = nn.ModuleList(
+            [VaeAttention(channels, groups, 1e-6, ChannelsLastGroupNorm)])
         self.resnets = nn.ModuleList([
-            ResnetBlock2D(channels, channels, None, groups, 1e-6, ReductionGroupNorm)
+            ResnetBlock2D(channels, channels, None, groups, 1e-6, ChannelsLastGroupNorm,
+                          channels_last=True)
             for _ in range(2)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,14 +108,14 @@ class Decoder(nn.Module):
             self.up_blocks.append(UpDecoderBlock(cin, cout, cfg.layers_per_block + 1,
                                                  i < len(rev) - 1, groups))
             cin = cout
-        self.conv_norm_out = ReductionGroupNorm(groups, rev[-1], eps=1e-6)
+        self.conv_norm_out = ChannelsLastGroupNorm(groups, rev[-1], eps=1e-6)
         self.conv_out = nn.Conv2d(rev[-1], cfg.out_channels, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         x = self.mid_block(self.conv_in(z))
         for block in self.up_blocks:
             x = block(x)
-        return self.conv_out(F.silu(self.conv_norm_out(x)))
+        return self.conv_out(norm_silu(self.conv_norm_out, x))
 
 
 class SdVaeDecoder(nn.Module):

@@ -11,9 +11,9 @@ from typing import Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .blocks import ReductionGroupNorm, ResnetBlock2D, Upsample2D, VaeAttention
+from .blocks import (ChannelsLastGroupNorm, ResnetBlock2D, Upsample2D, VaeAttention,
+                     norm_silu)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class VaeUpBlock(nn.Module):
     def __init__(self, cin: int, cout: int, layers: int, upsample: bool, groups: int, eps: float):
         super().__init__()
         self.resnets = nn.ModuleList(
-            ResnetBlock2D(cin if j == 0 else cout, cout, None, groups, eps, ReductionGroupNorm)
+            ResnetBlock2D(cin if j == 0 else cout, cout, None, groups, eps, ChannelsLastGroupNorm,
+                          channels_last=True)
             for j in range(layers))
         self.upsamplers = nn.ModuleList([Upsample2D(cout)] if upsample else [])
 
@@ -50,9 +51,11 @@ class VaeMidBlock(nn.Module):
     def __init__(self, channels: int, groups: int, eps: float):
         super().__init__()
         self.resnets = nn.ModuleList(
-            [ResnetBlock2D(channels, channels, None, groups, eps, ReductionGroupNorm)
+            [ResnetBlock2D(channels, channels, None, groups, eps, ChannelsLastGroupNorm,
+                           channels_last=True)
              for _ in range(2)])
-        self.attentions = nn.ModuleList([VaeAttention(channels, groups, eps, ReductionGroupNorm)])
+        self.attentions = nn.ModuleList(
+            [VaeAttention(channels, groups, eps, ChannelsLastGroupNorm)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.resnets[0](x)
@@ -75,7 +78,7 @@ class VaeDecoder(nn.Module):
             self.up_blocks.append(VaeUpBlock(cin, cout, cfg.layers_per_block + 1,
                                              i < len(rev) - 1, groups, eps))
             cin = cout
-        self.conv_norm_out = ReductionGroupNorm(groups, cin, eps=eps)
+        self.conv_norm_out = ChannelsLastGroupNorm(groups, cin, eps=eps)
         self.conv_out = nn.Conv2d(cin, cfg.out_channels, 3, padding=1)
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
@@ -83,4 +86,4 @@ class VaeDecoder(nn.Module):
         x = self.mid_block(x)
         for block in self.up_blocks:
             x = block(x)
-        return self.conv_out(F.silu(self.conv_norm_out(x)))
+        return self.conv_out(norm_silu(self.conv_norm_out, x))
