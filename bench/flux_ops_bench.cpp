@@ -14,7 +14,9 @@
 // qpool::add_layer_norm and qpool::layer_norm (Note [Residual layer norm]) as a transformer
 // block's norm2 (the residual addition and the norm) and norm1 at SDXL's two attention levels;
 // and norm2 quantizing its rows for a w8a8 linear (Note [Quantized norm rows]), against the norm's
-// kernel then the quantizing pass.
+// kernel then the quantizing pass; and qpool::upsample_nearest (Note [Upsample op]) doubling
+// SDXL's UNet upsampler input at the same batch (fp16) and its VAE decoder's last upsampler input
+// at one image (float32), channels-last, against aten::upsample_nearest2d.
 //
 //   flux_ops_bench --benchmark_out=flux_ops.json --benchmark_out_format=json
 //
@@ -38,6 +40,7 @@
 #include "quant/layer_norm_kernels.h"
 #include "quant/layer_norm_op.h"
 #include "quant/rope_op.h"
+#include "quant/upsample_op.h"
 #include "quant/w8a8_kernels.h"
 
 namespace qpool {
@@ -148,6 +151,22 @@ Case BiasResidualCase(int64_t channels, int64_t side) {
 Case BiasResidualSdxl128Case() { return BiasResidualCase(320, 128); }
 Case BiasResidualSdxl32Case() { return BiasResidualCase(1280, 32); }
 
+// An upsampler's input [batch, channels, side, side] channels-last, doubled.
+Case UpsampleCase(int64_t batch, int64_t channels, int64_t side, at::ScalarType type) {
+  const at::Tensor x =
+      at::randn({batch, channels, side, side}, at::TensorOptions().device(at::kCUDA).dtype(type))
+          .contiguous(at::MemoryFormat::ChannelsLast);
+  Case c;
+  c.fused = [=] { return quant::UpsampleNearest(x, std::nullopt); };
+  c.aten = [=] { return quant::UpsampleNearestCpu(x, std::nullopt); };
+  c.min_bytes = 5.0 * x.numel() * x.element_size();  // read once, written four times
+  c.baseline = "aten::upsample_nearest2d";
+  return c;
+}
+
+Case UpsampleSdxlUnetCase() { return UpsampleCase(8, 1280, 32, at::kHalf); }
+Case UpsampleSdxlVaeCase() { return UpsampleCase(1, 256, 512, at::kFloat); }
+
 // A transformer block's norm of `tokens` rows of `width` values for 4 images with guidance,
 // after the residual addition (`residual`) or alone.
 Case LayerNormCase(int64_t tokens, int64_t width, bool residual) {
@@ -247,6 +266,8 @@ void RegisterAll() {
         Named{"group_norm/sdxl_b4_8x1280x32x32_fp16", &GroupNormSdxl32Case},
         Named{"bias_residual/sdxl_b4_8x320x128x128_fp16", &BiasResidualSdxl128Case},
         Named{"bias_residual/sdxl_b4_8x1280x32x32_fp16", &BiasResidualSdxl32Case},
+        Named{"upsample/sdxl_unet_b4_8x1280x32x32_fp16", &UpsampleSdxlUnetCase},
+        Named{"upsample/sdxl_vae_1x256x512x512_fp32", &UpsampleSdxlVaeCase},
         Named{"add_layer_norm/sdxl_b4_8x4096x640_fp16", &AddLayerNormSdxl4096Case},
         Named{"add_layer_norm/sdxl_b4_8x1024x1280_fp16", &AddLayerNormSdxl1024Case},
         Named{"layer_norm/sdxl_b4_8x4096x640_fp16", &LayerNormSdxl4096Case},

@@ -84,21 +84,24 @@ def test_a_resnet_block_norms_through_one_group_norm_op_each():
         torch.testing.assert_close(traced(x, temb), native(x, temb), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("channels_last,gemm_shortcut", [(True, None), (False, None),
+                                                          (True, False)])
 @pytest.mark.parametrize("temb_dim", [32, None])
-def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(channels_last,
-                                                                              temb_dim):
+def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(
+        channels_last, gemm_shortcut, temb_dim):
     """Note [Convolution biases]: conv2's bias and the residual trace to one qpool::bias_residual;
     with channels_last, conv1 runs without its bias, which joins norm2's addition (with the time
-    embedding in a UNet's block, alone in a VAE decoder's), and the 1x1 shortcut is a linear. The
-    block equals the plain convolutions' and reads no tensor of another module (Note [Streaming]:
-    each bias is read in its own module's forward)."""
+    embedding in a UNet's block, alone in a VAE decoder's), and the 1x1 shortcut is a linear
+    unless gemm_shortcut is False (a float32 decoder's). The block equals the plain convolutions'
+    and reads no tensor of another module (Note [Streaming]: each bias is read in its own module's
+    forward)."""
     import torch.nn.functional as F
     from qpool_export.blocks import ChannelsLastGroupNorm, ResnetBlock2D
 
     torch.manual_seed(9)
     block = ResnetBlock2D(64, 96, temb_dim, 32, 1e-5, ChannelsLastGroupNorm,
-                          channels_last=channels_last).eval()
+                          channels_last=channels_last, gemm_shortcut=gemm_shortcut).eval()
+    gemm = channels_last if gemm_shortcut is None else gemm_shortcut
 
     def plain(x, *temb):
         def norm_silu(norm, h):
@@ -119,14 +122,14 @@ def test_a_resnet_block_adds_each_convolution_bias_in_a_pass_it_makes_anyway(cha
         nodes = [n.kind() for n in traced.inlined_graph.nodes()]
         assert nodes.count("qpool::bias_residual") == 1
         assert nodes.count("qpool::group_norm") == 2
-        # The time embedding's projection, and the shortcut with channels_last.
-        assert nodes.count("aten::linear") == bool(temb_dim) + channels_last
+        # The time embedding's projection, and the shortcut as a GEMM.
+        assert nodes.count("aten::linear") == bool(temb_dim) + gemm
         convs = [n for n in traced.inlined_graph.nodes() if n.kind() == "aten::_convolution"]
-        assert len(convs) == 2 + (not channels_last)
-        # The convolutions that add their own bias (input 2): conv1 and the shortcut, unless
-        # channels_last hands conv1's to norm2 and makes the shortcut a linear.
+        assert len(convs) == 2 + (not gemm)
+        # The convolutions that add their own bias (input 2): conv1 unless channels_last hands
+        # its bias to norm2, and the shortcut unless it is a linear.
         with_bias = [c for c in convs if c.inputsAt(2).type().kind() != "NoneType"]
-        assert len(with_bias) == (0 if channels_last else 2)
+        assert len(with_bias) == (not channels_last) + (not gemm)
         children = {name for name, _ in block.named_children()}
         for node in traced.graph.nodes():
             if node.kind() == "prim::GetAttr":
@@ -240,3 +243,34 @@ def test_a_transformer_block_adds_each_residual_in_the_norm_after_it():
         block.half()
         assert got.dtype == torch.float16
         torch.testing.assert_close(got, plain(x.half(), context.half()), rtol=0, atol=0)
+
+
+def test_the_upsamplers_trace_to_one_op_in_the_inputs_layout():
+    """Note [Upsample op]: a VAE decoder's Upsample2D doubles and a UNet's UpsampleToSkip resizes to
+    its skip connection's size, each through one qpool::upsample_nearest; traced at one size, right
+    at another, with F.interpolate's values and in the input's layout."""
+    import torch.nn.functional as F
+    from qpool_export.blocks import Upsample2D
+    from qpool_export.unet import UpsampleToSkip
+
+    torch.manual_seed(12)
+    double, to_skip = Upsample2D(8).eval(), UpsampleToSkip(8).eval()
+    with torch.no_grad():
+        x = torch.randn(2, 8, 3, 4)
+        traced_double = torch.jit.trace(double, (x,))
+        traced_skip = torch.jit.trace(to_skip, (x, torch.empty(2, 16, 6, 8)))
+        for traced in (traced_double, traced_skip):
+            nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+            assert nodes.count("qpool::upsample_nearest") == 1
+            assert "aten::upsample_nearest2d" not in nodes
+        for layout in (torch.contiguous_format, torch.channels_last):
+            sample = torch.randn(1, 8, 5, 3).contiguous(memory_format=layout)
+            y = traced_double(sample)
+            want = double.conv(F.interpolate(sample, scale_factor=2.0, mode="nearest"))
+            torch.testing.assert_close(y, want, rtol=0, atol=0)
+            assert y.shape == (1, 8, 10, 6) and y.is_contiguous(memory_format=layout)
+            # A skip connection one less than twice the size (an odd size on the way down).
+            y = traced_skip(sample, torch.empty(1, 16, 9, 5))
+            want = to_skip.conv(F.interpolate(sample, size=(9, 5), mode="nearest"))
+            torch.testing.assert_close(y, want, rtol=0, atol=0)
+            assert y.shape == (1, 8, 9, 5)

@@ -184,11 +184,12 @@ class ResnetBlock2D(nn.Module):
     conv2 adds its bias with the residual (ResidualConv2d). With `channels_last` (a UNet's or a
     VAE decoder's, whose convolutions run so on GPUs), conv1 hands its bias to norm2's addition,
     with the time embedding where there is one (TimeBiasConv2d), and the shortcut is a GEMM
-    (PointwiseConv2d)."""
+    (PointwiseConv2d) unless `gemm_shortcut` is False (a float32 decoder's: cuDNN convolutions run
+    in TF32, float32 GEMMs without tensor cores)."""
 
     def __init__(self, in_channels: int, out_channels: int, temb_channels: Optional[int],
                  groups: int, eps: float, norm: Callable[..., nn.GroupNorm] = nn.GroupNorm,
-                 channels_last: bool = False):
+                 channels_last: bool = False, gemm_shortcut: Optional[bool] = None):
         super().__init__()
         self.norm1 = norm(groups, in_channels, eps=eps)
         self.conv1_hands_bias = channels_last
@@ -197,7 +198,8 @@ class ResnetBlock2D(nn.Module):
         self.time_emb_proj = nn.Linear(temb_channels, out_channels) if temb_channels else None
         self.norm2 = norm(groups, out_channels, eps=eps)
         self.conv2 = ResidualConv2d(out_channels, out_channels, 3, padding=1)
-        shortcut = (PointwiseConv2d(in_channels, out_channels) if channels_last
+        gemm = channels_last if gemm_shortcut is None else gemm_shortcut
+        shortcut = (PointwiseConv2d(in_channels, out_channels) if gemm
                     else nn.Conv2d(in_channels, out_channels, 1))
         self.conv_shortcut = shortcut if in_channels != out_channels else None
 
@@ -228,16 +230,35 @@ class Downsample2D(nn.Module):
         return self.conv(x)
 
 
+# qpool::upsample_nearest's schema, byte-identical to kUpsampleSchema in
+# server/quant/upsample_op.h (a unit test compares them).
+UPSAMPLE_SCHEMA = "upsample_nearest(Tensor x, Tensor? like) -> Tensor"
+
+
+def _upsample_ref(x: torch.Tensor, like: Optional[torch.Tensor]) -> torch.Tensor:
+    """qpool::upsample_nearest's reference (Note [Upsample op] in server/quant/upsample_op.h):
+    ATen's nearest upsampling to like's height and width, or twice x's, in x's layout; on fake
+    tensors, the output's sizes and layout."""
+    # A size read from `like` or a scale factor, not one computed here, keeps a traced graph
+    # shape-generic.
+    if like is None:
+        return F.interpolate(x, scale_factor=2.0, mode="nearest")
+    return F.interpolate(x, size=(like.shape[2], like.shape[3]), mode="nearest")
+
+
+_UPSAMPLE_LIB = ops.register(UPSAMPLE_SCHEMA, _upsample_ref, _upsample_ref)
+
+
 class Upsample2D(nn.Module):
-    """Nearest-neighbour 2x upsampling followed by a 3x3 convolution."""
+    """Nearest-neighbour 2x upsampling (one qpool::upsample_nearest op, which the server runs in
+    one vectorized pass over a channels-last map) followed by a 3x3 convolution."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # scale_factor (not a size computed here) keeps the traced graph shape-generic.
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        return self.conv(torch.ops.qpool.upsample_nearest(x, None))
 
 
 class Attention(nn.Module):

@@ -281,8 +281,11 @@ def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
                  prequantized)
 
 
-def build_vae_decoder(src: str, kind: str, gen: torch.Generator,
-                      variant: Optional[str] = None) -> Tuple[Built, SdVaeConfig]:
+def build_vae_decoder(src: str, kind: str, gen: torch.Generator, variant: Optional[str] = None,
+                      dtype: torch.dtype = torch.float16) -> Tuple[Built, SdVaeConfig]:
+    """The decoder, saved in `dtype` (the import's) or in float32 where StableDiffusionXLPipeline
+    decodes in float32: an SDXL VAE whose config says force_upcast (it overflows in float16),
+    given float16."""
     from diffusers import AutoencoderKL
 
     where = os.path.join(src, "vae")
@@ -293,7 +296,10 @@ def build_vae_decoder(src: str, kind: str, gen: torch.Generator,
     if cfg.shift_factor != 0.0 and kind != "flux":
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
                             f"kind {kind} imports VAEs without one")
-    mirror = SdVaeDecoder(cfg)
+    upcast = kind == "sdxl" and cfg.force_upcast and dtype == torch.float16
+    # A float32 decoder's 1x1 shortcuts stay cuDNN convolutions, which run in TF32 as diffusers'
+    # do; as GEMMs they would be float32 products without tensor cores.
+    mirror = SdVaeDecoder(cfg, gemm_shortcuts=not upcast and dtype != torch.float32)
     state = {k: v for k, v in original.state_dict().items()
              if k.startswith("decoder.") or k.startswith("post_quant_conv.")}
     _load_strict(mirror, state, where)
@@ -303,5 +309,8 @@ def build_vae_decoder(src: str, kind: str, gen: torch.Generator,
     second = (torch.randn(2, cfg.latent_channels, 4, 7, generator=gen),)
     layers = {k: v for k, v in prequantized.items() if k.startswith("decoder.")
               or k.startswith("post_quant_conv.")}
-    return Built("vae_decoder", mirror, (z,), second, diff, layers), cfg
+    built = Built("vae_decoder", mirror, (z,), second, diff, layers)
+    if upcast:
+        built.dtype = "float32"  # the server keeps a component in its manifest entry's dtype
+    return built, cfg
 

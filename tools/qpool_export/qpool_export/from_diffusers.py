@@ -359,16 +359,11 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
     unet.compile_side = unet_cfg.sample_size
     reports.append(_save(unet, opts, stage))
     del unet
-    vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant)
+    vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant, DTYPES[opts.dtype])
     if vae_cfg.latent_channels != unet_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the UNet takes "
                             f"{unet_cfg.in_channels} channels")
-    # StableDiffusionXLPipeline decodes in float32 when the VAE is float16 and its config says
-    # force_upcast (the SDXL VAE overflows in float16); the server keeps such a component in the
-    # dtype its manifest entry names.
-    if kind == "sdxl" and vae_cfg.force_upcast and DTYPES[opts.dtype] == torch.float16:
-        vae.dtype = "float32"
     vae.compile_side = unet_cfg.sample_size
     reports.append(_save(vae, opts, stage))
     return reports, tokenizers, unet_cfg, vae_cfg
@@ -420,7 +415,7 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
                                                           opts.variant, latent_side // 2)
     reports.append(_save(transformer, opts, stage))
     del transformer
-    vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant)
+    vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant, DTYPES[opts.dtype])
     if 4 * vae_cfg.latent_channels != transformer_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the transformer takes 2x2 patches of "

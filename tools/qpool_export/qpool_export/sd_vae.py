@@ -62,11 +62,12 @@ class SdVaeConfig:
 
 
 class UpDecoderBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, layers: int, upsample: bool, groups: int):
+    def __init__(self, cin: int, cout: int, layers: int, upsample: bool, groups: int,
+                 gemm_shortcuts: bool):
         super().__init__()
         self.resnets = nn.ModuleList(
             ResnetBlock2D(cin if i == 0 else cout, cout, None, groups, 1e-6, ChannelsLastGroupNorm,
-                          channels_last=True)
+                          channels_last=True, gemm_shortcut=gemm_shortcuts)
             for i in range(layers))
         if upsample:
             self.upsamplers = nn.ModuleList([Upsample2D(cout)])
@@ -96,7 +97,7 @@ class MidBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: SdVaeConfig):
+    def __init__(self, cfg: SdVaeConfig, gemm_shortcuts: bool):
         super().__init__()
         rev = list(reversed(cfg.block_out_channels))
         groups = cfg.norm_num_groups
@@ -106,7 +107,7 @@ class Decoder(nn.Module):
         cin = rev[0]
         for i, cout in enumerate(rev):
             self.up_blocks.append(UpDecoderBlock(cin, cout, cfg.layers_per_block + 1,
-                                                 i < len(rev) - 1, groups))
+                                                 i < len(rev) - 1, groups, gemm_shortcuts))
             cin = cout
         self.conv_norm_out = ChannelsLastGroupNorm(groups, rev[-1], eps=1e-6)
         self.conv_out = nn.Conv2d(rev[-1], cfg.out_channels, 3, padding=1)
@@ -119,12 +120,15 @@ class Decoder(nn.Module):
 
 
 class SdVaeDecoder(nn.Module):
-    def __init__(self, cfg: SdVaeConfig):
+    """`gemm_shortcuts`: the resnet blocks' 1x1 shortcuts run as GEMMs over the pixels
+    (PointwiseConv2d), not as convolutions; the same parameters either way."""
+
+    def __init__(self, cfg: SdVaeConfig, gemm_shortcuts: bool = True):
         super().__init__()
         self.config = cfg
         if cfg.use_post_quant_conv:
             self.post_quant_conv = nn.Conv2d(cfg.latent_channels, cfg.latent_channels, 1)
-        self.decoder = Decoder(cfg)
+        self.decoder = Decoder(cfg, gemm_shortcuts)
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "post_quant_conv"):

@@ -60,15 +60,15 @@ class TimestepEmbedding(nn.Module):
 
 
 class UpsampleToSkip(nn.Module):
-    """Nearest upsampling to the spatial size of the next skip tensor, then a 3x3 convolution."""
+    """Nearest upsampling to the spatial size of the next skip tensor (one qpool::upsample_nearest
+    op), then a 3x3 convolution."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        size = (skip.shape[2], skip.shape[3])
-        return self.conv(F.interpolate(x, size=size, mode="nearest"))
+        return self.conv(torch.ops.qpool.upsample_nearest(x, skip))
 
 
 class UNetBlock(nn.Module):
