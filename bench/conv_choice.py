@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4, help="images per request")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="the JSON to write (required)")
     p.add_argument("--time", metavar="SHAPES_JSON", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -112,6 +112,8 @@ def main() -> None:
         with open(a.time) as f:
             print(json.dumps(time_shapes(json.load(f), a.mode, a.iters)))
         return
+    if not a.out:
+        p.error("--out is required")
 
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "batch": a.batch, "steps": a.steps,
@@ -127,8 +129,8 @@ def main() -> None:
             env.pop("TORCH_CUDNN_USE_HEURISTIC_MODE_B", None)
             if mode == "mode_b":
                 env["TORCH_CUDNN_USE_HEURISTIC_MODE_B"] = "1"
-            res = subprocess.run([sys.executable, __file__, "--out", a.out, "--time", path,
-                                  "--mode", mode, "--iters", str(a.iters)], env=env, check=True,
+            res = subprocess.run([sys.executable, __file__, "--time", path, "--mode", mode,
+                                  "--iters", str(a.iters)], env=env, check=True,
                                  capture_output=True, text=True)
             for s, us in zip(shapes, json.loads(res.stdout.strip().splitlines()[-1])):
                 s[mode + "_us"] = round(us, 2)

@@ -116,10 +116,17 @@ struct Piece {
   bool ok = false;
 };
 
+// How every piece is filtered and deflated, derived from PngOptions once per image.
+struct PieceSettings {
+  bool adaptive_filter = true;
+  int level = Z_DEFAULT_COMPRESSION;  // zlib's, in [0, 9] or Z_DEFAULT_COMPRESSION
+  int strategy = Z_RLE;               // zlib's
+};
+
 // Filters rows [first, last) of the image and deflates them: the stream's final block when
 // `final_piece`, else ending with a full flush.
 void EncodePiece(const uint8_t* rgb, size_t stride, int first, int last, bool final_piece,
-                 const PngOptions& options, int level, Piece* piece) {
+                 const PieceSettings& settings, Piece* piece) {
   const size_t rows = static_cast<size_t>(last - first);
   std::vector<uint8_t> filtered((stride + 1) * rows);
   const std::vector<uint8_t> zeros(stride, 0);
@@ -130,7 +137,7 @@ void EncodePiece(const uint8_t* rgb, size_t stride, int first, int last, bool fi
     const uint8_t* prev = y > 0 ? row - stride : zeros.data();
     uint8_t* out = filtered.data() + static_cast<size_t>(y - first) * (stride + 1);
     int best = 0;
-    if (options.adaptive_filter) {
+    if (settings.adaptive_filter) {
       uint64_t best_cost = std::numeric_limits<uint64_t>::max();
       for (int type = 0; type < 5; ++type) {
         FilterRow(type, row, prev, stride, candidates[type].data());
@@ -150,8 +157,8 @@ void EncodePiece(const uint8_t* rgb, size_t stride, int first, int last, bool fi
   piece->adler = adler32_z(adler32(0L, Z_NULL, 0), filtered.data(), filtered.size());
 
   z_stream z{};
-  const int strategy = options.search == PngOptions::Search::kRuns ? Z_RLE : Z_DEFAULT_STRATEGY;
-  if (deflateInit2(&z, level, Z_DEFLATED, /*windowBits=*/-15, 8, strategy) != Z_OK) {
+  if (deflateInit2(&z, settings.level, Z_DEFLATED, /*windowBits=*/-15, 8, settings.strategy) !=
+      Z_OK) {
     return;
   }
   // deflateBound covers the final block; a full flush adds at most a few bytes.
@@ -176,8 +183,11 @@ std::string EncodePng(const uint8_t* rgb, int width, int height, const PngOption
     return "";
   }
   const size_t stride = static_cast<size_t>(width) * kBpp;
-  int level = options.compression_level;
-  if (level < 0 || level > 9) level = Z_DEFAULT_COMPRESSION;
+  PieceSettings settings;
+  settings.adaptive_filter = options.adaptive_filter;
+  settings.level = options.compression_level;
+  if (settings.level < 0 || settings.level > 9) settings.level = Z_DEFAULT_COMPRESSION;
+  settings.strategy = options.search == PngOptions::Search::kRuns ? Z_RLE : Z_DEFAULT_STRATEGY;
   // A piece stays below kMaxPiece bytes, so zlib's 32-bit counts hold it (a piece is one row at
   // least: a row is below 2^31 bytes).
   const int rows_per_piece = static_cast<int>(
@@ -190,7 +200,7 @@ std::string EncodePng(const uint8_t* rgb, int width, int height, const PngOption
     for (int p = next++; p < pieces; p = next++) {
       const int first = p * rows_per_piece;
       const int last = std::min(height, first + rows_per_piece);
-      EncodePiece(rgb, stride, first, last, p == pieces - 1, options, level,
+      EncodePiece(rgb, stride, first, last, p == pieces - 1, settings,
                   &encoded[static_cast<size_t>(p)]);
     }
   };

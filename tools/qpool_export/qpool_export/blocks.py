@@ -85,11 +85,12 @@ class ChannelsLastGroupNorm(nn.GroupNorm):
 
     PyTorch's CUDA group norm makes its input contiguous (NCHW) first, so in a UNet or VAE decoder
     whose convolutions run channels-last (the server lays their weights out so on GPUs) each norm
-    cost a copy to NCHW and the next convolution a copy back. The op's reference takes a group as a view
-    of the input in either layout, its statistics from one general reduction (std_mean accumulates
-    in float32, and a standard deviation cannot overflow fp16 where a variance above 65504 would),
-    and normalizes with the affine in one addcmul of per-channel scale and shift, which keeps the
-    input's strides; the server's CUDA kernel does all of it in two passes (Note [Group norm op]).
+    cost a copy to NCHW and the next convolution a copy back. The op's reference takes a group as
+    a view of the input in either layout, its statistics from one general reduction (std_mean
+    accumulates in float32, and a standard deviation cannot overflow fp16 where a variance above
+    65504 would), and normalizes with the affine in one addcmul of per-channel scale and shift,
+    which keeps the input's strides; the server's CUDA kernel does all of it in two passes (Note
+    [Group norm op]).
     In fp16 the reference's scale and shift are fp16 numbers: its output differs from the native
     norm's by a few 1e-3 of its scale times a group's |mean| / std (tested)."""
 
