@@ -32,7 +32,7 @@ struct ComponentDecl {
   // component/component.h)...
   bool channels_last = false;
   // ... when its graph calls this operator (empty: always).
-  std::string channels_last_needs;
+  std::string channels_last_needs = "";
 };
 
 // The image decoder the kinds here end with: vae_decoder(latents) -> image, its weights
