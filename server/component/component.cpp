@@ -442,7 +442,7 @@ StatusOr<c10::IValue> Component::Run(std::vector<c10::IValue> inputs) {
       auto replayed = graphs_.Run(inputs, [this, compiled](std::vector<c10::IValue> in) {
         return compiled ? compiled_->Run(in) : module_.forward(std::move(in));
       });
-      if (replayed) return c10::IValue(*std::move(replayed));
+      if (replayed) return *std::move(replayed);
     }
     if (compiled) return compiled_->Run(inputs);
     StreamHooksScope streaming(stream_hooks_);

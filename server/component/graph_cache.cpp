@@ -46,6 +46,16 @@ c10::Device FirstTensorDevice(const std::vector<c10::IValue>& inputs) {
   return c10::Device(c10::kCPU);
 }
 
+// What a replay can hand back: a tensor, or a tuple of tensors (Note [Forward graphs]).
+bool IsTensorOrTensors(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined();
+  if (!v.isTuple()) return false;
+  const auto& elements = v.toTupleRef().elements();
+  return !elements.empty() && std::all_of(elements.begin(), elements.end(), [](const auto& e) {
+    return e.isTensor() && e.toTensor().defined();
+  });
+}
+
 // The first line of an error (c10 errors carry a backtrace after it).
 std::string FirstLine(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
@@ -98,7 +108,8 @@ struct GraphCache::Entry {
   c10::MempoolId_t pool{0, 0};
   std::unique_ptr<CapturedGraph> graph;
   std::vector<c10::IValue> inputs;  // what the graph reads: static tensors, scalars as given
-  torch::Tensor output;             // in the graph's pool; overwritten by every replay
+  // In the graph's pool, overwritten by every replay: a tensor or a tuple of tensors.
+  c10::IValue output;
   uint64_t bytes = 0;
   bool release_pool = false;  // a failed capture left the pool to be released here
 
@@ -106,7 +117,7 @@ struct GraphCache::Entry {
     try {
       c10::cuda::CUDAGuard guard(device);
       if (stream) stream->synchronize();  // a replay may still use the pool and the inputs
-      output = torch::Tensor();
+      output = c10::IValue();
       inputs.clear();
       graph.reset();  // releases the pool once its capture ended
       if (release_pool) alloc::releasePool(device.index(), pool);
@@ -152,8 +163,8 @@ void GraphCache::Trim(size_t keep) {
   }
 }
 
-std::optional<torch::Tensor> GraphCache::Run(const std::vector<c10::IValue>& inputs,
-                                             const ForwardFn& forward) {
+std::optional<c10::IValue> GraphCache::Run(const std::vector<c10::IValue>& inputs,
+                                           const ForwardFn& forward) {
   const size_t capacity = capacity_.load();
   if (failed_ || capacity == 0) return std::nullopt;
   std::optional<std::string> signature = GraphSignature(inputs);
@@ -192,8 +203,8 @@ std::optional<torch::Tensor> GraphCache::Run(const std::vector<c10::IValue>& inp
 }
 
 #if QPOOL_WITH_CUDA
-std::optional<torch::Tensor> GraphCache::Replay(Entry& entry,
-                                                const std::vector<c10::IValue>& inputs) {
+std::optional<c10::IValue> GraphCache::Replay(Entry& entry,
+                                              const std::vector<c10::IValue>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].isTensor()) entry.inputs[i].toTensor().copy_(inputs[i].toTensor());
   }
@@ -202,7 +213,12 @@ std::optional<torch::Tensor> GraphCache::Replay(Entry& entry,
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.replays;
   }
-  return entry.output.clone();
+  if (entry.output.isTensor()) return c10::IValue(entry.output.toTensor().clone());
+  std::vector<c10::IValue> copies;
+  for (const c10::IValue& v : entry.output.toTupleRef().elements()) {
+    copies.emplace_back(v.toTensor().clone());
+  }
+  return c10::IValue(c10::ivalue::Tuple::create(std::move(copies)));
 }
 
 std::unique_ptr<GraphCache::Entry> GraphCache::Capture(const std::string& signature,
@@ -233,10 +249,10 @@ std::unique_ptr<GraphCache::Entry> GraphCache::Capture(const std::string& signat
     began = true;
     c10::IValue out = forward(entry->inputs);
     entry->graph->capture_end();  // instantiates the graph
-    if (out.isTensor()) {
-      entry->output = out.toTensor();
+    if (IsTensorOrTensors(out)) {
+      entry->output = std::move(out);
     } else {
-      error = StrCat("the forward returned ", out.tagKind(), ", not a Tensor");
+      error = StrCat("the forward returned ", out.tagKind(), ", not a Tensor or a tuple of them");
     }
   } catch (const std::exception& e) {
     error = FirstLine(e);

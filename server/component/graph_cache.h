@@ -35,7 +35,9 @@ std::optional<std::string> GraphSignature(const std::vector<c10::IValue>& inputs
 // Note [Forward graphs]
 // A denoising loop runs the same forward on inputs of the same shapes at every step; launching
 // its kernels one by one from the TorchScript interpreter leaves the GPU waiting on the CPU
-// whenever the kernels are short (small batches on a large GPU). The cache records the forward
+// whenever the kernels are short (small batches on a large GPU). Text encoders, whose 77-token
+// forwards are all short kernels, run once per request with the same shapes across requests
+// (their pipelines enable graphs only while they stay on the device: Pipeline::UseEncoderGraphs). The cache records the forward
 // once per input signature as a CUDA graph and then launches the whole graph at once:
 // - The first forward of a signature runs eagerly: it is the warm-up that makes every lazy
 //   initialization (library handles and workspaces, kernel attributes, module loading) happen
@@ -43,8 +45,10 @@ std::optional<std::string> GraphSignature(const std::vector<c10::IValue>& inputs
 //   signature captures on the caller's current stream (never the default stream; the worker's
 //   own is a pool stream) into a private memory pool, with the inputs copied into static
 //   buffers; it and every later forward of the signature copy their inputs into those buffers,
-//   replay, and return a clone of the static output, so callers own what they get and a replay
-//   never overwrites a result still in use.
+//   replay, and return a clone of the static output (a tensor, or a tuple of tensors such as a
+//   text encoder's hidden states and pooled embedding), so callers own what they get and a replay
+//   never overwrites a result still in use. A forward that returns anything else fails its
+//   capture (below).
 // - The capture runs in thread-local capture mode: other device workers allocating or
 //   synchronizing on their own GPUs meanwhile do not break it.
 // - A graph bakes in the addresses of every tensor it reads, weights included, so any change of
@@ -74,12 +78,11 @@ class GraphCache {
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;
 
-  // The forward's output for `inputs` from the graph of their signature, or nullopt when the
-  // caller must run the forward eagerly itself: the cache is off, no CUDA, the default stream,
-  // inputs GraphSignature refuses, a signature's first forward (the warm-up), a failed capture.
-  // Throws what a replay throws.
-  std::optional<torch::Tensor> Run(const std::vector<c10::IValue>& inputs,
-                                   const ForwardFn& forward);
+  // The forward's output for `inputs` from the graph of their signature (a tensor or a tuple of
+  // tensors, as the forward returned), or nullopt when the caller must run the forward eagerly
+  // itself: the cache is off, no CUDA, the default stream, inputs GraphSignature refuses, a
+  // signature's first forward (the warm-up), a failed capture. Throws what a replay throws.
+  std::optional<c10::IValue> Run(const std::vector<c10::IValue>& inputs, const ForwardFn& forward);
   // Drops every graph and frees its memory (waits for replays still running).
   void Clear();
   // Signatures that keep a graph; lowering it drops the least recently used ones, 0 all.
@@ -92,7 +95,7 @@ class GraphCache {
 
  private:
   struct Entry;
-  std::optional<torch::Tensor> Replay(Entry& entry, const std::vector<c10::IValue>& inputs);
+  std::optional<c10::IValue> Replay(Entry& entry, const std::vector<c10::IValue>& inputs);
   // Captures a graph for `signature`; null after a failure (logged, the cache turned off).
   std::unique_ptr<Entry> Capture(const std::string& signature,
                                  const std::vector<c10::IValue>& inputs, const ForwardFn& forward);

@@ -119,10 +119,12 @@ struct BatchingSpec {
 struct ExecutionSpec {
   // The denoiser's forward is captured once per input shape in a CUDA graph and replayed at
   // every step (Note [Forward graphs] in component/graph_cache.h): a denoising loop is otherwise
-  // bound by kernel launches. Off: every forward launches its kernels one by one.
+  // bound by kernel launches. The text encoders' forwards are too, while the offload policy keeps
+  // them on the device between requests (Pipeline::UseEncoderGraphs). Off: every forward launches
+  // its kernels one by one.
   bool cuda_graphs = true;
-  // Input shapes (sizes, batch) whose graphs the denoiser keeps, least recently used dropped
-  // first: each holds the activation memory of one forward.
+  // Input shapes (sizes, batch) whose graphs the denoiser, and each text encoder, keeps, least
+  // recently used dropped first: each holds the activation memory of one forward.
   int max_graphs = 4;
   // Each replica makes one image at the pipeline's defaults before its load ends, so that the
   // first request runs at full speed (Note [Warm-up at load] in pool/pipeline_registry.h).

@@ -204,6 +204,13 @@ void Pipeline::UseForwardGraphs(const std::string& name) {
   component(name).EnableGraphs(e.cuda_graphs ? static_cast<size_t>(e.max_graphs) : 0);
 }
 
+void Pipeline::UseEncoderGraphs(Component& encoder) {
+  const ExecutionSpec& e = manifest_.execution;
+  const OffloadMode mode = residency().policy().mode;
+  const bool resident = mode == OffloadMode::kNone || mode == OffloadMode::kIdle;
+  encoder.EnableGraphs(e.cuda_graphs && resident ? static_cast<size_t>(e.max_graphs) : 0);
+}
+
 StatusOr<GenerateOutput> Pipeline::Generate(const GenerateParams& params,
                                             const ProgressFn& progress,
                                             const CancelledFn& cancelled) {

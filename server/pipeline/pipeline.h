@@ -113,6 +113,12 @@ class Pipeline {
   // forward when it runs on a GPU, unless the manifest's execution.cuda_graphs is off
   // (Note [Forward graphs] in component/graph_cache.h).
   void UseForwardGraphs(const std::string& name);
+  // Lets text encoder `encoder` replay CUDA graphs of its forward while the offload policy keeps
+  // it on the device between requests (none, idle), unless execution.cuda_graphs is off. Under
+  // model it runs eagerly: it moves at every request, which would drop its graphs each time, so
+  // a request would capture a graph for the one or two forwards it makes. Called before each
+  // encoding, so a policy change takes effect at the next request.
+  void UseEncoderGraphs(Component& encoder);
   // The images of latents [n, latent.channels, h, w] (in latent space, before the manifest's
   // scaling and shift) as 8-bit RGB pixels on the host, [n, height, width, 3]: `decoder`
   // (resident) gets latents / scaling_factor + shift_factor.

@@ -1,7 +1,9 @@
-// CUDA graphs of the denoiser's forward (Note [Forward graphs]): a replay returns the eager
-// forward's bytes (fp16, int8 and nf4, whose quant_linear kernels run inside the graph, and a
-// forward compiled by AOTInductor); a move, an offload or an unload drops the graphs and their
-// memory; the cache stays bounded; and the default stream and streamed components never capture.
+// CUDA graphs of the denoiser's and the text encoders' forwards (Note [Forward graphs]): a replay
+// returns the eager forward's bytes (fp16, int8 and nf4, whose quant_linear kernels run inside
+// the graph, a forward compiled by AOTInductor, and a forward returning a tuple); a move, an
+// offload or an unload drops the graphs and their memory; text encoders keep graphs only while
+// they stay on the device; the cache stays bounded; and the default stream and streamed
+// components never capture.
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -11,7 +13,9 @@
 #include <torch/cuda.h>
 
 #include <optional>
+#include <utility>
 
+#include "component/graph_cache.h"
 #include "gpu/gpu_pipeline_fixture.h"
 #include "memory/leak_check.h"
 
@@ -150,8 +154,10 @@ TEST_F(GraphGpuTest, CompiledForwardIsCapturedAndReplaysItsEagerBytes) {
   if (!any) GTEST_SKIP() << "no CUDA-compiled pipeline exported (the build machine had no GPU)";
 }
 
-// A request's images are the same bytes with the denoiser's graphs on and off; the loop of three
-// steps warms up, captures, and replays.
+// A request's images are the same bytes with graphs on and off. The first request's loop of
+// three steps warms the denoiser up, captures, and replays; its one text encoder forward is the
+// encoder's warm-up. The second request replays the denoiser at every step and captures the
+// encoder's forward.
 TEST_F(GraphGpuTest, GenerateGivesTheSameImagesWithAndWithoutGraphs) {
   for (const std::string name : {"tiny", "tiny-nf4"}) {
     if (!Exported(name)) continue;
@@ -161,18 +167,100 @@ TEST_F(GraphGpuTest, GenerateGivesTheSameImagesWithAndWithoutGraphs) {
     ASSERT_NE(off, nullptr);
     ASSERT_NE(on, nullptr);
     auto expected = off->Generate(Params(), nullptr, nullptr);
-    auto got = on->Generate(Params(), nullptr, nullptr);
     ASSERT_TRUE(expected.ok()) << expected.status().ToString();
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    ASSERT_EQ(got->images.size(), expected->images.size());
-    for (size_t i = 0; i < got->images.size(); ++i) {
-      EXPECT_EQ(got->images[i].png, expected->images[i].png) << name << " image " << i;
+    for (int request = 0; request < 2; ++request) {
+      auto got = on->Generate(Params(), nullptr, nullptr);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_EQ(got->images.size(), expected->images.size());
+      for (size_t i = 0; i < got->images.size(); ++i) {
+        EXPECT_EQ(got->images[i].png, expected->images[i].png)
+            << name << " request " << request << " image " << i;
+      }
     }
     EXPECT_EQ(Find(*off, "unet").graph_stats().captures, 0u);
-    const GraphStats stats = Find(*on, "unet").graph_stats();
-    EXPECT_EQ(stats.captures, 1u) << name;
-    EXPECT_EQ(stats.replays, 2u) << name;
+    EXPECT_EQ(Find(*off, "text_encoder").graph_stats().captures, 0u);
+    const GraphStats unet = Find(*on, "unet").graph_stats();
+    EXPECT_EQ(unet.captures, 1u) << name;
+    EXPECT_EQ(unet.replays, 5u) << name;
+    const GraphStats encoder = Find(*on, "text_encoder").graph_stats();
+    EXPECT_EQ(encoder.captures, 1u) << name;
+    EXPECT_EQ(encoder.replays, 1u) << name;
+    EXPECT_EQ(encoder.failures, 0u) << name;
+    EXPECT_GT(Find(*on, "text_encoder").Bytes().graph, 0u) << name;
   }
+}
+
+// A text encoder keeps graphs only while the policy keeps it on the device between requests:
+// under model it runs eagerly, and switching a pipeline to model drops the graphs it held.
+TEST_F(GraphGpuTest, TextEncodersReplayOnlyWhileResident) {
+  auto model = Load("tiny", kGpu, "model");
+  ASSERT_NE(model, nullptr);
+  for (int request = 0; request < 3; ++request) {
+    ASSERT_TRUE(model->Generate(Params(), nullptr, nullptr).ok());
+  }
+  EXPECT_EQ(Find(*model, "text_encoder").graph_stats().captures, 0u);
+  EXPECT_EQ(Find(*model, "text_encoder").Bytes().graph, 0u);
+
+  auto pipeline = Load("tiny", kGpu, "none");
+  ASSERT_NE(pipeline, nullptr);
+  Component& encoder = Find(*pipeline, "text_encoder");
+  for (int request = 0; request < 3; ++request) {
+    ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+  }
+  EXPECT_EQ(encoder.graph_stats().captures, 1u);
+  EXPECT_EQ(encoder.graph_stats().replays, 2u);
+  ASSERT_GT(encoder.Bytes().graph, 0u);
+
+  auto parsed = MakeOffloadPolicy("model", 300);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_TRUE(pipeline->residency().SetPolicy(*parsed).ok());
+  ASSERT_TRUE(pipeline->Generate(Params(), nullptr, nullptr).ok());
+  EXPECT_EQ(encoder.graph_stats().captures, 1u);
+  EXPECT_EQ(encoder.graph_stats().graphs, 0u);
+  EXPECT_EQ(encoder.Bytes().graph, 0u);
+}
+
+// A forward returning a tuple of tensors (SDXL's second text encoder: hidden states and pooled
+// embedding) is captured and replayed as a tuple of copies the caller owns; one returning
+// anything else fails its capture, and the cache runs eagerly from then on.
+TEST_F(GraphGpuTest, TupleOutputsReplayAsCopies) {
+  torch::jit::Module m("Pair");
+  m.define(R"JIT(
+    def forward(self, x):
+        return (torch.relu(x) * 2.0, x.sum(1))
+  )JIT");
+  auto forward = [&m](std::vector<c10::IValue> in) { return m.forward(std::move(in)); };
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const torch::Tensor a = torch::randn({4, 8}, opts), b = torch::randn({4, 8}, opts);
+  GraphCache cache("text_encoder_2", 2);
+  EXPECT_FALSE(cache.Run({a}, forward)) << "the first forward of a signature is the warm-up";
+  auto captured = cache.Run({a}, forward);
+  auto replayed = cache.Run({b}, forward);
+  ASSERT_TRUE(captured && replayed);
+  Sync();
+  for (const auto& [out, x] : {std::pair{*captured, a}, std::pair{*replayed, b}}) {
+    ASSERT_TRUE(out.isTuple());
+    const auto& elements = out.toTupleRef().elements();
+    ASSERT_EQ(elements.size(), 2u);
+    EXPECT_TRUE(torch::equal(elements[0].toTensor(), torch::relu(x) * 2.0));
+    EXPECT_TRUE(torch::equal(elements[1].toTensor(), x.sum(1)));
+  }
+  EXPECT_EQ(cache.stats().captures, 1u);
+  EXPECT_EQ(cache.stats().replays, 2u);
+
+  torch::jit::Module bad("Listed");
+  bad.define(R"JIT(
+    def forward(self, x):
+        return [x * 2.0]
+  )JIT");
+  GraphCache refused("listed", 2);
+  auto listed = [&bad](std::vector<c10::IValue> in) { return bad.forward(std::move(in)); };
+  EXPECT_FALSE(refused.Run({a}, listed));
+  EXPECT_FALSE(refused.Run({a}, listed)) << "a list is not replayed";
+  EXPECT_EQ(refused.stats().failures, 1u);
+  EXPECT_EQ(refused.bytes(), 0u);
+  EXPECT_FALSE(refused.Run({a}, listed));
+  EXPECT_EQ(refused.stats().captures, 0u);
 }
 
 // An offload rebinds the UNet's tensors: its graphs go, with their memory pools (reserved bytes
@@ -220,6 +308,7 @@ TEST_F(GraphGpuTest, ModelPolicyLeavesNoGraphBehind) {
   Component& unet = Find(*pipeline, "unet");
   EXPECT_EQ(unet.graph_stats().captures, 1u);
   EXPECT_EQ(unet.Bytes().graph, 0u);
+  EXPECT_EQ(Find(*pipeline, "text_encoder").graph_stats().captures, 0u);
   EXPECT_EQ(Allocated(kGpu), base);
 }
 

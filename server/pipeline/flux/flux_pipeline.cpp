@@ -86,6 +86,7 @@ StatusOr<FluxPipeline::Prompts> FluxPipeline::EncodePrompts(const std::vector<st
   Component& t5 = component("text_encoder_2");
   Prompts out;
   RETURN_IF_ERROR(residency().Use(clip));
+  UseEncoderGraphs(clip);
   residency().Prefetch(t5);
   ASSIGN_OR_RETURN(out.pooled, clip.Forward({PaddedTokenIds(clip_, prompts).to(device())}));
   if (out.pooled.dim() != 2 || out.pooled.size(0) != n) {
@@ -94,6 +95,7 @@ StatusOr<FluxPipeline::Prompts> FluxPipeline::EncodePrompts(const std::vector<st
   }
   residency().Done(clip);
   RETURN_IF_ERROR(residency().Use(t5));
+  UseEncoderGraphs(t5);
   if (next != nullptr) residency().Prefetch(*next);
   ASSIGN_OR_RETURN(out.context, t5.Forward({PaddedTokenIds(t5_, prompts).to(device())}));
   if (out.context.dim() != 3 || out.context.size(0) != n ||

@@ -91,6 +91,7 @@ StatusOr<std::vector<std::vector<torch::Tensor>>> SdPipeline::RunTextEncoder(
     Component& encoder, const ClipTokenizer& tokenizer,
     const std::vector<std::vector<std::string>>& groups, size_t outputs, Component* next) {
   RETURN_IF_ERROR(residency().Use(encoder));
+  UseEncoderGraphs(encoder);
   // Queued on the copy stream after the encoder's own copy, so it overlaps the encoding instead
   // of delaying it.
   if (next != nullptr) residency().Prefetch(*next);
