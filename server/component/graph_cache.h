@@ -37,8 +37,9 @@ std::optional<std::string> GraphSignature(const std::vector<c10::IValue>& inputs
 // its kernels one by one from the TorchScript interpreter leaves the GPU waiting on the CPU
 // whenever the kernels are short (small batches on a large GPU). Text encoders, whose 77-token
 // forwards are all short kernels, run once per request with the same shapes across requests
-// (their pipelines enable graphs only while they stay on the device: Pipeline::UseEncoderGraphs). The cache records the forward
-// once per input signature as a CUDA graph and then launches the whole graph at once:
+// (their pipelines enable graphs only while they stay on the device: UseEncoderGraphs in
+// pipeline/pipeline.h). The cache records the forward once per input signature as a CUDA graph
+// and then launches the whole graph at once:
 // - The first forward of a signature runs eagerly: it is the warm-up that makes every lazy
 //   initialization (library handles and workspaces, kernel attributes, module loading) happen
 //   outside a capture; signatures stay warm when graphs are dropped. The next forward of the
