@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The field report's case at full size, on two GPUs, through a real qpool-server: a quantized
 pipeline loaded on cuda:0 and moved to cuda:1 keeps every component (quant state included) on
-cuda:1, cuda:0's allocated bytes return to their baseline and EmptyCache gives its reserved bytes
-back (and says how many), and the pipeline generates on cuda:1. Then the pipeline goes
+cuda:1, cuda:0's allocated bytes return to their baseline (the CUDA graphs the pipeline held
+there included) and EmptyCache gives its reserved bytes back (and says how many), and the
+pipeline generates on cuda:1. Then the pipeline goes
 cuda:1 -> cuda:0 -> host (OffloadPipeline) -> cuda:1 (OnloadPipeline) and must give the same PNG
 bytes on cuda:1 as before the round trip.
 
@@ -64,6 +65,16 @@ def check_pipeline(models, inference, pb, name, steps, check):
 
     loaded = models.LoadPipeline(pb.LoadPipelineRequest(name=name, device=FROM), timeout=600)
     on_from = image(inference, pb, name, 7, steps)
+    # A second request replays the denoiser's and captures the text encoders' CUDA graphs, so
+    # the move below also has graph memory to take off cuda:0.
+    check(f"{name}: a second request on {FROM} gives the same PNG bytes",
+          image(inference, pb, name, 7, steps) == on_from)
+    report = models.GetMemoryReport(pb.GetMemoryReportRequest(max_events=0))
+    graphs = {c.name: c.graph_bytes
+              for c in next(p for p in report.pipelines if p.name == name).components}
+    row["graph_bytes_before_move"] = graphs
+    check(f"{name}: every component but the decoder holds CUDA graphs on {FROM}",
+          all(b > 0 for c, b in graphs.items() if c != "vae_decoder"), graph_bytes=graphs)
     held = attributed_on(loaded.pipeline, FROM)
     row["attributed_bytes"] = held
     row["allocated_on_from_after_generate"] = memory(FROM).allocated_bytes
