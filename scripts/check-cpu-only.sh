@@ -8,11 +8,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 main=${QPOOL_BUILD_DIR:-$root/build}
 build=$main/cpu-only
+. "$root/scripts/compiler-launcher.sh"
 torch_cmake=$("$root/.venv/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)')
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQPOOL_CUDA=OFF \
     -DQPOOL_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$torch_cmake" \
-    -DQPOOL_PYTHON="$root/.venv/bin/python" >/dev/null
+    -DQPOOL_PYTHON="$root/.venv/bin/python" ${launcher[@]+"${launcher[@]}"} >/dev/null
 fi
 grep -q "QPOOL_CUDA:BOOL=OFF" "$build/CMakeCache.txt"
 unit=(graph_cache_test component_test quant_op_test pipeline_pool_test leak_check_test)

@@ -25,10 +25,11 @@ if [ -x "$root/.venv/bin/python" ]; then
   torch_cmake=$("$root/.venv/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)' \
     2>/dev/null || true)
 fi
+. "$root/scripts/compiler-launcher.sh"
 has_torch() { grep -q '^QPOOL_FUZZ_TORCH:INTERNAL=ON$' "$build/CMakeCache.txt" 2>/dev/null; }
 if [ ! -f "$build/build.ninja" ] || { [ -n "$torch_cmake" ] && ! has_torch; }; then
   CC=clang CXX=clang++ cmake -S "$root/fuzz" -B "$build" -G Ninja \
-    ${torch_cmake:+-DCMAKE_PREFIX_PATH="$torch_cmake"} >/dev/null
+    ${torch_cmake:+-DCMAKE_PREFIX_PATH="$torch_cmake"} ${launcher[@]+"${launcher[@]}"} >/dev/null
 fi
 if has_torch; then
   all+=("${torch_targets[@]}")

@@ -18,7 +18,8 @@ packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv 
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libmicrohttpd-dev libsentencepiece-dev libssl-dev)
-((build_only)) || packages+=(openssl prometheus clang haproxy chromium)
+# ccache: the test builds compile through it (scripts/ccache-launch).
+((build_only)) || packages+=(openssl prometheus clang haproxy chromium ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
