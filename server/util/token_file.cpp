@@ -2,12 +2,14 @@
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <ctime>
 #include <sstream>
 
 #include "util/log.h"
@@ -65,44 +67,99 @@ StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path) {
   return file;
 }
 
+namespace {
+
+TokenFile::Identity IdentityOf(const struct stat& st) {
+  return {st.st_dev,         st.st_ino,          st.st_size,        st.st_mtim.tv_sec,
+          st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+}
+
+// The file's contents, read through one descriptor whose own identity is returned: what was read
+// is what the identity describes, even if the path is swapped meanwhile.
+Status ReadTokenFile(const std::string& path, std::string* text, TokenFile::Identity* identity) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return NotFound(StrCat("cannot read token file ", path, ": ", std::strerror(errno)));
+  struct stat st {};
+  Status status;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxFileBytes) {
+    status = InvalidArgument(StrCat("token file ", path, " is not a regular file of at most ",
+                                    kMaxFileBytes, " bytes"));
+  } else {
+    *identity = IdentityOf(st);
+    text->clear();
+    char buffer[8192];
+    for (;;) {
+      const ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = NotFound(StrCat("cannot read token file ", path, ": ", std::strerror(errno)));
+        break;
+      }
+      if (n == 0) break;
+      text->append(buffer, static_cast<size_t>(n));
+      if (text->size() > static_cast<size_t>(kMaxFileBytes)) {  // grew while being read
+        status = InvalidArgument(StrCat("token file ", path, " is larger than ", kMaxFileBytes,
+                                        " bytes"));
+        break;
+      }
+    }
+  }
+  close(fd);
+  return status;
+}
+
+}  // namespace
+
 Status TokenFile::RefreshLocked() {
   struct stat st {};
-  if (stat(path_.c_str(), &st) != 0) {
-    return NotFound(StrCat("cannot read token file ", path_, ": ", std::strerror(errno)));
+  if (stat(path_.c_str(), &st) == 0 && read_ && !racy_ && IdentityOf(st) == identity_) {
+    return state_;
   }
-  const Identity identity{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
-  if (identity == identity_ && !digests_.empty()) return Status::Ok();
-  if (!S_ISREG(st.st_mode) || st.st_size > kMaxFileBytes) {
-    return InvalidArgument(StrCat("token file ", path_, " is not a regular file of at most ",
-                                  kMaxFileBytes, " bytes"));
+  std::string text;
+  Identity identity{};
+  Status status = ReadTokenFile(path_, &text, &identity);
+  Digest contents{};
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), contents.data());
+  // A file changed within a second of being read may change again with the same times (they
+  // advance by the kernel's clock tick): until a read comes later, the contents are compared.
+  struct timespec now {};
+  clock_gettime(CLOCK_REALTIME, &now);
+  racy_ = !status.ok() || now.tv_sec <= std::get<5>(identity) + 1;
+  if (status.ok() && read_ && contents == contents_) {  // touched, not changed
+    identity_ = identity;
+    return state_;
   }
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) return NotFound(StrCat("cannot read token file ", path_, ": ", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  ASSIGN_OR_RETURN(std::vector<std::string> tokens, ParseTokens(text.str(), path_));
+  const bool read_ok = status.ok();
   std::vector<Digest> digests;
-  for (const std::string& token : tokens) {
-    Digest digest;
-    SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest.data());
-    digests.push_back(digest);
-    OPENSSL_cleanse(const_cast<char*>(token.data()), token.size());
+  if (read_ok) {
+    StatusOr<std::vector<std::string>> tokens = ParseTokens(text, path_);
+    status = tokens.status();
+    for (std::string& token : tokens.ok() ? *tokens : std::vector<std::string>{}) {
+      Digest digest;
+      SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest.data());
+      digests.push_back(digest);
+      OPENSSL_cleanse(token.data(), token.size());
+    }
   }
-  if (!digests_.empty()) log::Info("token file ", path_, " re-read: ", digests.size(), " token(s)");
-  digests_ = std::move(digests);
-  identity_ = identity;
-  return Status::Ok();
+  OPENSSL_cleanse(text.data(), text.size());
+  if (read_ && status.ok()) {
+    log::Info("token file ", path_, " re-read: ", digests.size(), " token(s)");
+  } else if (read_ && (state_.ok() || status.message() != state_.message())) {
+    log::Error(status.message(), "; no token is valid until a good file is read");
+  }
+  digests_ = std::move(digests);  // empty on failure: revocation fails closed
+  contents_ = status.ok() ? contents : Digest{};
+  identity_ = read_ok ? identity : IdentityOf(st);
+  state_ = status;
+  read_ = true;
+  return status;
 }
 
 bool TokenFile::Accepts(const std::string& token) {
   Digest presented;
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), presented.data());
   std::lock_guard<std::mutex> lock(mu_);
-  const Status refreshed = RefreshLocked();
-  if (!refreshed.ok() && !reported_failure_) {
-    log::Error(refreshed.message(), "; keeping the ", digests_.size(), " token(s) read before");
-  }
-  reported_failure_ = !refreshed.ok();
+  RefreshLocked();  // a failure leaves digests_ empty; it is logged when the state changes
   bool accepted = false;
   for (const Digest& digest : digests_) {  // no early exit: every digest is compared
     accepted |= CRYPTO_memcmp(digest.data(), presented.data(), digest.size()) == 0;

@@ -20,37 +20,53 @@ namespace qpool {
 // 16 to 4096 printable ASCII characters without spaces: shorter ones are guessable, and anything
 // else could not travel in an `authorization: Bearer <token>` header. Only SHA-256 digests of the
 // tokens stay in memory, and a presented token is compared digest to digest with CRYPTO_memcmp,
-// so neither a core dump nor the time a comparison takes gives a token away. The file is re-read
-// when its identity (device, inode, size, modification time) changes, which covers both an edit
-// in place and a Secret's atomic symlink swap; a re-read that fails keeps the tokens it had.
+// so neither a core dump nor the time a comparison takes gives a token away.
+//
+// Every check looks at the file again: its identity (device, inode, size, modification and
+// change times) covers an edit in place, one that restores the size and modification time too,
+// and a Secret's atomic symlink swap. A changed identity re-reads the file, and a changed digest
+// of its contents replaces the tokens; a file changed within a second of its last read is read
+// again whatever its identity, since its times advance by the kernel's clock tick. Revocation
+// fails closed: a file that is missing, empty, comments only or malformed on any line leaves no
+// token valid, so protected calls are denied (and the state logged once) until a good file is
+// read. Open, at start-up, refuses all of these instead: a server started without a usable token
+// is a mistake to report, not a state to serve.
 
 class TokenFile {
  public:
+  // What tells a rewrite of the file: device, inode, size, modification and change times.
+  using Identity = std::tuple<uint64_t, uint64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
   // Reads `path`. NotFound if it cannot be read, InvalidArgument naming the file and line for a
   // malformed token or a file without tokens.
   static StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path);
 
-  // True if `token` is one of the file's tokens. Re-reads the file first when it changed.
+  // True if `token` is one of the file's tokens now. Re-reads the file first when it changed;
+  // false for every token while the file is missing or malformed (Note [Bearer tokens]).
   // Thread safety: safe from any thread (takes mu_; the re-read happens under it).
   bool Accepts(const std::string& token);
 
   const std::string& path() const { return path_; }
-  // How many tokens the file holds now.
+  // How many tokens are valid now (0 while the file is missing, empty or malformed).
   size_t size();
 
  private:
   using Digest = std::array<uint8_t, 32>;
-  using Identity = std::tuple<uint64_t, uint64_t, int64_t, int64_t, int64_t>;
 
   explicit TokenFile(std::string path) : path_(std::move(path)) {}
-  // Reads the file if its identity differs from identity_; mu_ held.
+  // Reads the file if its identity differs from identity_, replacing digests_ when its contents
+  // changed and clearing them when it cannot be read or parsed; returns why no token is valid
+  // (or Ok). mu_ held.
   Status RefreshLocked();
 
   const std::string path_;
   std::mutex mu_;
   Identity identity_{};
+  bool read_ = false;     // identity_, contents_ and state_ describe a read of the file
+  bool racy_ = false;     // the read came within a second of the file's change: re-read
+  Digest contents_{};     // SHA-256 of the contents read last
+  Status state_;          // why no token is valid, or Ok (logged when it changes)
   std::vector<Digest> digests_;
-  bool reported_failure_ = false;  // a failed re-read is logged once until the next success
 };
 
 // The tokens of a token file's text; InvalidArgument naming `path` and the line otherwise.

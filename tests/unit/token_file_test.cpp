@@ -2,11 +2,13 @@
 #include "util/token_file.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "testing/test_paths.h"
@@ -55,7 +57,7 @@ TEST(TokenFile, AcceptsOnlyItsTokens) {
   EXPECT_FALSE((*file)->Accepts(kFirst.substr(0, 31)));
 }
 
-TEST(TokenFile, ARewrittenFileIsReadAgainAndABrokenOneKeepsTheOldTokens) {
+TEST(TokenFile, ARewrittenFileIsReadAgain) {
   const std::string dir = testing::MakeTempDir("tokens");
   const std::string path = dir + "/tokens";
   Write(path, kFirst + "\n");
@@ -71,13 +73,68 @@ TEST(TokenFile, ARewrittenFileIsReadAgainAndABrokenOneKeepsTheOldTokens) {
   ASSERT_EQ(rename((dir + "/next").c_str(), path.c_str()), 0);
   EXPECT_FALSE((*file)->Accepts(kFirst));
   EXPECT_TRUE((*file)->Accepts(kSecond));
-  // A broken rewrite keeps the tokens read before instead of locking everyone out or in.
-  Write(dir + "/next", "short\n");
-  ASSERT_EQ(rename((dir + "/next").c_str(), path.c_str()), 0);
+}
+
+// Revocation fails closed (Note [Bearer tokens]): whatever the file turns into, no token read
+// before it stays valid, and a good file read afterwards is served again.
+TEST(TokenFile, AnEmptyMissingOrMalformedRewriteLeavesNoTokenValid) {
+  const std::string dir = testing::MakeTempDir("tokens");
+  const std::string path = dir + "/tokens";
+  const std::vector<std::pair<std::string, std::string>> revocations = {
+      {"empty", ""},
+      {"comments only", "# revoked\n\n"},
+      {"one malformed line", kSecond + "\nshort\n"},
+      {"a malformed line before a good one", "not a token\n" + kSecond + "\n"},
+  };
+  for (const auto& [what, text] : revocations) {
+    Write(dir + "/next", kFirst + "\n");
+    ASSERT_EQ(rename((dir + "/next").c_str(), path.c_str()), 0);
+    auto file = TokenFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    ASSERT_TRUE((*file)->Accepts(kFirst));
+    Write(dir + "/next", text);
+    ASSERT_EQ(rename((dir + "/next").c_str(), path.c_str()), 0);
+    EXPECT_FALSE((*file)->Accepts(kFirst)) << what;
+    EXPECT_FALSE((*file)->Accepts(kSecond)) << what;
+    EXPECT_EQ((*file)->size(), 0u) << what;
+    // A good file afterwards is read again.
+    Write(dir + "/next", kSecond + "\n");
+    ASSERT_EQ(rename((dir + "/next").c_str(), path.c_str()), 0);
+    EXPECT_TRUE((*file)->Accepts(kSecond)) << what;
+    EXPECT_FALSE((*file)->Accepts(kFirst)) << what;
+  }
+  auto file = TokenFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Accepts(kSecond));
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  EXPECT_FALSE((*file)->Accepts(kSecond)) << "a deleted file revokes every token";
+  Write(path, kFirst + "\n");
+  EXPECT_TRUE((*file)->Accepts(kFirst)) << "a recreated file is read";
+}
+
+// An edit in place that keeps the size and restores the modification time still changes the
+// file's change time, and the new contents are read.
+TEST(TokenFile, AnInPlaceEditKeepingSizeAndModificationTimeIsRead) {
+  const std::string path = testing::MakeTempDir("tokens") + "/tokens";
+  Write(path, kFirst + "\n");
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  auto file = TokenFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Accepts(kFirst));
+  {
+    std::fstream edit(path, std::ios::in | std::ios::out | std::ios::binary);
+    edit.seekp(0);
+    edit << kSecond;  // same length
+  }
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  struct stat after {};
+  ASSERT_EQ(stat(path.c_str(), &after), 0);
+  ASSERT_EQ(after.st_size, before.st_size);
+  ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
   EXPECT_TRUE((*file)->Accepts(kSecond));
-  EXPECT_EQ((*file)->size(), 1u);
-  unlink(path.c_str());
-  EXPECT_TRUE((*file)->Accepts(kSecond));
+  EXPECT_FALSE((*file)->Accepts(kFirst));
 }
 
 TEST(TokenFile, OpenFailsForMissingOrEmptyFiles) {
