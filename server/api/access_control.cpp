@@ -41,6 +41,12 @@ std::vector<std::string> ClientIdentities(const grpc::CallbackServerContext& con
   return out;
 }
 
+// Admin calls are protected whatever --protect says (Note [Admin credentials]).
+std::set<CallClass> WithAdmin(std::set<CallClass> protect) {
+  protect.insert(CallClass::kAdmin);
+  return protect;
+}
+
 }  // namespace
 
 const char* CallClassName(CallClass c) {
@@ -73,7 +79,7 @@ StatusOr<std::unique_ptr<AccessControl>> AccessControl::Create(const AccessOptio
 
 AccessControl::AccessControl(const AccessOptions& options, std::unique_ptr<TokenFile> tokens,
                              MetricsRegistry* metrics)
-    : protect_(options.protect),
+    : protect_(WithAdmin(options.protect)),
       allowed_clients_(options.allowed_clients.begin(), options.allowed_clients.end()),
       tokens_(std::move(tokens)),
       enabled_(tokens_ != nullptr || !allowed_clients_.empty()) {

@@ -29,8 +29,8 @@ struct AccessOptions {
   // Client certificate identities (subject CN, or a DNS or URI subject alternative name) whose
   // calls are authorized; needs client certificates verified by the TLS layer (mTLS).
   std::vector<std::string> allowed_clients;
-  // The classes that need credentials. Health checking and reflection are never protected:
-  // Kubernetes probes and load balancers carry no credentials.
+  // The classes that need credentials; admin is always among them (Create adds it). Health
+  // checking and reflection are never protected: probes and load balancers carry none.
   std::set<CallClass> protect = {CallClass::kAdmin};
 };
 
@@ -41,8 +41,10 @@ struct AccessOptions {
 //   - a client certificate, verified by TLS against --tls-client-ca, whose subject CN or one of
 //     whose DNS/URI subject alternative names is on --admin-clients; a verified certificate that
 //     is not on the list is PERMISSION_DENIED (the client is known, the call is not its to make).
-// A call with neither is UNAUTHENTICATED. Without any credential configured nothing is protected
-// (the server warns at start-up when it listens beyond loopback that way). Every refusal is
+// A call with neither is UNAUTHENTICATED. Admin calls are always protected once a credential is
+// configured (--protect adds inference and read to them, it cannot take admin away). Without any
+// credential configured nothing is protected, and the server says so at error level at start-up
+// when it listens beyond loopback that way. Every refusal is
 // counted in qpool_denied_calls_total{class, code} and logged at debug level only, so a client
 // hammering with bad tokens cannot flood the log. Checks run on the gRPC thread before the
 // request is converted or handed to the pool: a refused call costs no pool work.

@@ -21,6 +21,22 @@ std::vector<std::string> SplitComma(const std::string& text) {
   return out;
 }
 
+// A comma-separated list of one or more names for `flag`: an empty value or an empty item
+// ("a,,b", ",") is an error naming the flag, not a shorter list.
+StatusOr<std::vector<std::string>> SplitNames(const std::string& flag, const std::string& value,
+                                              const char* what) {
+  std::vector<std::string> out;
+  std::stringstream in(value);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  if (!value.empty() && value.back() == ',') out.emplace_back();
+  if (out.empty() || std::find(out.begin(), out.end(), "") != out.end()) {
+    return InvalidArgument(
+        StrCat(flag, " takes one or more comma-separated ", what, " (got '", value, "')"));
+  }
+  return out;
+}
+
 StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int min, int max) {
   try {
     size_t used = 0;
@@ -140,12 +156,12 @@ std::string ServerUsage() {
                            changes) accepted as 'authorization: Bearer <token>' metadata
   --admin-clients NAMES    comma-separated client certificate identities (subject CN, or a DNS
                            or URI SAN) whose calls are authorized; needs --tls-client-ca
-  --protect CLASSES        calls that need a token or an allowed certificate, comma-separated:
+  --protect CLASSES        call classes that need a token or an allowed certificate besides
                            admin (load, unload, offload, onload, move, policy, empty-cache,
-                           allocator snapshot), inference (generate, encode), read (list,
-                           memory report, watch memory), or all (default admin; nothing is
-                           protected until a credential is configured). Health checks and
-                           reflection stay open for probes
+                           allocator snapshot), which always does once a credential is set:
+                           inference (generate, encode), read (list, memory report, watch
+                           memory), or all, comma-separated. Health checks and reflection stay
+                           open for probes
   --help                   this text
   --version                the version
 )";
@@ -202,6 +218,16 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
     } else {
       if (i + 1 >= argc) return InvalidArgument(StrCat(flag, " needs a value"));
       value = argv[++i];
+    }
+    // A flag naming a file or an address with an empty value is an unset variable in a script
+    // (`--tls-cert "$CERT"`), not a request to turn the feature off.
+    static const char* const kNonEmpty[] = {
+        "--model-repository", "--listen",        "--tls-cert",         "--tls-key",
+        "--tls-client-ca",    "--admin-token-file", "--devices",       "--device",
+        "--attention",        "--metrics-listen"};
+    if (value.empty() &&
+        std::find(std::begin(kNonEmpty), std::end(kNonEmpty), flag) != std::end(kNonEmpty)) {
+      return InvalidArgument(StrCat(flag, " needs a value (got '')"));
     }
     if (flag == "--model-repository") {
       o.model_repository = value;
@@ -270,18 +296,25 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
     } else if (flag == "--admin-token-file") {
       o.admin_token_file = value;
     } else if (flag == "--admin-clients") {
-      o.admin_clients = SplitComma(value);
+      ASSIGN_OR_RETURN(o.admin_clients, SplitNames(flag, value, "client certificate identities"));
     } else if (flag == "--protect") {
-      o.protect = SplitComma(value);
-      for (const std::string& name : o.protect) {
+      // Note [Admin credentials]: admin calls are always protected; the flag adds classes.
+      ASSIGN_OR_RETURN(std::vector<std::string> names,
+                       SplitNames(flag, value, "classes: admin, inference, read or all"));
+      std::vector<std::string> protect = {"admin"};
+      for (const std::string& name : names) {
         if (name != "admin" && name != "inference" && name != "read" && name != "all") {
           return InvalidArgument(StrCat(
               "--protect takes admin, inference, read or all, comma-separated (got '", name, "')"));
         }
+        for (const char* c : {"inference", "read"}) {
+          if ((name == c || name == "all") &&
+              std::find(protect.begin(), protect.end(), c) == protect.end()) {
+            protect.push_back(c);
+          }
+        }
       }
-      if (std::find(o.protect.begin(), o.protect.end(), "all") != o.protect.end()) {
-        o.protect = {"admin", "inference", "read"};
-      }
+      o.protect = std::move(protect);
     } else {
       return InvalidArgument(StrCat("unknown flag '", flag, "' (see --help)"));
     }

@@ -97,6 +97,48 @@ TEST(ServerOptions, TlsAndCredentialFlags) {
   EXPECT_EQ(defaults->protect, (std::vector<std::string>{"admin"}));
 }
 
+// Values that would silently leave admin calls open, or a feature off, are start-up errors
+// naming the flag (exit 2), not shorter lists.
+TEST(ServerOptions, EmptyListsAndEmptyFileOrAddressValuesAreRefused) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--protect", ""}, "--protect takes one or more comma-separated classes"},
+      {{"--protect", ","}, "--protect takes one or more comma-separated classes"},
+      {{"--protect", "admin,,read"}, "--protect takes one or more comma-separated classes"},
+      {{"--protect", "read,"}, "--protect takes one or more comma-separated classes"},
+      {{"--admin-clients", ""}, "--admin-clients takes one or more comma-separated client"},
+      {{"--admin-clients", "ops,"}, "--admin-clients takes one or more comma-separated client"},
+      {{"--admin-token-file", ""}, "--admin-token-file needs a value"},
+      {{"--tls-cert=", "--tls-key="}, "--tls-cert needs a value"},
+      {{"--tls-client-ca", ""}, "--tls-client-ca needs a value"},
+      {{"--listen", ""}, "--listen needs a value"},
+      {{"--model-repository="}, "--model-repository needs a value"},
+      {{"--metrics-listen="}, "--metrics-listen needs a value"},
+  };
+  for (const auto& [args, expected] : cases) {
+    auto o = Parse(args);
+    ASSERT_FALSE(o.ok()) << args[0] << " " << (args.size() > 1 ? args[1] : "");
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(expected), std::string::npos) << o.status().message();
+  }
+}
+
+// --protect adds classes to admin, which stays protected whatever it names.
+TEST(ServerOptions, ProtectAddsToAdminNeverReplacesIt) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"read", {"admin", "read"}},
+      {"inference", {"admin", "inference"}},
+      {"inference,read", {"admin", "inference", "read"}},
+      {"read,admin,read", {"admin", "read"}},
+      {"admin", {"admin"}},
+      {"all", {"admin", "inference", "read"}},
+  };
+  for (const auto& [value, expected] : cases) {
+    auto o = Parse({"--protect", value});
+    ASSERT_TRUE(o.ok()) << value << ": " << o.status().ToString();
+    EXPECT_EQ(o->protect, expected) << value;
+  }
+}
+
 TEST(ServerOptions, LoopbackAddresses) {
   for (const char* local : {"127.0.0.1:50051", "127.1.2.3:0", "localhost:9100", "[::1]:50051"}) {
     EXPECT_TRUE(IsLoopbackListen(local)) << local;
