@@ -65,7 +65,7 @@ qpool::api::AccessOptions AccessOptionsFor(const qpool::ServerOptions& options) 
   qpool::api::AccessOptions access;
   access.token_file = options.admin_token_file;
   access.allowed_clients = options.admin_clients;
-  access.protect.clear();
+  access.protect = {qpool::api::CallClass::kAdmin};  // always (Note [Admin credentials])
   for (const std::string& name : options.protect) {
     access.protect.insert(name == "admin"       ? qpool::api::CallClass::kAdmin
                           : name == "inference" ? qpool::api::CallClass::kInference
@@ -100,9 +100,10 @@ void WarnAboutExposure(const qpool::ServerOptions& options,
                      " (--tls-cert, --tls-key; docs/security.md)");
   }
   if (access.token_file.empty() && access.allowed_clients.empty()) {
-    qpool::log::Warn("admin calls (load, unload, offload, move, ...) on ", options.listen,
-                     " are open to every client: set --admin-token-file or --admin-clients "
-                     "(docs/security.md)");
+    qpool::log::Error("UNPROTECTED: admin calls (load, unload, offload, move, ...) on ",
+                      options.listen,
+                      " are open to every client that can reach it: set --admin-token-file or "
+                      "--admin-clients, or listen on loopback (docs/security.md)");
   }
 }
 
@@ -140,7 +141,45 @@ void Drain(qpool::api::GrpcServer& server, qpool::PipelinePool& pool, std::atomi
   qpool::log::Info("gRPC server stopped ", qpool::SecondsSince(start), " s after the signal");
 }
 
+// Note [Signals]
+// SIGTERM and SIGINT drain (Note [Drain]); they are blocked before anything else runs, so that
+// one arriving during start-up is taken by sigwait, never by the default action: during the
+// start-up loads it stops them after the one in progress, and the drain follows with what is
+// loaded. SIGHUP and SIGUSR1 are logged and ignored (token, certificate and manifest files are
+// re-read as they change, so there is nothing to reload), rather than killing the server without
+// a drain. SIGPIPE is ignored: a closed stdout or socket is an error where it is written, not the
+// end of the process (`qpool-server ... | head` once killed it at start-up).
+sigset_t BlockServerSignals() {
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// True if a SIGTERM or SIGINT is waiting for sigwait.
+bool StopRequested() {
+  sigset_t pending;
+  sigemptyset(&pending);
+  return sigpending(&pending) == 0 &&
+         (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1);
+}
+
+// Waits for SIGTERM or SIGINT (Note [Signals]), logging the others; returns its number.
+int WaitForStop(const sigset_t& signals) {
+  for (;;) {
+    int signal_number = 0;
+    if (sigwait(&signals, &signal_number) != 0) continue;
+    if (signal_number == SIGTERM || signal_number == SIGINT) return signal_number;
+    qpool::log::Info(signal_number == SIGHUP ? "SIGHUP" : "SIGUSR1",
+                     " ignored: files are re-read as they change; SIGTERM drains and stops");
+  }
+}
+
 int Run(int argc, char** argv) {
+  // Every thread started below inherits the mask; signals are taken by sigwait in this thread.
+  const sigset_t signals = BlockServerSignals();
   auto options = qpool::ParseServerOptions(argc, argv, QPOOL_VERSION);
   if (!options.ok()) {
     if (options.status().code() == qpool::StatusCode::kCancelled) {
@@ -158,13 +197,6 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (options->cpu_threads > 0) at::set_num_threads(options->cpu_threads);
-
-  // Signals are taken by sigwait in this thread only; every thread started below inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const auto kinds = qpool::PipelineKinds::Builtin();
   auto repository = qpool::ModelRepository::Open(options->model_repository, kinds->Catalog());
@@ -263,7 +295,7 @@ int Run(int argc, char** argv) {
     return server.status().code() == qpool::StatusCode::kUnavailable ? 1 : 2;
   }
   WarnAboutExposure(*options, grpc_options.access);
-  pool.LoadAtStartup(options->load);
+  pool.LoadAtStartup(options->load, StopRequested);
   (*server)->SetServing(true);
   serving = true;
   if (metrics_server) {
@@ -275,8 +307,7 @@ int Run(int argc, char** argv) {
   std::cout << "qpool-server listening on " << (*server)->address() << std::endl;
   qpool::log::Info("serving model repository ", repository->root(), " on ", (*server)->address());
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const int signal_number = WaitForStop(signals);
   qpool::log::Info(signal_number == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down");
   Drain(**server, pool, serving, options->drain_seconds, options->drain_notice_seconds);
   pool.UnloadAll();

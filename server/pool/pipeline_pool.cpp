@@ -265,10 +265,16 @@ StatusOr<std::string> PipelinePool::AllocatorSnapshot() {
 #endif
 }
 
-void PipelinePool::LoadAtStartup(const std::vector<std::string>& requested) {
+void PipelinePool::LoadAtStartup(const std::vector<std::string>& requested,
+                                 const std::function<bool()>& stop) {
   std::vector<std::string> names = requested;
   if (names.size() == 1 && names[0] == "all") names = registry_->RepositoryNames();
-  for (const auto& name : names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    if (stop && stop()) {
+      log::Warn("start-up loads stopped: ", names.size() - i, " pipeline(s) not loaded");
+      return;
+    }
     std::promise<void> loaded;
     Load(name, "", [&](StatusOr<LoadResult> result) {
       if (!result.ok()) {

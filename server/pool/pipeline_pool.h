@@ -152,7 +152,9 @@ class PipelinePool {
   // --- Life cycle (Note [Drain] in main.cpp) ---
   // Loads `names` ("all": every pipeline) one after the other and waits; failures are logged
   // and the pipelines show as failed, the others load.
-  void LoadAtStartup(const std::vector<std::string>& names);
+  // `stop`, when given, is asked before each load: true skips the rest (a SIGTERM at start-up).
+  void LoadAtStartup(const std::vector<std::string>& names,
+                     const std::function<bool()>& stop = nullptr);
   // From now on new requests get Unavailable.
   void BeginDrain() { draining_ = true; }
   bool draining() const { return draining_.load(); }

@@ -217,3 +217,92 @@ def test_watch_memory_streams_are_bounded_and_hold_no_thread(make_server):
     codes = collections.Counter(rpc_error(list, s).code() for s in streams
                                 if not any(s is r for r in refused))
     assert codes == {grpc.StatusCode.UNAVAILABLE: 300}, codes
+
+
+
+def spawn(server_bin, repository, workdir, *flags, listen="127.0.0.1:0", log=True):
+    """A qpool-server on `listen` whose output (the log among it) goes to workdir/output, or to a
+    pipe closed at once without `log` (as `qpool-server ... | head -c 0`); (process, path)."""
+    path = workdir / "output"
+    command = [str(server_bin), "--model-repository", str(repository), "--listen", listen,
+               "--device", "cpu", "--cpu-threads", "1", *flags]
+    if log:
+        process = subprocess.Popen(command, stdout=open(path, "wb"), stderr=subprocess.STDOUT,
+                                   cwd=workdir)
+    else:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   cwd=workdir)
+        process.stdout.close()
+    return process, path
+
+
+def wait_for_log(process, path, text, timeout=60):
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text(errors="replace"):
+        assert process.poll() is None, f"exited {process.returncode}: {path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no '{text}' in {timeout} s: {path.read_text()[-3000:]}"
+        time.sleep(0.01)
+    return path.read_text(errors="replace")
+
+
+def repository_of(source_repository, root, names):
+    from conftest import copy_pipeline
+
+    repository = root / "models"
+    repository.mkdir()
+    for name in names:
+        copy_pipeline(source_repository, repository, "tiny", name)
+    return repository
+
+
+def test_a_closed_stdout_does_not_stop_the_server(server_bin, source_repository, pb, tmp_path):
+    """Note [Signals]: `qpool-server ... | head -c 200` killed the server at start-up (SIGPIPE);
+    now a write to the closed pipe fails where it is made and the server serves on."""
+    import socket
+
+    with socket.socket() as s:  # a free port: with stdout closed the address is not printed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repository = repository_of(source_repository, tmp_path, ["tiny"])
+    process, _ = spawn(server_bin, repository, tmp_path, "--load", "tiny",
+                       listen=f"127.0.0.1:{port}", log=False)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=60)
+        models = pb.qpool_pb2_grpc.ModelServiceStub(channel)
+        deadline = time.monotonic() + 60
+        while models.ListPipelines(pb.qpool_pb2.ListPipelinesRequest(), timeout=30) \
+                .pipelines[0].state != pb.qpool_pb2.PIPELINE_STATE_LOADED:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+    assert process.poll() is None
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+
+
+def test_sighup_and_sigusr1_are_logged_and_ignored(make_server):
+    """Note [Signals]: SIGHUP and SIGUSR1 killed the server without a drain."""
+    client = make_server(pipelines=("tiny",), load="tiny")
+    server = client.server
+    for number, name in ((signal.SIGHUP, "SIGHUP"), (signal.SIGUSR1, "SIGUSR1")):
+        server.process.send_signal(number)
+        deadline = time.monotonic() + 30
+        while not log_has(server, f"{name} ignored"):
+            assert server.process.poll() is None, server.stderr_text()
+            assert time.monotonic() < deadline, f"no '{name} ignored' logged"
+            time.sleep(0.02)
+    listed = client.models.ListPipelines(client.pb2.ListPipelinesRequest(), timeout=30)
+    assert listed.pipelines[0].state == client.pb2.PIPELINE_STATE_LOADED
+
+
+def test_sigterm_during_start_up_loads_stops_them_and_drains(server_bin, source_repository,
+                                                             tmp_path):
+    """Note [Signals]: a SIGTERM while --load all runs stops the loads after the one in progress,
+    is logged, and the server drains what it loaded and exits 0."""
+    repository = repository_of(source_repository, tmp_path, [f"tiny{i}" for i in range(8)])
+    process, path = spawn(server_bin, repository, tmp_path, "--load", "all")
+    wait_for_log(process, path, "host memory budget")  # logged just before the loads start
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, path.read_text()[-3000:]
+    text = path.read_text(errors="replace")
+    assert "start-up loads stopped" in text, text[-3000:]
+    assert "SIGTERM: shutting down" in text
