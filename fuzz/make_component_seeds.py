@@ -103,6 +103,13 @@ class Inner(torch.nn.Module):
         return torch.matmul(x, self.weight) * self.absmax[0]
 
 
+class Passthrough(torch.nn.Module):
+    """forward(latents) -> latents: a file whose source the nesting seeds replace."""
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents
+
+
 class Scripted(torch.nn.Module):
     """Control flow (if, loop) in the graph, submodules, a tied weight."""
 
@@ -197,6 +204,19 @@ def stored(data: bytes) -> bytes:
     return out.getvalue()
 
 
+def with_code(data: bytes, code: str) -> bytes:
+    """`data`'s stored zip with its TorchScript source replaced by `code`."""
+    src = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            body = src.read(info.filename)
+            if info.filename.endswith("/code/__torch__.py"):
+                body = code.encode()
+            dst.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), body)
+    return out.getvalue()
+
+
 def traced(module: torch.nn.Module, *example: torch.Tensor) -> torch.jit.ScriptModule:
     module.eval()
     result = tracing.trace(module, example)
@@ -278,6 +298,13 @@ def seeds():
     code = record_offset(good, "/code/__torch__.py")
     bad[code: code + 3] = b"%%%"
     yield "bad_code", bytes(bad)
+    # Source that nests deeper than the compiler's recursion can take (Note [Script source
+    # limits]): 20,000 parentheses overflowed its stack; and one just inside the bounds.
+    scripted = stored(saved(torch.jit.script(Passthrough()), "vae_decoder"))
+    head = "class Passthrough(Module):\n  def forward(self, latents: Tensor) -> Tensor:\n    return "
+    yield "deep_parentheses", with_code(scripted, head + "(" * 20000 + "latents" + ")" * 20000)
+    yield "deep_operators", with_code(scripted, head + "latents" + " + latents" * 5000)
+    yield "nested_inside_bounds", with_code(scripted, head + "(" * 150 + "latents" + ")" * 150)
 
 
 def main():

@@ -1,16 +1,21 @@
 #include "component/component.h"
 
+#include <ATen/ThreadLocalState.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
 
 #include "component/attention_backend.h"
 #include "component/compiled_forward.h"
+#include "component/script_source_limits.h"
 #include "component/stream_ops.h"
 #include "util/file_digest.h"
+#include "util/large_stack.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -29,6 +34,46 @@ const torch::jit::Node* FindTensorConstant(const torch::jit::Block* block) {
     }
   }
   return nullptr;
+}
+
+// The stack LibTorch's load runs on: far more than what Note [Script source limits] lets through
+// needs (about 2 MB), reserved and committed only as it is used.
+constexpr size_t kLoadStackBytes = size_t{256} << 20;
+
+// Note [Script source limits]: the file's TorchScript source records, scanned before the
+// compiler reads them, and what the records inflate to. torch.jit.save deflates the source and
+// stores everything else, so the other records together cannot be larger than the file: a zip
+// whose records claim more (a 5 MB file inflating to 1 GiB) is refused before anything is read.
+Status CheckArchive(const std::string& path) {
+  std::error_code error;
+  const uintmax_t file_bytes = std::filesystem::file_size(path, error);
+  if (error) return InvalidArgument(StrCat(path, ": cannot read the component file: ", error.message()));
+  caffe2::serialize::PyTorchStreamReader reader(path);  // c10::Error for what is not a zip
+  uint64_t source_bytes = 0;
+  uint64_t other_bytes = 0;
+  for (const std::string& record : reader.getAllRecords()) {
+    const uint64_t size = reader.getRecordSize(record);
+    const bool source = record.rfind("code/", 0) == 0 && record.size() > 3 &&
+                        record.compare(record.size() - 3, 3, ".py") == 0;
+    if (!source) {
+      other_bytes += size;
+      if (other_bytes > file_bytes) {
+        return InvalidArgument(StrCat(path, ": the component file's records inflate to more than "
+                                      "its ", file_bytes, " bytes (at ", record,
+                                      "): refused before they are read"));
+      }
+      continue;
+    }
+    source_bytes += size;
+    if (source_bytes > kMaxSourceBytes) {
+      return InvalidArgument(StrCat(path, ": the component's TorchScript source is larger than ",
+                                    kMaxSourceBytes >> 20, " MiB (at ", record, ")"));
+    }
+    auto [data, bytes] = reader.getRecord(record);
+    RETURN_IF_ERROR(CheckScriptSource(
+        std::string_view(static_cast<const char*>(data.get()), bytes), path, record));
+  }
+  return Status::Ok();
 }
 
 Status CheckNoTensorConstants(const std::string& path, const torch::jit::Module& module) {
@@ -185,8 +230,22 @@ Component::~Component() = default;
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
   try {
-    torch::jit::Module module =
-        torch::jit::load(path, c10::Device(c10::kCPU), /*load_debug_files=*/false);
+    RETURN_IF_ERROR(CheckArchive(path));
+    // LibTorch's compiler recurses as deep as the source nests: on a thread with a stack to
+    // spare, carrying the caller's thread-local state (InferenceMode on a device worker).
+    std::optional<torch::jit::Module> loaded;
+    std::exception_ptr failure;
+    const at::ThreadLocalState state;
+    RETURN_IF_ERROR(RunWithStack(kLoadStackBytes, [&] {
+      at::ThreadLocalStateGuard guard(state);
+      try {
+        loaded = torch::jit::load(path, c10::Device(c10::kCPU), /*load_debug_files=*/false);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }));
+    if (failure) std::rethrow_exception(failure);
+    torch::jit::Module module = std::move(*loaded);
     if (!module.find_method("forward")) {  // Note [Load errors]
       return InvalidArgument(StrCat(path, ": TorchScript component '", name,
                                     "' has no forward method, which is what runs it"));

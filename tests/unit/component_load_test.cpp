@@ -6,6 +6,9 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "component/component.h"
 #include "testing/test_paths.h"
@@ -130,6 +133,67 @@ TEST(ComponentLoad, RefusesTensorsBeyondTheirStorage) {
   ExpectRefused(Component::Load("vae_decoder", path), path,
                 "tensor 'table' of sizes [1024], strides [1] and offset 0 reaches beyond its "
                 "storage of 16 bytes");
+}
+
+// A Decoder whose forward returns `expression` (of `latents`), saved under `tag`; its path.
+std::string DecoderReturning(const std::string& tag, const std::string& expression) {
+  const std::string valid = SaveModule(Passthrough("Decoder"), tag);
+  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
+  ReplaceCode(valid,
+              "class Decoder(Module):\n  def forward(self, latents: Tensor) -> Tensor:\n"
+              "    return " + expression + "\n",
+              path);
+  return path;
+}
+
+std::string Repeat(const std::string& piece, size_t times) {
+  std::string out;
+  for (size_t i = 0; i < times; ++i) out += piece;
+  return out;
+}
+
+// TorchScript's parser recurses once per level: 100,000 nested parentheses overflowed the stack
+// (SIGSEGV, the whole server down). Each shape of deep recursion is refused before it parses,
+// naming the file and the record (Note [Script source limits]).
+TEST(ComponentLoad, RefusesSourceThatNestsTooDeep) {
+  const size_t deep = 100000;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {Repeat("(", deep) + "latents" + Repeat(")", deep), "brackets nest too deep"},
+      {Repeat("-", deep) + "latents", "an expression of too many operators"},
+      {"latents" + Repeat(" + latents", deep), "an expression of too many operators"},
+      {"latents" + Repeat("[0]", deep), "an expression of too many operators"},
+      {"latents" + Repeat(".T", deep), "an expression of too many operators"},
+      {Repeat("not ", deep) + "latents", "an expression of too many operators"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = DecoderReturning("component-deep-" + std::to_string(i),
+                                              cases[i].first);
+    const auto c = Component::Load("vae_decoder", path);
+    ExpectRefused(c, path, cases[i].second);
+    EXPECT_NE(c.status().message().find("code/__torch__.py line 3"), std::string::npos)
+        << c.status().message();
+  }
+  // Blocks nested deeper than any exporter writes, one indentation level each.
+  std::string blocks = "class Decoder(Module):\n  def forward(self, latents: Tensor) -> Tensor:\n";
+  for (size_t level = 0; level < 2000; ++level) {
+    blocks += std::string(4 + level, ' ') + "if bool(latents.sum() > 0):\n";
+  }
+  blocks += std::string(4 + 2000, ' ') + "pass\n    return latents\n";
+  const std::string valid = SaveModule(Passthrough("Decoder"), "component-deep-blocks");
+  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
+  ReplaceCode(valid, blocks, path);
+  ExpectRefused(Component::Load("vae_decoder", path), path, "blocks nest too deep");
+}
+
+// What stays inside the bounds loads and runs: nesting as exporters write it, and strings and
+// comments holding brackets and operators, which are no part of an expression.
+TEST(ComponentLoad, LoadsSourceInsideTheBounds) {
+  const std::string path = DecoderReturning(
+      "component-nested-ok", Repeat("(", 150) + "latents" + Repeat(")", 150) +
+                                 " + float(len(\"((((((((--[[[[\")) * 0  # ((((((( - - - -");
+  auto c = Component::Load("vae_decoder", path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c.value()->module().forward({torch::ones({2})}).toTensor().equal(torch::ones({2})));
 }
 
 }  // namespace
