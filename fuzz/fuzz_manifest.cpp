@@ -76,6 +76,10 @@ void CheckManifest(const PipelineManifest& m, const KindCatalog& kinds) {
                  l.max_prompts >= 1 && l.max_queue >= 1,
              "limits");
   FUZZ_CHECK(l.max_steps <= m.scheduler.num_train_timesteps, "max_steps");
+  FUZZ_CHECK(l.max_steps <= 10000 && l.max_width <= 16384 && l.max_height <= 16384 &&
+                 l.max_images <= 64 && l.max_prompts <= 1024 && l.max_queue <= 100000 &&
+                 m.scheduler.num_train_timesteps <= 10000 && m.latent.channels <= 1024,
+             "Note [Manifest number ranges]");
   const GenerationDefaults& d = m.defaults;
   FUZZ_CHECK(d.steps >= 1 && d.steps <= l.max_steps, "defaults.steps");
   FUZZ_CHECK(std::isfinite(d.guidance_scale) && d.guidance_scale >= 0, "defaults.guidance_scale");

@@ -1,6 +1,7 @@
 // One parser per section of pipeline.yaml (Note [Manifest errors name the file and the field]).
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "config/manifest_parser.h"
 #include "util/file_digest.h"
@@ -123,6 +124,14 @@ Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) co
   return Status::Ok();
 }
 
+// Note [Manifest number ranges]
+// Every number a manifest holds has a range checked here, the importer writes only values inside
+// it, and docs/model-repository.md lists them: a manifest is input (the importer copies a
+// downloaded scheduler_config.json into it), and an unbounded number reaches allocations (a
+// schedule's tables, a request's latents) before anything else looks at it.
+constexpr int kMaxTrainTimesteps = 10000;
+constexpr int kMaxImageSeqLen = 1 << 20;
+
 Status Parser::ParseScheduler(const YAML::Node& root, ScheduleFamily family,
                               SchedulerConfig* s) const {
   YAML::Node node;
@@ -131,8 +140,11 @@ Status Parser::ParseScheduler(const YAML::Node& root, ScheduleFamily family,
       GetSection(root, "", "scheduler", false, flow ? kFlowSchedulerKeys : kSchedulerKeys, &node));
   const std::string p = "scheduler";
   RETURN_IF_ERROR(ReadNumber(node, p, "num_train_timesteps", &s->num_train_timesteps));
-  if (s->num_train_timesteps < 1) {
-    return Got("scheduler.num_train_timesteps", "must be >= 1", s->num_train_timesteps);
+  // Note [Manifest number ranges]: a schedule's tables are this long (diffusers' models train
+  // on 1000); 1e9 passed the parse and cost the first request 8 GiB.
+  if (s->num_train_timesteps < 1 || s->num_train_timesteps > kMaxTrainTimesteps) {
+    return Got("scheduler.num_train_timesteps",
+               StrCat("must be between 1 and ", kMaxTrainTimesteps), s->num_train_timesteps);
   }
   if (flow) return ParseFlowScheduler(node, s);
   RETURN_IF_ERROR(ReadNumber(node, p, "beta_start", &s->beta_start));
@@ -178,8 +190,13 @@ Status Parser::ParseFlowScheduler(const YAML::Node& node, SchedulerConfig* s) co
   }
   RETURN_IF_ERROR(ReadNumber(node, p, "base_image_seq_len", &f.base_image_seq_len));
   RETURN_IF_ERROR(ReadNumber(node, p, "max_image_seq_len", &f.max_image_seq_len));
-  if (f.base_image_seq_len < 1) {
-    return Got("scheduler.base_image_seq_len", "must be >= 1", f.base_image_seq_len);
+  if (f.base_image_seq_len < 1 || f.base_image_seq_len > kMaxImageSeqLen) {
+    return Got("scheduler.base_image_seq_len", StrCat("must be between 1 and ", kMaxImageSeqLen),
+               f.base_image_seq_len);
+  }
+  if (f.max_image_seq_len > kMaxImageSeqLen) {
+    return Got("scheduler.max_image_seq_len", StrCat("must be at most ", kMaxImageSeqLen),
+               f.max_image_seq_len);
   }
   if (f.max_image_seq_len <= f.base_image_seq_len) {
     return Got("scheduler.max_image_seq_len",
@@ -193,14 +210,18 @@ Status Parser::ParseLatent(const YAML::Node& root, LatentSpec* l) const {
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "latent", false, kLatentKeys, &node));
   RETURN_IF_ERROR(ReadNumber(node, "latent", "channels", &l->channels));
-  if (l->channels < 1) return Got("latent.channels", "must be >= 1", l->channels);
+  if (l->channels < 1 || l->channels > 1024) {
+    return Got("latent.channels", "must be between 1 and 1024", l->channels);
+  }
   RETURN_IF_ERROR(ReadNumber(node, "latent", "downscale", &l->downscale));
   // Real autoencoders downscale by 8 or 16; the bound keeps size arithmetic far from overflow.
   if (l->downscale < 1 || l->downscale > 64) {
     return Got("latent.downscale", "must be between 1 and 64", l->downscale);
   }
   RETURN_IF_ERROR(ReadNumber(node, "latent", "scaling_factor", &l->scaling_factor));
-  if (l->scaling_factor <= 0) return Got("latent.scaling_factor", "must be > 0", l->scaling_factor);
+  if (!(l->scaling_factor > 0) || l->scaling_factor > 1000) {
+    return Got("latent.scaling_factor", "must be in (0, 1000]", l->scaling_factor);
+  }
   RETURN_IF_ERROR(ReadNumber(node, "latent", "shift_factor", &l->shift_factor));
   if (!std::isfinite(l->shift_factor) || std::abs(l->shift_factor) > 100) {
     return Got("latent.shift_factor", "must be in [-100, 100]", l->shift_factor);
@@ -212,13 +233,17 @@ Status Parser::ParseLimits(const YAML::Node& root, const SchedulerConfig& s,
                            RequestLimits* l) const {
   YAML::Node node;
   RETURN_IF_ERROR(GetSection(root, "", "limits", false, kLimitsKeys, &node));
-  const std::pair<const char*, int*> fields[] = {
-      {"max_steps", &l->max_steps},     {"max_width", &l->max_width},
-      {"max_height", &l->max_height},   {"max_images", &l->max_images},
-      {"max_prompts", &l->max_prompts}, {"max_queue", &l->max_queue}};
-  for (const auto& [key, value] : fields) {
+  // Note [Manifest number ranges]: each limit has a ceiling far above what a model serves, so
+  // that the size arithmetic of a request at the limits stays far from overflow.
+  const std::tuple<const char*, int*, int> fields[] = {
+      {"max_steps", &l->max_steps, 10000},    {"max_width", &l->max_width, 16384},
+      {"max_height", &l->max_height, 16384},  {"max_images", &l->max_images, 64},
+      {"max_prompts", &l->max_prompts, 1024}, {"max_queue", &l->max_queue, 100000}};
+  for (const auto& [key, value, most] : fields) {
     RETURN_IF_ERROR(ReadNumber(node, "limits", key, value));
-    if (*value < 1) return Got(Dotted("limits", key), "must be >= 1", *value);
+    if (*value < 1 || *value > most) {
+      return Got(Dotted("limits", key), StrCat("must be between 1 and ", most), *value);
+    }
   }
   // Note: more steps than training timesteps would repeat timesteps (step ratio 0).
   if (l->max_steps > s.num_train_timesteps) {

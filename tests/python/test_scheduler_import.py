@@ -75,3 +75,24 @@ def test_what_the_samplers_do_not_compute_is_refused(tmp_path, cls_name, config,
     with pytest.raises(ImportFailure, match=re.escape(message)):
         scheduler_import.translate(written(cls_name, tmp_path, **SD15, **config),
                                    "scheduler_config.json")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"num_train_timesteps": 1000000000}, "field 'num_train_timesteps' is 1000000000; qpool serves"),
+    ({"num_train_timesteps": "1000"}, "field 'num_train_timesteps' is '1000'; expected a int"),
+    ({"beta_end": float("nan")}, "field 'beta_end' is nan"),
+    ({"steps_offset": [1]}, "field 'steps_offset' is [1]"),
+    ({"_class_name": ["DDIMScheduler"]}, "field '_class_name' is ['DDIMScheduler']"),
+])
+def test_hostile_numbers_and_types_are_refused_naming_the_field(tmp_path, config, message):
+    """Note [Manifest number ranges]: a downloaded scheduler_config.json is input; 1e9 timesteps
+    once went into a manifest, and a list as _class_name ended in a traceback."""
+    with pytest.raises(ImportFailure, match=re.escape(message)):
+        written_config = written("EulerDiscreteScheduler", tmp_path, **SD15)
+        scheduler_import.translate({**written_config, **config}, "scheduler_config.json")
+
+
+def test_hostile_flow_numbers_are_refused_naming_the_field():
+    with pytest.raises(ImportFailure, match=re.escape("field 'max_image_seq_len' is 1e+30")):
+        scheduler_import.translate_flow({"_class_name": "FlowMatchEulerDiscreteScheduler",
+                                         "max_image_seq_len": 1e30}, "scheduler_config.json")

@@ -119,7 +119,7 @@ def check_model_index(src: str) -> Tuple[str, Dict[str, object]]:
     path = os.path.join(src, "model_index.json")
     index = read_json(path)
     cls = index.get("_class_name")
-    if cls not in PIPELINE_CLASSES:
+    if not isinstance(cls, str) or cls not in PIPELINE_CLASSES:
         raise ImportFailure(f"{path}: field '_class_name' is {cls!r}; qpool imports "
                             f"{', '.join(sorted(PIPELINE_CLASSES))}")
     kind = PIPELINE_CLASSES[cls]

@@ -89,11 +89,35 @@ IGNORED = {"_class_name", "_diffusers_version", "skip_prk_steps", "dynamic_thres
            "time_shift_type", *DPM_ACCEPTED}
 
 
+# The ranges the server checks a manifest's numbers against (Note [Manifest number ranges] in
+# server/config/manifest_sections.cpp): a value outside is refused here, naming the field, instead
+# of being written into a manifest that no server loads.
+RANGES = {"num_train_timesteps": (1, 10000), "steps_offset": (0, 9999),
+          "beta_start": (0.0, 1.0), "beta_end": (0.0, 1.0), "shift": (0.0, 1000.0),
+          "base_shift": (-20.0, 20.0), "max_shift": (-20.0, 20.0),
+          "base_image_seq_len": (1, 1 << 20), "max_image_seq_len": (1, 1 << 20)}
+
+
+def number(config: Dict[str, object], field: str, default, where: str):
+    """config[field] (or `default`) as the type of `default`, inside RANGES[field]; ImportFailure
+    naming the field otherwise (a string, a list, NaN, 1e9)."""
+    value = config.get(field, default)
+    value = default if value is None else value
+    kind = type(default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (kind is int and value != int(value)):
+        raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected a {kind.__name__}")
+    low, high = RANGES[field]
+    if not low <= value <= high:  # NaN fails too
+        raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool serves {low} to {high}")
+    return kind(value)
+
+
 def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:
     """(the manifest's scheduler section, the default sampler name) for `config`, the parsed
     scheduler_config.json at `where`."""
     cls = config.get("_class_name")
-    if cls not in DEFAULT_SAMPLER:
+    if not isinstance(cls, str) or cls not in DEFAULT_SAMPLER:
         raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; qpool imports "
                             f"{', '.join(sorted(DEFAULT_SAMPLER))}")
     # DDIMScheduler clips x0 and ends on alpha 1 unless told not to; PNDM and Euler read neither.
@@ -123,13 +147,13 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
             raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's schedulers need "
                                 f"{neutral!r}")
     section: Dict[str, object] = {
-        "num_train_timesteps": int(config.get("num_train_timesteps", 1000)),
-        "beta_start": float(config.get("beta_start", 0.0001)),
-        "beta_end": float(config.get("beta_end", 0.02)),
+        "num_train_timesteps": number(config, "num_train_timesteps", 1000, where),
+        "beta_start": number(config, "beta_start", 0.0001, where),
+        "beta_end": number(config, "beta_end", 0.02, where),
         "beta_schedule": config.get("beta_schedule", "linear"),
         # A field the file leaves out takes the class's default, as diffusers does.
         "timestep_spacing": config.get("timestep_spacing", DEFAULT_SPACING.get(cls, "leading")),
-        "steps_offset": int(config.get("steps_offset", 0)),
+        "steps_offset": number(config, "steps_offset", 0, where),
         "prediction_type": config.get("prediction_type", "epsilon"),
     }
     for field, accepted in ACCEPTED.items():
@@ -154,7 +178,7 @@ def translate_flow(config: Dict[str, object], where: str) -> Tuple[Dict[str, obj
     """(the manifest's scheduler section, the sampler) of a FlowMatchEulerDiscreteScheduler
     config (kind flux)."""
     cls = config.get("_class_name")
-    if cls != "FlowMatchEulerDiscreteScheduler":
+    if not isinstance(cls, str) or cls != "FlowMatchEulerDiscreteScheduler":
         raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; kind flux imports "
                             f"FlowMatchEulerDiscreteScheduler")
     for field, neutral in FLOW_NEUTRAL.items():
@@ -164,11 +188,12 @@ def translate_flow(config: Dict[str, object], where: str) -> Tuple[Dict[str, obj
                                 f"Euler needs {neutral!r}")
     section: Dict[str, object] = {}
     for field, default in FLOW_FIELDS.items():
+        if field in RANGES:
+            section[field] = number(config, field, default, where)
+            continue
         value = config.get(field, default)
         value = default if value is None else value
-        kind = type(default)
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float)):
-            raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected a "
-                                f"{kind.__name__}")
-        section[field] = kind(value)
+        if not isinstance(value, bool):
+            raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected a bool")
+        section[field] = value
     return section, "euler"
