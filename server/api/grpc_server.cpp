@@ -7,6 +7,7 @@
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include "grpc/health/v1/health.pb.h"
+#include "util/listen_socket.h"
 #include "util/log.h"
 #include "util/tls_files.h"
 
@@ -16,11 +17,12 @@ namespace {
 // Note [TLS files]
 // The certificate, key and client CA are checked once at start-up (a wrong path, a key of another
 // certificate or an encrypted key fails the start with the file named, instead of every handshake
-// failing later), then handed to gRPC's file-watching certificate provider, which re-reads them
-// every reload_seconds: a renewed certificate (cert-manager rewriting a Secret, say) serves new
-// connections without a restart, and connections already open keep theirs. A re-read that finds
-// a broken pair keeps the last good one (gRPC logs it).
-StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const TlsOptions& tls) {
+// failing later), then mirrored (Note [TLS renewal] in api/tls_file_mirror.h) into the files
+// gRPC's file-watching certificate provider serves: a renewed certificate (cert-manager rewriting
+// a Secret, say) serves new connections within about reload_seconds without a restart, connections
+// already open keep theirs, and a renewal that does not validate never reaches gRPC.
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const TlsOptions& tls, MetricsRegistry* metrics, std::unique_ptr<TlsFileMirror>* mirror) {
   if (tls.cert_file.empty()) return grpc::InsecureServerCredentials();
   ASSIGN_OR_RETURN(const CertificateInfo info, CheckCertificateAndKey(tls.cert_file, tls.key_file));
   log::Info("TLS: certificate ", info.subject, ", valid until ", info.not_after, ", re-read every ",
@@ -30,8 +32,12 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const TlsOptions&
     log::Info("mTLS: client certificates required, verified against ", authorities,
               " CA certificate(s) of ", tls.client_ca_file);
   }
+  ASSIGN_OR_RETURN(*mirror, TlsFileMirror::Start({tls.cert_file, tls.key_file, tls.client_ca_file},
+                                                 tls.reload_seconds, metrics));
+  const TlsFileMirror::Files& files = (*mirror)->mirror();
+  // The mirror changes only when the watcher validated a renewal: gRPC may look at it often.
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      tls.key_file, tls.cert_file, tls.client_ca_file, tls.reload_seconds);
+      files.key, files.cert, files.client_ca, 1);
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_identity_key_cert_pairs();
   if (tls.client_ca_file.empty()) {
@@ -52,9 +58,13 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   // from the generated pool, which holds health.proto once its code is linked in.
   grpc::health::v1::HealthCheckResponse::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // A malformed address is the flag's error (exit 2); BuildAndStart only says it failed.
+  RETURN_IF_ERROR(CheckListenAddress(options.listen, {"gRPC", "gRPC", 50051}));
   ASSIGN_OR_RETURN(auto access, AccessControl::Create(options.access, options.metrics));
-  ASSIGN_OR_RETURN(auto credentials, Credentials(options.tls));
+  std::unique_ptr<TlsFileMirror> mirror;
+  ASSIGN_OR_RETURN(auto credentials, Credentials(options.tls, options.metrics, &mirror));
   std::unique_ptr<GrpcServer> server(new GrpcServer(pool, options.max_watchers, std::move(access)));
+  server->tls_mirror_ = std::move(mirror);
   grpc::ServerBuilder builder;
   int port = 0;
   // gRPC sets SO_REUSEPORT by default, so a second server on a port in use would start and

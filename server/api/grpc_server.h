@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/access_control.h"
+#include "api/tls_file_mirror.h"
 #include "api/inference_service.h"
 #include "api/model_service.h"
 #include "api/watch_hub.h"
@@ -63,6 +64,7 @@ class GrpcServer {
   WatchHub watchers_;
   InferenceService inference_;
   ModelService models_;
+  std::unique_ptr<TlsFileMirror> tls_mirror_;  // with TLS: the files gRPC serves
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 };

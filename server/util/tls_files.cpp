@@ -73,35 +73,64 @@ StatusOr<CertificateInfo> CheckCertificateAndKey(const std::string& cert_path,
                                                  const std::string& key_path) {
   ASSIGN_OR_RETURN(const std::string cert_pem, ReadSmallFile(cert_path));
   ASSIGN_OR_RETURN(const std::string key_pem, ReadSmallFile(key_path));
+  return CheckCertificateAndKeyPem(cert_pem, key_pem, cert_path, key_path);
+}
+
+StatusOr<CertificateInfo> CheckCertificateAndKeyPem(const std::string& cert_pem,
+                                                    const std::string& key_pem,
+                                                    const std::string& cert_name,
+                                                    const std::string& key_name) {
   ERR_clear_error();
+  ASSIGN_OR_RETURN(const int chain, CheckCertificateBundlePem(cert_pem, cert_name));
+  (void)chain;
   Bio cert_bio = MemoryBio(cert_pem);
   X509Ptr cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
   if (!cert) {
-    return InvalidArgument(StrCat(cert_path, " is not a PEM certificate (", OpenSslError(), ")"));
+    return InvalidArgument(StrCat(cert_name, " is not a PEM certificate (", OpenSslError(), ")"));
   }
   Bio key_bio = MemoryBio(key_pem);
   // A null password callback with no password: an encrypted key fails here, not at a handshake.
   KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, const_cast<char*>("")));
   if (!key) {
     return InvalidArgument(
-        StrCat(key_path, " is not an unencrypted PEM private key (", OpenSslError(), ")"));
+        StrCat(key_name, " is not an unencrypted PEM private key (", OpenSslError(), ")"));
   }
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
     return InvalidArgument(
-        StrCat(key_path, " is not the private key of the certificate in ", cert_path));
+        StrCat(key_name, " is not the private key of the certificate in ", cert_name));
   }
-  return CertificateInfo{Subject(cert.get()), NotAfter(cert.get())};
+  CertificateInfo info{Subject(cert.get()), NotAfter(cert.get())};
+  int days = 0;
+  int seconds = 0;
+  if (ASN1_TIME_diff(&days, &seconds, nullptr, X509_get0_notAfter(cert.get())) == 1) {
+    info.seconds_left = int64_t{days} * 86400 + seconds;
+  }
+  return info;
 }
 
 StatusOr<int> CheckCertificateBundle(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string pem, ReadSmallFile(path, size_t{16} << 20));
+  return CheckCertificateBundlePem(pem, path);
+}
+
+StatusOr<int> CheckCertificateBundlePem(const std::string& pem, const std::string& name) {
   ERR_clear_error();
   Bio bio = MemoryBio(pem);
   int count = 0;
   while (X509Ptr cert{PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)}) ++count;
   ERR_clear_error();  // the read past the last certificate
-  if (count == 0) return InvalidArgument(StrCat(path, " holds no PEM certificate"));
+  if (count == 0) return InvalidArgument(StrCat(name, " holds no PEM certificate"));
+  // Every certificate block must have parsed: a truncated file's last one stops the loop above.
+  static const std::string kBegin = "-----BEGIN CERTIFICATE-----";
+  size_t blocks = 0;
+  for (size_t at = pem.find(kBegin); at != std::string::npos; at = pem.find(kBegin, at + 1)) {
+    ++blocks;
+  }
+  if (blocks > static_cast<size_t>(count)) {
+    return InvalidArgument(StrCat(name, " holds ", blocks, " PEM certificates of which only ",
+                                  count, " parse (truncated or corrupt)"));
+  }
   return count;
 }
 
