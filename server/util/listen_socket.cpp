@@ -51,9 +51,8 @@ StatusOr<HostPort> ParseListen(const std::string& listen, const ListenerName& na
   return out;
 }
 
-}  // namespace
-
-StatusOr<int> OpenListenSocket(const std::string& listen, const ListenerName& name, int backlog) {
+// The addresses `listen` resolves to (freeaddrinfo them), or InvalidArgument.
+StatusOr<addrinfo*> Resolve(const std::string& listen, const ListenerName& name) {
   ASSIGN_OR_RETURN(const HostPort where, ParseListen(listen, name));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -65,6 +64,19 @@ StatusOr<int> OpenListenSocket(const std::string& listen, const ListenerName& na
     return InvalidArgument(name.label + " listen address '" + listen + "': cannot resolve host '" +
                            where.host + "': " + gai_strerror(rc));
   }
+  return found;
+}
+
+}  // namespace
+
+Status CheckListenAddress(const std::string& listen, const ListenerName& name) {
+  ASSIGN_OR_RETURN(addrinfo* found, Resolve(listen, name));
+  freeaddrinfo(found);
+  return Status::Ok();
+}
+
+StatusOr<int> OpenListenSocket(const std::string& listen, const ListenerName& name, int backlog) {
+  ASSIGN_OR_RETURN(addrinfo* found, Resolve(listen, name));
   int error = 0;
   int fd = -1;
   for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {

@@ -37,6 +37,11 @@ struct BoundAddress {
 StatusOr<int> OpenListenSocket(const std::string& listen, const ListenerName& name,
                                int backlog = 64);
 
+// Ok if `listen` is a well-formed HOST:PORT whose host resolves; the InvalidArgument that
+// OpenListenSocket would give otherwise. For listeners that bind through a library (gRPC), so that
+// a malformed address is the flag's error, not a port in use.
+Status CheckListenAddress(const std::string& listen, const ListenerName& name);
+
 // Where the listening socket `fd` is bound (the port the kernel chose for port 0).
 BoundAddress BoundAddressOf(int fd);
 
