@@ -56,12 +56,13 @@ inline Status DeadlineExceeded(std::string m) {
 }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 
-// Either a value or a non-OK Status.
+// Either a value or a non-OK Status. Made from an OK Status it holds no value, so it is not ok:
+// it holds INTERNAL saying so, and value() is never reached through a successful ok().
 template <typename T>
 class StatusOr {
  public:
-  StatusOr(const Status& status) : status_(status) {}  // NOLINT: implicit by design
-  StatusOr(Status&& status) : status_(std::move(status)) {}  // NOLINT
+  StatusOr(const Status& status) : status_(NotOk(status)) {}  // NOLINT: implicit by design
+  StatusOr(Status&& status) : status_(NotOk(std::move(status))) {}  // NOLINT
   StatusOr(const T& value) : value_(value) {}  // NOLINT
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
 
@@ -76,6 +77,11 @@ class StatusOr {
   const T* operator->() const { return &*value_; }
 
  private:
+  static Status NotOk(Status status) {
+    if (!status.ok()) return status;
+    return Status(StatusCode::kInternal, "StatusOr made from an OK status, without a value");
+  }
+
   Status status_;
   std::optional<T> value_;
 };

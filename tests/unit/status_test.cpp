@@ -99,6 +99,17 @@ TEST(StatusOrTest, HoldsError) {
   EXPECT_EQ(result.status().message(), "no such component");
 }
 
+// An OK status carries no value: a StatusOr made from one is not ok, and says why.
+TEST(StatusOrTest, MadeFromAnOkStatusIsAnInternalError) {
+  const StatusOr<int> result = Status::Ok();
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kInternal);
+  EXPECT_NE(result.status().message().find("without a value"), std::string::npos);
+  Status ok;
+  const StatusOr<std::string> moved = std::move(ok);
+  EXPECT_EQ(moved.status().code(), StatusCode::kInternal);
+}
+
 TEST(StatusOrTest, MovesOutMoveOnlyValue) {
   StatusOr<std::unique_ptr<int>> result(std::make_unique<int>(42));
   ASSERT_TRUE(result.ok());
