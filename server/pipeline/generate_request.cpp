@@ -128,7 +128,7 @@ StatusOr<GenerateParams> ResolveGenerateRequest(const GenerateRequestIn& in,
   if (std::find(samplers.begin(), samplers.end(), p.scheduler) == samplers.end()) {
     std::string valid;
     for (const auto& name : samplers) valid += (valid.empty() ? "" : ", ") + name;
-    return InvalidArgument(StrCat("unknown scheduler '", p.scheduler,
+    return InvalidArgument(StrCat("unknown scheduler '", Abbreviate(p.scheduler),
                                   "'; valid schedulers: ", valid, " (pipeline '", manifest.name,
                                   "', kind ", manifest.kind, ")"));
   }

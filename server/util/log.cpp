@@ -21,4 +21,9 @@ void Write(Level level, const std::string& message) {
   }
 }
 
+std::string Abbreviate(const std::string& text, size_t max) {
+  if (text.size() <= max) return text;
+  return StrCat(text.substr(0, max), "... (", text.size(), " bytes)");
+}
+
 }  // namespace qpool::log

@@ -28,6 +28,11 @@ std::string StrCat(const Args&... args) {
   return out.str();
 }
 
+// A client's string as an error message quotes it: the string itself when it is at most `max`
+// bytes, else its first `max` bytes and how long it was, so that a 1 MiB value does not come
+// back in the reply's metadata (where it turned INVALID_ARGUMENT into RESOURCE_EXHAUSTED).
+std::string Abbreviate(const std::string& text, size_t max = 64);
+
 template <typename... Args> void Debug(const Args&... a) { Write(Level::kDebug, StrCat(a...)); }
 template <typename... Args> void Info(const Args&... a) { Write(Level::kInfo, StrCat(a...)); }
 template <typename... Args> void Warn(const Args&... a) { Write(Level::kWarn, StrCat(a...)); }
@@ -36,5 +41,6 @@ template <typename... Args> void Error(const Args&... a) { Write(Level::kError, 
 }  // namespace qpool::log
 
 namespace qpool {
+using log::Abbreviate;
 using log::StrCat;
 }  // namespace qpool

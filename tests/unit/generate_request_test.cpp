@@ -161,6 +161,10 @@ TEST(GenerateRequest, BadFieldsNameTheField) {
   ExpectInvalid(in,
                 "unknown scheduler 'pndm'; valid schedulers: ddim, euler, euler_a, dpmpp_2m, "
                 "dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2m_sde_karras, unipc, unipc_karras");
+  // A long name is quoted as a prefix: a 1 MiB one no longer came back whole in the error.
+  in = Request();
+  in.scheduler = std::string(1 << 20, 'x');
+  ExpectInvalid(in, "unknown scheduler '" + std::string(64, 'x') + "... (1048576 bytes)'");
   in = Request();
   in.steps = 4000000000u;  // beyond int: still a clear range error, no overflow
   ExpectInvalid(in, "steps must be between 1 and 50");

@@ -133,7 +133,7 @@ StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const std::string& name,
                                                    const SchedulerConfig& config) {
   if (!OneOf(name, SchedulerNames())) {
     return InvalidArgument(
-        StrCat("unknown scheduler '", name, "'; valid: ", Join(SchedulerNames())));
+        StrCat("unknown scheduler '", Abbreviate(name), "'; valid: ", Join(SchedulerNames())));
   }
   RETURN_IF_ERROR(ValidateSchedulerConfig(config));
   if (name == "ddim") return std::unique_ptr<Scheduler>(std::make_unique<DdimScheduler>(config));
