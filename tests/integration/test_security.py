@@ -145,6 +145,14 @@ def denied_counts(server, scheme="http", context=None):
             for (name, labels), value in samples.items() if name == "qpool_denied_calls_total"}
 
 
+def metric(server, name):
+    """The value of the unlabelled sample `name` on the server's /metrics (plain HTTP)."""
+    url = f"http://{server.metrics_address}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        samples = parse_samples(response.read().decode())
+    return next(value for (sample, _), value in samples.items() if sample == name)
+
+
 def tiny_request(pb2):
     return pb2.GenerateRequest(pipeline="tiny", prompt="a red cube", seed=7)
 
@@ -253,6 +261,33 @@ def test_admin_calls_need_a_valid_bearer_token(start, pki, pb, cli_bin, tmp_path
                       metadata=bearer(TOKEN))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
 
+    # Revocation fails closed: an empty, comments-only, partly malformed or deleted file leaves
+    # no token valid, until a good file is read again.
+    for text in ("", "# revoked\n", f"{OTHER_TOKEN}\nnot-a-token\n", None):
+        if text is None:
+            token_file.unlink()
+        else:
+            staged.write_text(text)
+            os.replace(staged, token_file)
+        error = rpc_error(models.EmptyCache, pb2.EmptyCacheRequest(), timeout=30,
+                          metadata=bearer(OTHER_TOKEN))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED, repr(text)
+    staged.write_text(f"{OTHER_TOKEN}\n")
+    os.replace(staged, token_file)
+    models.EmptyCache(pb2.EmptyCacheRequest(), timeout=30, metadata=bearer(OTHER_TOKEN))
+    assert any("no token is valid until a good file is read" in line
+               for line in server.stdout_lines)
+
+
+def test_protect_adds_classes_and_admin_stays_protected(start, pki, pb):
+    server = start("--admin-token-file", pki.path("tokens"), "--protect", "read", load="")
+    pb2 = pb.qpool_pb2
+    models, _ = stubs(pb, channel(server))
+    for call, request in ((models.EmptyCache, pb2.EmptyCacheRequest()),
+                          (models.ListPipelines, pb2.ListPipelinesRequest())):
+        assert rpc_error(call, request, timeout=30).code() == grpc.StatusCode.UNAUTHENTICATED
+        call(request, timeout=30, metadata=bearer(TOKEN))
+
 
 def test_client_certificates_on_the_allow_list_make_admin_calls(start, pki, pb, cli_bin):
     server = start("--tls-cert", pki.path("server.pem"), "--tls-key", pki.path("server.key"),
@@ -343,10 +378,28 @@ def test_a_renewed_certificate_serves_new_connections_without_a_restart(start, p
     error = rpc_error(stubs(pb, channel(server, pki))[0].ListPipelines, request, timeout=10)
     assert error.code() == grpc.StatusCode.UNAVAILABLE
 
+    # Note [TLS renewal]: renewals that do not validate (garbage, a truncated chain, the key of
+    # another certificate) are refused and counted; the last good pair keeps serving new clients.
+    good_cert = cert.read_bytes()
+    broken = [(cert, b"not a certificate\n"), (cert, good_cert[: len(good_cert) // 2]),
+              (key, pki.read("server.key"))]
+    for failures, (target, content) in enumerate(broken, start=1):
+        if target == key:
+            cert.write_bytes(good_cert)  # back to the good certificate, with the wrong key
+        target.with_name(target.name + ".new").write_bytes(content)
+        os.replace(target.with_name(target.name + ".new"), target)
+        deadline = time.monotonic() + 20
+        while metric(server, "qpool_tls_reload_failures_total") < failures:
+            assert time.monotonic() < deadline, f"renewal {failures} was not refused in 20 s"
+            time.sleep(0.2)
+        stubs(pb, channel(server, pki, ca="other-ca.pem"))[0].ListPipelines(request, timeout=10)
+    assert metric(server, "qpool_tls_certificate_expiry_seconds") > 86400
+
 
 @pytest.mark.parametrize("case", ["key-of-another-certificate", "missing-certificate",
                                   "short-token", "protect-without-credentials",
-                                  "allow-list-without-client-ca"])
+                                  "allow-list-without-client-ca", "protect-nothing",
+                                  "protect-commas", "empty-allow-list", "empty-token-file"])
 def test_start_up_refuses_credentials_that_cannot_work(server_bin, pki, tmp_path, case):
     short = tmp_path / "short-tokens"
     short.write_text("# too short\nabc\n")
@@ -361,6 +414,12 @@ def test_start_up_refuses_credentials_that_cannot_work(server_bin, pki, tmp_path
         "protect-without-credentials": (["--protect", "inference"], "no credential is configured"),
         "allow-list-without-client-ca": (["--admin-clients", "admin"],
                                          "--admin-clients needs --tls-client-ca"),
+        "protect-nothing": (["--admin-token-file", pki.path("tokens"), "--protect", ""],
+                            "--protect takes one or more"),
+        "protect-commas": (["--admin-token-file", pki.path("tokens"), "--protect", ","],
+                           "--protect takes one or more"),
+        "empty-allow-list": (["--admin-clients", ""], "--admin-clients takes one or more"),
+        "empty-token-file": (["--admin-token-file", ""], "--admin-token-file needs a value"),
     }[case]
     (tmp_path / "models").mkdir()
     result = subprocess.run([str(server_bin), "--model-repository", str(tmp_path / "models"),
