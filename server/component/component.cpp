@@ -42,8 +42,9 @@ constexpr size_t kLoadStackBytes = size_t{256} << 20;
 
 // Note [Script source limits]: the file's TorchScript source records, scanned before the
 // compiler reads them, and what the records inflate to. torch.jit.save deflates the source and
-// stores everything else, so the other records together cannot be larger than the file: a zip
-// whose records claim more (a 5 MB file inflating to 1 GiB) is refused before anything is read.
+// its debug pickles (which the load does not read) and stores everything else, so the other
+// records together cannot be larger than the file: a zip whose records claim more (a 5 MB file
+// inflating to 1 GiB) is refused before anything is read.
 Status CheckArchive(const std::string& path) {
   std::error_code error;
   const uintmax_t file_bytes = std::filesystem::file_size(path, error);
@@ -53,8 +54,12 @@ Status CheckArchive(const std::string& path) {
   uint64_t other_bytes = 0;
   for (const std::string& record : reader.getAllRecords()) {
     const uint64_t size = reader.getRecordSize(record);
-    const bool source = record.rfind("code/", 0) == 0 && record.size() > 3 &&
-                        record.compare(record.size() - 3, 3, ".py") == 0;
+    auto ends_with = [&](const std::string& suffix) {
+      return record.size() > suffix.size() &&
+             record.compare(record.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".debug_pkl")) continue;  // deflated too, and never read (Note [Load errors])
+    const bool source = record.rfind("code/", 0) == 0 && ends_with(".py");
     if (!source) {
       other_bytes += size;
       if (other_bytes > file_bytes) {

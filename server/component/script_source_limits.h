@@ -25,10 +25,10 @@ namespace qpool {
 //   - brackets open at once, at most kMaxBracketDepth (CPython's own parser stops at 200);
 //   - indentation levels (nested blocks), at most kMaxBlockDepth;
 //   - the source records together, at most kMaxSourceBytes uncompressed.
-// What a model's exporter writes stays far below each (a traced FLUX transformer's deepest line
-// has under a hundred such tokens), and the measured cost of a level (about 2 KB of stack) times
-// the bound stays well inside a thread's stack; Component::Load also runs the load on a thread
-// with a larger stack than LibTorch needs for anything these bounds let through.
+// What the exporter writes stays far below each bound (its lines are short statements, one
+// operation each), and a level's cost in LibTorch's recursion (about 2 KB of stack) times the
+// bound stays inside a thread's stack; Component::Load runs the load on a thread with a larger
+// stack still, for what these bounds let through.
 inline constexpr size_t kMaxExpressionTokens = 1000;
 inline constexpr size_t kMaxBracketDepth = 200;
 inline constexpr size_t kMaxBlockDepth = 100;

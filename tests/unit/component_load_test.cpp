@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,6 +184,31 @@ TEST(ComponentLoad, RefusesSourceThatNestsTooDeep) {
   const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
   ReplaceCode(valid, blocks, path);
   ExpectRefused(Component::Load("vae_decoder", path), path, "blocks nest too deep");
+}
+
+// A 5 MB file whose records inflate to 1 GiB cost that much before failing: records that
+// torch.jit.save stores, deflated so that they inflate beyond the file, are refused unread.
+TEST(ComponentLoad, RefusesRecordsThatInflateBeyondTheFile) {
+  const std::string valid = SaveModule(Passthrough("Decoder"), "component-inflating");
+  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
+  {
+    caffe2::serialize::PyTorchStreamReader reader(valid);
+    caffe2::serialize::PyTorchStreamWriter writer(path);
+    writer.setMinVersion(reader.version());
+    for (const std::string& name : reader.getAllRecords()) {
+      if (name == "version" || name == ".data/version" || name == ".data/serialization_id") {
+        continue;
+      }
+      auto [data, size] = reader.getRecord(name);
+      std::string bytes(static_cast<const char*>(data.get()), size);
+      const bool bomb = name == "data.pkl";
+      if (bomb) bytes.resize(size_t{64} << 20);  // the pickle, then 64 MiB of zeros, deflated
+      writer.writeRecord(name, bytes.data(), bytes.size(), /*compress=*/bomb);
+    }
+    writer.writeEndOfFile();
+  }
+  ASSERT_LT(std::filesystem::file_size(path), uintmax_t{1} << 20);
+  ExpectRefused(Component::Load("vae_decoder", path), path, "records inflate to more than");
 }
 
 // What stays inside the bounds loads and runs: nesting as exporters write it, and strings and
