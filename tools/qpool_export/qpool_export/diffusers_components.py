@@ -36,6 +36,38 @@ def read_json(path: str) -> Dict[str, object]:
     return value
 
 
+# Note [Config size bounds]
+# diffusers and transformers build a component from its config.json before reading a weight: a
+# config declaring 100,000 layers grew the importer past 4 GiB before anything failed. Every
+# integer of a component's config is bounded first, naming the field: counts of layers, blocks
+# and heads at 1024, widths and other sizes at 2^20 (RoPE's theta aside), and lists at 64
+# entries, far above any model's.
+MAX_COUNT = 1024
+MAX_SIZE = 1 << 20
+MAX_LIST = 64
+
+
+def check_config_sizes(config: Dict[str, object], path: str, prefix: str = "") -> None:
+    """ImportFailure naming the field of `config` (the file at `path`) whose number is beyond
+    Note [Config size bounds]."""
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            check_config_sizes(value, path, f"{name}.")
+            continue
+        if isinstance(value, list) and len(value) > MAX_LIST:
+            raise ImportFailure(f"{path}: field '{name}' has {len(value)} entries; qpool imports "
+                                f"at most {MAX_LIST}")
+        sized = "channels" in key or key.endswith(("_size", "_dim", "_dims"))
+        counted = not sized and any(w in key for w in ("layer", "block", "head", "depth"))
+        limit = MAX_COUNT if counted else MAX_SIZE
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool) and "theta" not in key and \
+                    abs(v) > limit:
+                raise ImportFailure(f"{path}: field '{name}' is {v}; qpool imports at most "
+                                    f"{limit}")
+
+
 def _load(what: str, loader: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     """Runs a diffusers / transformers loader, turning its errors into ImportFailure naming the
     component folder."""
@@ -119,6 +151,7 @@ def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
     then the component is built from its config and gets the dequantized weights, so that the
     checks compare float math with float math."""
     config = read_json(os.path.join(where, "config.json"))
+    check_config_sizes(config, os.path.join(where, "config.json"))  # before anything is built
     if not bnb_import.is_bnb_config(config):
         return _load(where, from_pretrained), {}
     floats, layers = bnb_import.convert(bnb_import.read_state_dict(where), where)

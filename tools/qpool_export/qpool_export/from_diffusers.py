@@ -113,6 +113,27 @@ class ImportOptions:
     verbose: bool = True
 
 
+def check_links(src: str) -> None:
+    """ImportFailure naming the first symbolic link under `src` whose target lies outside it: the
+    importer would read the target and copy it into the output (a vocab.json linked to
+    /etc/shadow, say). A Hugging Face cache snapshot (<repo>/snapshots/<revision>/, whose files
+    link to <repo>/blobs/) may link into its repository's blobs."""
+    root = os.path.realpath(src)
+    allowed = [root]
+    parent = os.path.dirname(root)
+    if os.path.basename(parent) == "snapshots":
+        allowed.append(os.path.join(os.path.dirname(parent), "blobs"))
+    for folder, dirs, files in os.walk(src):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                continue
+            target = os.path.realpath(path)
+            if not any(target == a or target.startswith(a + os.sep) for a in allowed):
+                raise ImportFailure(f"{path}: a symbolic link to {target}, outside the source "
+                                    f"folder; qpool imports only what is in it")
+
+
 def check_model_index(src: str) -> Tuple[str, Dict[str, object]]:
     """The qpool kind of the pipeline at `src` and its model_index.json; ImportFailure naming the
     file and field of anything else."""
@@ -462,6 +483,7 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         raise ImportFailure(f"--dtype {opts.dtype!r}: choose from float32, float16, bfloat16")
     if not os.path.isdir(src):
         raise ImportFailure(f"{src}: not a directory")
+    check_links(src)
     if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out) and
                                not os.path.exists(os.path.join(out, "pipeline.yaml"))):
         raise ImportFailure(f"{out} exists and is not a pipeline folder; refusing to replace it")
