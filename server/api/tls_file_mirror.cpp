@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include "util/log.h"
@@ -97,8 +96,13 @@ TlsFileMirror::~TlsFileMirror() {
   }
   wake_.notify_all();
   if (watcher_.joinable()) watcher_.join();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
+  // Exactly the files it wrote, then the directory: nothing else is ever removed.
+  for (const std::string& file : {mirror_.cert, mirror_.key, mirror_.client_ca}) {
+    if (file.empty()) continue;
+    unlink(file.c_str());
+    unlink((file + ".new").c_str());
+  }
+  rmdir(dir_.c_str());
 }
 
 Status TlsFileMirror::ApplyLocked(const std::string& cert, const std::string& key,

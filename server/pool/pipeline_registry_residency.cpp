@@ -72,17 +72,18 @@ StatusOr<ResidencyReport> PipelineRegistry::ChangeResidency(const std::string& n
     }
     pipeline = replica->pipeline;
   }
-  StatusOr<ResidencyReport> report = Status::Ok();
+  Status room;
   if (change != ResidencyChange::kOffload && target.is_cuda()) {
     const auto bytes = pipeline->residency().BytesByDevice();
     uint64_t total = 0, there = 0;
     for (const auto& [d, b] : bytes) total += b;
     if (auto it = bytes.find(target.str()); it != bytes.end()) there = it->second;
     // Host copies count in `total` too, so this over-asks by what is already on the host.
-    report = MakeRoom(target, total > there ? total - there : 0, name,
-                      StrCat("moving '", name, "' to ", target.str()));
+    room = MakeRoom(target, total > there ? total - there : 0, name,
+                    StrCat("moving '", name, "' to ", target.str()));
   }
-  if (report.ok()) {
+  StatusOr<ResidencyReport> report = room;
+  if (room.ok()) {
     switch (change) {
       case ResidencyChange::kOffload:
         report = pipeline->residency().Offload();
