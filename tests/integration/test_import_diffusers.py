@@ -12,12 +12,16 @@ qpool's modules]), so embeddings agree to float32 rounding (1e-5) and decoded 8-
 one level per pixel (a value on a rounding boundary may land on either side).
 """
 
+import contextlib
+import io
 import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import traceback
+from unittest import mock
 
 import pytest
 
@@ -84,12 +88,31 @@ def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed
 
 
 def run_import(src, out, *args):
-    # The exporter first, then the caller's path (where diffusers may be installed).
-    path = os.pathsep.join(p for p in (str(EXPORTER), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "qpool_export", "from-diffusers", str(src),
-                           "--out", str(out), *args],
-                          capture_output=True, text=True, env=env, timeout=600)
+    """`python -m qpool_export from-diffusers SRC --out OUT ARGS`, run in this process on one
+    torch thread (a subprocess spent most of its time importing torch, diffusers and transformers
+    again); its exit code, stdout and stderr as subprocess.run reports them, a traceback in
+    stderr if the importer raised."""
+    if str(EXPORTER) not in sys.path:
+        sys.path.insert(0, str(EXPORTER))
+    from qpool_export.export import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with mock.patch.dict(os.environ, HF_HUB_OFFLINE="1"), \
+                contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(["from-diffusers", str(src), "--out", str(out), *args])
+            except SystemExit as e:  # argparse's errors (2)
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+            except Exception:  # noqa: BLE001 (the tests assert there is no traceback)
+                traceback.print_exc()
+                code = 1
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["from-diffusers", str(src)], code, stdout.getvalue(),
+                                       stderr.getvalue())
 
 
 @pytest.fixture(scope="module")

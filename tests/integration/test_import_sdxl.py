@@ -22,10 +22,8 @@ import copy
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
-from unittest import mock
 
 import pytest
 
@@ -52,11 +50,7 @@ def without_digests(components):
             for name, spec in components.items()}
 
 
-def run_import(src, out, *args):
-    """One thread per import: on a 2-core machine shared with other work, torch's default of one
-    thread per core made the imports ten times slower (threads waiting for each other)."""
-    with mock.patch.dict(os.environ, OMP_NUM_THREADS="1"):
-        return sd_tests.run_import(src, out, *args)
+run_import = sd_tests.run_import  # in this process, on one torch thread
 
 
 @pytest.fixture(scope="module", autouse=True)
