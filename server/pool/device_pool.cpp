@@ -119,7 +119,8 @@ void DevicePool::RunInTurn(std::vector<c10::Device> devices, Step step,
     }
     RunInTurn(std::move(devices), std::move(step), std::move(done));
   };
-  Status submitted = worker(device).Submit(std::move(next));
+  // Loads, unloads and residency changes: the admin lane (Note [Admin lane]).
+  Status submitted = worker(device).Submit(std::move(next), DeviceWorker::Lane::kAdmin);
   if (!submitted.ok()) done(submitted);
 }
 

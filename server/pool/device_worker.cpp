@@ -18,14 +18,25 @@ DeviceWorker::DeviceWorker(c10::Device device, size_t max_queue)
 
 DeviceWorker::~DeviceWorker() { Stop(); }
 
-Status DeviceWorker::Submit(Task task) {
+// Operators' calls waiting at once on one device: far more than a person or a script issues.
+constexpr size_t kMaxAdminQueue = 256;
+
+Status DeviceWorker::Submit(Task task, Lane lane) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return Unavailable("server is shutting down");
-  if (queue_.size() >= max_queue_) {
-    return ResourceExhausted(StrCat("the queue of ", device_.str(), " is full (", max_queue_,
-                                    " requests waiting); retry later"));
+  if (lane == Lane::kAdmin) {
+    if (admin_.size() >= kMaxAdminQueue) {
+      return ResourceExhausted(StrCat(kMaxAdminQueue, " admin calls are waiting on ",
+                                      device_.str(), "; retry later"));
+    }
+    admin_.push_back(std::move(task));
+  } else {
+    if (queue_.size() >= max_queue_) {
+      return ResourceExhausted(StrCat("the queue of ", device_.str(), " is full (", max_queue_,
+                                      " requests waiting); retry later"));
+    }
+    queue_.push_back(std::move(task));
   }
-  queue_.push_back(std::move(task));
   cv_.notify_one();
   return Status::Ok();
 }
@@ -36,7 +47,9 @@ void DeviceWorker::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
-    dropped.swap(queue_);
+    dropped.swap(admin_);
+    for (auto& task : queue_) dropped.push_back(std::move(task));
+    queue_.clear();
     cv_.notify_all();
   }
   for (auto& task : dropped) task(false);
@@ -45,7 +58,7 @@ void DeviceWorker::Stop() {
 
 size_t DeviceWorker::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queue_.size() + (running_task_ ? 1 : 0);
+  return queue_.size() + admin_.size() + (running_task_ ? 1 : 0);
 }
 
 void DeviceWorker::Loop() {
@@ -65,10 +78,11 @@ void DeviceWorker::Loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty() || !admin_.empty(); });
+      std::deque<Task>& lane = !admin_.empty() ? admin_ : queue_;  // Note [Admin lane]
+      if (lane.empty()) return;  // stopping
+      task = std::move(lane.front());
+      lane.pop_front();
       running_task_ = true;
     }
     try {

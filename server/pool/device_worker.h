@@ -22,15 +22,21 @@ class DeviceWorker {
   // finish its call (e.g. reply UNAVAILABLE).
   using Task = std::function<void(bool run)>;
 
-  // Starts the thread. `max_queue` bounds waiting tasks (the running one is not counted).
+  // Starts the thread. `max_queue` bounds waiting requests (the running task is not counted).
   DeviceWorker(c10::Device device, size_t max_queue);
   // Stop() then join.
   ~DeviceWorker();
   DeviceWorker(const DeviceWorker&) = delete;
   DeviceWorker& operator=(const DeviceWorker&) = delete;
 
-  // Queues `task`. ResourceExhausted when the queue is full, Unavailable after Stop().
-  Status Submit(Task task);
+  // Note [Admin lane]: operators' calls (load, unload, offload, onload, move, policy changes,
+  // and the loads on demand that requests start) wait in a lane of their own, which the worker
+  // serves before the requests: under a full request queue they neither get RESOURCE_EXHAUSTED
+  // nor wait behind every queued request, only behind the task running. The idle offloader stays
+  // in the request lane: it must not run ahead of requests that would find their pipeline gone.
+  enum class Lane { kRequest, kAdmin };
+  // Queues `task` in `lane`. ResourceExhausted when that lane is full, Unavailable after Stop().
+  Status Submit(Task task, Lane lane = Lane::kRequest);
   // Lets the running task finish, hands every queued task `run == false`, and joins.
   void Stop();
 
@@ -45,7 +51,8 @@ class DeviceWorker {
   const size_t max_queue_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::deque<Task> queue_;  // requests
+  std::deque<Task> admin_;  // Note [Admin lane]
   bool running_task_ = false;
   bool stopping_ = false;
   std::thread thread_;

@@ -36,6 +36,8 @@ StatusOr<std::vector<std::pair<c10::Device, c10::Device>>> PipelineRegistry::Pla
                                      "; a change to one device needs a single replica (unload "
                                      "the others, or omit the device)"));
   }
+  // A move to where the pipeline is answers at once: nothing to move, nothing to wait for.
+  if (change == ResidencyChange::kMove && from == *target) return plan;
   plan.emplace_back(from, *target);
   return plan;
 }

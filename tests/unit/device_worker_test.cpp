@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,6 +55,43 @@ TEST(DeviceWorker, FullQueueIsResourceExhaustedAndStopDrainsWithRunFalse) {
   stopper.join();
   EXPECT_EQ(ran.load() + dropped.load(), 2);
   EXPECT_EQ(worker.Submit(count).code(), StatusCode::kUnavailable);
+}
+
+// Note [Admin lane]: under a full request queue an operator's call is neither refused nor kept
+// behind the queued requests: it runs right after the task that is running.
+TEST(DeviceWorker, AdminTasksPassAFullRequestQueue) {
+  DeviceWorker worker(c10::Device(c10::kCPU), 2);
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::promise<void> started;
+  ASSERT_TRUE(worker
+                  .Submit([&](bool) {
+                    started.set_value();
+                    gate.wait();
+                  })
+                  .ok());
+  started.get_future().wait();
+  std::vector<std::string> order;  // written on the worker thread only
+  auto named = [&order](std::string name) {
+    return [&order, name](bool run) {
+      if (run) order.push_back(name);
+    };
+  };
+  std::promise<void> last;
+  ASSERT_TRUE(worker.Submit(named("request 1")).ok());
+  ASSERT_TRUE(worker
+                  .Submit([&](bool run) {
+                    named("request 2")(run);
+                    last.set_value();
+                  })
+                  .ok());
+  EXPECT_EQ(worker.Submit(named("request 3")).code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(worker.Submit(named("admin 1"), DeviceWorker::Lane::kAdmin).ok());
+  ASSERT_TRUE(worker.Submit(named("admin 2"), DeviceWorker::Lane::kAdmin).ok());
+  EXPECT_EQ(worker.pending(), 5u);
+  release.set_value();
+  last.get_future().wait();
+  EXPECT_EQ(order, (std::vector<std::string>{"admin 1", "admin 2", "request 1", "request 2"}));
 }
 
 }  // namespace

@@ -394,6 +394,13 @@ TEST_F(PipelinePoolTest, UnloadWaitsForNoRequestInFlightAndTheQueueIsBounded) {
   auto busy = Unload("beta");
   EXPECT_EQ(busy.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(busy.status().message().find("in flight"), std::string::npos);
+  // A move to where it is answers at once, without waiting for the running request (it waited
+  // for it, then for the queue, before).
+  Result<ChangeResult> stay;
+  pool_->ChangeResidency("beta", ResidencyChange::kMove, "cpu", stay.callback());
+  auto stayed = stay.Get();
+  ASSERT_TRUE(stayed.ok()) << stayed.status().ToString();
+  EXPECT_TRUE(stayed->report.moves.empty());
   gate_.Open();
   ASSERT_TRUE(running.Wait().ok());
   EXPECT_EQ(pool_->InFlight(), 0);
