@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "util/log.h"
+#include "util/tls_files.h"
 
 namespace qpool::api {
 namespace {
@@ -27,13 +28,24 @@ std::string BearerToken(const grpc::CallbackServerContext& context, bool* presen
   return value.substr(kScheme.size());
 }
 
-// The verified client certificate's subject CN and subject alternative names; empty without a
-// verified client certificate.
-std::vector<std::string> ClientIdentities(const grpc::CallbackServerContext& context) {
+// The identities a verified client certificate carries (Note [Admin credentials]): its DNS and
+// URI subject alternative names, and its subject CN when it has exactly one; none for a CA
+// certificate presented as a client's. `ca` says when that was why.
+std::vector<std::string> ClientIdentities(const grpc::CallbackServerContext& context, bool* ca) {
   std::vector<std::string> out;
+  *ca = false;
   const auto auth = context.auth_context();
   if (!auth || !auth->IsPeerAuthenticated()) return out;
-  for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+  const auto pem = auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  if (pem.empty()) return out;
+  const auto cert = ParseClientCertificate(std::string(pem.front().data(), pem.front().size()));
+  if (!cert.ok()) return out;
+  if (cert->is_ca) {
+    *ca = true;
+    return out;
+  }
+  if (cert->common_names.size() == 1) out.push_back(cert->common_names.front());
+  for (const char* property : {GRPC_PEER_DNS_PROPERTY_NAME, GRPC_PEER_URI_PROPERTY_NAME}) {
     for (const auto& value : auth->FindPropertyValues(property)) {
       out.emplace_back(value.data(), value.size());
     }
@@ -105,14 +117,28 @@ grpc::Status AccessControl::Check(const grpc::CallbackServerContext& context, Ca
                 StrCat(method, ": the authorization metadata is not a valid bearer token"),
                 context);
   }
-  const std::vector<std::string> identities = ClientIdentities(context);
+  bool ca = false;
+  const std::vector<std::string> identities = ClientIdentities(context, &ca);
   for (const std::string& identity : identities) {
     if (allowed_clients_.count(identity) != 0) return grpc::Status::OK;
+  }
+  if (ca) {
+    return Deny(call_class, grpc::StatusCode::PERMISSION_DENIED,
+                StrCat(method, ": the client certificate is a CA certificate; only a client's own "
+                               "(leaf) certificate names it"),
+                context);
   }
   if (!identities.empty()) {
     return Deny(call_class, grpc::StatusCode::PERMISSION_DENIED,
                 StrCat(method, ": client certificate '", identities.front(),
                        "' is not allowed to make ", CallClassName(call_class), " calls"),
+                context);
+  }
+  const auto auth = context.auth_context();
+  if (auth && auth->IsPeerAuthenticated()) {  // verified, but it names no client
+    return Deny(call_class, grpc::StatusCode::PERMISSION_DENIED,
+                StrCat(method, ": the client certificate names no client (one subject CN, or a "
+                               "DNS or URI subject alternative name)"),
                 context);
   }
   return Deny(call_class, grpc::StatusCode::UNAUTHENTICATED,

@@ -38,9 +38,13 @@ struct AccessOptions {
 // A call of a protected class passes with either credential:
 //   - `authorization: Bearer <token>` metadata holding a token of --admin-token-file; a token that
 //     is present but not valid is UNAUTHENTICATED, whatever certificate came with it;
-//   - a client certificate, verified by TLS against --tls-client-ca, whose subject CN or one of
-//     whose DNS/URI subject alternative names is on --admin-clients; a verified certificate that
-//     is not on the list is PERMISSION_DENIED (the client is known, the call is not its to make).
+//   - a client certificate, verified by TLS against --tls-client-ca, whose subject CN (when the
+//     subject has exactly one: two would be ambiguous) or one of whose DNS or URI subject
+//     alternative names is on --admin-clients (e-mail and IP SANs name no client); a verified
+//     certificate that is not on the list, or a CA certificate presented as a client's, is
+//     PERMISSION_DENIED (the client is known, the call is not its to make). The list is read at
+//     start-up, and no CRL is read: to revoke a client, take it off the list and restart, or
+//     rotate the client CA.
 // A call with neither is UNAUTHENTICATED. Admin calls are always protected once a credential is
 // configured (--protect adds inference and read to them, it cannot take admin away). Without any
 // credential configured nothing is protected, and the server says so at error level at start-up

@@ -488,7 +488,20 @@ std::vector<PipelineStatus> PipelineRegistry::List() {
       status.name = name;
       out.push_back(std::move(status));
     }
+    // A loaded pipeline whose folder was deleted since still serves, so it is listed too (it
+    // was hidden while it answered requests).
+    for (const auto& [name, entry] : entries_) {
+      if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+      PipelineStatus status = StatusOf(name, entry);
+      if (status.state != PipelineState::kLoaded && status.state != PipelineState::kLoading) {
+        continue;
+      }
+      status.name = name;
+      out.push_back(std::move(status));
+    }
   }
+  std::sort(out.begin(), out.end(),
+            [](const PipelineStatus& a, const PipelineStatus& b) { return a.name < b.name; });
   // Not loaded: show what the manifest says (file reads without the mutex), or, when it does not
   // parse, the pipeline as failed with the manifest's error.
   for (auto& status : out) {

@@ -4,6 +4,7 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <cerrno>
 #include <cstring>
@@ -107,6 +108,25 @@ StatusOr<CertificateInfo> CheckCertificateAndKeyPem(const std::string& cert_pem,
     info.seconds_left = int64_t{days} * 86400 + seconds;
   }
   return info;
+}
+
+StatusOr<ClientCertificate> ParseClientCertificate(const std::string& pem) {
+  ERR_clear_error();
+  Bio bio = MemoryBio(pem);
+  X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  if (!cert) return InvalidArgument(StrCat("not a PEM certificate (", OpenSslError(), ")"));
+  ClientCertificate out;
+  out.is_ca = X509_check_ca(cert.get()) != 0;
+  X509_NAME* subject = X509_get_subject_name(cert.get());
+  for (int i = X509_NAME_get_index_by_NID(subject, NID_commonName, -1); i >= 0;
+       i = X509_NAME_get_index_by_NID(subject, NID_commonName, i)) {
+    const ASN1_STRING* data = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, i));
+    unsigned char* utf8 = nullptr;
+    const int length = ASN1_STRING_to_UTF8(&utf8, data);
+    if (length >= 0) out.common_names.emplace_back(reinterpret_cast<char*>(utf8), length);
+    OPENSSL_free(utf8);
+  }
+  return out;
 }
 
 StatusOr<int> CheckCertificateBundle(const std::string& path) {

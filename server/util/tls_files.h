@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "util/status.h"
 
@@ -32,6 +33,16 @@ StatusOr<CertificateInfo> CheckCertificateAndKeyPem(const std::string& cert_pem,
 StatusOr<int> CheckCertificateBundle(const std::string& path);
 // The same on the file's contents, named `name` in errors.
 StatusOr<int> CheckCertificateBundlePem(const std::string& pem, const std::string& name);
+
+// What an mTLS allow-list may take from a client's leaf certificate (Note [Admin credentials] in
+// api/access_control.h).
+struct ClientCertificate {
+  bool is_ca = false;                     // basicConstraints CA:TRUE: no client's certificate
+  std::vector<std::string> common_names;  // every CN of the subject, in order
+};
+
+// Parses the first certificate of `pem`; InvalidArgument when it does not parse.
+StatusOr<ClientCertificate> ParseClientCertificate(const std::string& pem);
 
 // The whole file; NotFound naming it when it cannot be read.
 StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes = 1 << 20);

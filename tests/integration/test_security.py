@@ -38,6 +38,9 @@ class Pki:
         self.issue("admin", "ca", "admin")
         self.issue("viewer", "ca", "viewer")
         self.issue("stranger", "other-ca", "admin")
+        # Certificates that must name no admin: two CNs, e-mail and IP SANs only.
+        self.issue("two-cns", "ca", "viewer/CN=admin")
+        self.issue("mailer", "ca", "mailer", "email:admin@example.com,IP:10.0.0.9")
 
     def path(self, name):
         return str(self.root / name)
@@ -315,6 +318,22 @@ def test_client_certificates_on_the_allow_list_make_admin_calls(start, pki, pb, 
     refused = cli(cli_bin, server, *as_viewer, "load", "tiny")
     assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr
     assert cli(cli_bin, server, *as_admin, "load", "tiny").returncode == 0
+
+
+def test_only_a_leaf_certificates_dns_uri_or_single_cn_names_an_admin(start, pki, pb):
+    """Note [Admin credentials]: a CA certificate presented as a client's, a subject with two CNs
+    (one of them on the list) and e-mail or IP SANs on the list are no admin's identity."""
+    server = start("--tls-cert", pki.path("server.pem"), "--tls-key", pki.path("server.key"),
+                   "--tls-client-ca", pki.path("ca.pem"),
+                   "--admin-clients", "admin,admin@example.com,10.0.0.9,qpool test ca", load="")
+    request = pb.qpool_pb2.EmptyCacheRequest()
+    for client, why in (("ca", "is a CA certificate"), ("two-cns", "names no client"),
+                        ("mailer", "'mailer' is not allowed")):
+        models, _ = stubs(pb, channel(server, pki, client=client))
+        error = rpc_error(models.EmptyCache, request, timeout=30)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED, client
+        assert why in error.details(), (client, error.details())
+    stubs(pb, channel(server, pki, client="admin"))[0].EmptyCache(request, timeout=30)
 
 
 def test_protect_all_guards_every_call_but_health(start, pki, pb):

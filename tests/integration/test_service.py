@@ -1,6 +1,7 @@
 """Health, reflection and the ModelService (list, load, unload, memory report)."""
 
 import os
+import shutil
 import subprocess
 
 import grpc
@@ -197,3 +198,15 @@ def test_a_second_server_on_a_port_in_use_refuses_to_start(make_server, server_b
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
     # The first server still answers.
     assert "tiny" in first.pipelines()
+
+
+def test_a_loaded_pipeline_whose_folder_was_deleted_is_still_listed(make_server):
+    """It kept serving but ListPipelines hid it, so an operator could not see or unload it."""
+    client = make_server(pipelines=("tiny", ("tiny", "spare")), load="spare")
+    shutil.rmtree(client.server.repository / "spare")
+    listed = client.pipelines()
+    assert listed["spare"].state == client.pb2.PIPELINE_STATE_LOADED
+    assert "tiny" in listed
+    assert client.generate_one(pipeline="spare", prompt="a red cube", seed=1).images
+    client.models.UnloadPipeline(client.pb2.UnloadPipelineRequest(name="spare"), timeout=60)
+    assert "spare" not in client.pipelines()
