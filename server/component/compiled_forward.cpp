@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 #include <unordered_map>
 
@@ -88,15 +89,20 @@ torch::Tensor NewBinding(const torch::Tensor& source) {
 
 }  // namespace
 
-CompiledForward::CompiledForward(std::string file, c10::DeviceType device_type)
-    : file_(std::move(file)), device_type_(device_type) {}
+CompiledForward::CompiledForward(std::shared_ptr<const ModelFile> package,
+                                 c10::DeviceType device_type)
+    : package_(std::move(package)),
+      file_(package_->path()),
+      opened_(package_->descriptor_path()),
+      device_type_(device_type) {}
 
 CompiledForward::~CompiledForward() { Unbind(); }
 
-StatusOr<std::unique_ptr<CompiledForward>> CompiledForward::Load(const std::string& file,
-                                                                 c10::DeviceType device_type,
-                                                                 const std::string& source_sha256) {
-  std::unique_ptr<CompiledForward> forward(new CompiledForward(file, device_type));
+StatusOr<std::unique_ptr<CompiledForward>> CompiledForward::Load(
+    std::shared_ptr<const ModelFile> package, c10::DeviceType device_type,
+    const std::string& source_sha256) {
+  const std::string file = package->path();
+  std::unique_ptr<CompiledForward> forward(new CompiledForward(std::move(package), device_type));
   try {
     RETURN_IF_ERROR(forward->ReadMetadata(source_sha256));
     // A CUDA runner needs a GPU: it is opened by the first Bind on one.
@@ -110,7 +116,8 @@ StatusOr<std::unique_ptr<CompiledForward>> CompiledForward::Load(const std::stri
 
 Status CompiledForward::ReadMetadata(const std::string& source_sha256) {
   const auto metadata =
-      torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(file_, "model");
+      torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(opened_, "model");
+  RETURN_IF_ERROR(package_->CheckUnchanged());
   auto get = [&metadata](const std::string& key) {
     auto it = metadata.find(key);
     return it == metadata.end() ? std::string() : it->second;
@@ -172,7 +179,12 @@ void CompiledForward::OpenRunner(c10::DeviceIndex index) {
   // path records an event after each run and queries it before the next, which a CUDA graph
   // capture forbids (Note [Compiled forward]).
   loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-      file_, "model", /*run_single_threaded=*/true, /*num_runners=*/1, index);
+      opened_, "model", /*run_single_threaded=*/true, /*num_runners=*/1, index);
+  const Status unchanged = package_->CheckUnchanged();  // what the runner read was verified
+  if (!unchanged.ok()) {
+    loader_.reset();
+    throw std::runtime_error(unchanged.message());
+  }
   runner_index_ = index;
   auto* runner = loader_->get_runner();
   const auto fqns = runner->getConstantNamesToOriginalFQNs();

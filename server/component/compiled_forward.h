@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "util/model_file.h"
 #include "util/status.h"
 
 namespace torch::inductor {
@@ -93,13 +94,15 @@ class CompiledForward {
   static constexpr const char* kLayoutKey = "qpool.weight_layout";
   static constexpr const char* kAttentionKey = "qpool.attention";
 
-  // Opens the package `file` compiled for `device_type` next to the TorchScript file whose
-  // SHA-256 is `source_sha256`. InvalidArgument naming the file when it cannot be opened, was
-  // compiled for another device type or beside another TorchScript file, or lacks qpool's
-  // metadata. A CUDA package is opened for GPU 0 (Bind recreates the runner for another GPU).
-  static StatusOr<std::unique_ptr<CompiledForward>> Load(const std::string& file,
-                                                         c10::DeviceType device_type,
-                                                         const std::string& source_sha256);
+  // Opens the package `package` compiled for `device_type` next to the TorchScript file whose
+  // SHA-256 is `source_sha256`, and keeps it open: every later read (a runner for another GPU)
+  // is of the same file, and fails if it changed (Note [One descriptor per file] in
+  // util/model_file.h). InvalidArgument naming the file when it cannot be opened, was compiled
+  // for another device type or beside another TorchScript file, or lacks qpool's metadata. A
+  // CUDA package is opened for GPU 0 (Bind recreates the runner for another GPU).
+  static StatusOr<std::unique_ptr<CompiledForward>> Load(
+      std::shared_ptr<const ModelFile> package, c10::DeviceType device_type,
+      const std::string& source_sha256);
   ~CompiledForward();
   CompiledForward(const CompiledForward&) = delete;
   CompiledForward& operator=(const CompiledForward&) = delete;
@@ -140,13 +143,15 @@ class CompiledForward {
     std::vector<CompiledDim> dims;
   };
 
-  CompiledForward(std::string file, c10::DeviceType device_type);
+  CompiledForward(std::shared_ptr<const ModelFile> package, c10::DeviceType device_type);
   // (Re)creates the runner for `index` (-1: the CPU).
   void OpenRunner(c10::DeviceIndex index);
   Status ReadMetadata(const std::string& source_sha256);
   Status Check(const std::string& name, const torch::Tensor* t, const c10::Device& device) const;
 
-  std::string file_;
+  std::shared_ptr<const ModelFile> package_;
+  std::string file_;     // the package's path, for messages
+  std::string opened_;   // a path to package_'s descriptor, for the AOTInductor loader
   c10::DeviceType device_type_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   c10::DeviceIndex runner_index_ = -1;

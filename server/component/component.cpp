@@ -12,11 +12,13 @@
 
 #include "component/attention_backend.h"
 #include "component/compiled_forward.h"
+#include "component/pickle_bounds.h"
 #include "component/script_source_limits.h"
 #include "component/stream_ops.h"
 #include "util/file_digest.h"
 #include "util/large_stack.h"
 #include "util/log.h"
+#include "util/model_file.h"
 
 namespace qpool {
 namespace {
@@ -36,6 +38,21 @@ const torch::jit::Node* FindTensorConstant(const torch::jit::Block* block) {
   return nullptr;
 }
 
+// LibTorch's zip reader on a ModelFile's descriptor (Note [One descriptor per file]).
+class ModelFileReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit ModelFileReader(const ModelFile& file) : file_(file) {}
+  size_t size() const override { return static_cast<size_t>(file_.size()); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
+    StatusOr<size_t> got = file_.ReadAt(pos, buf, n);
+    TORCH_CHECK(got.ok(), got.status().message(), " (", what, ")");
+    return *got;
+  }
+
+ private:
+  const ModelFile& file_;
+};
+
 // The stack LibTorch's load runs on: far more than what Note [Script source limits] lets through
 // needs (about 2 MB), reserved and committed only as it is used.
 constexpr size_t kLoadStackBytes = size_t{256} << 20;
@@ -45,11 +62,11 @@ constexpr size_t kLoadStackBytes = size_t{256} << 20;
 // its debug pickles (which the load does not read) and stores everything else, so the other
 // records together cannot be larger than the file: a zip whose records claim more (a 5 MB file
 // inflating to 1 GiB) is refused before anything is read.
-Status CheckArchive(const std::string& path) {
-  std::error_code error;
-  const uintmax_t file_bytes = std::filesystem::file_size(path, error);
-  if (error) return InvalidArgument(StrCat(path, ": cannot read the component file: ", error.message()));
-  caffe2::serialize::PyTorchStreamReader reader(path);  // c10::Error for what is not a zip
+Status CheckArchive(const ModelFile& file) {
+  const std::string& path = file.path();
+  const uint64_t file_bytes = static_cast<uint64_t>(file.size());
+  // c10::Error for what is not a zip.
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<ModelFileReader>(file));
   uint64_t source_bytes = 0;
   uint64_t other_bytes = 0;
   for (const std::string& record : reader.getAllRecords()) {
@@ -66,6 +83,11 @@ Status CheckArchive(const std::string& path) {
         return InvalidArgument(StrCat(path, ": the component file's records inflate to more than "
                                       "its ", file_bytes, " bytes (at ", record,
                                       "): refused before they are read"));
+      }
+      if (ends_with(".pkl")) {  // data.pkl, constants.pkl: Note [Pickle bounds]
+        auto [data, bytes] = reader.getRecord(record);
+        RETURN_IF_ERROR(CheckPickleBounds(
+            std::string_view(static_cast<const char*>(data.get()), bytes), path, record));
       }
       continue;
     }
@@ -234,8 +256,19 @@ Component::~Component() = default;
 // debug pickles do not change.
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
                                                      const std::string& path) {
+  StatusOr<std::unique_ptr<ModelFile>> file = ModelFile::Open(path);
+  if (!file.ok()) {
+    return InvalidArgument(StrCat(path, ": cannot load TorchScript component '", name,
+                                  "': ", file.status().message()));
+  }
+  return Load(name, **file);
+}
+
+StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
+                                                     const ModelFile& file) {
+  const std::string& path = file.path();
   try {
-    RETURN_IF_ERROR(CheckArchive(path));
+    RETURN_IF_ERROR(CheckArchive(file));
     // LibTorch's compiler recurses as deep as the source nests: on a thread with a stack to
     // spare, carrying the caller's thread-local state (InferenceMode on a device worker).
     std::optional<torch::jit::Module> loaded;
@@ -244,7 +277,8 @@ StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,
     RETURN_IF_ERROR(RunWithStack(kLoadStackBytes, [&] {
       at::ThreadLocalStateGuard guard(state);
       try {
-        loaded = torch::jit::load(path, c10::Device(c10::kCPU), /*load_debug_files=*/false);
+        loaded = torch::jit::load(std::make_shared<ModelFileReader>(file), c10::Device(c10::kCPU),
+                                  /*load_debug_files=*/false);
       } catch (...) {
         failure = std::current_exception();
       }
@@ -426,16 +460,22 @@ ComponentBytes Component::CountBytes() const {
 }
 
 Status Component::AttachCompiled(const std::string& file, c10::DeviceType device_type,
-                                 const std::string& sha256) {
+                                 const std::string& sha256, const std::string& repository) {
+  StatusOr<std::unique_ptr<ModelFile>> opened = ModelFile::Open(file, repository);
+  if (!opened.ok()) {
+    return InvalidArgument(
+        StrCat(file, ": cannot open the AOTInductor package: ", opened.status().message()));
+  }
+  std::shared_ptr<const ModelFile> package = std::move(*opened);
   if (!sha256.empty()) {
-    ASSIGN_OR_RETURN(std::string digest, CachedSha256File(file));
+    ASSIGN_OR_RETURN(std::string digest, package->Sha256());
     if (digest != sha256) {
       return InvalidArgument(StrCat(file, " has SHA-256 ", digest, ", the manifest records ",
                                     sha256, ": the file is corrupt or not this component's"));
     }
   }
   ASSIGN_OR_RETURN(std::string source, CachedSha256File(source_file_));
-  ASSIGN_OR_RETURN(auto compiled, CompiledForward::Load(file, device_type, source));
+  ASSIGN_OR_RETURN(auto compiled, CompiledForward::Load(std::move(package), device_type, source));
   // A CUDA package's names are read when it is first bound, on a GPU.
   for (const std::string& constant : compiled->constant_names()) {
     if (slot_index_.count(constant) == 0) {

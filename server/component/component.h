@@ -19,6 +19,8 @@
 
 namespace qpool {
 
+class ModelFile;
+
 class StreamHooks;      // component/stream_ops.h
 class CompiledForward;  // component/compiled_forward.h
 
@@ -72,6 +74,9 @@ class Component {
   // hold tensor constants, and tensors qpool cannot place (dtype, or sizes past their storage).
   static StatusOr<std::unique_ptr<Component>> Load(const std::string& name,
                                                    const std::string& path);
+  // The same from a file already open: every byte is read through its descriptor (Note [One
+  // descriptor per file] in util/model_file.h).
+  static StatusOr<std::unique_ptr<Component>> Load(const std::string& name, const ModelFile& file);
 
   const std::string& name() const { return name_; }
   // Where the tensors are (the device of the last Rebind; the CPU after Load).
@@ -138,10 +143,12 @@ class Component {
   // Adds an AOTInductor package of the forward compiled for `device_type` (Note [Compiled
   // forward]): Forward runs it while the component lives on that device type and its inputs fit
   // the compiled signature, TorchScript otherwise. InvalidArgument naming `file` when its SHA-256
-  // is not `sha256` (unless empty), it cannot be opened, was compiled for another device type or
-  // beside another TorchScript file, or reads a constant that is no slot of this component.
+  // is not `sha256` (unless empty), it cannot be opened (or, with `repository`, lies outside
+  // it), was compiled for another device type or beside another TorchScript file, or reads a
+  // constant that is no slot of this component. The digest is of the bytes the package is read
+  // from (Note [One descriptor per file] in util/model_file.h).
   Status AttachCompiled(const std::string& file, c10::DeviceType device_type,
-                        const std::string& sha256);
+                        const std::string& sha256, const std::string& repository = "");
   // The attached compiled forward, or null. AttachCompiled runs before the component serves and
   // never replaces it, so any thread may read the const one's metadata (file, attention).
   CompiledForward* compiled() { return compiled_.get(); }

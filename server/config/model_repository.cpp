@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <optional>
 #include <system_error>
-#include <tuple>
 
+#include "util/file_identity.h"
 #include "util/log.h"
 
 namespace fs = std::filesystem;
@@ -32,30 +32,10 @@ bool IsRegularFile(const fs::path& path) {
   return fs::is_regular_file(path, ec);
 }
 
-// What tells one version of a file from another without reading it.
-struct FileIdentity {
-  dev_t device = 0;
-  ino_t inode = 0;
-  off_t size = 0;
-  int64_t modified_ns = 0;
-  int64_t changed_ns = 0;
-
-  bool operator==(const FileIdentity& o) const {
-    return std::tie(device, inode, size, modified_ns, changed_ns) ==
-           std::tie(o.device, o.inode, o.size, o.modified_ns, o.changed_ns);
-  }
-};
-
 std::optional<FileIdentity> IdentityOf(const fs::path& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  FileIdentity id;
-  id.device = st.st_dev;
-  id.inode = st.st_ino;
-  id.size = st.st_size;
-  id.modified_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-  id.changed_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
-  return id;
+  return IdentityOfStat(st);
 }
 
 // Whether every file `m` names is still a regular file.

@@ -5,11 +5,12 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <memory>
 
 #include "pipeline/pipeline_kind.h"
 #include "quant/module_quantizer.h"
 #include "util/clock.h"
-#include "util/file_digest.h"
+#include "util/model_file.h"
 #include "util/log.h"
 #include "util/png_encoder.h"
 
@@ -89,15 +90,27 @@ Pipeline::~Pipeline() {
 Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContext& residency) {
   using Clock = std::chrono::steady_clock;
   LoadStages& stages = load_stages_;  // Note [Load stages]
-  // Note [File digests]: every file's digest at once, each on its own thread, so that hashing
-  // one component overlaps reading the ones before it; a file is still read only after its own
-  // digest matched (Note [Load errors]).
+  // Note [One descriptor per file]: each file is opened once, inside the model repository, and
+  // its digest, its load and the check that it did not change meanwhile all go through that
+  // descriptor. Note [File digests]: every file's digest at once, each on its own thread, so that
+  // hashing one component overlaps reading the ones before it; a file is still read only after
+  // its own digest matched (Note [Load errors]).
+  const std::string repository = std::filesystem::path(manifest_.dir).parent_path().string();
+  std::map<std::string, std::shared_ptr<const ModelFile>> files;
   std::map<std::string, std::shared_future<StatusOr<std::string>>> digests;
   for (const ComponentDecl& decl : kind_.components()) {
     const ComponentSpec* spec = manifest_.FindComponent(decl.name);
-    if (spec != nullptr && !spec->sha256.empty() && digests.count(spec->file) == 0) {
+    if (spec == nullptr || files.count(spec->file) != 0) continue;
+    StatusOr<std::unique_ptr<ModelFile>> opened = ModelFile::Open(spec->file, repository);
+    if (!opened.ok()) {
+      return InvalidArgument(StrCat(manifest_.path, ": components.", decl.name, ".file ",
+                                    opened.status().message()));
+    }
+    std::shared_ptr<const ModelFile> file = std::move(*opened);
+    files.emplace(spec->file, file);
+    if (!spec->sha256.empty()) {
       digests.emplace(spec->file,
-                      std::async(std::launch::async, CachedSha256File, spec->file).share());
+                      std::async(std::launch::async, [file] { return file->Sha256(); }).share());
     }
   }
   std::vector<c10::ScalarType> dtypes;
@@ -113,6 +126,7 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       ASSIGN_OR_RETURN(c10::ScalarType own, ResolveDtype(spec->dtype, device));
       dtypes.push_back(own);
     }
+    const ModelFile& file = *files.at(spec->file);
     auto stage_start = Clock::now();
     if (!spec->sha256.empty()) {
       // Note [File digests].
@@ -126,11 +140,14 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     }
     stages.verify_seconds += SecondsSince(stage_start);
     stage_start = Clock::now();
-    ASSIGN_OR_RETURN(auto component, Component::Load(name, spec->file));
+    ASSIGN_OR_RETURN(auto component, Component::Load(name, file));
+    Status unchanged = file.CheckUnchanged();  // Note [One descriptor per file]
+    if (!unchanged.ok()) {
+      return InvalidArgument(
+          StrCat(manifest_.path, ": components.", name, ".file ", unchanged.message()));
+    }
     stages.read_seconds += SecondsSince(stage_start);
-    std::error_code size_error;
-    const auto file_bytes = std::filesystem::file_size(spec->file, size_error);
-    if (!size_error) stages.read_bytes += file_bytes;
+    stages.read_bytes += static_cast<uint64_t>(file.size());
     Status signature = CheckSignature(decl, *component, spec->file, kind_.name());
     if (!signature.ok()) {
       return InvalidArgument(
@@ -170,8 +187,8 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     }
     if (spec->compiled) {  // Note [Compiled forward]
       const c10::DeviceType type = spec->compiled->device == "cuda" ? c10::kCUDA : c10::kCPU;
-      Status attached =
-          component->AttachCompiled(spec->compiled->file, type, spec->compiled->sha256);
+      Status attached = component->AttachCompiled(spec->compiled->file, type,
+                                                  spec->compiled->sha256, repository);
       if (!attached.ok()) {
         return InvalidArgument(
             StrCat(manifest_.path, ": components.", name, ".compiled: ", attached.message()));

@@ -1,15 +1,16 @@
 #include "util/file_digest.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "util/log.h"
@@ -17,11 +18,10 @@
 namespace qpool {
 namespace {
 
-using Identity = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t>;  // dev, inode, size, mtime
-
 struct Cache {
   std::mutex mu;
-  std::map<std::string, std::pair<Identity, std::string>> digests;  // by path
+  // By (device, inode): the identity the digest was taken at, and the digest.
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<FileIdentity, std::string>> digests;
 };
 
 Cache& TheCache() {
@@ -29,14 +29,13 @@ Cache& TheCache() {
   return *cache;
 }
 
-StatusOr<Identity> IdentityOf(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) {
-    return NotFound(StrCat("cannot read ", path, ": ", std::strerror(errno)));
+// Closes the descriptor it holds.
+struct Descriptor {
+  int fd;
+  ~Descriptor() {
+    if (fd >= 0) close(fd);
   }
-  return Identity{st.st_dev, st.st_ino, st.st_size, static_cast<int64_t>(st.st_mtim.tv_sec),
-                  static_cast<int64_t>(st.st_mtim.tv_nsec)};
-}
+};
 
 }  // namespace
 
@@ -48,28 +47,26 @@ bool IsSha256Hex(const std::string& s) {
   return true;
 }
 
-StatusOr<std::string> Sha256File(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) return NotFound(StrCat("cannot read ", path, ": ", std::strerror(errno)));
+StatusOr<std::string> Sha256Descriptor(int fd, const std::string& name) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
     return Internal("SHA-256 is not available");
   }
   std::vector<unsigned char> buffer(size_t{4} << 20);
-  for (;;) {
-    const size_t n = std::fread(buffer.data(), 1, buffer.size(), file.get());
-    if (n > 0 && EVP_DigestUpdate(ctx.get(), buffer.data(), n) != 1) {
-      return Internal(StrCat("hashing ", path, " failed"));
+  for (off_t offset = 0;;) {
+    const ssize_t n = pread(fd, buffer.data(), buffer.size(), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Internal(StrCat("reading ", name, " failed: ", std::strerror(errno)));
+    if (n == 0) break;
+    if (EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(n)) != 1) {
+      return Internal(StrCat("hashing ", name, " failed"));
     }
-    if (n < buffer.size()) break;
-  }
-  if (std::ferror(file.get())) {
-    return Internal(StrCat("reading ", path, " failed: ", std::strerror(errno)));
+    offset += n;
   }
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
   if (EVP_DigestFinal_ex(ctx.get(), digest, &size) != 1) {
-    return Internal(StrCat("hashing ", path, " failed"));
+    return Internal(StrCat("hashing ", name, " failed"));
   }
   static const char kHex[] = "0123456789abcdef";
   std::string hex;
@@ -80,22 +77,36 @@ StatusOr<std::string> Sha256File(const std::string& path) {
   return hex;
 }
 
-StatusOr<std::string> CachedSha256File(const std::string& path) {
-  ASSIGN_OR_RETURN(Identity before, IdentityOf(path));
+StatusOr<std::string> Sha256File(const std::string& path) {
+  Descriptor file{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) return NotFound(StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  return Sha256Descriptor(file.fd, path);
+}
+
+StatusOr<std::string> CachedSha256Descriptor(int fd, const std::string& name) {
+  ASSIGN_OR_RETURN(const FileIdentity before, IdentityOf(fd, name));
+  const std::pair<uint64_t, uint64_t> key{before.device, before.inode};
   Cache& cache = TheCache();
   {
     std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.digests.find(path);
+    auto it = cache.digests.find(key);
     if (it != cache.digests.end() && it->second.first == before) return it->second.second;
   }
-  ASSIGN_OR_RETURN(std::string digest, Sha256File(path));
-  // Remembered only if the file did not change while it was read.
-  ASSIGN_OR_RETURN(Identity after, IdentityOf(path));
-  if (after == before) {
+  const bool settled = ChangedBeforeThisTick(before);
+  ASSIGN_OR_RETURN(std::string digest, Sha256Descriptor(fd, name));
+  // Remembered only if the file did not change while it was read (Note [File digests]).
+  ASSIGN_OR_RETURN(const FileIdentity after, IdentityOf(fd, name));
+  if (settled && after == before) {
     std::lock_guard<std::mutex> lock(cache.mu);
-    cache.digests[path] = {after, digest};
+    cache.digests[key] = {after, digest};
   }
   return digest;
+}
+
+StatusOr<std::string> CachedSha256File(const std::string& path) {
+  Descriptor file{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) return NotFound(StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  return CachedSha256Descriptor(file.fd, path);
 }
 
 }  // namespace qpool

@@ -69,11 +69,6 @@ StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path) {
 
 namespace {
 
-TokenFile::Identity IdentityOf(const struct stat& st) {
-  return {st.st_dev,         st.st_ino,          st.st_size,        st.st_mtim.tv_sec,
-          st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
-}
-
 // The file's contents, read through one descriptor whose own identity is returned: what was read
 // is what the identity describes, even if the path is swapped meanwhile.
 Status ReadTokenFile(const std::string& path, std::string* text, TokenFile::Identity* identity) {
@@ -85,7 +80,7 @@ Status ReadTokenFile(const std::string& path, std::string* text, TokenFile::Iden
     status = InvalidArgument(StrCat("token file ", path, " is not a regular file of at most ",
                                     kMaxFileBytes, " bytes"));
   } else {
-    *identity = IdentityOf(st);
+    *identity = IdentityOfStat(st);
     text->clear();
     char buffer[8192];
     for (;;) {
@@ -112,7 +107,7 @@ Status ReadTokenFile(const std::string& path, std::string* text, TokenFile::Iden
 
 Status TokenFile::RefreshLocked() {
   struct stat st {};
-  if (stat(path_.c_str(), &st) == 0 && read_ && !racy_ && IdentityOf(st) == identity_) {
+  if (stat(path_.c_str(), &st) == 0 && read_ && !racy_ && IdentityOfStat(st) == identity_) {
     return state_;
   }
   std::string text;
@@ -124,7 +119,7 @@ Status TokenFile::RefreshLocked() {
   // advance by the kernel's clock tick): until a read comes later, the contents are compared.
   struct timespec now {};
   clock_gettime(CLOCK_REALTIME, &now);
-  racy_ = !status.ok() || now.tv_sec <= std::get<5>(identity) + 1;
+  racy_ = !status.ok() || now.tv_sec <= identity.ctime_ns / 1000000000 + 1;
   if (status.ok() && read_ && contents == contents_) {  // touched, not changed
     identity_ = identity;
     return state_;
@@ -149,7 +144,7 @@ Status TokenFile::RefreshLocked() {
   }
   digests_ = std::move(digests);  // empty on failure: revocation fails closed
   contents_ = status.ok() ? contents : Digest{};
-  identity_ = read_ok ? identity : IdentityOf(st);
+  identity_ = read_ok ? identity : IdentityOfStat(st);
   state_ = status;
   read_ = true;
   return status;

@@ -7,9 +7,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "util/file_identity.h"
 #include "util/status.h"
 
 namespace qpool {
@@ -35,7 +35,7 @@ namespace qpool {
 class TokenFile {
  public:
   // What tells a rewrite of the file: device, inode, size, modification and change times.
-  using Identity = std::tuple<uint64_t, uint64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  using Identity = FileIdentity;
 
   // Reads `path`. NotFound if it cannot be read, InvalidArgument naming the file and line for a
   // malformed token or a file without tokens.

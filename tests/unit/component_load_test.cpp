@@ -6,13 +6,16 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "component/component.h"
 #include "testing/test_paths.h"
+#include "util/model_file.h"
 
 namespace qpool {
 namespace {
@@ -186,29 +189,71 @@ TEST(ComponentLoad, RefusesSourceThatNestsTooDeep) {
   ExpectRefused(Component::Load("vae_decoder", path), path, "blocks nest too deep");
 }
 
+// Writes `valid`'s records to a vae_decoder.pt beside it, each as `edit` leaves it (and deflated
+// when it says so); the path written.
+std::string RewriteRecords(
+    const std::string& valid,
+    const std::function<void(const std::string& name, std::string& bytes, bool& deflate)>& edit) {
+  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
+  caffe2::serialize::PyTorchStreamReader reader(valid);
+  caffe2::serialize::PyTorchStreamWriter writer(path);
+  writer.setMinVersion(reader.version());
+  for (const std::string& name : reader.getAllRecords()) {
+    if (name == "version" || name == ".data/version" || name == ".data/serialization_id") {
+      continue;
+    }
+    auto [data, size] = reader.getRecord(name);
+    std::string bytes(static_cast<const char*>(data.get()), size);
+    bool deflate = false;
+    edit(name, bytes, deflate);
+    writer.writeRecord(name, bytes.data(), bytes.size(), deflate);
+  }
+  writer.writeEndOfFile();
+  return path;
+}
+
 // A 5 MB file whose records inflate to 1 GiB cost that much before failing: records that
 // torch.jit.save stores, deflated so that they inflate beyond the file, are refused unread.
 TEST(ComponentLoad, RefusesRecordsThatInflateBeyondTheFile) {
-  const std::string valid = SaveModule(Passthrough("Decoder"), "component-inflating");
-  const std::string path = valid.substr(0, valid.rfind('/')) + "/vae_decoder.pt";
-  {
-    caffe2::serialize::PyTorchStreamReader reader(valid);
-    caffe2::serialize::PyTorchStreamWriter writer(path);
-    writer.setMinVersion(reader.version());
-    for (const std::string& name : reader.getAllRecords()) {
-      if (name == "version" || name == ".data/version" || name == ".data/serialization_id") {
-        continue;
-      }
-      auto [data, size] = reader.getRecord(name);
-      std::string bytes(static_cast<const char*>(data.get()), size);
-      const bool bomb = name == "data.pkl";
-      if (bomb) bytes.resize(size_t{64} << 20);  // the pickle, then 64 MiB of zeros, deflated
-      writer.writeRecord(name, bytes.data(), bytes.size(), /*compress=*/bomb);
-    }
-    writer.writeEndOfFile();
-  }
+  const std::string path = RewriteRecords(
+      SaveModule(Passthrough("Decoder"), "component-inflating"),
+      [](const std::string& name, std::string& bytes, bool& deflate) {
+        deflate = name == "data.pkl";
+        if (deflate) bytes.resize(size_t{64} << 20);  // the pickle, then 64 MiB of zeros
+      });
   ASSERT_LT(std::filesystem::file_size(path), uintmax_t{1} << 20);
   ExpectRefused(Component::Load("vae_decoder", path), path, "records inflate to more than");
+}
+
+// A 38 KB data.pkl claiming a 3 GiB string cost 3 GiB before the load failed: the pickle's
+// lengths are checked against the record first (Note [Pickle bounds]).
+TEST(ComponentLoad, RefusesPickleLengthsBeyondTheRecord) {
+  const std::string path = RewriteRecords(
+      SaveModule(Passthrough("Decoder"), "component-pickle-length"),
+      [](const std::string& name, std::string& bytes, bool& /*deflate*/) {
+        // Protocol 2, then BINUNICODE claiming 0xc0000000 bytes (3 GiB), and 38 KB of them.
+        if (name == "data.pkl") {
+          bytes = std::string("\x80\x02X\x00\x00\x00\xc0", 7) + std::string(38 << 10, 'x');
+        }
+      });
+  const uint64_t before = PeakRss();
+  ExpectRefused(Component::Load("vae_decoder", path), path,
+                "data.pkl byte 2: a length of 3221225472 bytes");
+  EXPECT_LT(PeakRss() - before, uint64_t{256} << 20);
+}
+
+// Note [One descriptor per file]: a file renamed over the component after it was opened (and
+// hashed) is not what loads.
+TEST(ComponentLoad, ReadsTheFileOpenedThoughAnotherIsRenamedOverIt) {
+  const std::string path = DecoderReturning("component-swapped", "latents");
+  const std::string other = DecoderReturning("component-swapped-in", "latents * 2.0");
+  auto file = ModelFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_EQ(std::rename(other.c_str(), path.c_str()), 0);
+  auto c = Component::Load("vae_decoder", **file);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c.value()->module().forward({torch::ones({2})}).toTensor().equal(torch::ones({2})));
+  EXPECT_FALSE((*file)->CheckUnchanged().ok());
 }
 
 // What stays inside the bounds loads and runs: nesting as exporters write it, and strings and

@@ -1,9 +1,11 @@
-// Sha256File against the standard's vectors; CachedSha256File sees a file rewritten in place.
+// Sha256File against the standard's vectors; CachedSha256File sees a file rewritten in place,
+// its times restored or not.
 #include "util/file_digest.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <string>
@@ -53,6 +55,20 @@ TEST(FileDigest, CacheSeesAFileRewrittenInPlaceToTheSameSize) {
   EXPECT_EQ(*CachedSha256File(path), *Sha256File(path));
   EXPECT_NE(*CachedSha256File(path),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(FileDigest, CacheSeesAnEditWhoseSizeAndModificationTimeAreRestored) {
+  const std::string path = testing::MakeTempDir("digest-cache-times") + "/unet.pt";
+  Write(path, "abc");
+  usleep(20000);  // past the clock tick of the write: the digest is remembered
+  const std::string first = *CachedSha256File(path);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  Write(path, "abd");
+  const timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  EXPECT_NE(*CachedSha256File(path), first);  // the change time moved; no one sets it back
+  EXPECT_EQ(*CachedSha256File(path), *Sha256File(path));
 }
 
 TEST(FileDigest, HexCheck) {

@@ -1,0 +1,3 @@
+class M(Module):
+  def forward(self, x: Tensor) -> Tensor:
+    return ((((((((((((((((((((((((((((((x)))))))))))))))))))))))))))))) + "((" # )
