@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -29,6 +30,7 @@ struct Connection {
   int fd = -1;
   std::string answer;
   size_t written = 0;  // bytes of `answer` sent
+  size_t discarded = 0;  // bytes the peer sent
   bool shut = false;   // all written and our side shut down: reading until the peer closes
   Clock::time_point deadline;
 };
@@ -47,12 +49,17 @@ bool Send(Connection& c) {
   return true;
 }
 
-// Reads and drops what the peer sent; true until it closes or fails.
+// Reads and drops what the peer sent, one buffer a round (a peer that floods must not keep the
+// thread from the others); true until it closes, fails, or has sent more than any agent-send
+// string (Note [Agent connections]).
 bool Discard(Connection& c) {
-  char buffer[512];
+  char buffer[4096];
   while (true) {
     const ssize_t n = recv(c.fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-    if (n > 0) continue;
+    if (n > 0) {
+      c.discarded += static_cast<size_t>(n);
+      return c.discarded <= AgentCheckServer::kMaxDiscardBytes;
+    }
     if (n < 0 && errno == EINTR) continue;
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
@@ -151,7 +158,9 @@ void AgentCheckServer::Loop() {
     connections = std::move(open);
 
     if ((fds[1].revents & POLLIN) == 0) continue;
-    while (true) {
+    // At most kMaxConnections new ones a round: a flood of connections must not keep the thread
+    // from the open ones (and their deadlines).
+    for (int accepted = 0; accepted < kMaxConnections; ++accepted) {
       const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -162,8 +171,16 @@ void AgentCheckServer::Loop() {
         break;
       }
       if (connections.size() >= static_cast<size_t>(kMaxConnections)) {
-        close(fd);
-        continue;
+        // Full: the oldest connection already answered makes room (its peer has its line, or
+        // never read it in time); a new check is always answered (Note [Agent connections]).
+        auto oldest = std::find_if(connections.begin(), connections.end(),
+                                   [](const Connection& c) { return c.shut; });
+        if (oldest == connections.end()) {
+          close(fd);
+          continue;
+        }
+        close(oldest->fd);
+        connections.erase(oldest);
       }
       Connection c;
       c.fd = fd;

@@ -6,6 +6,7 @@
 // on the server's thread, once per accepted connection.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -21,13 +22,19 @@ namespace qpool::api {
 // We compute the answer when we accept, write it, shut our side down and then read (and drop)
 // until the peer closes: closing with unread bytes in our receive buffer (an "agent-send"
 // string) would send a reset, which can destroy the answer before the peer reads it. Each
-// connection is bounded in time (kConnectionTimeoutMs from its accept, written or not) and in
-// number (kMaxConnections; past it a new connection is closed unanswered and the peer keeps what
-// it read last), so slow or stuck peers cannot pile up.
+// connection is bounded in time (kConnectionTimeoutMs from its accept, written or not), in what
+// it may send (kMaxDiscardBytes, far more than an agent-send string) and in number
+// (kMaxConnections). The one thread serves everyone in rounds, and no peer can hold it: a round
+// reads one buffer from each connection and accepts at most kMaxConnections new ones (a peer
+// that floods once held it for 5.9 s). At the limit, the oldest connection whose answer is
+// written is closed to make room, so a slowloris of connections that never close cannot keep
+// new checks unanswered; only when every connection is still being written to is a new one
+// closed unanswered, and its peer keeps what it read last.
 class AgentCheckServer {
  public:
   static constexpr int kMaxConnections = 64;
   static constexpr int kConnectionTimeoutMs = 2000;
+  static constexpr size_t kMaxDiscardBytes = 16 << 10;
 
   // Listens on `listen`, "HOST:PORT" (HOST a name or address, IPv6 in brackets: "[::]:50052";
   // PORT 0 picks a free port), and answers each connection with `answer()`. InvalidArgument for

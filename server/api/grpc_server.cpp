@@ -70,6 +70,9 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   // gRPC sets SO_REUSEPORT by default, so a second server on a port in use would start and
   // clients would reach either at random: refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection that has not finished its HTTP/2 (and TLS) handshake within this is closed:
+  // gRPC's default of 120 s let idle connections pile up, each an open descriptor.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);

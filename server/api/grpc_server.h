@@ -40,6 +40,9 @@ struct GrpcServerOptions {
 
 class GrpcServer {
  public:
+  // How long a new connection may take over its TLS and HTTP/2 handshakes before it is closed.
+  static constexpr int kHandshakeTimeoutMs = 10000;
+
   // Builds and starts the server on `pool` (which outlives it). Unavailable if the address
   // cannot be bound; InvalidArgument for TLS files or credentials that cannot work.
   static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,

@@ -8,16 +8,92 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <thread>
 
 #include "metrics/text_exposition.h"
 #include "util/listen_socket.h"
 #include "util/log.h"
 
 namespace qpool {
+
+// What libmicrohttpd's callbacks read (Note [Metrics connections]): the registry served, when
+// each open connection's next request header is due, and the thread that shuts down the sockets
+// of those past it. libmicrohttpd reports a connection closed
+// (Forget) before it closes the socket, so a descriptor here is never one reused by another
+// connection.
+class MetricsConnections {
+ public:
+  explicit MetricsConnections(const MetricsRegistry& registry)
+      : registry(registry), thread_([this] { Loop(); }) {}
+  ~MetricsConnections() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  MetricsConnections(const MetricsConnections&) = delete;
+  MetricsConnections& operator=(const MetricsConnections&) = delete;
+
+  const MetricsRegistry& registry;
+
+  // A connection opened on socket `fd`: its first request header is due.
+  void Opened(const MHD_Connection* connection, int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_[connection] = {fd, Due()};
+  }
+  // Its request header came in full: nothing is due while the request is answered.
+  void RequestArrived(const MHD_Connection* connection) { Set(connection, Clock::time_point::max()); }
+  // Its reply is complete: the next request header is due.
+  void Replied(const MHD_Connection* connection) { Set(connection, Due()); }
+  void Closed(const MHD_Connection* connection) {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.erase(connection);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Open {
+    int fd;
+    Clock::time_point due;
+  };
+
+  static Clock::time_point Due() {
+    return Clock::now() + std::chrono::seconds(MetricsHttpServer::kRequestSeconds);
+  }
+  void Set(const MHD_Connection* connection, Clock::time_point due) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = open_.find(connection);
+    if (it != open_.end()) it->second.due = due;
+  }
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(250));
+      const auto now = Clock::now();
+      for (auto& [connection, open] : open_) {
+        if (open.due > now) continue;
+        // libmicrohttpd sees the end of the stream and closes the connection itself.
+        shutdown(open.fd, SHUT_RDWR);
+        open.due = Clock::time_point::max();
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<const MHD_Connection*, Open> open_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
 
 // Note [Metrics listen socket]
 // We open the listening socket ourselves (Note [Listen sockets] in util/listen_socket.h) and hand
@@ -28,7 +104,23 @@ namespace qpool {
 namespace {
 
 constexpr int kListenBacklog = 64;
-constexpr unsigned kConnectionLimit = 64;
+
+void NotifyConnection(void* cls, MHD_Connection* connection, void** /*socket_context*/,
+                      MHD_ConnectionNotificationCode code) {
+  auto* connections = static_cast<MetricsConnections*>(cls);
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const MHD_ConnectionInfo* info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info != nullptr) connections->Opened(connection, info->connect_fd);
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    connections->Closed(connection);
+  }
+}
+
+void NotifyCompleted(void* cls, MHD_Connection* connection, void** /*request_state*/,
+                     MHD_RequestTerminationCode /*code*/) {
+  static_cast<MetricsConnections*>(cls)->Replied(connection);
+}
 
 void LogFromMhd(void* /*cls*/, const char* format, va_list args) {
   char buffer[512];
@@ -54,16 +146,30 @@ constexpr char kIndexPage[] =
     "<html><head><title>qpool-server metrics</title></head>\n"
     "<body><h1>qpool-server metrics</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n";
 
-// libmicrohttpd's access handler; `cls` is the MetricsRegistry. Answers on the first call: no
-// request we serve has a body, and a body we refuse is discarded by libmicrohttpd.
+// libmicrohttpd's access handler; `cls` is the MetricsConnections. A GET or HEAD is answered on
+// the second call, once libmicrohttpd knows the request has no body: a reply queued on the first
+// call closes the connection after it (no keep-alive). Anything else, and a GET that comes with a
+// body, is answered at once and its connection closed: no request we serve has a body.
 MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url, const char* method,
                          const char* /*version*/, const char* /*upload_data*/,
-                         size_t* /*upload_data_size*/, void** /*request_state*/) {
-  const auto* registry = static_cast<const MetricsRegistry*>(cls);
-  if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
-      std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+                         size_t* upload_data_size, void** request_state) {
+  auto* connections = static_cast<MetricsConnections*>(cls);
+  const MetricsRegistry* registry = &connections->registry;
+  const bool read_only = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+                         std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+  if (*request_state == nullptr) {
+    connections->RequestArrived(connection);
+    static int started;
+    *request_state = &started;
+    if (read_only) return MHD_YES;
+  }
+  if (!read_only) {
     return Reply(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
                  "method not allowed: use GET\n", /*allow_header=*/true);
+  }
+  if (*upload_data_size != 0) {
+    return Reply(connection, MHD_HTTP_BAD_REQUEST, "text/plain; charset=utf-8",
+                 "a GET has no body\n");
   }
   const std::string path(url);
   if (path == "/metrics") {
@@ -103,11 +209,16 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   const char* cert = server->tls_ ? server->tls_->cert_pem.c_str() : nullptr;
   const char* key = server->tls_ ? server->tls_->key_pem.c_str() : nullptr;
   if (server->tls_) flags |= MHD_USE_TLS;
+  server->connections_ = std::make_unique<MetricsConnections>(registry);
+  MetricsConnections* connections = server->connections_.get();
   server->daemon_ = MHD_start_daemon(
-      flags, 0, nullptr, nullptr, &HandleRequest, const_cast<MetricsRegistry*>(&registry),
+      flags, 0, nullptr, nullptr, &HandleRequest, connections,
       MHD_OPTION_EXTERNAL_LOGGER, &LogFromMhd, nullptr, MHD_OPTION_LISTEN_SOCKET, fd,
       MHD_OPTION_THREAD_POOL_SIZE, kThreads, MHD_OPTION_CONNECTION_TIMEOUT,
-      kConnectionTimeoutSeconds, MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit, cert_option, cert,
+      kConnectionTimeoutSeconds, MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kConnectionsPerAddress,  // Note [Metrics connections]
+      MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, connections, MHD_OPTION_NOTIFY_COMPLETED,
+      &NotifyCompleted, connections, cert_option, cert,
       MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_END);
   if (server->daemon_ == nullptr) {  // the socket is libmicrohttpd's (Note [Metrics listen socket])
     return Unavailable("cannot start the metrics HTTP server on " + listen +

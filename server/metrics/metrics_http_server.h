@@ -3,7 +3,8 @@
 // links to /metrics, other paths are 404 and methods other than GET and HEAD are 405.
 //
 // Thread safety: Start, Stop, port and address may be called from any thread. Requests are
-// answered on libmicrohttpd's threads, which call only MetricsRegistry::Expose.
+// answered on libmicrohttpd's threads, which call only MetricsRegistry::Expose; one more thread
+// closes connections past their request deadline (Note [Metrics connections]).
 #pragma once
 
 #include <memory>
@@ -18,6 +19,8 @@ struct MHD_Daemon;
 
 namespace qpool {
 
+class MetricsConnections;  // Note [Metrics connections]
+
 // A PEM certificate chain and its private key: /metrics over HTTPS. libmicrohttpd holds them
 // for the life of the server (no reload: a renewed certificate needs a restart).
 struct MetricsTls {
@@ -30,8 +33,21 @@ class MetricsHttpServer {
   // Scrapes are rare (every few seconds) and short, so two threads keep one slow client from
   // delaying another without costing the server anything.
   static constexpr unsigned kThreads = 2;
-  // Idle connections are closed after this many seconds, so stuck clients cannot pile up.
+  // Note [Metrics connections]
+  // A scraper sends its request at once and reads the reply at once, so a connection that does
+  // neither is a stuck or hostile peer, and such peers must not keep scrapes out (80 connections
+  // dripping a byte every 4 s held every slot of an earlier limit of 64, and a scrape waited
+  // 40 s). Three bounds: a connection is closed after kConnectionTimeoutSeconds without a byte
+  // (libmicrohttpd's idle timeout), and after kRequestSeconds without a complete request header
+  // since it opened or since its previous reply, however steadily it drips (a thread of ours
+  // shuts such sockets down: libmicrohttpd has no total deadline); at most
+  // kConnectionsPerAddress are open from one address, kConnectionLimit in all, and past either
+  // a new connection is closed at once. So one peer holds at most a sixteenth of the slots, and
+  // every slot comes free within kRequestSeconds of its last request.
   static constexpr unsigned kConnectionTimeoutSeconds = 10;
+  static constexpr unsigned kRequestSeconds = 5;
+  static constexpr unsigned kConnectionsPerAddress = 16;
+  static constexpr unsigned kConnectionLimit = 256;
 
   // Listens on `listen`, "HOST:PORT" (HOST a name or address, IPv6 in brackets: "[::]:9100";
   // PORT 0 picks a free port) and serves `registry`, which must outlive the server.
@@ -58,6 +74,7 @@ class MetricsHttpServer {
   MetricsHttpServer(std::unique_ptr<const MetricsTls> tls, std::string host, int port);
 
   std::mutex mu_;                                // guards daemon_ (Stop)
+  std::unique_ptr<MetricsConnections> connections_;  // outlives daemon_ (Stop)
   const std::unique_ptr<const MetricsTls> tls_;  // read by libmicrohttpd while it runs
   MHD_Daemon* daemon_ = nullptr;
   const std::string host_;  // numeric, IPv6 in brackets

@@ -4,10 +4,11 @@ server is as it was (catalogue.py's check after every case):
   deadlines      1 ms deadlines, cancellation before and after the first event, a load
                  abandoned on its way, a channel closed mid-stream                 (8 cases)
   concurrency    Generate racing unload/load, 200 ListPipelines at once, 300 WatchMemory streams
-                 opened and dropped past --max-watchers, garbage mixed with good requests
-                                                                                   (4 cases)
+                 opened and dropped past --max-watchers, garbage mixed with good requests,
+                 100 connections that never handshake                              (5 cases)
 """
 
+import socket
 import threading
 import time
 
@@ -207,6 +208,24 @@ def test_200_concurrent_list_pipelines(client):
     results, errors = run_concurrently(200, lambda i: client.pipelines())
     assert not errors, {i: f"{e.code()}: {e.details()}" for i, e in list(errors.items())[:5]}
     assert all("tiny" in r and "spare" in r for r in results.values())
+
+
+def test_connections_that_never_handshake_are_closed(client):
+    """An idle TCP connection held its descriptor for gRPC's default handshake timeout of 120 s;
+    GrpcServer::kHandshakeTimeoutMs closes it after 10 s, and calls are served meanwhile."""
+    host, port = client.server.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(100)]
+    try:
+        assert "tiny" in client.pipelines()
+        start = time.monotonic()
+        for sock in idle:
+            sock.settimeout(max(0.1, start + 20 - time.monotonic()))
+            while sock.recv(4096):  # the server's HTTP/2 settings, then its close
+                pass
+        assert time.monotonic() - start < 20
+    finally:
+        for sock in idle:
+            sock.close()
 
 
 def server_threads(client):

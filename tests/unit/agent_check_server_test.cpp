@@ -1,6 +1,7 @@
 // AgentCheckServer on a loopback port, driven by plain POSIX sockets: one line per connection,
 // then EOF; a peer that sends first (HAProxy's agent-send) still reads the answer; silent peers
-// are dropped in time; address errors and a port in use are refused with the address named.
+// are dropped in time, and neither floods nor a slowloris keep checks unanswered; address errors
+// and a port in use are refused with the address named.
 #include "api/agent_check_server.h"
 
 #include <arpa/inet.h>
@@ -99,6 +100,52 @@ TEST(AgentCheckServer, APeerThatNeverClosesIsDroppedAfterTheTimeout) {
   EXPECT_EQ(send(fd, "x", 1, MSG_NOSIGNAL), -1);
   close(fd);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// Note [Agent connections]: a peer that floods once held the only thread for seconds.
+TEST(AgentCheckServer, PeersThatFloodDoNotHoldTheThread) {
+  auto server = AgentCheckServer::Start("127.0.0.1:0", [] { return std::string("drain\n"); });
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  std::atomic<bool> stop{false};
+  std::atomic<int> closed_floods{0};
+  std::vector<std::thread> floods;
+  for (int i = 0; i < 2; ++i) {
+    floods.emplace_back([&] {
+      const std::string chunk(64 << 10, 'x');
+      while (!stop) {  // as fast as loopback takes it; again once the server closes
+        const int fd = Connect(port);
+        if (fd < 0) continue;
+        while (!stop && send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+        }
+        if (!stop) ++closed_floods;
+        close(fd);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 20; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    timeval timeout{2, 0};  // far above a round's time; a held thread answers never
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    EXPECT_EQ(ReadAll(fd), "drain\n") << "check " << i;
+    close(fd);
+  }
+  stop = true;
+  for (auto& t : floods) t.join();
+  EXPECT_GT(closed_floods.load(), 0) << "a flood past kMaxDiscardBytes is closed";
+}
+
+TEST(AgentCheckServer, ConnectionsThatNeverCloseDoNotKeepNewChecksUnanswered) {
+  auto server = AgentCheckServer::Start("127.0.0.1:0", [] { return std::string("drain\n"); });
+  ASSERT_TRUE(server.ok());
+  std::vector<int> held;  // three times the limit, each answered and left open
+  for (int i = 0; i < 3 * AgentCheckServer::kMaxConnections; ++i) {
+    held.push_back(Connect((*server)->port()));
+  }
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(Ask((*server)->port()), "drain\n") << "check " << i;
+  for (int fd : held) close(fd);
 }
 
 TEST(AgentCheckServer, APortInUseIsUnavailableAndNamesTheAddress) {

@@ -1,5 +1,6 @@
 // MetricsHttpServer on a loopback port, driven by a plain POSIX socket client: status lines,
-// Content-Type, body, 404/405, address parsing and bind errors.
+// Content-Type, body, 404/405, address parsing and bind errors, and scrapes served while slow
+// or idle peers hold connections (Note [Metrics connections]).
 #include "metrics/metrics_http_server.h"
 
 #include <arpa/inet.h>
@@ -10,8 +11,11 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "metrics/text_exposition.h"
 
@@ -49,6 +53,36 @@ int Connect(int port, int family = AF_INET) {
     return -1;
   }
   return fd;
+}
+
+// Connects to 127.0.0.1:port from `source` (another loopback address: another peer); -1 on
+// failure.
+int ConnectFrom(int port, const char* source) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True once the server has closed `fd` (recv sees the end or a reset), waiting at most `wait`.
+bool ClosedByServer(int fd, std::chrono::milliseconds wait) {
+  timeval timeout{static_cast<time_t>(wait.count() / 1000),
+                  static_cast<suseconds_t>(wait.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, 0);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
 }
 
 // Sends one HTTP/1.1 request with "Connection: close" and reads the reply to EOF.
@@ -188,6 +222,67 @@ TEST_F(MetricsHttpServerTest, BusyPortIsUnavailableAndNamesTheAddress) {
       << second.status().message();
   // The first server is unaffected.
   EXPECT_EQ(Fetch(server_->port(), "GET", "/metrics").status_line, "HTTP/1.1 200 OK");
+}
+
+// Note [Metrics connections]: before the bounds, 80 peers dripping their request held every
+// slot and a scrape waited until they gave up.
+TEST_F(MetricsHttpServerTest, ScrapesAreServedWhilePeersHoldConnections) {
+  std::vector<int> held;
+  for (int i = 0; i < 80; ++i) {
+    const int fd = ConnectFrom(server_->port(), "127.0.0.2");
+    ASSERT_GE(fd, 0) << "loopback source 127.0.0.2";
+    send(fd, "GET /met", 8, MSG_NOSIGNAL);  // a request begun, never finished
+    held.push_back(fd);
+  }
+  // Idle ones from a third address too.
+  for (int i = 0; i < 40; ++i) held.push_back(ConnectFrom(server_->port(), "127.0.0.3"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Fetch(server_->port(), "GET", "/metrics").status_line, "HTTP/1.1 200 OK");
+  }
+  // Past the limit per address, a connection is closed at once.
+  EXPECT_TRUE(ClosedByServer(held.back(), std::chrono::milliseconds(2000)));
+  for (int fd : held) close(fd);
+}
+
+TEST_F(MetricsHttpServerTest, ClosesAConnectionThatDripsItsRequestPastTheDeadline) {
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
+  bool closed = false;
+  // A byte every 500 ms: never idle, never done.
+  for (size_t i = 0; !closed && i < 40; ++i) {
+    if (send(fd, request.data() + i % request.size(), 1, MSG_NOSIGNAL) != 1) break;
+    closed = ClosedByServer(fd, std::chrono::milliseconds(500));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  close(fd);
+  EXPECT_GE(seconds, MetricsHttpServer::kRequestSeconds - 1.0);
+  EXPECT_LT(seconds, MetricsHttpServer::kRequestSeconds + 3.0)
+      << "a dripping request held its connection past the deadline";
+}
+
+TEST_F(MetricsHttpServerTest, KeepAliveConnectionsServeRequestAfterRequest) {
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    std::string raw;
+    char buffer[4096];
+    while (raw.find("} 2\n") == std::string::npos) {
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+      ASSERT_GT(n, 0) << "request " << i << " got: " << raw;
+      raw.append(buffer, n);
+    }
+    EXPECT_EQ(raw.rfind("HTTP/1.1 200 OK", 0), 0u) << raw;
+    // Each request within the deadline from the previous reply, the connection's life past it.
+    if (i < 2) std::this_thread::sleep_for(std::chrono::seconds(MetricsHttpServer::kRequestSeconds - 2));
+  }
+  close(fd);
 }
 
 TEST(MetricsHttpServerAddressTest, MalformedAddressesAreInvalidArgument) {
