@@ -1,0 +1,98 @@
+"""Tests of qpool_export's HiDream transformer (hidream_transformer.py) on tiny random
+HiDreamImageTransformer2DModel checkpoints built with diffusers: the mirror equals the original
+(the mixture of experts dense, Note [Dense experts]; full and half-head rotary), traces at one
+shape and runs at another without tensor constants, quantizes to int8 and NF4 within bounds, and
+refuses configs it does not reproduce, naming the field. CPU only, seconds.
+
+Run: .venv/bin/python -m pytest -q -p no:cacheprovider tests/python/test_hidream_modules.py
+"""
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
+
+diffusers = pytest.importorskip("diffusers")
+
+from qpool_export import quant, tracing  # noqa: E402
+from qpool_export.hidream_transformer import (HiDreamTransformer,  # noqa: E402
+                                              HiDreamTransformerConfig)
+from qpool_export.import_error import ImportFailure  # noqa: E402
+
+torch.set_num_threads(1)
+
+T5_WIDTH, LLAMA_WIDTH, LLAMA_LAYERS, POOLED = 24, 20, 3, 16
+TINY = dict(patch_size=2, in_channels=4, out_channels=4, num_layers=2, num_single_layers=2,
+            attention_head_dim=16, num_attention_heads=2, caption_channels=[T5_WIDTH, LLAMA_WIDTH],
+            text_emb_dim=POOLED, num_routed_experts=4, num_activated_experts=2,
+            axes_dims_rope=[8, 4, 4], max_resolution=[16, 16], llama_layers=[0, 2, 1, 2])
+
+
+def hidream(**overrides):
+    torch.manual_seed(0)
+    config = {**TINY, **overrides}
+    original = diffusers.HiDreamImageTransformer2DModel(**config).eval()
+    cfg = HiDreamTransformerConfig.from_diffusers(dict(original.config), "transformer/config.json")
+    mirror = HiDreamTransformer(cfg).eval()
+    missing, unexpected = mirror.load_state_dict(original.state_dict(), strict=False)
+    assert missing == ["t_embedder.time_proj.freqs"] and not unexpected, (missing, unexpected)
+    return original, mirror
+
+
+def inputs(batch, size, t5_tokens=7, llama_tokens=5, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 4, size, size, generator=gen),
+            torch.rand(batch, generator=gen) * 1000,
+            torch.randn(batch, t5_tokens, T5_WIDTH, generator=gen),
+            torch.randn(LLAMA_LAYERS, batch, llama_tokens, LLAMA_WIDTH, generator=gen),
+            torch.randn(batch, POOLED, generator=gen))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"axes_dims_rope": [4, 2, 2]},
+                                       {"num_routed_experts": 0}, {"num_single_layers": 0,
+                                                                   "llama_layers": [1, 0]}])
+def test_transformer_equals_diffusers(overrides):
+    original, mirror = hidream(**overrides)
+    latents, t, t5, llama, pooled = inputs(2, 8)
+    with torch.no_grad():
+        want = original(hidden_states=latents, timesteps=t, encoder_hidden_states_t5=t5,
+                        encoder_hidden_states_llama3=llama, pooled_embeds=pooled,
+                        return_dict=False)[0]
+        got = mirror(latents, t, t5, llama, pooled)
+    assert got.shape == want.shape == latents.shape
+    assert (got - want).abs().max().item() < 1e-5 * max(1.0, want.abs().max().item())
+
+
+def test_traced_at_one_shape_runs_at_another():
+    _, mirror = hidream()
+    traced = tracing.trace(mirror, inputs(2, 8))
+    tracing.check_no_tensor_constants("transformer", traced)
+    assert tracing.check_matches_eager("transformer", mirror, traced,
+                                       inputs(1, 12, t5_tokens=9, llama_tokens=3, seed=2)) < 1e-5
+
+
+@pytest.mark.parametrize("fmt, bound", [("int8", 0.05), ("nf4", 0.3)])
+def test_quantized_transformer_traces_and_stays_close(fmt, bound):
+    _, mirror = hidream(attention_head_dim=32)
+    module = copy.deepcopy(mirror)
+    assert quant.quantize_module(module, fmt) > 0
+    example = inputs(1, 8)
+    traced = tracing.trace(module, example)
+    tracing.check_no_tensor_constants("transformer", traced)
+    with torch.no_grad():
+        got, want = traced(*example), mirror(*example)
+    assert ((got - want).norm() / want.norm()).item() < bound
+
+
+@pytest.mark.parametrize("field, value", [
+    ("llama_layers", [0, 1]), ("axes_dims_rope", [8, 4, 2]), ("axes_dims_rope", [8, 8]),
+    ("caption_channels", [24]), ("num_activated_experts", 5), ("patch_size", None)])
+def test_configs_it_does_not_reproduce_are_refused_naming_the_field(field, value):
+    config = {**TINY, field: value}
+    with pytest.raises(ImportFailure, match=f"transformer/config.json: field '{field}'"):
+        HiDreamTransformerConfig.from_diffusers(config, "transformer/config.json")
