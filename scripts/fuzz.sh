@@ -11,7 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${QPOOL_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${QPOOL_FUZZ_SECONDS:-30}
 all=(fuzz_manifest fuzz_clip_tokenizer fuzz_server_options fuzz_token_file fuzz_requests
-     fuzz_tls_files fuzz_archive_bounds)
+     fuzz_tls_files fuzz_archive_bounds fuzz_bpe_tokenizer)
 torch_targets=(fuzz_component)  # need LibTorch (fuzz/CMakeLists.txt)
 
 for tool in clang clang++; do

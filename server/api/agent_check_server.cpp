@@ -29,9 +29,9 @@ using Clock = std::chrono::steady_clock;
 struct Connection {
   int fd = -1;
   std::string answer;
-  size_t written = 0;  // bytes of `answer` sent
+  size_t written = 0;    // bytes of `answer` sent
   size_t discarded = 0;  // bytes the peer sent
-  bool shut = false;   // all written and our side shut down: reading until the peer closes
+  bool shut = false;     // all written and our side shut down: reading until the peer closes
   Clock::time_point deadline;
 };
 

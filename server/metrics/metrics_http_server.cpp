@@ -51,7 +51,9 @@ class MetricsConnections {
     open_[connection] = {fd, Due()};
   }
   // Its request header came in full: nothing is due while the request is answered.
-  void RequestArrived(const MHD_Connection* connection) { Set(connection, Clock::time_point::max()); }
+  void RequestArrived(const MHD_Connection* connection) {
+    Set(connection, Clock::time_point::max());
+  }
   // Its reply is complete: the next request header is due.
   void Replied(const MHD_Connection* connection) { Set(connection, Due()); }
   void Closed(const MHD_Connection* connection) {
@@ -211,15 +213,22 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (server->tls_) flags |= MHD_USE_TLS;
   server->connections_ = std::make_unique<MetricsConnections>(registry);
   MetricsConnections* connections = server->connections_.get();
+  // clang-format off: one option and its values a line
   server->daemon_ = MHD_start_daemon(
       flags, 0, nullptr, nullptr, &HandleRequest, connections,
-      MHD_OPTION_EXTERNAL_LOGGER, &LogFromMhd, nullptr, MHD_OPTION_LISTEN_SOCKET, fd,
-      MHD_OPTION_THREAD_POOL_SIZE, kThreads, MHD_OPTION_CONNECTION_TIMEOUT,
-      kConnectionTimeoutSeconds, MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit,
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kConnectionsPerAddress,  // Note [Metrics connections]
-      MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, connections, MHD_OPTION_NOTIFY_COMPLETED,
-      &NotifyCompleted, connections, cert_option, cert,
-      MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_END);
+      MHD_OPTION_EXTERNAL_LOGGER, &LogFromMhd, nullptr,
+      MHD_OPTION_LISTEN_SOCKET, fd,
+      MHD_OPTION_THREAD_POOL_SIZE, kThreads,
+      // Note [Metrics connections]
+      MHD_OPTION_CONNECTION_TIMEOUT, kConnectionTimeoutSeconds,
+      MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kConnectionsPerAddress,
+      MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, connections,
+      MHD_OPTION_NOTIFY_COMPLETED, &NotifyCompleted, connections,
+      cert_option, cert,  // MHD_OPTION_END without TLS
+      MHD_OPTION_HTTPS_MEM_KEY, key,
+      MHD_OPTION_END);
+  // clang-format on
   if (server->daemon_ == nullptr) {  // the socket is libmicrohttpd's (Note [Metrics listen socket])
     return Unavailable("cannot start the metrics HTTP server on " + listen +
                        " (libmicrohttpd refused; see the log)");

@@ -35,7 +35,7 @@ StatusOr<FileIdentity> IdentityOf(int fd, const std::string& name) {
 
 bool ChangedBeforeThisTick(const FileIdentity& identity) {
   // File times are taken from the coarse clock (a tick of a few milliseconds), or finer.
-  timespec now {};
+  timespec now{};
   clock_gettime(CLOCK_REALTIME_COARSE, &now);
   return identity.ctime_ns < Nanoseconds(now) && identity.mtime_ns < Nanoseconds(now);
 }

@@ -80,8 +80,8 @@ StatusOr<std::string> ModelFile::Sha256() const { return CachedSha256Descriptor(
 StatusOr<size_t> ModelFile::ReadAt(uint64_t offset, void* buffer, size_t n) const {
   size_t done = 0;
   while (done < n) {
-    const ssize_t got = pread(fd_, static_cast<char*>(buffer) + done, n - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t got =
+        pread(fd_, static_cast<char*>(buffer) + done, n - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return Internal(StrCat("reading ", path_, " failed: ", std::strerror(errno)));
     if (got == 0) break;

@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -74,13 +74,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BpeTokenizerTest, ::testing::Values("llama3", "
 // A minimal tokenizer.json: byte-level alphabet "a", "b", merge "a b", the fields under test
 // replaced by `edit`.
 std::string Minimal(const std::function<void(Json&)>& edit) {
-  Json j = {{"added_tokens", Json::array()},
-            {"normalizer", nullptr},
-            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                               {"use_regex", true}}},
-            {"post_processor", nullptr},
-            {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}},
-                       {"merges", Json::array({"a b"})}}}};
+  Json j = {
+      {"added_tokens", Json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}},
+        {"merges", Json::array({"a b"})}}}};
   edit(j);
   return j.dump();
 }
@@ -97,6 +99,11 @@ TEST(BpeTokenizerRefusals, NameTheFieldTheyCannotFollow) {
   EXPECT_EQ((*BpeTokenizer::Parse(Minimal([](Json&) {}), "tok.json"))->Encode("ab"),
             std::vector<int64_t>{2});
   refused("{", "");
+  // A field of another type than the one read threw out of the parse (found by
+  // fuzz_bpe_tokenizer).
+  refused(Minimal([](Json& j) { j["pre_tokenizer"]["type"] = true; }),
+          "a field has an unexpected type");
+  refused(Minimal([](Json& j) { j["model"]["type"] = 7; }), "a field has an unexpected type");
   refused(Minimal([](Json& j) { j["model"]["type"] = "Unigram"; }), "'model.type'");
   refused(Minimal([](Json& j) { j["model"]["byte_fallback"] = true; }), "'model.byte_fallback'");
   refused(Minimal([](Json& j) { j["model"]["dropout"] = 0.1; }), "'model.dropout'");
@@ -108,18 +115,20 @@ TEST(BpeTokenizerRefusals, NameTheFieldTheyCannotFollow) {
   refused(Minimal([](Json& j) { j["normalizer"] = {{"type", "NFC"}}; }), "'normalizer'");
   refused(Minimal([](Json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; }),
           "'pre_tokenizer'.add_prefix_space");
-  refused(Minimal([](Json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }),
+  refused(Minimal([](Json& j) {
+            j["pre_tokenizer"] = {{"type", "Whitespace"}};
+          }),
           "'pre_tokenizer'");
   refused(Minimal([](Json& j) {
-            j["pre_tokenizer"] = {{"type", "Sequence"},
-                                  {"pretokenizers",
-                                   Json::array({Json{{"type", "Split"},
-                                                     {"pattern", {{"Regex", "(unclosed"}}},
-                                                     {"behavior", "Isolated"},
-                                                     {"invert", false}},
-                                                Json{{"type", "ByteLevel"},
-                                                     {"add_prefix_space", false},
-                                                     {"use_regex", false}}})}};
+            j["pre_tokenizer"] = {
+                {"type", "Sequence"},
+                {"pretokenizers", Json::array({Json{{"type", "Split"},
+                                                    {"pattern", {{"Regex", "(unclosed"}}},
+                                                    {"behavior", "Isolated"},
+                                                    {"invert", false}},
+                                               Json{{"type", "ByteLevel"},
+                                                    {"add_prefix_space", false},
+                                                    {"use_regex", false}}})}};
           }),
           "'pre_tokenizer' regex does not compile");
   refused(Minimal([](Json& j) {

@@ -280,7 +280,8 @@ TEST_F(MetricsHttpServerTest, KeepAliveConnectionsServeRequestAfterRequest) {
     }
     EXPECT_EQ(raw.rfind("HTTP/1.1 200 OK", 0), 0u) << raw;
     // Each request within the deadline from the previous reply, the connection's life past it.
-    if (i < 2) std::this_thread::sleep_for(std::chrono::seconds(MetricsHttpServer::kRequestSeconds - 2));
+    if (i < 2)
+      std::this_thread::sleep_for(std::chrono::seconds(MetricsHttpServer::kRequestSeconds - 2));
   }
   close(fd);
 }

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <tuple>
 #include <type_traits>
 
@@ -19,6 +18,10 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Steps one match of the pre-tokenizer may take (PCRE2's default is 10 million); Llama 3's and
+// Qwen's patterns take a few per character.
+constexpr uint32_t kMatchLimit = 1000000;
+
 // GPT-2's pre-tokenizer, what a ByteLevel pre-tokenizer with use_regex runs.
 constexpr char kGpt2Pattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -26,8 +29,8 @@ constexpr char kGpt2Pattern[] =
 // The White_Space property (what the added tokens' lstrip and rstrip take).
 bool IsWhiteSpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 uint64_t PairKey(int64_t left, int64_t right) {
@@ -55,28 +58,51 @@ bool Member(const Json& object, const char* key, T fallback, T* out) {
 
 struct BpeTokenizer::Regex {
   pcre2_code* code = nullptr;
-  ~Regex() { pcre2_code_free(code); }
+  // Bounds one match's backtracking: a pattern that explodes on some text gives up there, and
+  // the rest of that text is one piece, instead of holding the request for minutes.
+  pcre2_match_context* context = nullptr;
+  ~Regex() {
+    pcre2_match_context_free(context);
+    pcre2_code_free(code);
+  }
 };
 
 BpeTokenizer::BpeTokenizer() = default;
 BpeTokenizer::~BpeTokenizer() = default;
 
 StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return NotFound(StrCat("cannot read tokenizer file ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return Parse(text.str(), path);
+  const std::streamoff bytes = in.tellg();
+  if (bytes < 0 || bytes > kMaxFileBytes) {
+    return InvalidArgument(StrCat(path, ": a tokenizer.json of more than ", kMaxFileBytes >> 20,
+                                  " MiB (Llama 3's is 9 MB)"));
+  }
+  in.seekg(0);
+  std::string text(static_cast<size_t>(bytes), '\0');
+  if (!in.read(text.data(), bytes)) return NotFound(StrCat("cannot read tokenizer file ", path));
+  return Parse(text, path);
 }
 
 StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(const std::string& text,
-                                                             const std::string& name) {
+                                                            const std::string& name) {
+  try {
+    return ParseJson(text, name);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than read
+    return InvalidArgument(StrCat(name, ": a field has an unexpected type (", e.what(),
+                                  ") (Note [Byte-level BPE from tokenizer.json])"));
+  }
+}
+
+StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::ParseJson(const std::string& text,
+                                                                const std::string& name) {
   auto bad = [&name](const std::string& field, const std::string& why) {
-    return InvalidArgument(StrCat(name, ": ", field, " ", why,
-                                  " (Note [Byte-level BPE from tokenizer.json])"));
+    return InvalidArgument(
+        StrCat(name, ": ", field, " ", why, " (Note [Byte-level BPE from tokenizer.json])"));
   };
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(StrCat(name, ": not a JSON object"));
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument(StrCat(name, ": not a JSON object"));
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
 
   // ---- model
@@ -230,8 +256,7 @@ StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(const std::string& t
     RETURN_IF_ERROR(byte_level(second, "'pre_tokenizer.pretokenizers[1]'", false));
     pattern = split_pattern;
   } else {
-    return bad("'pre_tokenizer'",
-               "must be a ByteLevel, or a Sequence of a Split and a ByteLevel");
+    return bad("'pre_tokenizer'", "must be a ByteLevel, or a Sequence of a Split and a ByteLevel");
   }
   int error = 0;
   PCRE2_SIZE offset = 0;
@@ -245,6 +270,10 @@ StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(const std::string& t
                                                reinterpret_cast<const char*>(message)));
   }
   pcre2_jit_compile(t->split_->code, PCRE2_JIT_COMPLETE);  // interpreted when JIT is missing
+  t->split_->context = pcre2_match_context_create(nullptr);
+  if (t->split_->context == nullptr) return Internal("PCRE2: no memory for a match context");
+  pcre2_set_match_limit(t->split_->context, kMatchLimit);
+  pcre2_set_depth_limit(t->split_->context, kMatchLimit);
 
   // ---- post-processor: ByteLevel (nothing), TemplateProcessing, or a Sequence of them
   std::vector<Json> processors;
@@ -281,8 +310,8 @@ StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(const std::string& t
       for (const Json& value : specials[id]["ids"]) {
         if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
             value.get<int64_t>() >= static_cast<int64_t>(t->vocab_size_)) {
-          return bad("'post_processor.special_tokens'", StrCat("'", Abbreviate(id),
-                                                               "' has an id out of range"));
+          return bad("'post_processor.special_tokens'",
+                     StrCat("'", Abbreviate(id), "' has an id out of range"));
         }
         (seen_text ? t->suffix_ : t->prefix_).push_back(value.get<int64_t>());
       }
@@ -332,7 +361,8 @@ std::vector<int64_t> BpeTokenizer::Encode(const std::string& raw, bool add_speci
     if (found->rstrip) {  // and the whitespace after it
       while (i < text.size()) {
         size_t next = i + 1;
-        while (next < text.size() && (static_cast<unsigned char>(text[next]) & 0xC0) == 0x80) ++next;
+        while (next < text.size() && (static_cast<unsigned char>(text[next]) & 0xC0) == 0x80)
+          ++next;
         const std::u32string c = DecodeUtf8(text.substr(i, next - i));
         if (c.empty() || !IsWhiteSpace(c[0])) break;
         i = next;
@@ -373,7 +403,7 @@ void BpeTokenizer::EncodePlain(const std::string& text, std::vector<int64_t>* ou
   size_t at = 0;
   while (at < text.size()) {
     const int rc = pcre2_match(split_->code, subject, text.size(), at, PCRE2_NO_UTF_CHECK,
-                               match.get(), nullptr);
+                               match.get(), split_->context);
     if (rc < 0) break;
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     const size_t start = ovector[0];

@@ -31,6 +31,9 @@ namespace qpool {
 // Qwen's NFC normalizer comes with the Qwen kinds.
 class BpeTokenizer {
  public:
+  // The largest tokenizer.json read (Qwen's and Llama 3's are 7 and 9 MB).
+  static constexpr int64_t kMaxFileBytes = int64_t{64} << 20;
+
   // Reads a tokenizer.json; NOT_FOUND for a missing file, INVALID_ARGUMENT naming the file and
   // the field for contents it cannot follow (Note [Byte-level BPE from tokenizer.json]).
   static StatusOr<std::unique_ptr<BpeTokenizer>> Load(const std::string& path);
@@ -66,6 +69,9 @@ class BpeTokenizer {
   struct Regex;  // a compiled PCRE2 pattern
 
   BpeTokenizer();
+  // Parse, which turns what the JSON library throws into INVALID_ARGUMENT.
+  static StatusOr<std::unique_ptr<BpeTokenizer>> ParseJson(const std::string& json,
+                                                           const std::string& name);
   // Appends the ids of text that holds no added token.
   void EncodePlain(const std::string& text, std::vector<int64_t>* out) const;
   // Appends the ids of one pre-token.
