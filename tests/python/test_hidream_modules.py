@@ -96,3 +96,23 @@ def test_configs_it_does_not_reproduce_are_refused_naming_the_field(field, value
     config = {**TINY, field: value}
     with pytest.raises(ImportFailure, match=f"transformer/config.json: field '{field}'"):
         HiDreamTransformerConfig.from_diffusers(config, "transformer/config.json")
+
+
+def test_builder_imports_a_transformer_folder(tmp_path):
+    from qpool_export.hidream_components import build_hidream_transformer
+
+    torch.manual_seed(0)
+    diffusers.HiDreamImageTransformer2DModel(**TINY).save_pretrained(tmp_path / "transformer")
+    built, cfg = build_hidream_transformer(str(tmp_path), (7, T5_WIDTH),
+                                           (LLAMA_LAYERS, 5, LLAMA_WIDTH), POOLED,
+                                           torch.Generator().manual_seed(0))
+    assert built.name == "transformer" and built.max_diff < 1e-5
+    traced = tracing.trace(built.module, built.trace_inputs)
+    assert tracing.check_matches_eager("transformer", built.module, traced,
+                                       built.check_inputs) < 1e-5
+    with pytest.raises(ImportFailure, match="field 'caption_channels\\[1\\]'"):
+        build_hidream_transformer(str(tmp_path), (7, T5_WIDTH), (LLAMA_LAYERS, 5, 99), POOLED,
+                                  torch.Generator().manual_seed(0))
+    with pytest.raises(ImportFailure, match="field 'llama_layers'"):
+        build_hidream_transformer(str(tmp_path), (7, T5_WIDTH), (2, 5, LLAMA_WIDTH), POOLED,
+                                  torch.Generator().manual_seed(0))

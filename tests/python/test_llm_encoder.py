@@ -114,3 +114,31 @@ def test_configs_it_does_not_reproduce_are_refused_naming_the_field(field, value
         config["rope_parameters"] = value
     with pytest.raises(ImportFailure, match=f"text_encoder_4/config.json: field {says}"):
         LlmEncoderConfig.from_llama(config, "text_encoder_4/config.json")
+
+
+def test_builder_imports_a_llama_folder(tmp_path):
+    """text_encoder_4 as HiDream ships it (LlamaForCausalLM), saved and imported through the
+    builder, which compares with transformers and checks the rotary tables."""
+    from qpool_export.hidream_components import build_llm_encoder
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    model.save_pretrained(tmp_path / "text_encoder_4")
+    built, cfg = build_llm_encoder(str(tmp_path), MAX_LENGTH, torch.Generator().manual_seed(0))
+    assert built.name == "text_encoder_4" and built.max_diff < 1e-5
+    assert cfg.num_kv_heads == 2 and cfg.rope_scaling.factor == 8.0
+    traced = tracing.trace(built.module, built.trace_inputs)
+    assert tracing.check_matches_eager("text_encoder_4", built.module, traced,
+                                       built.check_inputs) < 1e-5
+
+
+def test_builder_refuses_a_config_before_building(tmp_path):
+    from qpool_export.hidream_components import build_llm_encoder
+
+    folder = tmp_path / "text_encoder_4"
+    folder.mkdir()
+    config = transformers.LlamaConfig(**LLAMA).to_dict()
+    config["hidden_act"] = "relu"
+    (folder / "config.json").write_text(__import__("json").dumps(config))
+    with pytest.raises(ImportFailure, match="field 'hidden_act'"):
+        build_llm_encoder(str(tmp_path), MAX_LENGTH, torch.Generator().manual_seed(0))

@@ -83,9 +83,10 @@ def _load(what: str, loader: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 
 
 # Leaf names of the buffers qpool's modules compute themselves, where the originals compute them
-# in forward: the sinusoidal and rotary frequency tables, and T5's relative position buckets
-# (Note [Relative position buckets] in t5_encoder.py). No checkpoint holds them.
-COMPUTED_BUFFERS = ("freqs", "relative_position_buckets")
+# in forward: the sinusoidal and rotary frequency tables, T5's relative position buckets
+# (Note [Relative position buckets] in t5_encoder.py) and the LLM encoders' rotary tables (Note
+# [Rotary tables] in llm_encoder.py). No checkpoint holds them.
+COMPUTED_BUFFERS = ("freqs", "relative_position_buckets", "rotary_cos", "rotary_sin")
 
 
 def _load_strict(mirror: torch.nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
