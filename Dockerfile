@@ -42,7 +42,7 @@ FROM ${DEBIAN_IMAGE}
 # hadolint ignore=DL3008
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 libyaml-cpp0.7 libmicrohttpd12 \
-      libsentencepiece0 libssl3 libpcre2-8-0 zlib1g \
+      libsentencepiece0 libssl3 libpcre2-8-0 libutf8proc2 zlib1g \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/qpool/site-packages /opt/qpool/site-packages
 COPY --from=build /src/build/server/qpool-server /src/build/client/qpool /usr/local/bin/

@@ -17,7 +17,7 @@ packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv 
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  libmicrohttpd-dev libsentencepiece-dev libssl-dev libpcre2-dev)
+  libmicrohttpd-dev libsentencepiece-dev libssl-dev libpcre2-dev libutf8proc-dev)
 # ccache: the test builds compile through it (scripts/ccache-launch).
 ((build_only)) || packages+=(openssl prometheus clang haproxy chromium ccache)
 missing=()

@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers, processors, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 from transformers import PreTrainedTokenizerFast
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
@@ -38,6 +39,7 @@ PROMPTS = [
     "café naïve Straße Ελληνικά русский 日本語 中文 한국어",
     "emoji 🦊🔥✨ a family 👨‍👩‍👧 and flags 🇯🇵",
     "e\u0301 combining marks a\u0308 and \u200b zero width \u3000 ideographic space",
+    "decomposed cafe\u0301 and composed café, Hangul \u1100\u1161 and \uac00, \u212b angstrom",
     "control \x00 \x07 chars \u0085 next line",
     "<|begin_of_text|>already there<|eot_id|> and <|eot_id|>again",
     "an added word qpool and qpoolqpool, a <mask> stripped <mask>  both sides",
@@ -47,8 +49,10 @@ PROMPTS = [
 ]
 
 
-def train(pattern, ignore_merges, template):
+def train(pattern, ignore_merges, template, nfc=False):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     if pattern is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -73,12 +77,13 @@ def train(pattern, ignore_merges, template):
 
 
 def main(out):
-    variants = {"llama3": (LLAMA3, True, True), "qwen2": (QWEN2, False, False),
-                "gpt2": (None, False, False)}
-    for name, (pattern, ignore_merges, template) in variants.items():
+    variants = {"llama3": (LLAMA3, True, True, False), "qwen2": (QWEN2, False, False, True),
+                "qwen2-no-normalizer": (QWEN2, False, False, False),
+                "gpt2": (None, False, False, False)}
+    for name, (pattern, ignore_merges, template, nfc) in variants.items():
         folder = Path(out) / name
         folder.mkdir(parents=True, exist_ok=True)
-        train(pattern, ignore_merges, template).save(str(folder / "tokenizer.json"))
+        train(pattern, ignore_merges, template, nfc).save(str(folder / "tokenizer.json"))
         fast = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
         fast.pad_token = "<|end_of_text|>"
         cases = []

@@ -1,5 +1,6 @@
 // BpeTokenizer (Note [Byte-level BPE from tokenizer.json]) against transformers'
-// PreTrainedTokenizerFast: tokenizers shaped like Llama 3's, Qwen2's and GPT-2's, trained here by
+// PreTrainedTokenizerFast: tokenizers shaped like Llama 3's, Qwen2's (with its NFC normalizer and
+// without) and GPT-2's, trained here by
 // tests/testing/bpe_reference.py, on prompts with Unicode, emoji, special tokens, whitespace
 // runs and long input; then the tokenizer.json contents it refuses, each named.
 #include "pipeline/tokenizer/bpe_tokenizer.h"
@@ -69,7 +70,8 @@ TEST_P(BpeTokenizerTest, IdsEqualTransformers) {
   EXPECT_EQ((*tokenizer)->TokenId("no such token"), -1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, BpeTokenizerTest, ::testing::Values("llama3", "qwen2", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(Shapes, BpeTokenizerTest,
+                         ::testing::Values("llama3", "qwen2", "qwen2-no-normalizer", "gpt2"));
 
 // A minimal tokenizer.json: byte-level alphabet "a", "b", merge "a b", the fields under test
 // replaced by `edit`.
@@ -112,7 +114,7 @@ TEST(BpeTokenizerRefusals, NameTheFieldTheyCannotFollow) {
           "'model.merges[0]'");
   refused(Minimal([](Json& j) { j["model"]["merges"] = Json::array({"a b c"}); }),
           "'model.merges[0]'");
-  refused(Minimal([](Json& j) { j["normalizer"] = {{"type", "NFC"}}; }), "'normalizer'");
+  refused(Minimal([](Json& j) { j["normalizer"] = {{"type", "NFKC"}}; }), "'normalizer'");
   refused(Minimal([](Json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; }),
           "'pre_tokenizer'.add_prefix_space");
   refused(Minimal([](Json& j) {

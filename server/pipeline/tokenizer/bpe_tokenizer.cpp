@@ -2,8 +2,10 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -31,6 +33,19 @@ bool IsWhiteSpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
          c == 0x3000;
+}
+
+// Unicode's canonical composition (NFC) of valid UTF-8, NUL characters included.
+std::string Nfc(const std::string& text) {
+  utf8proc_uint8_t* composed = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &composed,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) return text;  // not valid UTF-8: Encode sanitized it, so this does not happen
+  std::string out(reinterpret_cast<const char*>(composed), static_cast<size_t>(n));
+  std::free(composed);
+  return out;
 }
 
 uint64_t PairKey(int64_t left, int64_t right) {
@@ -206,9 +221,13 @@ StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::ParseJson(const std::strin
   }
   t->vocab_size_ = static_cast<size_t>(largest + 1);
 
-  // ---- normalizer and pre-tokenizer
+  // ---- normalizer (none, or Qwen's NFC) and pre-tokenizer
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    return bad("'normalizer'", "is not supported yet (only none)");
+    const Json& normalizer = j["normalizer"];
+    if (!normalizer.is_object() || normalizer.value("type", std::string()) != "NFC") {
+      return bad("'normalizer'", "must be none or NFC");
+    }
+    t->nfc_ = true;
   }
   std::string pattern;
   const Json pre = j.value("pre_tokenizer", Json());
@@ -394,8 +413,9 @@ std::vector<int64_t> BpeTokenizer::EncodePadded(const std::string& text, int max
   return out;
 }
 
-void BpeTokenizer::EncodePlain(const std::string& text, std::vector<int64_t>* out) const {
-  if (text.empty()) return;
+void BpeTokenizer::EncodePlain(const std::string& raw, std::vector<int64_t>* out) const {
+  if (raw.empty()) return;
+  const std::string text = nfc_ ? Nfc(raw) : raw;
   // 2. The pre-tokenizer: every match is a piece, and so is every gap between matches.
   std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> match(
       pcre2_match_data_create_from_pattern(split_->code, nullptr), &pcre2_match_data_free);

@@ -25,10 +25,13 @@ namespace qpool {
 //      that is a whole vocabulary entry is that entry;
 //   4. a TemplateProcessing post-processor adds its special tokens (Llama 3's
 //      <|begin_of_text|>); a ByteLevel one adds nothing.
-// Anything else a tokenizer.json may say (a normalizer, other split behaviors, add_prefix_space,
-// byte_fallback, a continuing-subword prefix, dropout) is refused at load, naming the field:
-// loading it anyway would give other ids than transformers, and the encoder wrong embeddings.
-// Qwen's NFC normalizer comes with the Qwen kinds.
+// Qwen's normalizer, NFC, composes the text between added tokens (utf8proc) before step 2; added
+// tokens are matched in the text as given (tokenizers matches those marked normalized in the
+// composed text: the same for every added token that composition leaves alone, as ASCII ones).
+// Anything else a tokenizer.json may say (other normalizers, other split behaviors,
+// add_prefix_space, byte_fallback, a continuing-subword prefix, dropout) is refused at load,
+// naming the field: loading it anyway would give other ids than transformers, and the encoder
+// wrong embeddings.
 class BpeTokenizer {
  public:
   // The largest tokenizer.json read (Qwen's and Llama 3's are 7 and 9 MB).
@@ -83,6 +86,7 @@ class BpeTokenizer {
   std::vector<AddedToken> added_;  // longest first
   std::unique_ptr<Regex> split_;   // the pre-tokenizer's regex
   bool ignore_merges_ = false;
+  bool nfc_ = false;  // Qwen's normalizer: the text between added tokens composed (NFC) first
   std::vector<int64_t> prefix_;  // the template's ids before the text
   std::vector<int64_t> suffix_;  // and after it
   size_t vocab_size_ = 0;
