@@ -26,7 +26,7 @@ namespace qpool::api {
 // it may send (kMaxDiscardBytes, far more than an agent-send string) and in number
 // (kMaxConnections). The one thread serves everyone in rounds, and no peer can hold it: a round
 // reads one buffer from each connection and accepts at most kMaxConnections new ones (a peer
-// that floods once held it for 5.9 s). At the limit, the oldest connection whose answer is
+// that floods could otherwise hold it). At the limit, the oldest connection whose answer is
 // written is closed to make room, so a slowloris of connections that never close cannot keep
 // new checks unanswered; only when every connection is still being written to is a new one
 // closed unanswered, and its peer keeps what it read last.

@@ -35,15 +35,14 @@ class MetricsHttpServer {
   static constexpr unsigned kThreads = 2;
   // Note [Metrics connections]
   // A scraper sends its request at once and reads the reply at once, so a connection that does
-  // neither is a stuck or hostile peer, and such peers must not keep scrapes out (80 connections
-  // dripping a byte every 4 s held every slot of an earlier limit of 64, and a scrape waited
-  // 40 s). Three bounds: a connection is closed after kConnectionTimeoutSeconds without a byte
-  // (libmicrohttpd's idle timeout), and after kRequestSeconds without a complete request header
-  // since it opened or since its previous reply, however steadily it drips (a thread of ours
-  // shuts such sockets down: libmicrohttpd has no total deadline); at most
-  // kConnectionsPerAddress are open from one address, kConnectionLimit in all, and past either
-  // a new connection is closed at once. So one peer holds at most a sixteenth of the slots, and
-  // every slot comes free within kRequestSeconds of its last request.
+  // neither is a stuck or hostile peer, and such peers must not keep scrapes out (peers that drip
+  // a byte at a time could hold every slot). Three bounds: a connection is closed after
+  // kConnectionTimeoutSeconds without a byte (libmicrohttpd's idle timeout), and after
+  // kRequestSeconds without a complete request header since it opened or since its previous reply,
+  // however steadily it drips (a thread of ours shuts such sockets down: libmicrohttpd has no total
+  // deadline); at most kConnectionsPerAddress are open from one address, kConnectionLimit in all,
+  // and past either a new connection is closed at once. So one peer holds at most a sixteenth of
+  // the slots, and every slot comes free within kRequestSeconds of its last request.
   static constexpr unsigned kConnectionTimeoutSeconds = 10;
   static constexpr unsigned kRequestSeconds = 5;
   static constexpr unsigned kConnectionsPerAddress = 16;
@@ -73,9 +72,9 @@ class MetricsHttpServer {
  private:
   MetricsHttpServer(std::unique_ptr<const MetricsTls> tls, std::string host, int port);
 
-  std::mutex mu_;                                // guards daemon_ (Stop)
+  std::mutex mu_;                                    // guards daemon_ (Stop)
   std::unique_ptr<MetricsConnections> connections_;  // outlives daemon_ (Stop)
-  const std::unique_ptr<const MetricsTls> tls_;  // read by libmicrohttpd while it runs
+  const std::unique_ptr<const MetricsTls> tls_;      // read by libmicrohttpd while it runs
   MHD_Daemon* daemon_ = nullptr;
   const std::string host_;  // numeric, IPv6 in brackets
   const int port_;

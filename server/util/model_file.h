@@ -14,7 +14,7 @@ namespace qpool {
 // Note [One descriptor per file]
 // Checking a file by its path and then reading it by its path again reads whatever the path
 // names by then: a file renamed over a component between its digest check and its load was
-// loaded unverified (25 of 150 loads in a race test), and a symbolic link swapped in after the
+// loaded unverified, and a symbolic link swapped in after the
 // manifest was read led out of the model repository. So a load opens each file once and does
 // everything through that descriptor:
 //   - where: the opened file's real path, read back from the descriptor (/proc/self/fd), must
