@@ -27,6 +27,10 @@ void EncodeReactor::OnReply(StatusOr<EncodeReply> reply) {
   if (reply->output.pooled.defined()) {
     ToProto(reply->output.pooled, response.mutable_pooled_embeddings());
   }
+  if (reply->output.llm_embeddings.defined()) {
+    ToProto(reply->output.llm_embeddings, response.mutable_llm_embeddings());
+    ToProto(reply->output.llm_input_ids, response.mutable_llm_input_ids());
+  }
   response.set_device(reply->run.device);
   response.set_route(reply->run.route);
   *raw_response_ = SerializeRaw(response);

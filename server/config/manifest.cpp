@@ -60,6 +60,22 @@ const ComponentSpec* PipelineManifest::FindComponent(const std::string& componen
   return nullptr;
 }
 
+std::vector<const TokenizerSpec*> PipelineManifest::Tokenizers() const {
+  std::vector<const TokenizerSpec*> out = {&tokenizer};
+  for (const auto* t : {&tokenizer_2, &tokenizer_3, &tokenizer_4}) {
+    if (t->has_value()) out.push_back(&**t);
+  }
+  return out;
+}
+
+std::vector<std::string> TokenizerSpec::Files() const {
+  std::vector<std::string> out;
+  for (const auto* f : {&vocab, &merges, &model, &json}) {
+    if (!f->empty()) out.push_back(*f);
+  }
+  return out;
+}
+
 namespace {
 
 // Note [Manifests without aliases]

@@ -46,15 +46,21 @@ struct ComponentSpec {
   std::optional<CompiledSpec> compiled;  // components.<name>.compiled; none: TorchScript only
 };
 
-// A tokenizer's files: CLIP's byte-level BPE (vocab.json + merges.txt), or a SentencePiece
-// model (T5's spiece.model) for the sections whose kind says so (KindManifestSpec).
+// A tokenizer's files: CLIP's byte-level BPE (vocab.json + merges.txt), a SentencePiece model
+// (T5's spiece.model), or an LLM's tokenizer.json, for the sections whose kind says so
+// (KindManifestSpec::tokenizer_formats).
 struct TokenizerSpec {
-  std::string vocab;    // absolute path of vocab.json (BPE)
-  std::string merges;   // absolute path of merges.txt (BPE)
+  std::string vocab;    // absolute path of vocab.json (CLIP BPE)
+  std::string merges;   // absolute path of merges.txt (CLIP BPE)
   std::string model;    // absolute path of the SentencePiece model (SentencePiece)
+  std::string json;     // absolute path of tokenizer.json (tokenizer.json)
   int max_length = 77;  // tokens per prompt, padded/truncated; in [2, 1024]
-  // What prompts are padded with: <|endoftext|> (SD 1.x's CLIP) or "!" (SD 2.x's OpenCLIP).
+  // What prompts are padded with: <|endoftext|> (SD 1.x's CLIP) or "!" (SD 2.x's OpenCLIP); an
+  // LLM's own (Llama 3: <|eot_id|>). Not read for SentencePiece, whose model names it.
   std::string pad_token = "<|endoftext|>";
+
+  // The files it names (those of its format).
+  std::vector<std::string> Files() const;
 };
 
 // How prompts condition the denoiser, for kinds that read it (the `conditioning` section).
@@ -139,6 +145,8 @@ struct PipelineManifest {
   std::vector<ComponentSpec> components;  // the kind's, in its order
   TokenizerSpec tokenizer;
   std::optional<TokenizerSpec> tokenizer_2;  // kinds with a second text encoder (sdxl)
+  std::optional<TokenizerSpec> tokenizer_3;  // and a third and fourth (hidream: T5, Llama)
+  std::optional<TokenizerSpec> tokenizer_4;
   ConditioningSpec conditioning;
   SchedulerConfig scheduler;
   LatentSpec latent;
@@ -151,28 +159,36 @@ struct PipelineManifest {
 
   // The component called `name`, or nullptr if the pipeline has none.
   const ComponentSpec* FindComponent(const std::string& name) const;
+  // tokenizer, then tokenizer_2..4 where the kind has them.
+  std::vector<const TokenizerSpec*> Tokenizers() const;
 };
 
 // Whether `device` is a valid placement.device: auto, cpu, cuda, cuda:N or "cuda:N,cuda:M,...".
 bool IsValidDevice(const std::string& device);
 
-// How a kind's tokenizer_2 section names its files.
-enum class TokenizerFormat { kClipBpe, kSentencePiece };
+// How a kind's tokenizer section names its files: vocab + merges, model, or json.
+enum class TokenizerFormat { kClipBpe, kSentencePiece, kTokenizerJson };
 
 // What a kind's manifests hold besides the sections every kind has.
 struct KindManifestSpec {
   std::vector<std::string> components;  // the component names its manifests must list, run order
-  // The kind-specific top-level sections it reads: "tokenizer_2" (then required),
-  // "conditioning". Manifests of other kinds may not have them.
+  // The kind-specific top-level sections it reads: "tokenizer_2", "tokenizer_3", "tokenizer_4"
+  // (then required), "conditioning". Manifests of other kinds may not have them.
   std::vector<std::string> sections;
   // Its noise schedule: DDPM betas (scheduler.beta_*; samplers ddim, euler) or flow matching
   // (scheduler.shift and the dynamic shifting fields; sampler euler).
   ScheduleFamily schedule = ScheduleFamily::kDdpm;
-  TokenizerFormat tokenizer_2_format = TokenizerFormat::kClipBpe;
+  // The format of each tokenizer_N section it reads; CLIP BPE for those not named.
+  std::map<std::string, TokenizerFormat> tokenizer_formats;
 
+  // The format of tokenizer section `key`.
+  TokenizerFormat TokenizerFormatOf(const std::string& key) const {
+    const auto it = tokenizer_formats.find(key);
+    return it == tokenizer_formats.end() ? TokenizerFormat::kClipBpe : it->second;
+  }
   bool operator==(const KindManifestSpec& o) const {
     return components == o.components && sections == o.sections && schedule == o.schedule &&
-           tokenizer_2_format == o.tokenizer_2_format;
+           tokenizer_formats == o.tokenizer_formats;
   }
 };
 

@@ -25,10 +25,12 @@ namespace qpool::manifest_internal {
 
 // The keys each section accepts, in the order of docs/model-repository.md.
 inline const std::vector<std::string> kTopKeys = {
-    "kind",     "components", "tokenizer", "tokenizer_2", "conditioning", "scheduler", "latent",
-    "defaults", "limits",     "placement", "offload",     "batching",     "execution"};
+    "kind",        "components",   "tokenizer", "tokenizer_2", "tokenizer_3",
+    "tokenizer_4", "conditioning", "scheduler", "latent",      "defaults",
+    "limits",      "placement",    "offload",   "batching",    "execution"};
 // The top-level keys only some kinds read (KindManifestSpec::sections).
-inline const std::vector<std::string> kKindSectionKeys = {"tokenizer_2", "conditioning"};
+inline const std::vector<std::string> kKindSectionKeys = {"tokenizer_2", "tokenizer_3",
+                                                          "tokenizer_4", "conditioning"};
 inline const std::vector<std::string> kComponentKeys = {"file", "sha256", "dtype", "quantization",
                                                         "compiled"};
 inline const std::vector<std::string> kCompiledKeys = {"file", "device", "sha256"};
@@ -38,6 +40,7 @@ inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "doub
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",
                                                         "pad_token"};
 inline const std::vector<std::string> kSentencePieceKeys = {"model", "max_length"};
+inline const std::vector<std::string> kTokenizerJsonKeys = {"json", "max_length", "pad_token"};
 inline const std::vector<std::string> kSchedulerKeys = {
     "num_train_timesteps", "beta_start",   "beta_end",       "beta_schedule",
     "timestep_spacing",    "steps_offset", "prediction_type"};

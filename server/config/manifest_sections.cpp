@@ -85,11 +85,17 @@ Status Parser::ParseTokenizer(const YAML::Node& root, const std::string& key,
                               TokenizerFormat format, TokenizerSpec* t) const {
   YAML::Node node;
   const bool bpe = format == TokenizerFormat::kClipBpe;
+  const bool json = format == TokenizerFormat::kTokenizerJson;
   RETURN_IF_ERROR(GetSection(root, "", key, /*required=*/true,
-                             bpe ? kTokenizerKeys : kSentencePieceKeys, &node));
+                             bpe    ? kTokenizerKeys
+                             : json ? kTokenizerJsonKeys
+                                    : kSentencePieceKeys,
+                             &node));
   if (bpe) {
     RETURN_IF_ERROR(ResolveFile(node, key, "vocab", &t->vocab));
     RETURN_IF_ERROR(ResolveFile(node, key, "merges", &t->merges));
+  } else if (json) {
+    RETURN_IF_ERROR(ResolveFile(node, key, "json", &t->json));
   } else {
     RETURN_IF_ERROR(ResolveFile(node, key, "model", &t->model));
   }
@@ -97,8 +103,8 @@ Status Parser::ParseTokenizer(const YAML::Node& root, const std::string& key,
   if (t->max_length < 2 || t->max_length > 1024) {
     return Got(Dotted(key, "max_length"), "must be between 2 and 1024", t->max_length);
   }
-  if (!bpe) return Status::Ok();
-  RETURN_IF_ERROR(ReadString(node, key, "pad_token", false, &t->pad_token));
+  if (!bpe && !json) return Status::Ok();
+  RETURN_IF_ERROR(ReadString(node, key, "pad_token", /*required=*/json, &t->pad_token));
   if (t->pad_token.empty()) return Error(Dotted(key, "pad_token"), "must not be empty");
   return Status::Ok();
 }
@@ -111,9 +117,12 @@ Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) co
       return Error(key, "is not read by pipelines of kind '" + m->kind + "'");
     }
   }
-  if (Contains(own, "tokenizer_2")) {
-    m->tokenizer_2.emplace();
-    RETURN_IF_ERROR(ParseTokenizer(root, "tokenizer_2", spec.tokenizer_2_format, &*m->tokenizer_2));
+  for (auto [key, section] :
+       {std::pair{"tokenizer_2", &m->tokenizer_2}, std::pair{"tokenizer_3", &m->tokenizer_3},
+        std::pair{"tokenizer_4", &m->tokenizer_4}}) {
+    if (!Contains(own, key)) continue;
+    section->emplace();
+    RETURN_IF_ERROR(ParseTokenizer(root, key, spec.TokenizerFormatOf(key), &**section));
   }
   if (Contains(own, "conditioning")) {
     YAML::Node node;

@@ -43,8 +43,10 @@ bool FilesPresent(const PipelineManifest& m) {
   for (const auto& c : m.components) {
     if (!IsRegularFile(c.file)) return false;
   }
-  for (const TokenizerSpec* t : {&m.tokenizer, m.tokenizer_2 ? &*m.tokenizer_2 : nullptr}) {
-    if (t != nullptr && (!IsRegularFile(t->vocab) || !IsRegularFile(t->merges))) return false;
+  for (const TokenizerSpec* t : m.Tokenizers()) {
+    for (const auto& file : t->Files()) {
+      if (!IsRegularFile(file)) return false;
+    }
   }
   return true;
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "component/component.h"
@@ -45,6 +46,10 @@ struct EncodeOutput {
   torch::Tensor embeddings;  // float32, CPU, [n, max_length, hidden]
   torch::Tensor input_ids;   // int64, CPU, [n, max_length] (of the first tokenizer)
   torch::Tensor pooled;  // float32, CPU, [n, dim] for kinds with pooled embeddings; else undefined
+  // Kinds with an LLM text encoder: float32 [layers, n, length, hidden] and int64 [n, length]
+  // on the CPU; else undefined.
+  torch::Tensor llm_embeddings;
+  torch::Tensor llm_input_ids;
 };
 
 // Called after each denoising step with (1-based step, total).
@@ -154,6 +159,25 @@ torch::Tensor PaddedTokenIds(const Tokenizer& tokenizer, const std::vector<std::
     std::copy(row.begin(), row.end(), out + i * length);
   }
   return ids;
+}
+
+// PaddedTokenIds with the attention mask of each row (1 for every id that is not padding), both
+// int64 [texts, max_length] on the CPU; any tokenizer with max_length() and
+// EncodePadded(text, &mask).
+template <typename Tokenizer>
+std::pair<torch::Tensor, torch::Tensor> PaddedTokensAndMask(const Tokenizer& tokenizer,
+                                                            const std::vector<std::string>& texts) {
+  const int64_t length = tokenizer.max_length();
+  const int64_t n = static_cast<int64_t>(texts.size());
+  auto ids = torch::empty({n, length}, torch::kLong);
+  auto mask = torch::empty({n, length}, torch::kLong);
+  std::vector<int64_t> row_mask;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int64_t> row = tokenizer.EncodePadded(texts[i], &row_mask);
+    std::copy(row.begin(), row.end(), ids.data_ptr<int64_t>() + i * length);
+    std::copy(row_mask.begin(), row_mask.end(), mask.data_ptr<int64_t>() + i * length);
+  }
+  return {ids, mask};
 }
 
 // The status of a component that returned `t` where `expected` was due: Internal, naming the

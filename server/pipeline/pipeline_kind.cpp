@@ -38,7 +38,7 @@ const std::vector<std::string>& PipelineKind::manifest_sections() const {
 }
 
 KindManifestSpec PipelineKind::ManifestSpec() const {
-  return {ComponentNames(), manifest_sections(), schedule(), tokenizer_2_format()};
+  return {ComponentNames(), manifest_sections(), schedule(), tokenizer_formats()};
 }
 
 std::vector<std::string> PipelineKind::ComponentNames() const {

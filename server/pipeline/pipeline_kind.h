@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,9 +61,10 @@ class PipelineKind {
   virtual const std::vector<ComponentDecl>& components() const = 0;
   // The kind-specific manifest sections it reads (KindManifestSpec::sections); none by default.
   virtual const std::vector<std::string>& manifest_sections() const;
-  // Its noise schedule and tokenizer_2 format (KindManifestSpec); DDPM and CLIP BPE by default.
+  // Its noise schedule and the formats of its tokenizer_N sections (KindManifestSpec); DDPM and
+  // CLIP BPE by default.
   virtual ScheduleFamily schedule() const { return ScheduleFamily::kDdpm; }
-  virtual TokenizerFormat tokenizer_2_format() const { return TokenizerFormat::kClipBpe; }
+  virtual std::map<std::string, TokenizerFormat> tokenizer_formats() const { return {}; }
   // Fills a Generate request's defaults from the manifest and checks it against its limits:
   // InvalidArgument naming the field for anything out of range.
   virtual StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,

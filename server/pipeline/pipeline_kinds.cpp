@@ -1,6 +1,7 @@
 #include "pipeline/pipeline_kinds.h"
 
 #include "pipeline/flux/flux_kind.h"
+#include "pipeline/hidream/hidream_kind.h"
 #include "pipeline/sd/sd_kind.h"
 #include "pipeline/sdxl/sdxl_kind.h"
 
@@ -11,6 +12,7 @@ std::shared_ptr<const PipelineKinds> PipelineKinds::Builtin() {
   kinds.push_back(std::make_unique<SdKind>());
   kinds.push_back(std::make_unique<SdxlKind>());
   kinds.push_back(std::make_unique<FluxKind>());
+  kinds.push_back(std::make_unique<HiDreamKind>());
   return std::make_shared<const PipelineKinds>(std::move(kinds));
 }
 

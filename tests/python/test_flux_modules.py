@@ -28,7 +28,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from qpool_export import quant, tracing  # noqa: E402
 from qpool_export.flux_components import build_flux_transformer, build_t5_encoder  # noqa: E402
 from qpool_export.flux_transformer import FluxTransformerConfig  # noqa: E402
-from qpool_export.from_diffusers import _to_dtype  # noqa: E402
+from qpool_export.import_steps import to_dtype  # noqa: E402
 from qpool_export.import_error import ImportFailure  # noqa: E402
 from qpool_export.t5_encoder import T5EncoderConfig  # noqa: E402
 
@@ -162,7 +162,7 @@ def test_traced_schema_keeps_the_seven_inputs(flux):
 def test_freqs_buffers_stay_float32_in_a_bfloat16_export(flux):
     cfg = flux["cfg"]
     traced = quiet_load(flux["traced"])
-    _to_dtype(traced, torch.bfloat16)
+    to_dtype(traced, torch.bfloat16)
     freqs = {n: b for n, b in traced.named_buffers() if n.rpartition(".")[2] == "freqs"}
     assert set(freqs) == {"time_text_embed.time_proj.freqs", "pos_embed.axes.0.freqs",
                           "pos_embed.axes.1.freqs", "pos_embed.axes.2.freqs"}
@@ -409,7 +409,7 @@ def test_t5_keeps_transformers_names_and_the_tied_embedding(t5):
     assert set(state) == set(original.state_dict()) | {"encoder.relative_position_buckets"}
     loaded = quiet_load(t5["traced"])
     assert loaded.shared.weight.data_ptr() == loaded.encoder.embed_tokens.weight.data_ptr()
-    _to_dtype(loaded, torch.bfloat16)
+    to_dtype(loaded, torch.bfloat16)
     assert loaded.encoder.embed_tokens.weight.dtype == torch.bfloat16
     assert loaded.encoder.relative_position_buckets.dtype == torch.int64
     ids = t5["built"].check_inputs

@@ -74,6 +74,8 @@ def test_traced_at_one_shape_runs_at_another():
     tracing.check_no_tensor_constants("transformer", traced)
     assert tracing.check_matches_eager("transformer", mirror, traced,
                                        inputs(1, 12, t5_tokens=9, llama_tokens=3, seed=2)) < 1e-5
+    # Its positions and rotary tables are made where the latents are (a GPU, for the server).
+    tracing.check_no_baked_device("transformer", traced)
 
 
 @pytest.mark.parametrize("fmt, bound", [("int8", 0.05), ("nf4", 0.3)])

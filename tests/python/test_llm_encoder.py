@@ -82,6 +82,7 @@ def test_traced_at_one_shape_runs_at_another():
     tracing.check_no_tensor_constants("text_encoder_4", traced)
     assert tracing.check_matches_eager("text_encoder_4", mirror, traced,
                                        inputs(3, 31, padded_from=4, seed=2)) < 1e-5
+    tracing.check_no_baked_device("text_encoder_4", traced)
 
 
 @pytest.mark.parametrize("fmt, bound", [("int8", 0.05), ("nf4", 0.3)])
@@ -124,7 +125,7 @@ def test_builder_imports_a_llama_folder(tmp_path):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
     model.save_pretrained(tmp_path / "text_encoder_4")
-    built, cfg = build_llm_encoder(str(tmp_path), MAX_LENGTH, torch.Generator().manual_seed(0))
+    built, cfg = build_llm_encoder(str(tmp_path / "text_encoder_4"), MAX_LENGTH, torch.Generator().manual_seed(0))
     assert built.name == "text_encoder_4" and built.max_diff < 1e-5
     assert cfg.num_kv_heads == 2 and cfg.rope_scaling.factor == 8.0
     traced = tracing.trace(built.module, built.trace_inputs)
@@ -141,4 +142,4 @@ def test_builder_refuses_a_config_before_building(tmp_path):
     config["hidden_act"] = "relu"
     (folder / "config.json").write_text(__import__("json").dumps(config))
     with pytest.raises(ImportFailure, match="field 'hidden_act'"):
-        build_llm_encoder(str(tmp_path), MAX_LENGTH, torch.Generator().manual_seed(0))
+        build_llm_encoder(str(tmp_path / "text_encoder_4"), MAX_LENGTH, torch.Generator().manual_seed(0))

@@ -15,7 +15,14 @@ inline KindCatalog BuiltinKindCatalog() {
            {{"text_encoder", "text_encoder_2", "transformer", "vae_decoder"},
             {"tokenizer_2"},
             ScheduleFamily::kFlowMatch,
-            TokenizerFormat::kSentencePiece}}};
+            {{"tokenizer_2", TokenizerFormat::kSentencePiece}}}},
+          {"hidream",
+           {{"text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "transformer",
+             "vae_decoder"},
+            {"tokenizer_2", "tokenizer_3", "tokenizer_4"},
+            ScheduleFamily::kFlowMatch,
+            {{"tokenizer_3", TokenizerFormat::kSentencePiece},
+             {"tokenizer_4", TokenizerFormat::kTokenizerJson}}}}};
 }
 
 }  // namespace qpool::testing

@@ -15,7 +15,7 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
   const std::string q = "    quantization:\n";
   const std::vector<Case> cases = {
       // kind and components
-      {"unknown kind", Parts().Kind("sd3"), {"field 'kind'", "'sd3'", "supported: flux, sd, sdxl"}},
+      {"unknown kind", Parts().Kind("sd3"), {"field 'kind'", "'sd3'", "supported: flux, hidream, sd, sdxl"}},
       {"kind type", Parts().Kind("[sd]"), {"field 'kind' must be a string (got a list)"}},
       {"unknown component",
        Parts().ComponentsExtra("  refiner:\n    file: unet.pt\n"),

@@ -233,6 +233,65 @@ TEST_F(ManifestTest, FluxManifestParsesItsOwnSections) {
                              "scheduler.base_image_seq_len (256) (got 256)"});
 }
 
+// Kind hidream: four tokenizers, the third a SentencePiece model and the fourth an LLM's
+// tokenizer.json with its pad token; other kinds may not have tokenizer_3 or tokenizer_4.
+const char kHiDream[] = R"(kind: hidream
+components:
+  text_encoder: {file: text_encoder.pt}
+  text_encoder_2: {file: text_encoder.pt}
+  text_encoder_3: {file: text_encoder.pt}
+  text_encoder_4: {file: text_encoder.pt}
+  transformer: {file: unet.pt}
+  vae_decoder: {file: vae_decoder.pt}
+tokenizer:
+  vocab: tokenizer/vocab.json
+  merges: tokenizer/merges.txt
+  max_length: 128
+tokenizer_2:
+  vocab: tokenizer/vocab.json
+  merges: tokenizer/merges.txt
+  max_length: 128
+  pad_token: "!"
+tokenizer_3:
+  model: tokenizer/vocab.json
+  max_length: 128
+tokenizer_4:
+  json: tokenizer/merges.txt
+  max_length: 128
+  pad_token: <|eot_id|>
+scheduler:
+  shift: 6.0
+latent:
+  channels: 16
+  shift_factor: 0.1159
+)";
+
+TEST_F(ManifestTest, HiDreamManifestParsesFourTokenizers) {
+  auto r = Parse(kHiDream);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->tokenizer_3.has_value() && r->tokenizer_4.has_value());
+  EXPECT_EQ(r->tokenizer_3->model, dir_ + "/tokenizer/vocab.json");
+  EXPECT_EQ(r->tokenizer_4->json, dir_ + "/tokenizer/merges.txt");
+  EXPECT_EQ(r->tokenizer_4->pad_token, "<|eot_id|>");
+  EXPECT_EQ(r->tokenizer_4->max_length, 128);
+  EXPECT_EQ(r->Tokenizers().size(), 4u);
+  EXPECT_EQ(r->tokenizer_4->Files(), std::vector<std::string>{dir_ + "/tokenizer/merges.txt"});
+
+  ExpectInvalid(Parse(RemoveField(kHiDream, "tokenizer_4")), {"field 'tokenizer_4' is required"});
+  ExpectInvalid(Parse(RemoveField(kHiDream, "tokenizer_4.pad_token")),
+                {"field 'tokenizer_4.pad_token' is required"});
+  ExpectInvalid(Parse(RemoveField(kHiDream, "tokenizer_4.json")),
+                {"field 'tokenizer_4.json' is required"});
+  std::string vocab = kHiDream;
+  vocab.replace(vocab.find("json: tokenizer/merges.txt"), 26, "vocab: tokenizer/vocab.json");
+  ExpectInvalid(Parse(vocab), {"tokenizer_4.vocab"});
+  std::string missing = kHiDream;
+  missing.replace(missing.find("json: tokenizer/merges.txt"), 26, "json: tokenizer/none.json");
+  ExpectInvalid(Parse(missing), {"tokenizer_4.json"});
+  ExpectInvalid(Parse(std::string(kFlux) + "tokenizer_3:\n  model: tokenizer/vocab.json\n"),
+                {"field 'tokenizer_3' is not read by pipelines of kind 'flux'"});
+}
+
 // Note [Files stay in the repository]: links within the repository are followed, links out of
 // it refused, naming the field and where the link leads.
 TEST_F(ManifestTest, SymlinksMayNotLeaveTheRepository) {

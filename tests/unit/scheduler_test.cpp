@@ -362,6 +362,32 @@ TEST(FlowMatchEulerScheduler, SigmasMatchDiffusers) {
   EXPECT_FALSE(f.SetTimesteps(4, 0).ok());
 }
 
+// The scheduler's own sigmas (FlowSigmas::kScheduler: HiDreamImagePipeline passes none), 4 steps,
+// as diffusers 0.42 computed them: HiDream-I1 Dev's static shift 6 (the training schedule's last
+// sigma shifted, then every sigma shifted again), and a dynamic shift with HiDream's fixed mu
+// 1.15 (the manifest's flat base_shift = max_shift line: any image length gives it).
+TEST(FlowMatchEulerScheduler, SchedulerSigmasMatchDiffusers) {
+  FlowShiftConfig fixed;
+  fixed.shift = 6.0;
+  FlowMatchEulerScheduler f(fixed, FlowSigmas::kScheduler, 1000);
+  ASSERT_TRUE(f.SetTimesteps(4, 16).ok());
+  const std::vector<double> want = {1.0, 0.923711359500885, 0.753333330154419, 0.03478260710835457,
+                                    0.0};
+  ASSERT_EQ(f.sigmas().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(f.sigmas()[i], want[i], 1e-6) << i;
+
+  FlowShiftConfig dynamic;
+  dynamic.use_dynamic_shifting = true;
+  dynamic.base_shift = dynamic.max_shift = 1.15;
+  FlowMatchEulerScheduler d(dynamic, FlowSigmas::kScheduler, 1000);
+  for (int64_t tokens : {16, 4096, 100000}) {
+    ASSERT_TRUE(d.SetTimesteps(4, tokens).ok());
+    const std::vector<double> mu = {1.0, 0.8634974360466003, 0.6129788756370544,
+                                    0.0031513916328549385, 0.0};
+    for (size_t i = 0; i < mu.size(); ++i) EXPECT_NEAR(d.sigmas()[i], mu[i], 1e-6) << i;
+  }
+}
+
 // With the true velocity (noise - x0) every step lands on the line between noise and x0, and the
 // last one on x0; half-precision samples come back in their dtype.
 TEST(FlowMatchEulerScheduler, TrueVelocityRecoversX0) {

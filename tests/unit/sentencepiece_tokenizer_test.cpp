@@ -108,9 +108,18 @@ TEST_F(SentencePieceTokenizerTest, AddedTokensAreSingleIds) {
     EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 0) << text;
   }
   // Padded: the added tokens count toward max_length like pieces.
-  const std::vector<int64_t> padded = t->EncodePadded("</s>");
+  std::vector<int64_t> mask;
+  const std::vector<int64_t> padded = t->EncodePadded("</s>", &mask);
   EXPECT_EQ(std::vector<int64_t>(padded.begin(), padded.begin() + 3),
             (std::vector<int64_t>{1, 1, 0}));
+  // The mask covers the ids before the padding, a <pad> written in the prompt among them.
+  std::vector<int64_t> two(t->max_length(), 0);
+  two[0] = two[1] = 1;
+  EXPECT_EQ(mask, two);
+  const std::vector<int64_t> written = t->EncodePadded("<pad>", &mask);
+  EXPECT_EQ(std::vector<int64_t>(written.begin(), written.begin() + 2),
+            (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(mask, two);
 }
 
 TEST_F(SentencePieceTokenizerTest, BadFilesAreNamed) {

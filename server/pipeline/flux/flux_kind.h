@@ -15,7 +15,9 @@ class FluxKind final : public PipelineKind {
   // tokenizer_2: T5's SentencePiece model.
   const std::vector<std::string>& manifest_sections() const override { return sections_; }
   ScheduleFamily schedule() const override { return ScheduleFamily::kFlowMatch; }
-  TokenizerFormat tokenizer_2_format() const override { return TokenizerFormat::kSentencePiece; }
+  std::map<std::string, TokenizerFormat> tokenizer_formats() const override {
+    return {{"tokenizer_2", TokenizerFormat::kSentencePiece}};
+  }
   // guidance_scale is the transformer's guidance input; classifier-free guidance only with
   // true_cfg_scale and a negative prompt; sizes are multiples of 16 (8x VAE, then 2x2 patches).
   StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,

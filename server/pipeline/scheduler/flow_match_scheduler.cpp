@@ -9,8 +9,14 @@
 
 namespace qpool {
 
-FlowMatchEulerScheduler::FlowMatchEulerScheduler(FlowShiftConfig config)
-    : config_(std::move(config)) {}
+FlowMatchEulerScheduler::FlowMatchEulerScheduler(FlowShiftConfig config, FlowSigmas sigmas,
+                                                 int num_train_timesteps)
+    : config_(std::move(config)), spacing_(sigmas), num_train_timesteps_(num_train_timesteps) {}
+
+double FlowMatchEulerScheduler::Shifted(double s, double exp_mu) const {
+  if (config_.use_dynamic_shifting) return exp_mu / (exp_mu + (1.0 / s - 1.0));
+  return config_.shift * s / (1.0 + (config_.shift - 1.0) * s);
+}
 
 double FlowMatchEulerScheduler::Mu(const FlowShiftConfig& c, int64_t image_seq_len) {
   const double m = (c.max_shift - c.base_shift) /
@@ -27,15 +33,17 @@ Status FlowMatchEulerScheduler::SetTimesteps(int num_steps, int64_t image_seq_le
   const double exp_mu = std::exp(Mu(config_, image_seq_len));
   sigmas_.clear();
   sigmas_.reserve(num_steps + 1);
+  // FluxPipeline: np.linspace(1.0, 1 / n, n). The scheduler's own: from its training
+  // schedule's first sigma (1, whatever the shift) to its last, 1 / num_train_timesteps, shifted
+  // there by a static shift (diffusers keeps that float32 value).
+  double first = 1.0, last = 1.0 / num_steps;
+  if (spacing_ == FlowSigmas::kScheduler) {
+    last = 1.0 / num_train_timesteps_;
+    if (!config_.use_dynamic_shifting) last = static_cast<float>(Shifted(last, exp_mu));
+  }
   for (int i = 0; i < num_steps; ++i) {
-    // np.linspace(1.0, 1 / n, n)
-    const double last = 1.0 / num_steps;
-    const double s = num_steps == 1 ? 1.0 : 1.0 + (last - 1.0) * i / (num_steps - 1);
-    if (config_.use_dynamic_shifting) {
-      sigmas_.push_back(exp_mu / (exp_mu + (1.0 / s - 1.0)));
-    } else {
-      sigmas_.push_back(config_.shift * s / (1.0 + (config_.shift - 1.0) * s));
-    }
+    const double s = num_steps == 1 ? first : first + (last - first) * i / (num_steps - 1);
+    sigmas_.push_back(Shifted(s, exp_mu));
   }
   sigmas_.push_back(0.0);
   return Status::Ok();

@@ -21,11 +21,20 @@ namespace qpool {
 // double (diffusers: float32; differences ~1e-7); the step runs in float32 and returns the
 // sample's dtype, as diffusers does.
 //
+// A pipeline that asks for no sigmas (HiDreamImagePipeline) gets the scheduler's own
+// (FlowSigmas::kScheduler): linspace(sigma_max, sigma_min, n) over the training schedule's
+// sigmas (1 down to 1/num_train_timesteps, shifted when the shift is static), then shifted again
+// as above. Its denoiser gets sigma * num_train_timesteps (the scheduler's timesteps).
+//
 // Thread-safety: SetTimesteps mutates; the const methods may run concurrently. Cheap: make one
 // per request.
+enum class FlowSigmas { kFluxPipeline, kScheduler };
+
 class FlowMatchEulerScheduler {
  public:
-  explicit FlowMatchEulerScheduler(FlowShiftConfig config);
+  explicit FlowMatchEulerScheduler(FlowShiftConfig config,
+                                   FlowSigmas sigmas = FlowSigmas::kFluxPipeline,
+                                   int num_train_timesteps = 1000);
 
   // Chooses `num_steps` sigmas for an image of `image_seq_len` latent tokens; InvalidArgument
   // unless num_steps >= 1 and image_seq_len >= 1.
@@ -43,7 +52,12 @@ class FlowMatchEulerScheduler {
   static double Mu(const FlowShiftConfig& config, int64_t image_seq_len);
 
  private:
+  // The shift of sigma s in (0, 1]: by exp(mu) with dynamic shifting, else by config_.shift.
+  double Shifted(double s, double exp_mu) const;
+
   FlowShiftConfig config_;
+  FlowSigmas spacing_;
+  int num_train_timesteps_;
   std::vector<double> sigmas_;
 };
 

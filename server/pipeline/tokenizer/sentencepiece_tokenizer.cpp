@@ -183,10 +183,15 @@ std::vector<int64_t> SentencePieceTokenizer::Encode(const std::string& text) con
   return ids;
 }
 
-std::vector<int64_t> SentencePieceTokenizer::EncodePadded(const std::string& text) const {
+std::vector<int64_t> SentencePieceTokenizer::EncodePadded(const std::string& text,
+                                                          std::vector<int64_t>* mask) const {
   std::vector<int64_t> ids = Encode(text);
   if (ids.size() > static_cast<size_t>(max_length_ - 1)) ids.resize(max_length_ - 1);
   ids.push_back(eos_id_);
+  if (mask != nullptr) {
+    mask->assign(ids.size(), 1);
+    mask->resize(max_length_, 0);
+  }
   ids.resize(max_length_, pad_id_);
   return ids;
 }

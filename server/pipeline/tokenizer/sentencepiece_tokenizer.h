@@ -36,8 +36,10 @@ class SentencePieceTokenizer {
 
   // The ids of `text`'s pieces and added tokens, no final </s>, no truncation. Never fails.
   std::vector<int64_t> Encode(const std::string& text) const;
-  // Encode(text) truncated to max_length - 1, </s>, padded with pad_id to max_length.
-  std::vector<int64_t> EncodePadded(const std::string& text) const;
+  // Encode(text) truncated to max_length - 1, </s>, padded with pad_id to max_length; `mask`
+  // (when given) is 1 for every id that is not padding (T5TokenizerFast's attention_mask).
+  std::vector<int64_t> EncodePadded(const std::string& text,
+                                    std::vector<int64_t>* mask = nullptr) const;
 
   int64_t eos_id() const { return eos_id_; }
   int64_t pad_id() const { return pad_id_; }

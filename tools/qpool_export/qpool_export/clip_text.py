@@ -11,7 +11,8 @@ forward(input_ids int64 [B, L]) -> hidden states [B, L, hidden], or with `pooled
 text_embeds is CLIPTextModelWithProjection's: the final layer norm of the last layer's output at
 the end-of-text position, through text_projection.
 With `pooler` (kind flux), forward returns CLIPTextModel's pooler_output alone, [B, hidden]: the
-final layer norm of the last layer's output at the end-of-text position.
+final layer norm of the last layer's output at the end-of-text position; with `projected` (kind
+hidream, both CLIPs) text_embeds alone, [B, projection_dim].
 """
 
 from __future__ import annotations
@@ -123,14 +124,14 @@ class ClipEncoder(nn.Module):
 
 class ClipTextEncoder(nn.Module):
     def __init__(self, cfg: ClipTextConfig, skip: int = 0, penultimate: bool = False,
-                 pooled: bool = False, pooler: bool = False):
+                 pooled: bool = False, pooler: bool = False, projected: bool = False):
         super().__init__()
-        if pooler and (pooled or skip or penultimate):
+        if (pooler or projected) and (pooled or skip or penultimate or (pooler and projected)):
             raise ImportFailure("the pooler output is read at the last layer, with no "
-                                "projection and no clip skip")
+                                "clip skip, alone or projected")
         if not 0 <= skip < cfg.num_hidden_layers:
             raise ImportFailure(f"clip skip {skip} must be in [0, {cfg.num_hidden_layers})")
-        if pooled and cfg.projection_dim <= 0:
+        if (pooled or projected) and cfg.projection_dim <= 0:
             raise ImportFailure("text_embeds need a text_projection (config field "
                                 "'projection_dim')")
         self.config = cfg
@@ -139,16 +140,17 @@ class ClipTextEncoder(nn.Module):
         self.norm_hidden = not penultimate
         self.pooled = pooled
         self.pooler = pooler
+        self.projected = projected
         self.embeddings = ClipEmbeddings(cfg)
         self.encoder = ClipEncoder(cfg)
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        if pooled:
+        if pooled or projected:
             self.text_projection = nn.Linear(cfg.hidden_size, cfg.projection_dim, bias=False)
 
     def drop_unused(self) -> None:
         """Drops what forward never runs (the layers past the hidden states' and, without
         text_embeds, the final layer norm where the hidden states skip it), weights included."""
-        if self.pooled or self.pooler:
+        if self.pooled or self.pooler or self.projected:
             return
         del self.encoder.layers[self.hidden_layers:]
         if not self.norm_hidden:
@@ -167,9 +169,11 @@ class ClipTextEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor):
         x = self.embeddings(input_ids)
-        if self.pooler:
+        if self.pooler or self.projected:
             for layer in self.encoder.layers:
                 x = layer(x)
+            if self.projected:
+                return self._text_embeds(input_ids, x)
             return self._pooler_output(input_ids, x)
         hidden = x
         for i, layer in enumerate(self.encoder.layers):

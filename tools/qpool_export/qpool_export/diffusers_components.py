@@ -191,17 +191,19 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
     """`name` is the component folder: text_encoder (CLIPTextModel) or, for kind sdxl,
     text_encoder_2 (CLIPTextModelWithProjection, whose module also returns text_embeds). Kind sd
     takes the last hidden state (or, with clip_skip, an earlier one through the final layer
-    norm), kind sdxl the penultimate layer's output as StableDiffusionXLPipeline does (module
-    docstring of clip_text.py)."""
+    norm), kind sdxl the penultimate layer's output as StableDiffusionXLPipeline does, kind flux
+    CLIPTextModel's pooler output and kind hidream (text_encoder and text_encoder_2, both
+    CLIPTextModelWithProjection) text_embeds alone (module docstring of clip_text.py)."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     pooler = kind == "flux"  # CLIPTextModel's pooler_output alone (FluxPipeline)
-    pooled = name == "text_encoder_2" and not pooler
+    projected = kind == "hidream"  # text_embeds alone (HiDreamImagePipeline, both CLIPs)
+    pooled = name == "text_encoder_2" and not (pooler or projected)
     penultimate = kind == "sdxl"
-    cls = CLIPTextModelWithProjection if pooled else CLIPTextModel
-    if pooler and clip_skip:
-        raise ImportFailure(f"--clip-skip {clip_skip}: FluxPipeline reads CLIP's pooled output of "
-                            f"the last layer; kind flux takes no clip skip")
+    cls = CLIPTextModelWithProjection if pooled or projected else CLIPTextModel
+    if (pooler or projected) and clip_skip:
+        raise ImportFailure(f"--clip-skip {clip_skip}: kind {kind} reads CLIP's pooled output of "
+                            f"the last layer and takes no clip skip")
     where = os.path.join(src, name)
     original, prequantized = _load_original(
         where, lambda: cls.from_pretrained(where, variant=variant),
@@ -213,7 +215,7 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
         raise ImportFailure(f"{src}/{tokenizer}: model_max_length {max_length} exceeds the text "
                             f"encoder's max_position_embeddings {cfg.max_position_embeddings}")
     mirror = ClipTextEncoder(cfg, skip=clip_skip, penultimate=penultimate, pooled=pooled,
-                             pooler=pooler)
+                             pooler=pooler, projected=projected)
     state = {_strip_text_model(k): v for k, v in original.state_dict().items()}
     state.pop("embeddings.position_ids", None)
     _load_strict(mirror, state, where)
@@ -222,6 +224,8 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
         out = original(ids, output_hidden_states=True)
         if pooler:
             want = out.pooler_output
+        elif projected:
+            want = out.text_embeds
         elif penultimate:
             want = out.hidden_states[-(clip_skip + 2)]
         elif clip_skip == 0:
@@ -327,7 +331,7 @@ def build_vae_decoder(src: str, kind: str, gen: torch.Generator, variant: Option
         where, lambda: AutoencoderKL.from_pretrained(where, variant=variant),
         AutoencoderKL.from_config)
     cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
-    if cfg.shift_factor != 0.0 and kind != "flux":
+    if cfg.shift_factor != 0.0 and kind not in ("flux", "hidream"):
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
                             f"kind {kind} imports VAEs without one")
     upcast = kind == "sdxl" and cfg.force_upcast and dtype == torch.float16

@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -153,6 +153,7 @@ def export_component(preset: Preset, component: str, opts: ExportOptions, folder
     side = preset.trace_latent
     traced = tracing.trace(module, example_inputs(preset, component, 2, side, side, vocab, gen))
     tracing.check_no_tensor_constants(component, traced)
+    tracing.check_no_baked_device(component, traced)
     # Note [Shapes are not baked]: another batch and odd, non-square latents.
     if component == "text_encoder":
         second = example_inputs(preset, component, 3, side, side, vocab, gen)

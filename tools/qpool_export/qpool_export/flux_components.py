@@ -20,7 +20,7 @@ from .diffusers_components import (Built, _check_same, _load_original, _load_str
                                    read_json)
 from .flux_transformer import FluxTransformer, FluxTransformerConfig, image_ids, text_ids
 from .import_error import ImportFailure
-from .t5_encoder import T5Encoder, T5EncoderConfig
+from .t5_encoder import MaskedT5Encoder, T5Encoder, T5EncoderConfig
 
 
 def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
@@ -96,12 +96,14 @@ def _tie_t5_embeddings(module: torch.nn.Module, state: Dict[str, torch.Tensor], 
 
 
 def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
-                     variant: Optional[str] = None) -> Built:
+                     variant: Optional[str] = None, name: str = "text_encoder_2",
+                     masked: bool = False) -> Built:
     """text_encoder_2 (T5EncoderModel) as FluxPipeline runs it: token ids padded to
-    `max_length` (its max_sequence_length), no attention mask, last_hidden_state."""
+    `max_length` (its max_sequence_length), no attention mask, last_hidden_state. `masked`: with
+    the attention mask as well, as HiDreamImagePipeline runs its text_encoder_3 (`name`)."""
     from transformers import T5Config, T5EncoderModel
 
-    where = os.path.join(src, "text_encoder_2")
+    where = os.path.join(src, name)
     config_path = os.path.join(where, "config.json")
 
     def from_config(config: Dict[str, object]) -> torch.nn.Module:
@@ -112,7 +114,7 @@ def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
     original, prequantized = _load_original(
         where, lambda: T5EncoderModel.from_pretrained(where, variant=variant), from_config)
     cfg = T5EncoderConfig.from_transformers(original.config.to_dict(), config_path)
-    mirror = T5Encoder(cfg, max_length)
+    mirror = (MaskedT5Encoder if masked else T5Encoder)(cfg, max_length)
     _load_strict(mirror, original.state_dict(), where)
     # The whole bucket table against transformers' own function (Note [Relative position
     # buckets] in t5_encoder.py); the random ids below reach only short distances.
@@ -127,11 +129,17 @@ def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
             raise ImportFailure(f"{where}: qpool's relative position buckets differ from "
                                 f"transformers'; this T5 is not supported")
 
-    def ids(batch: int, length: int) -> Tuple[torch.Tensor]:
-        return (torch.randint(0, cfg.vocab_size, (batch, min(length, max_length)),
-                              generator=gen),)
+    def ids(batch: int, length: int) -> Tuple[torch.Tensor, ...]:
+        length = min(length, max_length)
+        tokens = torch.randint(0, cfg.vocab_size, (batch, length), generator=gen)
+        if not masked:
+            return (tokens,)
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[0, max(1, length // 2):] = 0  # right padding on the first prompt
+        return tokens, mask
 
     compared = ids(2, 19)
     with torch.no_grad():
-        diff = _check_same(where, original(*compared).last_hidden_state, mirror(*compared))
-    return Built("text_encoder_2", mirror, ids(2, 12), ids(1, 17), diff, prequantized)
+        want = original(compared[0], attention_mask=compared[1] if masked else None)
+        diff = _check_same(where, want.last_hidden_state, mirror(*compared))
+    return Built(name, mirror, ids(2, 12), ids(1, 17), diff, prequantized)

@@ -23,24 +23,25 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from . import bnb_import
 from . import compile as aot
 from . import manifest as manifest_io
-from . import lora_fuse, scheduler_import, tracing
-from .diffusers_components import (Built, build_text_encoder, build_unet, build_vae_decoder,
+from . import hidream_import, lora_fuse, scheduler_import
+from .diffusers_components import (build_text_encoder, build_unet, build_vae_decoder,
                                    read_json)
 from .export import _install, _make_stage, validate_name
 from .import_error import ImportFailure
+# The shared steps; DTYPES, ImportOptions and Tokenizer are the command line's and benches' too.
+from .import_steps import (DTYPES, ImportOptions, Tokenizer, copy_clip_tokenizer,  # noqa: F401
+                           copy_sentencepiece, save_component)
 from .sd_unet import SdUNetConfig
 from .sd_vae import SdVaeConfig
 
 PIPELINE_CLASSES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl",
-                    "FluxPipeline": "flux"}
+                    "FluxPipeline": "flux", "HiDreamImagePipeline": "hidream"}
 # model_index.json entry -> (library, class) qpool imports, per kind.
 SD_COMPONENTS = {
     "text_encoder": ("transformers", "CLIPTextModel"),
@@ -61,56 +62,22 @@ FLUX_COMPONENTS = {
     "transformer": ("diffusers", "FluxTransformer2DModel"),
     "vae": ("diffusers", "AutoencoderKL"),
 }
-KIND_COMPONENTS = {"sd": SD_COMPONENTS, "sdxl": SDXL_COMPONENTS, "flux": FLUX_COMPONENTS}
+KIND_COMPONENTS = {"sd": SD_COMPONENTS, "sdxl": SDXL_COMPONENTS, "flux": FLUX_COMPONENTS,
+                   "hidream": hidream_import.COMPONENTS}
 OPTIONAL = ("safety_checker", "feature_extractor", "image_encoder", "requires_safety_checker",
             "scheduler", "force_zeros_for_empty_prompt")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # The saved components of each kind, in manifest order (all of them quantizable).
 KIND_FILES = {"sd": ("text_encoder", "unet", "vae_decoder"),
               "sdxl": ("text_encoder", "text_encoder_2", "unet", "vae_decoder"),
-              "flux": ("text_encoder", "text_encoder_2", "transformer", "vae_decoder")}
-QUANT_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "transformer", "vae_decoder")
+              "flux": ("text_encoder", "text_encoder_2", "transformer", "vae_decoder"),
+              "hidream": hidream_import.FILES}
+QUANT_COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "unet",
+                    "transformer", "vae_decoder")
 # diffusers' default guidance_scale of each pipeline class.
-DEFAULT_GUIDANCE = {"sd": 7.5, "sdxl": 5.0, "flux": 3.5}
+DEFAULT_GUIDANCE = {"sd": 7.5, "sdxl": 5.0, "flux": 3.5, "hidream": hidream_import.DEFAULT_GUIDANCE}
+# Kinds whose T5 (and Llama) overflow in float16: imported in bfloat16 unless --dtype says.
+BFLOAT16_KINDS = ("flux", "hidream")
 FLUX_DEFAULT_SIZE = 1024  # FluxPipeline's default image side
-# FluxPipeline's default max_sequence_length, and its largest.
-T5_MAX_LENGTH = 512
-
-
-@dataclass
-class ImportOptions:
-    src: str
-    out: str
-    # None: bfloat16 for kind flux (its T5 overflows in float16), else float16.
-    dtype: Optional[str] = None
-    quantize: Dict[str, str] = field(default_factory=dict)  # component -> int8 | nf4 | w8a8
-    blocksize: int = 64
-    double_quant: bool = False
-    # Layers of fewer weights stay float in the quantized components (Note [Small layers stay
-    # float]); written to the manifest for load-time quantization.
-    min_weights: int = 0
-    clip_skip: int = 0
-    variant: Optional[str] = None  # e.g. "fp16": read *.fp16.safetensors weight files
-    # prequantized: --quantize quantizes now; load-time: the layers stay float (quantizable) and
-    # the manifest has the server quantize them when it loads the pipeline.
-    quant_mode: str = "prequantized"
-    # Components that also get an AOTInductor package for compile_device (compile.py).
-    compile: Tuple[str, ...] = ()
-    compile_device: str = "cpu"
-    compile_mode: str = "default"  # compile.MODES
-    compile_attention: str = "auto"  # compile.ATTENTION
-    # The dtype the server computes in when the manifest names one (placement.dtype); None: the
-    # device's (set by import_pipeline).
-    compile_dtype: Optional[str] = None
-    # w8a8 components: SmoothQuant's alpha (smoothquant.py), or activation scales of ones.
-    smoothquant: Optional[float] = None
-    # A JSON file for every quantized layer's own error against its float layer (layer_error.py).
-    layer_error: Optional[str] = None
-    # LoRA files fused into the weights first (lora_fuse.py, Note [Fused LoRAs]).
-    loras: Tuple[lora_fuse.Lora, ...] = ()
-    warmup: bool = False  # the manifest's execution.warmup (Note [Warm-up at load])
-    verbose: bool = True
 
 
 def check_links(src: str) -> None:
@@ -157,154 +124,19 @@ def check_model_index(src: str) -> Tuple[str, Dict[str, object]]:
         if not os.path.isdir(os.path.join(src, name)):
             raise ImportFailure(f"{os.path.join(src, name)}: missing (model_index.json lists "
                                 f"component '{name}')")
+    if kind == "hidream":
+        for name, (library, class_name) in hidream_import.LLAMA_COMPONENTS.items():
+            entry = index.get(name)
+            if entry is None or entry == [None, None]:
+                continue  # named apart (--text-encoder-4)
+            if not isinstance(entry, list) or len(entry) != 2 or entry[1] not in class_name:
+                raise ImportFailure(f"{path}: field '{name}' is {entry!r}; expected "
+                                    f"[\"{library}\", \"{class_name[0]}\"] or null")
     zeros = index.get("force_zeros_for_empty_prompt", True)
     if kind == "sdxl" and not isinstance(zeros, bool):
         raise ImportFailure(f"{path}: field 'force_zeros_for_empty_prompt' is {zeros!r}; "
                             f"expected true or false")
     return kind, index
-
-
-def _quantize(built: Built, opts: ImportOptions) -> int:
-    fmt = opts.quantize.get(built.name, "none")
-    if fmt == "none":
-        return 0
-    from . import quant
-
-    smooth = None
-    if fmt == "w8a8" and opts.smoothquant is not None:
-        # Activation maxima over the component's example inputs (as the server passes them,
-        # random values); smoothquant.py.
-        from . import smoothquant
-
-        scales = smoothquant.calibrate(built.module, (built.trace_inputs, built.check_inputs),
-                                       opts.smoothquant)
-        smooth = smoothquant.fold(built.module, scales)  # Note [Folded smoothing]
-    records = None
-    if opts.layer_error and opts.quant_mode == "prequantized":
-        from . import layer_error
-
-        records = layer_error.capture(built.module, (built.trace_inputs, built.check_inputs))
-    count = quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
-                                  double_quant=opts.double_quant,
-                                  prequantize=opts.quant_mode == "prequantized", smooth=smooth,
-                                  min_weights=opts.min_weights)
-    if records is not None:
-        built.layer_errors = layer_error.errors(built.module, records)
-    if fmt == "w8a8" and opts.quant_mode == "prequantized":
-        quant.fuse_geglu_linears(built.module)  # after the layer errors (Note [GEGLU linear op])
-        quant.fuse_norm_linears(built.module)  # Note [Norm linear op]
-    return count
-
-
-def _to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
-    """Floating weights and buffers to `dtype`; the quant state (absmax, code, ...) of quantized
-    layers and the frequency tables keep float32, as the server expects."""
-    from .quant import FLOAT32_BUFFERS, STATE_NAMES
-
-    for name, t in list(traced.named_parameters()) + list(traced.named_buffers()):
-        if name.rpartition(".")[2] in STATE_NAMES + FLOAT32_BUFFERS:
-            continue
-        if t.dtype == torch.float32 and dtype != torch.float32:
-            t.data = t.data.to(dtype)
-
-
-def _save(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
-    converted = bnb_import.install(built.module, built.prequantized, built.name)
-    quantized = _quantize(built, opts) + converted
-    traced = tracing.trace(built.module, built.trace_inputs)
-    tracing.check_no_tensor_constants(built.name, traced)
-    tracing.check_matches_eager(built.name, built.module, traced, built.check_inputs)
-    dtype = built.dtype or opts.dtype
-    _to_dtype(traced, DTYPES[dtype])
-    path = os.path.join(stage, f"{built.name}.pt")
-    size = tracing.save(built.name, traced, path)
-    formats = sorted({q["format"] for q in built.prequantized.values()})
-    report = {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
-              "bytes": size, "quantized_layers": quantized,
-              "converted_layers": converted, "converted_formats": formats,
-              "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
-              "layer_errors": built.layer_errors,
-              # Every layer below --min-weights: no quantization section for it (Note [Small
-              # layers stay float]).
-              "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized}
-    if built.name in opts.compile:
-        if quantized and opts.quant_mode != "prequantized":
-            raise ImportFailure(f"--compile {built.name}: the component is quantized at load "
-                                f"(--quant-mode load-time), and a package is compiled for the "
-                                f"weights' format: use --quant-mode prequantized")
-        package = os.path.join(stage, aot.package_name(built.name, opts.compile_device))
-        examples = aot.resized_examples(built.module, built.name,
-                                        built.compile_inputs or built.trace_inputs,
-                                        torch.Generator().manual_seed(0), built.compile_side)
-        dtype = built.dtype or opts.compile_dtype
-        try:
-            report["compile_seconds"] = aot.compile_component(
-                built.module, built.name, examples, opts.compile_device, package,
-                manifest_io.sha256_file(path), DTYPES[dtype] if dtype else None,
-                mode=opts.compile_mode, attention=opts.compile_attention)
-        except aot.CompileError as e:
-            raise ImportFailure(str(e)) from e
-    return report
-
-
-def _write_bpe_files(tokenizer_json: str, dest: str) -> None:
-    """vocab.json and merges.txt from a fast tokenizer's tokenizer.json (a BPE model)."""
-    model = read_json(tokenizer_json).get("model")
-    if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise ImportFailure(f"{tokenizer_json}: field 'model.type' is "
-                            f"{model.get('type') if isinstance(model, dict) else None!r}; "
-                            f"qpool's CLIP tokenizer reads a BPE model")
-    vocab, merges = model.get("vocab"), model.get("merges")
-    if not isinstance(vocab, dict) or not isinstance(merges, list):
-        raise ImportFailure(f"{tokenizer_json}: fields 'model.vocab' and 'model.merges' are "
-                            f"required")
-    with open(os.path.join(dest, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    with open(os.path.join(dest, "merges.txt"), "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n")
-        for merge in merges:
-            f.write((merge if isinstance(merge, str) else " ".join(merge)) + "\n")
-
-
-def _copy_tokenizer(src: str, stage: str, name: str = "tokenizer") -> Tuple[int, str]:
-    """Writes stage/NAME/{vocab.json,merges.txt} from the folder src/NAME: copied, or converted
-    from tokenizer.json; returns the tokens per prompt (tokenizer_config.json's
-    model_max_length, else 77) and the pad token."""
-    folder = os.path.join(src, name)
-    dest = os.path.join(stage, name)
-    os.makedirs(dest)
-    files = [os.path.join(folder, n) for n in ("vocab.json", "merges.txt")]
-    if all(os.path.isfile(f) for f in files):
-        for f in files:
-            shutil.copyfile(f, os.path.join(dest, os.path.basename(f)))
-    elif os.path.isfile(os.path.join(folder, "tokenizer.json")):
-        _write_bpe_files(os.path.join(folder, "tokenizer.json"), dest)
-    else:
-        raise ImportFailure(f"{folder}: holds neither vocab.json and merges.txt nor "
-                            f"tokenizer.json")
-    config_path = os.path.join(folder, "tokenizer_config.json")
-    config = read_json(config_path) if os.path.isfile(config_path) else {}
-    pad = config.get("pad_token") or "<|endoftext|>"
-    pad = pad.get("content") if isinstance(pad, dict) else pad
-    vocab = read_json(os.path.join(dest, "vocab.json"))
-    if not isinstance(pad, str) or pad not in vocab:
-        raise ImportFailure(f"{config_path}: field 'pad_token' is {pad!r}, which the vocabulary "
-                            f"does not hold")
-    length = config.get("model_max_length", 77)
-    length = length if isinstance(length, int) and 2 <= length <= 1024 else 77
-    return length, pad
-
-
-@dataclass
-class Tokenizer:
-    """A tokenizer folder as the manifest names it."""
-    name: str  # tokenizer | tokenizer_2
-    max_length: int
-    pad_token: str
-
-    def section(self) -> Dict[str, object]:
-        return {"vocab": f"{self.name}/vocab.json", "merges": f"{self.name}/merges.txt",
-                "max_length": self.max_length, "pad_token": self.pad_token}
 
 
 def build_manifest(kind: str, scheduler: Dict[str, object], sampler: str, unet: SdUNetConfig,
@@ -340,7 +172,7 @@ def build_manifest(kind: str, scheduler: Dict[str, object], sampler: str, unet: 
     return manifest
 
 
-def _check_quantize(kind: str, quantize: Dict[str, str]) -> None:
+def _checkquantize_built(kind: str, quantize: Dict[str, str]) -> None:
     for name in quantize:
         if name not in KIND_FILES[kind]:
             raise ImportFailure(f"--quantize {name}=...: kind {kind} has no component '{name}' "
@@ -357,7 +189,7 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
     tokenizers = []
     for encoder in encoders:
         name = encoder.replace("text_encoder", "tokenizer")
-        tokenizers.append(Tokenizer(name, *_copy_tokenizer(src, stage, name)))
+        tokenizers.append(Tokenizer(name, *copy_clip_tokenizer(src, stage, name)))
     max_length = tokenizers[0].max_length
     for t in tokenizers[1:]:
         if t.max_length != max_length:
@@ -373,12 +205,12 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
         width += text.module.config.hidden_size
         if text.module.pooled:
             pooled = text.module.config.projection_dim
-        reports.append(_save(text, opts, stage))
+        reports.append(save_component(text, opts, stage))
         del text
     unet = build_unet(src, kind, (max_length, width), pooled, gen, opts.variant)
     unet_cfg = unet.module.config
     unet.compile_side = unet_cfg.sample_size
-    reports.append(_save(unet, opts, stage))
+    reports.append(save_component(unet, opts, stage))
     del unet
     vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant, DTYPES[opts.dtype])
     if vae_cfg.latent_channels != unet_cfg.in_channels:
@@ -386,26 +218,8 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
                             f"{vae_cfg.latent_channels}; the UNet takes "
                             f"{unet_cfg.in_channels} channels")
     vae.compile_side = unet_cfg.sample_size
-    reports.append(_save(vae, opts, stage))
+    reports.append(save_component(vae, opts, stage))
     return reports, tokenizers, unet_cfg, vae_cfg
-
-
-def _copy_sentencepiece(src: str, stage: str, name: str = "tokenizer_2") -> int:
-    """Copies T5's SentencePiece model src/NAME/spiece.model to stage/NAME/; returns the tokens per
-    prompt: FluxPipeline's max_sequence_length (512), or the tokenizer's model_max_length when
-    that is smaller."""
-    folder = os.path.join(src, name)
-    model = os.path.join(folder, "spiece.model")
-    if not os.path.isfile(model):
-        raise ImportFailure(f"{model}: missing (qpool reads T5's SentencePiece model; a "
-                            f"tokenizer.json alone is not enough)")
-    dest = os.path.join(stage, name)
-    os.makedirs(dest)
-    shutil.copyfile(model, os.path.join(dest, "spiece.model"))
-    config_path = os.path.join(folder, "tokenizer_config.json")
-    config = read_json(config_path) if os.path.isfile(config_path) else {}
-    length = config.get("model_max_length", T5_MAX_LENGTH)
-    return length if isinstance(length, int) and 2 <= length <= T5_MAX_LENGTH else T5_MAX_LENGTH
 
 
 def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch.Generator
@@ -415,17 +229,17 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
     config."""
     from .flux_components import build_flux_transformer, build_t5_encoder
 
-    clip_tokenizer = Tokenizer("tokenizer", *_copy_tokenizer(src, stage, "tokenizer"))
-    t5_length = _copy_sentencepiece(src, stage)
+    clip_tokenizer = Tokenizer("tokenizer", *copy_clip_tokenizer(src, stage, "tokenizer"))
+    t5_length = copy_sentencepiece(src, stage)
     reports: List[Dict[str, object]] = []
     clip = build_text_encoder(src, "text_encoder", "flux", clip_tokenizer.max_length,
                               opts.clip_skip, gen, opts.variant)
     pooled_dim = clip.module.config.hidden_size
-    reports.append(_save(clip, opts, stage))
+    reports.append(save_component(clip, opts, stage))
     del clip
     t5 = build_t5_encoder(src, t5_length, gen, opts.variant)
     context = (t5_length, t5.module.config.d_model)
-    reports.append(_save(t5, opts, stage))
+    reports.append(save_component(t5, opts, stage))
     del t5
     # Note [Compile at the serving size]: the latent of the default image, within the compiled
     # signature's limits.
@@ -434,7 +248,7 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
     latent_side = min(FLUX_DEFAULT_SIZE // 2 ** max(vae_levels - 1, 0), aot.MAX_SIDE)
     transformer, transformer_cfg = build_flux_transformer(src, context, pooled_dim, gen,
                                                           opts.variant, latent_side // 2)
-    reports.append(_save(transformer, opts, stage))
+    reports.append(save_component(transformer, opts, stage))
     del transformer
     vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant, DTYPES[opts.dtype])
     if 4 * vae_cfg.latent_channels != transformer_cfg.in_channels:
@@ -442,7 +256,7 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
                             f"{vae_cfg.latent_channels}; the transformer takes 2x2 patches of "
                             f"{transformer_cfg.in_channels // 4} channels")
     vae.compile_side = latent_side
-    reports.append(_save(vae, opts, stage))
+    reports.append(save_component(vae, opts, stage))
     return reports, clip_tokenizer, t5_length, vae_cfg
 
 
@@ -489,10 +303,16 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         raise ImportFailure(f"{out} exists and is not a pipeline folder; refusing to replace it")
     kind, index = check_model_index(src)
     if opts.dtype is None:
-        opts = dataclasses.replace(opts, dtype="bfloat16" if kind == "flux" else "float16")
-    if kind == "flux" and opts.dtype in ("bfloat16", "bf16"):  # build_flux_manifest's placement
+        opts = dataclasses.replace(opts,
+                                   dtype="bfloat16" if kind in BFLOAT16_KINDS else "float16")
+    if kind in BFLOAT16_KINDS and opts.dtype in ("bfloat16", "bf16"):  # the manifest's placement
         opts = dataclasses.replace(opts, compile_dtype="bfloat16")
-    _check_quantize(kind, opts.quantize)
+    if kind != "hidream" and opts.text_encoder_4 is not None:
+        raise ImportFailure(f"--text-encoder-4: kind {kind} has no text_encoder_4")
+    if kind == "hidream" and (opts.loras or opts.compile):
+        raise ImportFailure(f"--{'lora' if opts.loras else 'compile'}: kind hidream imports "
+                            f"neither fused LoRAs nor compiled packages yet")
+    _checkquantize_built(kind, opts.quantize)
     for name in opts.compile:
         if name not in KIND_FILES[kind] or name not in aot.COMPILABLE:
             raise ImportFailure(f"--compile {name}: kind {kind} has no compilable component "
@@ -501,8 +321,11 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     if opts.compile_device == "cuda" and opts.compile and not torch.cuda.is_available():
         raise ImportFailure("--compile-device cuda needs a GPU on the importing machine")
     sched_path = os.path.join(src, "scheduler", "scheduler_config.json")
-    translate = scheduler_import.translate_flow if kind == "flux" else scheduler_import.translate
-    scheduler, sampler = translate(read_json(sched_path), sched_path)
+    if kind in BFLOAT16_KINDS:
+        scheduler, sampler = scheduler_import.translate_flow(read_json(sched_path), sched_path,
+                                                             kind)
+    else:
+        scheduler, sampler = scheduler_import.translate(read_json(sched_path), sched_path)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a folder on disk; never the network
     origin, lora_work, fused = src, None, []
@@ -516,6 +339,9 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         gen = torch.Generator().manual_seed(0)
         if kind == "flux":
             reports, clip, t5_length, vae_cfg = _build_flux_components(src, stage, opts, gen)
+        elif kind == "hidream":
+            reports, tokenizers, vae_cfg, max_seq = hidream_import.build_hidream_components(
+                src, opts.text_encoder_4, stage, opts, gen)
         else:
             reports, tokenizers, unet_cfg, vae_cfg = _build_components(kind, src, stage, opts,
                                                                        gen)
@@ -529,6 +355,9 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         if kind == "flux":
             manifest = build_flux_manifest(scheduler, vae_cfg, clip, t5_length, quant,
                                            opts.dtype)
+        elif kind == "hidream":
+            manifest = hidream_import.build_hidream_manifest(scheduler, vae_cfg, max_seq,
+                                                             tokenizers, quant, opts.dtype)
         else:
             dtypes = {r["name"]: r["dtype"] for r in reports if r["dtype"]}
             manifest = build_manifest(kind, scheduler, sampler, unet_cfg, vae_cfg, tokenizers,

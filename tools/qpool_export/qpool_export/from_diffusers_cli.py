@@ -76,6 +76,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                    help="a LoRA .safetensors file fused into the weights at SCALE (default 1), "
                         "in any format diffusers' load_lora_weights reads; repeat for several")
+    p.add_argument("--text-encoder-4", default=None, metavar="DIR",
+                   help="kind hidream: the Llama's folder (config.json, weights, tokenizer.json) "
+                        "when the pipeline folder has no text_encoder_4/, as HiDream-I1's")
     p.add_argument("--warmup", action="store_true",
                    help="the manifest's execution.warmup: each replica makes one image at the "
                         "defaults as it loads, so its first request runs at full speed")
@@ -105,7 +108,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          quant_mode=a.quant_mode, layer_error=a.layer_error,
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
-                         compile_attention=a.compile_attention, loras=loras, warmup=a.warmup, verbose=not a.quiet)
+                         compile_attention=a.compile_attention, loras=loras, warmup=a.warmup,
+                         text_encoder_4=a.text_encoder_4, verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError

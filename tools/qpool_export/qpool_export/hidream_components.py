@@ -26,13 +26,13 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "model", model)
 
 
-def build_llm_encoder(src: str, max_length: int, gen: torch.Generator,
+def build_llm_encoder(where: str, max_length: int, gen: torch.Generator,
                       variant: Optional[str] = None) -> Tuple[Built, LlmEncoderConfig]:
-    """text_encoder_4 as HiDreamImagePipeline runs it: token ids padded on the right to
+    """text_encoder_4 as HiDreamImagePipeline runs it, from the folder `where` (a pipeline's
+    text_encoder_4/, or a Llama folder of its own): token ids padded on the right to
     `max_length` with their attention mask; every layer's hidden states."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    where = os.path.join(src, "text_encoder_4")
     config_path = os.path.join(where, "config.json")
     LlmEncoderConfig.from_llama(read_json(config_path), config_path)  # before anything is built
     original, prequantized = _load_original(
@@ -74,24 +74,29 @@ def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, i
 
     where = os.path.join(src, "transformer")
     config_path = os.path.join(where, "config.json")
-    HiDreamTransformerConfig.from_diffusers(
+    t5_tokens, t5_width = t5
+    layers, llama_tokens, llama_width = llama
+
+    def check(cfg: HiDreamTransformerConfig) -> HiDreamTransformerConfig:
+        for field, have, want in (("caption_channels[0]", cfg.caption_channels[0], t5_width),
+                                  ("caption_channels[1]", cfg.caption_channels[1], llama_width),
+                                  ("text_emb_dim", cfg.text_emb_dim, pooled_dim)):
+            if have != want:
+                raise ImportFailure(f"{config_path}: field '{field}' is {have}; the text "
+                                    f"encoders give {want}")
+        if max(cfg.llama_layers) >= layers:
+            raise ImportFailure(f"{config_path}: field 'llama_layers' names layer "
+                                f"{max(cfg.llama_layers)}; text_encoder_4 has {layers}")
+        return cfg
+
+    # The config file first, before anything is built; then the loaded model's config.
+    check(HiDreamTransformerConfig.from_diffusers(
         {k: v for k, v in read_json(config_path).items() if k != "quantization_config"},
-        config_path)
+        config_path))
     original, prequantized = _load_original(
         where, lambda: HiDreamImageTransformer2DModel.from_pretrained(where, variant=variant),
         HiDreamImageTransformer2DModel.from_config)
-    cfg = HiDreamTransformerConfig.from_diffusers(dict(original.config), config_path)
-    t5_tokens, t5_width = t5
-    layers, llama_tokens, llama_width = llama
-    for field, have, want in (("caption_channels[0]", cfg.caption_channels[0], t5_width),
-                              ("caption_channels[1]", cfg.caption_channels[1], llama_width),
-                              ("text_emb_dim", cfg.text_emb_dim, pooled_dim)):
-        if have != want:
-            raise ImportFailure(f"{config_path}: field '{field}' is {have}; the text encoders "
-                                f"give {want}")
-    if max(cfg.llama_layers) >= layers:
-        raise ImportFailure(f"{config_path}: field 'llama_layers' names layer "
-                            f"{max(cfg.llama_layers)}; text_encoder_4 has {layers}")
+    cfg = check(HiDreamTransformerConfig.from_diffusers(dict(original.config), config_path))
     mirror = HiDreamTransformer(cfg)
     _load_strict(mirror, original.state_dict(), where)
 

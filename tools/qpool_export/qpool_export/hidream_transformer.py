@@ -173,7 +173,8 @@ def rotary(ids: torch.Tensor, axes: Sequence[int]) -> Tuple[torch.Tensor, torch.
     id[:, i] * theta^(-2j / axes[i]), in float64 as diffusers' rope() computes them."""
     angles = []
     for i, dim in enumerate(axes):
-        scale = torch.arange(0, dim, 2, dtype=torch.float64, device=ids.device) / dim
+        # 0, 2, 4, ... from the ids, not torch.arange(device=...), which a trace bakes in.
+        scale = (ids.new_ones(dim // 2, dtype=torch.float64).cumsum(0) - 1) * 2 / dim
         omega = 1.0 / (THETA ** scale)
         angles.append(ids[:, i].to(torch.float64)[:, None] * omega[None, :])
     joined = torch.cat(angles, dim=-1)
@@ -373,8 +374,11 @@ class HiDreamTransformer(nn.Module):
                  for i, k in enumerate(cfg.llama_layers)]
         t5_text = self.caption_projection[-1].linear(t5)
         # Positions (Note [HiDream streams]): (0, row, col) per patch, zeros per text token.
-        grid_rows = torch.arange(rows, device=latents.device)[:, None].expand(rows, cols)
-        grid_cols = torch.arange(cols, device=latents.device)[None, :].expand(rows, cols)
+        # Counted on the latents' device (torch.arange(device=...) would be baked by a trace).
+        grid_rows = (latents.new_ones(rows, dtype=torch.long).cumsum(0) - 1)[:, None].expand(
+            rows, cols)
+        grid_cols = (latents.new_ones(cols, dtype=torch.long).cumsum(0) - 1)[None, :].expand(
+            rows, cols)
         image_ids = torch.stack([torch.zeros_like(grid_rows), grid_rows, grid_cols],
                                 dim=-1).reshape(rows * cols, 3)
         text_tokens = t5_text.shape[1] + 2 * texts[0].shape[1]

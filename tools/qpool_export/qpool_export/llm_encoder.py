@@ -260,7 +260,8 @@ class LlmEncoder(nn.Module):
         cos = self.rotary_cos[:length]
         sin = self.rotary_sin[:length]
         # Causal, and no query attends to padding: [B, 1, L, L], True where it may attend.
-        positions = torch.arange(length, device=input_ids.device)
+        # From the ids, not torch.arange(device=...): a trace bakes a device argument in.
+        positions = torch.ones_like(input_ids[0]).cumsum(0)
         causal = positions[None, :] <= positions[:, None]
         allowed = causal[None, None] & (attention_mask[:, None, None, :] != 0)
         states = []

@@ -174,13 +174,17 @@ FLOW_NEUTRAL = {"invert_sigmas": False, "shift_terminal": None, "use_karras_sigm
                 "time_shift_type": "exponential", "stochastic_sampling": False}
 
 
-def translate_flow(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:
+def translate_flow(config: Dict[str, object], where: str,
+                   kind: str = "flux") -> Tuple[Dict[str, object], str]:
     """(the manifest's scheduler section, the sampler) of a FlowMatchEulerDiscreteScheduler
-    config (kind flux)."""
+    config (kinds flux and hidream)."""
     cls = config.get("_class_name")
     if not isinstance(cls, str) or cls != "FlowMatchEulerDiscreteScheduler":
-        raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; kind flux imports "
-                            f"FlowMatchEulerDiscreteScheduler")
+        raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; kind {kind} imports "
+                            f"FlowMatchEulerDiscreteScheduler (qpool samples flow matching "
+                            f"with its Euler: a folder with another scheduler imports once "
+                            f"scheduler_config.json is replaced by a "
+                            f"FlowMatchEulerDiscreteScheduler config)")
     for field, neutral in FLOW_NEUTRAL.items():
         value = config.get(field, neutral)
         if value != neutral:

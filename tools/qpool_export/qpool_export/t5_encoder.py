@@ -4,7 +4,11 @@ FluxPipeline runs its text_encoder_2 (Note [Importing through qpool's modules] i
 
 forward(input_ids int64 [B, L]) -> last_hidden_state [B, L, d_model]
 No attention mask: FluxPipeline pads the prompt to max_sequence_length and passes none, so every
-token, padding included, attends to every other. L may be anything up to the `max_length` the
+token, padding included, attends to every other. Built `masked` (HiDreamImagePipeline's
+text_encoder_3), forward(input_ids, attention_mask int64 [B, L]): keys where the mask is 0 get
+a score of -inf, where transformers adds the dtype's minimum to the position bias: the same
+softmax, since every prompt keeps its </s> (padding rows are still computed; no query sees a
+padding key). L may be anything up to the `max_length` the
 module was built for (the relative position table's size, Note [Relative position buckets]).
 
 Accepted feed-forwards: "gated-gelu" (T5 v1.1 / T5-XXL: gelu_new(wi_0 x) * wi_1 x, then wo) and
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -230,11 +234,17 @@ class T5Stack(nn.Module):
         self.register_buffer(BUCKETS, relative_position_buckets(
             max_length, cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance))
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor,
+                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         length = input_ids.shape[1]
         buckets = self.relative_position_buckets[:length, :length]
         bias = self.block[0].layer[0].SelfAttention.position_bias(buckets)
+        if attention_mask is not None:  # [1, H, L, L] -> [B, H, L, L]
+            keep = attention_mask[:, None, None, :] != 0
+            # -inf, not the dtype's minimum: the graph is traced in float32 and runs in
+            # bfloat16, where float32's minimum overflows.
+            bias = bias.masked_fill(~keep, float("-inf"))
         for block in self.block:
             x = block(x, bias)
         return self.final_layer_norm(x)
@@ -253,3 +263,10 @@ class T5Encoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids)
+
+
+class MaskedT5Encoder(T5Encoder):
+    """T5Encoder whose forward takes the attention mask (module docstring)."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids, attention_mask)

@@ -128,6 +128,21 @@ def check_no_tensor_constants(component: str, traced: torch.jit.ScriptModule) ->
                           f"on the export device; keep them in buffers):\n  " + "\n  ".join(found))
 
 
+def check_no_baked_device(component: str, traced: torch.jit.ScriptModule) -> None:
+    """ExportError naming the node when the trace holds a device constant as an operator's
+    argument: torch.arange(..., device=x.device) is traced with the tracing device's name, so the
+    tensor would be made there (the importing machine's CPU) whatever device the server runs the
+    component on, and fail its first request on a GPU."""
+    for node in traced.inlined_graph.nodes():
+        for value in node.inputs():
+            source = value.node()
+            if source.kind() == "prim::Constant" and value.type().kind() == "DeviceObjType":
+                where = node.sourceRange().strip().splitlines()
+                raise ExportError(f"{component}: the trace baked in a device: {node.kind()} "
+                                  f"takes the constant device {source.output().toIValue()}"
+                                  + (f" ({where[0][:200]})" if where else ""))
+
+
 def check_matches_eager(component: str, eager: torch.nn.Module, traced: torch.jit.ScriptModule,
                         inputs: Sequence[torch.Tensor]) -> float:
     """Runs both on `inputs` (a shape other than the trace's); returns the max abs difference
