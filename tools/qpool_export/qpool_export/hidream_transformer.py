@@ -188,7 +188,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     pairs = x.unflatten(-1, (-1, 2)).float()  # [B, N, H, P, 2]
     a, b = pairs[..., 0], pairs[..., 1]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.stack([c * a + (-s) * b, s * a + c * b], dim=-1).flatten(-2).to(x.dtype)
+    return torch.stack([c * a + (-s) * b, s * a + c * b], dim=-1).flatten(-2).type_as(x)
 
 
 class HiDreamAttention(nn.Module):
