@@ -203,6 +203,20 @@ void RunBatch(Pipeline& pipeline, Run& run, Stages stages) {
   run.FinishLast();
 }
 
+template <typename Run, typename Kind>
+void Pipeline::RunStages(std::vector<BatchItem> items, Status (Kind::*encode)(Run&),
+                         Status (Kind::*denoise)(Run&)) {
+  if (items.empty()) return;
+  Kind& kind = static_cast<Kind&>(*this);
+  Run run(std::move(items), device());
+  RunBatch(*this, run, [&] {
+    Status status = (kind.*encode)(run);
+    if (status.ok()) status = (kind.*denoise)(run);
+    if (status.ok()) status = DecodeRunning(run);
+    return status;
+  });
+}
+
 template <typename Run>
 Status Pipeline::DecodeRunning(Run& run) {
   if (run.running() == 0) return Status::Ok();  // all cancelled: the decoder stays where it is

@@ -134,6 +134,12 @@ class Pipeline {
   // which defines it) with vae_decoder and hands the request its images.
   template <typename Run>
   Status DecodeRunning(Run& run);
+  // GenerateBatch of a kind whose stages are `encode` and `denoise` (members of Kind, the
+  // calling pipeline, each Status(Run&)), then DecodeRunning: the batch's Run made of `items`,
+  // under RunBatch (pipeline/batch_run.h, which defines it).
+  template <typename Run, typename Kind>
+  void RunStages(std::vector<BatchItem> items, Status (Kind::*encode)(Run&),
+                 Status (Kind::*denoise)(Run&));
 
  private:
   const PipelineKind& kind_;

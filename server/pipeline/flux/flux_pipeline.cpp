@@ -110,14 +110,7 @@ StatusOr<FluxPipeline::Prompts> FluxPipeline::EncodePrompts(const std::vector<st
 }
 
 void FluxPipeline::GenerateBatch(std::vector<BatchItem> items) {
-  if (items.empty()) return;
-  BatchRun run(std::move(items), device());
-  RunBatch(*this, run, [&] {
-    Status status = EncodeBatch(run);
-    if (status.ok()) status = DenoiseBatch(run);
-    if (status.ok()) status = DecodeRunning(run);
-    return status;
-  });
+  RunStages(std::move(items), &FluxPipeline::EncodeBatch, &FluxPipeline::DenoiseBatch);
 }
 
 Status FluxPipeline::EncodeBatch(BatchRun& run) {

@@ -141,14 +141,7 @@ StatusOr<HiDreamPipeline::Prompts> HiDreamPipeline::EncodePrompts(
 }
 
 void HiDreamPipeline::GenerateBatch(std::vector<BatchItem> items) {
-  if (items.empty()) return;
-  BatchRun run(std::move(items), device());
-  RunBatch(*this, run, [&] {
-    Status status = EncodeBatch(run);
-    if (status.ok()) status = DenoiseBatch(run);
-    if (status.ok()) status = DecodeRunning(run);
-    return status;
-  });
+  RunStages(std::move(items), &HiDreamPipeline::EncodeBatch, &HiDreamPipeline::DenoiseBatch);
 }
 
 Status HiDreamPipeline::EncodeBatch(BatchRun& run) {

@@ -130,14 +130,7 @@ std::vector<torch::Tensor> SdPipeline::RequestInputs(const GenerateParams& /*par
 }
 
 void SdPipeline::GenerateBatch(std::vector<BatchItem> items) {
-  if (items.empty()) return;
-  BatchRun run(std::move(items), device());
-  RunBatch(*this, run, [&] {
-    Status status = EncodeBatch(run);
-    if (status.ok()) status = DenoiseBatch(run);
-    if (status.ok()) status = DecodeRunning(run);
-    return status;
-  });
+  RunStages(std::move(items), &SdPipeline::EncodeBatch, &SdPipeline::DenoiseBatch);
 }
 
 Status SdPipeline::EncodeBatch(BatchRun& run) {
