@@ -97,4 +97,12 @@ then
   echo "setup: installing Python packages into $venv: ${want[*]}"
   "${pip[@]}" "${want[@]}"
 fi
+# The importer and exporter as a command, .venv/bin/qpool-export (an editable install: the package
+# stays in tools/qpool_export, so an edit there is what the command runs).
+if ((!build_only)) && [ ! -x "$venv/bin/qpool-export" ]; then
+  echo "setup: installing the qpool-export command into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
+    -e "$root/tools/qpool_export" 2>/dev/null ||
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$root/tools/qpool_export"
+fi
 echo "setup: ok (torch $("$venv/bin/python" -c 'import torch;print(torch.__version__)'))"

@@ -66,6 +66,26 @@ def tiny(tmp_path_factory):
     return {"dir": str(out), "stdout": proc.stdout}
 
 
+def test_setup_installs_the_command():
+    """scripts/setup.sh installs qpool-export into the project's venv, runnable from anywhere and
+    running this checkout's package (an editable install), both of its commands."""
+    venv = os.path.join(ROOT, ".venv")
+    if os.path.realpath(sys.prefix) != os.path.realpath(venv):
+        pytest.skip(f"not the project's venv ({sys.prefix}); scripts/setup.sh makes {venv}")
+    command = os.path.join(venv, "bin", "qpool-export")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for args, says in ((["--help"], "usage: qpool-export"),
+                       (["from-diffusers", "--help"], "usage: qpool-export from-diffusers")):
+        done = subprocess.run([command, *args], cwd="/", env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert says in done.stdout
+    where = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                            "import qpool_export; print(qpool_export.__file__)"], cwd="/",
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert os.path.realpath(where.stdout.strip()).startswith(os.path.realpath(EXPORTER))
+
+
 def test_export_writes_every_file_and_a_summary_line_per_component(tiny):
     for name in COMPONENT_FILES + ("pipeline.yaml", "tokenizer/vocab.json",
                                    "tokenizer/merges.txt"):

@@ -288,7 +288,7 @@ def _split_list(text: str) -> Tuple[str, ...]:
 def parse_args(argv: Optional[Sequence[str]]):
     """ExportOptions, or the raw namespace when --count-only was given."""
     p = argparse.ArgumentParser(
-        prog="python -m qpool_export",
+        prog="qpool-export",
         description="Export a Stable-Diffusion-1.x-shaped pipeline with random weights as a qpool "
                     "model-repository folder (docs/model-repository.md).")
     p.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model sizes")

@@ -25,7 +25,7 @@ def _parse_quantize(text: str, parser: argparse.ArgumentParser) -> Dict[str, str
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m qpool_export from-diffusers",
+        prog="qpool-export from-diffusers",
         description="Import a diffusers-format Stable Diffusion 1.x / 2.x, SDXL or FLUX.1 folder "
                     "as a qpool pipeline folder (docs/model-repository.md, 'Importing diffusers "
                     "models').")
