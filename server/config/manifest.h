@@ -32,6 +32,13 @@ struct CompiledSpec {
   std::string sha256;  // as ComponentSpec::sha256; empty: not checked
 };
 
+// The tensors of a component in a safetensors file beside its graph (Note [Weights beside the
+// graph] in component/weights_file.h).
+struct WeightsSpec {
+  std::string file;    // absolute, lexically normalized path inside the pipeline folder
+  std::string sha256;  // as ComponentSpec::sha256; empty: not checked
+};
+
 // One TorchScript component of a pipeline.
 struct ComponentSpec {
   std::string name;  // e.g. "unet"
@@ -39,6 +46,9 @@ struct ComponentSpec {
   // The file's SHA-256, 64 lowercase hex digits, checked at load (Note [File digests] in
   // util/file_digest.h); empty: not recorded, not checked.
   std::string sha256;
+  // components.<name>.weights; none: the graph file holds its tensors (folders imported before
+  // graphs and weights were separate).
+  std::optional<WeightsSpec> weights;
   QuantizationSpec quantization;
   // The component's floating-point dtype where it differs from the pipeline's (e.g. float32 for
   // a VAE that overflows in float16); empty: placement.dtype.

@@ -31,8 +31,9 @@ inline const std::vector<std::string> kTopKeys = {
 // The top-level keys only some kinds read (KindManifestSpec::sections).
 inline const std::vector<std::string> kKindSectionKeys = {"tokenizer_2", "tokenizer_3",
                                                           "tokenizer_4", "conditioning"};
-inline const std::vector<std::string> kComponentKeys = {"file", "sha256", "dtype", "quantization",
-                                                        "compiled"};
+inline const std::vector<std::string> kComponentKeys = {"file",  "sha256",       "weights",
+                                                        "dtype", "quantization", "compiled"};
+inline const std::vector<std::string> kWeightsKeys = {"file", "sha256"};
 inline const std::vector<std::string> kCompiledKeys = {"file", "device", "sha256"};
 inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip",
@@ -112,6 +113,9 @@ class Parser {
   Status ParseComponents(const YAML::Node& root, PipelineManifest* m) const;
   Status ParseQuantization(const YAML::Node& comp, const std::string& prefix,
                            QuantizationSpec* q) const;
+  // components.<name>.weights, when present.
+  Status ParseWeights(const YAML::Node& comp, const std::string& prefix,
+                      std::optional<WeightsSpec>* w) const;
   // components.<name>.compiled, when present.
   Status ParseCompiled(const YAML::Node& comp, const std::string& prefix,
                        std::optional<CompiledSpec>* c) const;

@@ -35,6 +35,22 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
   return ReadStringList(node, field, "skip", &q->skip);
 }
 
+Status Parser::ParseWeights(const YAML::Node& comp, const std::string& prefix,
+                            std::optional<WeightsSpec>* w) const {
+  if (!comp["weights"].IsDefined()) return Status::Ok();
+  YAML::Node node;
+  RETURN_IF_ERROR(GetSection(comp, prefix, "weights", true, kWeightsKeys, &node));
+  const std::string field = Dotted(prefix, "weights");
+  WeightsSpec spec;
+  RETURN_IF_ERROR(ResolveFile(node, field, "file", &spec.file));
+  RETURN_IF_ERROR(ReadString(node, field, "sha256", false, &spec.sha256));
+  if (node["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
+    return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
+  }
+  *w = std::move(spec);
+  return Status::Ok();
+}
+
 Status Parser::ParseCompiled(const YAML::Node& comp, const std::string& prefix,
                              std::optional<CompiledSpec>* c) const {
   if (!comp["compiled"].IsDefined()) return Status::Ok();
@@ -70,6 +86,7 @@ Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) cons
     if (comp["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
       return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
     }
+    RETURN_IF_ERROR(ParseWeights(comp, field, &spec.weights));
     RETURN_IF_ERROR(ReadString(comp, field, "dtype", false, &spec.dtype));
     if (comp["dtype"].IsDefined()) {
       RETURN_IF_ERROR(CheckOneOf(field + ".dtype", spec.dtype, {"float32", "float16", "bfloat16"}));

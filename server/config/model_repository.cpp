@@ -42,6 +42,7 @@ std::optional<FileIdentity> IdentityOf(const fs::path& path) {
 bool FilesPresent(const PipelineManifest& m) {
   for (const auto& c : m.components) {
     if (!IsRegularFile(c.file)) return false;
+    if (c.weights && !IsRegularFile(c.weights->file)) return false;
   }
   for (const TokenizerSpec* t : m.Tokenizers()) {
     for (const auto& file : t->Files()) {

@@ -7,11 +7,12 @@
 #include <map>
 #include <memory>
 
+#include "component/weights_file.h"
 #include "pipeline/pipeline_kind.h"
 #include "quant/module_quantizer.h"
 #include "util/clock.h"
-#include "util/model_file.h"
 #include "util/log.h"
+#include "util/model_file.h"
 #include "util/png_encoder.h"
 
 namespace qpool {
@@ -98,19 +99,40 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
   const std::string repository = std::filesystem::path(manifest_.dir).parent_path().string();
   std::map<std::string, std::shared_ptr<const ModelFile>> files;
   std::map<std::string, std::shared_future<StatusOr<std::string>>> digests;
-  for (const ComponentDecl& decl : kind_.components()) {
-    const ComponentSpec* spec = manifest_.FindComponent(decl.name);
-    if (spec == nullptr || files.count(spec->file) != 0) continue;
-    StatusOr<std::unique_ptr<ModelFile>> opened = ModelFile::Open(spec->file, repository);
+  const auto open = [&](const std::string& path, const std::string& sha256,
+                        const std::string& field) -> Status {
+    if (files.count(path) != 0) return Status::Ok();
+    StatusOr<std::unique_ptr<ModelFile>> opened = ModelFile::Open(path, repository);
     if (!opened.ok()) {
-      return InvalidArgument(StrCat(manifest_.path, ": components.", decl.name, ".file ",
-                                    opened.status().message()));
+      return InvalidArgument(StrCat(manifest_.path, ": ", field, " ", opened.status().message()));
     }
     std::shared_ptr<const ModelFile> file = std::move(*opened);
-    files.emplace(spec->file, file);
-    if (!spec->sha256.empty()) {
-      digests.emplace(spec->file,
+    files.emplace(path, file);
+    if (!sha256.empty()) {
+      digests.emplace(path,
                       std::async(std::launch::async, [file] { return file->Sha256(); }).share());
+    }
+    return Status::Ok();
+  };
+  const auto verify = [&](const std::string& path, const std::string& sha256,
+                          const std::string& field) -> Status {
+    if (sha256.empty()) return Status::Ok();
+    // Note [File digests].
+    ASSIGN_OR_RETURN(std::string digest, digests.at(path).get());
+    if (digest != sha256) {
+      return InvalidArgument(StrCat(manifest_.path, ": ", field, " ", path, " has SHA-256 ", digest,
+                                    ", the manifest records ", sha256,
+                                    ": the file is corrupt or not this component's"));
+    }
+    return Status::Ok();
+  };
+  for (const ComponentDecl& decl : kind_.components()) {
+    const ComponentSpec* spec = manifest_.FindComponent(decl.name);
+    if (spec == nullptr) continue;
+    const std::string field = StrCat("components.", decl.name);
+    RETURN_IF_ERROR(open(spec->file, spec->sha256, field + ".file"));
+    if (spec->weights) {
+      RETURN_IF_ERROR(open(spec->weights->file, spec->weights->sha256, field + ".weights.file"));
     }
   }
   std::vector<c10::ScalarType> dtypes;
@@ -127,27 +149,33 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
       dtypes.push_back(own);
     }
     const ModelFile& file = *files.at(spec->file);
+    const ModelFile* weights = spec->weights ? files.at(spec->weights->file).get() : nullptr;
+    const std::string field = StrCat("components.", name);
     auto stage_start = Clock::now();
-    if (!spec->sha256.empty()) {
-      // Note [File digests].
-      ASSIGN_OR_RETURN(std::string digest, digests.at(spec->file).get());
-      if (digest != spec->sha256) {
-        return InvalidArgument(StrCat(manifest_.path, ": components.", name, ".file ", spec->file,
-                                      " has SHA-256 ", digest, ", the manifest records ",
-                                      spec->sha256,
-                                      ": the file is corrupt or not this component's"));
-      }
+    RETURN_IF_ERROR(verify(spec->file, spec->sha256, field + ".file"));
+    if (weights != nullptr) {
+      RETURN_IF_ERROR(verify(spec->weights->file, spec->weights->sha256, field + ".weights.file"));
     }
     stages.verify_seconds += SecondsSince(stage_start);
     stage_start = Clock::now();
     ASSIGN_OR_RETURN(auto component, Component::Load(name, file));
     Status unchanged = file.CheckUnchanged();  // Note [One descriptor per file]
     if (!unchanged.ok()) {
-      return InvalidArgument(
-          StrCat(manifest_.path, ": components.", name, ".file ", unchanged.message()));
+      return InvalidArgument(StrCat(manifest_.path, ": ", field, ".file ", unchanged.message()));
     }
-    stages.read_seconds += SecondsSince(stage_start);
     stages.read_bytes += static_cast<uint64_t>(file.size());
+    if (weights != nullptr) {  // Note [Weights beside the graph]
+      Status bound = BindWeights(*component, *weights);
+      if (bound.ok()) bound = weights->CheckUnchanged();
+      if (!bound.ok()) {
+        return InvalidArgument(
+            StrCat(manifest_.path, ": ", field, ".weights.file ", bound.message()));
+      }
+      stages.read_bytes += static_cast<uint64_t>(weights->size());
+    }
+    Status holds = CheckHoldsData(spec->file, *component);
+    if (!holds.ok()) return InvalidArgument(StrCat(manifest_.path, ": ", holds.message()));
+    stages.read_seconds += SecondsSince(stage_start);
     Status signature = CheckSignature(decl, *component, spec->file, kind_.name());
     if (!signature.ok()) {
       return InvalidArgument(
@@ -187,8 +215,8 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     }
     if (spec->compiled) {  // Note [Compiled forward]
       const c10::DeviceType type = spec->compiled->device == "cuda" ? c10::kCUDA : c10::kCPU;
-      Status attached = component->AttachCompiled(spec->compiled->file, type,
-                                                  spec->compiled->sha256, repository);
+      Status attached =
+          component->AttachCompiled(spec->compiled->file, type, spec->compiled->sha256, repository);
       if (!attached.ok()) {
         return InvalidArgument(
             StrCat(manifest_.path, ": components.", name, ".compiled: ", attached.message()));

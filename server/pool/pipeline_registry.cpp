@@ -51,6 +51,10 @@ uint64_t PipelineRegistry::ComponentFileBytes(const PipelineManifest& manifest) 
     std::error_code error;
     const auto size = std::filesystem::file_size(c.file, error);
     bytes += error ? 0 : static_cast<uint64_t>(size);
+    if (c.weights) {
+      const auto weights = std::filesystem::file_size(c.weights->file, error);
+      bytes += error ? 0 : static_cast<uint64_t>(weights);
+    }
   }
   return bytes;
 }

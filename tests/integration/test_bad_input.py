@@ -3,6 +3,7 @@ keeps serving afterwards; a broken manifest fails only its own pipeline; unloadi
 pipeline is refused while its request completes."""
 
 import math
+import os
 import subprocess
 import threading
 import time
@@ -222,7 +223,9 @@ def test_a_component_file_of_another_role_is_refused_at_load(make_server):
 
     def setup(models):
         shutil.copytree(models / "tiny", models / "swapped")
-        shutil.copyfile(models / "tiny" / "vae_decoder.pt", models / "swapped" / "unet.pt")
+        for suffix in (".pt", ".safetensors"):  # its graph and its weights
+            shutil.copyfile(models / "tiny" / f"vae_decoder{suffix}",
+                            models / "swapped" / f"unet{suffix}")
         drop_digests(models / "swapped")  # a manifest without them: the signature is the check
 
     client = make_server(setup=setup)
@@ -233,28 +236,68 @@ def test_a_component_file_of_another_role_is_refused_at_load(make_server):
 
 
 def test_a_changed_component_file_is_refused_at_load(make_server):
-    """64 flipped bytes inside unet.pt used to load and generate. The manifest records each
-    component file's SHA-256, checked at load (Note [File digests] in server/util/file_digest.h);
-    a manifest without digests still loads (older repositories)."""
+    """64 flipped bytes inside unet.pt used to load and generate. The manifest records the
+    SHA-256 of each component's graph and weights file, checked at load (Note [File digests] in
+    server/util/file_digest.h); a manifest without digests still loads (older repositories)."""
     import shutil
 
-    def setup(models):
-        for name in ("flipped", "undigested"):
-            shutil.copytree(models / "tiny", models / name)
-        drop_digests(models / "undigested")
-        unet = models / "flipped" / "unet.pt"
-        data = bytearray(unet.read_bytes())
+    def flip(path):
+        data = bytearray(path.read_bytes())
         middle = len(data) // 2
         data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
-        unet.write_bytes(bytes(data))
+        path.write_bytes(bytes(data))
+
+    def setup(models):
+        for name in ("flipped", "flipped-weights", "undigested"):
+            shutil.copytree(models / "tiny", models / name)
+        drop_digests(models / "undigested")
+        flip(models / "flipped" / "unet.pt")
+        flip(models / "flipped-weights" / "unet.safetensors")
 
     client = make_server(setup=setup)
     assert_load_refused(client, "flipped", "components.unet.file ",
                         "flipped/unet.pt has SHA-256 ", "the manifest records")
+    assert_load_refused(client, "flipped-weights", "components.unet.weights.file ",
+                        "flipped-weights/unet.safetensors has SHA-256 ", "the manifest records")
     loaded = client.models.LoadPipeline(client.pb2.LoadPipelineRequest(name="undigested"),
                                         timeout=120)
     assert loaded.pipeline.state == client.pb2.PIPELINE_STATE_LOADED
     assert_still_serving(client)
+
+
+def test_a_folder_whose_graphs_hold_their_tensors_still_serves(make_server):
+    """Folders imported before graphs and weights were separate files (Note [Weights beside the
+    graph] in server/component/weights_file.h) hold every tensor in the graph and name no
+    weights file: they load and give the same images."""
+    import re
+    import shutil
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "qpool_export"))
+    from qpool_export import weights_file
+
+    def setup(models):
+        folder = models / "embedded"
+        shutil.copytree(models / "tiny", folder)
+        for component in ("text_encoder", "unet", "vae_decoder"):
+            graph = folder / f"{component}.pt"
+            module = weights_file.load_component(str(graph))
+            graph.unlink()
+            module.save(str(graph))
+            (folder / f"{component}.safetensors").unlink()
+        manifest = folder / "pipeline.yaml"
+        text = re.sub(r"(?m)^    weights:\n      file: \w+\.safetensors\n      sha256: \w+\n",
+                      "", manifest.read_text())
+        manifest.write_text(text)
+        drop_digests(folder)
+
+    client = make_server(pipelines=("tiny",), load="all", setup=setup)
+    assert "safetensors" not in (client.server.repository / "embedded" / "pipeline.yaml"
+                                 ).read_text()
+    request = dict(prompt="a lighthouse at dusk", steps=2, seed=11)
+    want = client.generate_one(pipeline="tiny", **request).images[0]
+    got = client.generate_one(pipeline="embedded", **request).images[0]
+    assert got == want
 
 
 # Bytes that are no valid request: truncated (a string field announcing 5 bytes, holding 2),

@@ -15,6 +15,7 @@ Nothing read outside the repository (SECRET) may reach a client.
 """
 
 import os
+import re
 import shutil
 
 import pytest
@@ -42,6 +43,16 @@ def edit_manifest(folder, old, new):
     manifest.write_text(text.replace(old, new))
 
 
+def drop_weights_entry(folder, component):
+    """The manifest without `component`'s weights file: its graph's placeholders stay unbound."""
+    manifest = folder / "pipeline.yaml"
+    text = manifest.read_text()
+    dropped = re.sub(rf"(?m)^    weights:\n      file: {component}\.safetensors\n"
+                     r"(      sha256: \w+\n)?", "", text)
+    assert dropped != text, f"no weights entry of {component} in {manifest}"
+    manifest.write_text(dropped)
+
+
 def truncate(path, keep):
     path.write_bytes(path.read_bytes()[:keep])
 
@@ -65,6 +76,21 @@ BROKEN_FILES = [
      INVALID, ["{dir}/unet.pt", "unet"]),
     ("component-empty", lambda d, r: truncate(d / "unet.pt", 0), False, INVALID,
      ["{dir}/unet.pt", "unet"]),
+    # Note [Weights beside the graph] in server/component/weights_file.h.
+    ("weights-truncated", lambda d, r: truncate(d / "unet.safetensors", 100_000), True, INVALID,
+     ["components.unet.weights.file", "{dir}/unet.safetensors", "SHA-256"]),
+    ("weights-truncated-no-digest", lambda d, r: truncate(d / "unet.safetensors", 100_000),
+     False, INVALID, ["components.unet.weights.file", "{dir}/unet.safetensors", "cut short"]),
+    ("weights-missing", lambda d, r: (d / "unet.safetensors").unlink(), True, INVALID,
+     ["{dir}/pipeline.yaml", "components.unet.weights.file", "does not exist"]),
+    ("weights-not-safetensors",
+     lambda d, r: (d / "unet.safetensors").write_bytes(NOISE * 4), False, INVALID,
+     ["{dir}/unet.safetensors", "not a safetensors file"]),
+    ("weights-of-another-component",
+     lambda d, r: shutil.copyfile(d / "vae_decoder.safetensors", d / "unet.safetensors"), False,
+     INVALID, ["{dir}/unet.safetensors", "holds no tensor", "import the pipeline again"]),
+    ("weights-not-in-the-manifest", lambda d, r: drop_weights_entry(d, "unet"), True, INVALID,
+     ["{dir}/unet.pt", "is a placeholder", "components.unet.weights"]),
     ("component-zip-header-then-noise",
      lambda d, r: (d / "unet.pt").write_bytes(b"PK\x03\x04" + NOISE * 4), False, INVALID,
      ["{dir}/unet.pt", "unet"]),

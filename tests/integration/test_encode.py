@@ -118,11 +118,15 @@ def test_server_tokens_and_embeddings_match_the_python_reference(client, source_
 
     if response.device != "cpu":
         pytest.skip("embedding comparison is for the CPU (float32) server")
+    import sys
     import warnings
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "qpool_export"))
+    from qpool_export import weights_file
 
     with warnings.catch_warnings():  # TorchScript's deprecation notice
         warnings.simplefilter("ignore", DeprecationWarning)
-        encoder = torch.jit.load(os.path.join(tiny, "text_encoder.pt"))
+        encoder = weights_file.load_component(os.path.join(tiny, "text_encoder.pt"))
     with torch.inference_mode():
         ids = torch.tensor(server_ids, dtype=torch.int64).view(n, MAX_LENGTH)
         expected = encoder(ids).float()

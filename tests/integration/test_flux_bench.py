@@ -34,7 +34,8 @@ def test_export_and_serve_every_variant_at_toy_widths(tokenizer_files, server_bi
     repo = work / "repo"
     assert sorted(os.listdir(repo)) == ["flux-bf16", "flux-nf4", "flux-nf4-prequantized",
                                         "flux-w8a8"]
-    for name in ("transformer.pt", "text_encoder_2.pt"):  # files of its own, NF4 inside
+    # Files of its own, NF4 in the weights files (Note [Weights beside the graph]).
+    for name in ("transformer.safetensors", "text_encoder_2.safetensors"):
         mine = repo / "flux-nf4-prequantized" / name
         assert not mine.is_symlink() and mine.stat().st_size < (repo / "flux-bf16" / name).stat(
         ).st_size, name

@@ -133,9 +133,9 @@ def dequantize_saved(path, layer):
     import sys
 
     sys.path.insert(0, str(EXPORTER))
-    from qpool_export import quant
+    from qpool_export import quant, weights_file
 
-    module = torch.jit.load(str(path))
+    module = weights_file.load_component(str(path))
     for name, sub in module.named_modules():
         if name == layer:
             # (a ScriptModule's `code` is its source: read the buffers by name)

@@ -39,13 +39,13 @@ SIZE = 16  # pixels; the tiny VAE downscales by 2, so latents are 8 x 8
 
 
 def load_component(path):
-    """torch.jit.load of a component file qpool wrote, with the Python references of the ops its
-    graphs call registered (qpool_export.quant: qpool::quant_linear, qpool::geglu,
-    qpool::group_norm)."""
+    """A component qpool wrote: its graph with the tensors of the weights file beside it, and the
+    Python references of the ops its graphs call registered (qpool_export.quant:
+    qpool::quant_linear, qpool::geglu, qpool::group_norm)."""
     sys.path.insert(0, str(EXPORTER))
-    from qpool_export import quant  # noqa: F401
+    from qpool_export import weights_file
 
-    return torch.jit.load(str(path))
+    return weights_file.load_component(str(path))
 
 
 def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed=0, sd2=False):
@@ -122,13 +122,17 @@ def imported(tmp_path_factory, source_repository):
     tokenizer_dir = pathlib.Path(source_repository) / "tiny" / "tokenizer"
     repository = work / "imported"
     pipes = {}
+    # Streamed imports (Note [Streaming import]) but sd-v's, through the full path with its check
+    # against diffusers: the images of all are compared with diffusers'.
     for name, prediction, sd2 in (("sd-eps", "epsilon", False), ("sd-v", "v_prediction", False),
                                   ("sd2-v", "v_prediction", True)):
         pipe = build_diffusers_pipeline(work / f"{name}-diffusers", tokenizer_dir, prediction,
                                         sd2=sd2)
-        done = run_import(work / f"{name}-diffusers", repository / name, "--dtype", "float32")
+        full = ("--full-check",) if name == "sd-v" else ()
+        done = run_import(work / f"{name}-diffusers", repository / name, "--dtype", "float32",
+                          *full)
         assert done.returncode == 0, done.stderr
-        assert "max diff vs diffusers" in done.stdout
+        assert ("max diff vs diffusers" if full else "streamed") in done.stdout
         pipes[name] = pipe
     # CLIP skip: the text encoder's second-to-last layer, as diffusers' clip_skip=1; warmed up
     # at load (the images it serves are checked against diffusers like every other's).
@@ -479,11 +483,18 @@ CASES = {
         "field 'algorithm_type' is 'dpmsolver'"),
     "weights that do not match the config": (
         lambda s: edit_json(s / "unet" / "config.json", block_out_channels=[32, 96]),
-        "unet: cannot be loaded"),
+        "the architecture its config describes needs [96, 32, 3, 3]"),
     "truncated safetensors": (
         lambda s: (s / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(
             (s / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()[:5000]),
-        "unet: cannot be loaded"),
+        "unet/diffusion_pytorch_model.safetensors: cannot be read as safetensors"),
+    "weights that do not match the config, full check": (
+        lambda s: edit_json(s / "unet" / "config.json", block_out_channels=[32, 96]),
+        "unet: cannot be loaded", "--full-check"),
+    "truncated safetensors, full check": (
+        lambda s: (s / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(
+            (s / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()[:5000]),
+        "unet: cannot be loaded", "--full-check"),
     "unsupported architecture field": (
         lambda s: edit_json(s / "unet" / "config.json", upcast_attention=True),
         "field 'upcast_attention' is True"),
@@ -493,12 +504,12 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_import_failures_name_the_problem_and_leave_the_repository_untouched(
         good_source, tmp_path, case):
-    edit, message = CASES[case]
+    edit, message, *args = CASES[case]
     src = broken_copy(good_source, tmp_path, edit)
     repository = tmp_path / "repo"
     repository.mkdir()
     (repository / "keep.txt").write_text("x")
-    done = run_import(src, repository / "model", "--dtype", "float32")
+    done = run_import(src, repository / "model", "--dtype", "float32", *args)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -518,3 +529,33 @@ def test_bad_options_are_refused_before_anything_is_written(good_source, tmp_pat
     assert message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert list(repository.iterdir()) == []
+
+
+@pytest.mark.parametrize("quantize", ["none", "text_encoder=int8,unet=nf4,vae_decoder=w8a8"])
+def test_a_streamed_import_writes_the_tensors_of_a_full_one(good_source, tmp_path, quantize):
+    """Note [Streaming import]: each component read block by block from its files (in blocks
+    of 1 MiB, so that the UNet is cut into its blocks) is, tensor for tensor and byte for byte,
+    the component loaded whole by diffusers, checked against it and saved; quantized ones
+    included, whose weight errors the report names."""
+    sys.path.insert(0, str(EXPORTER))
+    from qpool_export import weights_file
+
+    args = ["--dtype", "float16"] + (["--quantize", quantize] if quantize != "none" else [])
+    streamed = run_import(good_source, tmp_path / "streamed", *args, "--max-block-mib", "1")
+    full = run_import(good_source, tmp_path / "full", *args, "--full-check")
+    assert streamed.returncode == 0 and full.returncode == 0, streamed.stderr + full.stderr
+    assert "max diff vs diffusers" not in streamed.stdout and "streamed" in streamed.stdout
+    if quantize != "none":
+        assert "largest weight error of a quantized layer" in streamed.stdout, streamed.stdout
+    for component in ("text_encoder", "unet", "vae_decoder"):
+        want = weights_file.read_weights(str(tmp_path / "full" / f"{component}.safetensors"))
+        got = weights_file.read_weights(str(tmp_path / "streamed" / f"{component}.safetensors"))
+        assert sorted(got) == sorted(want), component
+        for name, tensor in want.items():
+            assert got[name].dtype == tensor.dtype, (component, name)
+            assert torch.equal(got[name], tensor), (component, name)
+    # The graphs name the same slots; the server loads both (test_images_match_diffusers).
+    for component in ("text_encoder", "unet", "vae_decoder"):
+        a = weights_file.load_component(str(tmp_path / "streamed" / f"{component}.pt"))
+        b = weights_file.load_component(str(tmp_path / "full" / f"{component}.pt"))
+        assert sorted(weights_file.tensor_slots(a)) == sorted(weights_file.tensor_slots(b))

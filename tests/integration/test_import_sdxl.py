@@ -45,9 +45,19 @@ PROMPT = "a red fox in the snow"
 
 
 def without_digests(components):
-    """A manifest's components without their sha256 (which tests check on their own)."""
-    return {name: {k: v for k, v in spec.items() if k != "sha256"}
-            for name, spec in components.items()}
+    """A manifest's components without their sha256, the weights file's too (which tests check
+    on their own)."""
+    def strip(spec):
+        return {k: strip(v) if isinstance(v, dict) else v for k, v in spec.items()
+                if k != "sha256"}
+
+    return {name: strip(spec) for name, spec in components.items()}
+
+
+def component_entry(name, **more):
+    """A component's manifest entry as the importer writes it, digests aside: its graph and the
+    weights file beside it."""
+    return {"file": f"{name}.pt", "weights": {"file": f"{name}.safetensors"}, **more}
 
 
 run_import = sd_tests.run_import  # in this process, on one torch thread
@@ -135,7 +145,8 @@ def source(tmp_path_factory, tokenizer_dir):
 def imported_into(repository, name, src, *args):
     done = run_import(src, repository / name, *args)
     assert done.returncode == 0, done.stderr
-    assert "max diff vs diffusers" in done.stdout
+    # Note [Streaming import]: streamed, unless --full-check compares with diffusers.
+    assert ("max diff vs diffusers" if "--full-check" in args else "streamed") in done.stdout
     return repository / name
 
 
@@ -214,10 +225,12 @@ def test_manifest_describes_the_sdxl_pipeline(tokenizer_dir, imported):
     manifest = yaml.safe_load((imported / "pipeline.yaml").read_text())
     assert manifest["kind"] == "sdxl"
     assert without_digests(manifest["components"]) == {
-        name: {"file": f"{name}.pt"}
+        name: component_entry(name)
         for name in ("text_encoder", "text_encoder_2", "unet", "vae_decoder")}
     for name, spec in manifest["components"].items():  # Note [File digests]
-        assert spec["sha256"] == hashlib.sha256((imported / spec["file"]).read_bytes()).hexdigest()
+        for entry in (spec, spec["weights"]):
+            assert entry["sha256"] == hashlib.sha256(
+                (imported / entry["file"]).read_bytes()).hexdigest()
     assert list(manifest["components"]) == ["text_encoder", "text_encoder_2", "unet",
                                             "vae_decoder"]
     for name, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
@@ -246,12 +259,12 @@ def imported_fp16_skip(tmp_path_factory, source):
 
 def test_float16_import_keeps_the_vae_decoder_in_float32(imported_fp16_skip):
     manifest = yaml.safe_load((imported_fp16_skip / "pipeline.yaml").read_text())
-    assert without_digests(manifest["components"])["vae_decoder"] == {"file": "vae_decoder.pt",
-                                                                      "dtype": "float32"}
+    assert without_digests(manifest["components"])["vae_decoder"] == component_entry(
+        "vae_decoder", dtype="float32")
     for name, dtype in (("text_encoder", torch.float16), ("text_encoder_2", torch.float16),
                         ("unet", torch.float16), ("vae_decoder", torch.float32)):
         if name != "vae_decoder":
-            assert without_digests(manifest["components"])[name] == {"file": f"{name}.pt"}
+            assert without_digests(manifest["components"])[name] == component_entry(name)
         module = sd_tests.load_component(imported_fp16_skip / f"{name}.pt")
         dtypes = {t.dtype for n, t in list(module.named_parameters()) +
                   list(module.named_buffers())

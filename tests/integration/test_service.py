@@ -96,7 +96,9 @@ def test_load_then_already_loaded(client):
     # Note [Load stages]: the component files' bytes, and stages that fit in the load's time.
     st = first.stages
     folder = client.server.repository / "spare"
-    assert st.read_bytes == sum(f.stat().st_size for f in folder.glob("*.pt"))
+    # (graphs and weights files: Note [Weights beside the graph])
+    assert st.read_bytes == sum(f.stat().st_size for pattern in ("*.pt", "*.safetensors")
+                                for f in folder.glob(pattern))
     assert st.read_seconds > 0 and st.pack_seconds > 0
     stages = (st.verify_seconds, st.read_seconds, st.quantize_seconds, st.pack_seconds,
               st.device_seconds, st.warmup_seconds)

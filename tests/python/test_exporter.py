@@ -20,6 +20,7 @@ EXPORTER = os.path.join(ROOT, "tools", "qpool_export")
 sys.path.insert(0, EXPORTER)
 
 from qpool_export import bpe, corpus, export, presets, tracing, weights  # noqa: E402
+from qpool_export import weights_file  # noqa: E402
 
 torch.set_num_threads(1)  # tiny ops: one thread is fastest and immune to a loaded CI machine
 
@@ -39,9 +40,10 @@ MANIFEST_KEYS = {
 
 
 def jit_load(path):
+    """A component: its graph with the weights file beside it bound."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.load(path)
+        return weights_file.load_component(path)
 
 
 def load_manifest(folder):
@@ -107,12 +109,15 @@ def test_manifest_has_the_documented_fields(tiny):
     assert m["kind"] == "sd"
     assert list(m["components"]) == ["text_encoder", "unet", "vae_decoder"]
     for name, spec in m["components"].items():
-        # The file and its SHA-256; no quantization section when not quantized.
-        assert list(spec) == ["file", "sha256"]
+        # The graph, the weights file, their SHA-256; no quantization section when not
+        # quantized.
+        assert list(spec) == ["file", "sha256", "weights"]
         assert spec["file"] == f"{name}.pt"
-        path = os.path.join(tiny["dir"], spec["file"])
-        with open(path, "rb") as f:
-            assert spec["sha256"] == hashlib.sha256(f.read()).hexdigest(), name
+        assert list(spec["weights"]) == ["file", "sha256"]
+        assert spec["weights"]["file"] == f"{name}.safetensors"
+        for entry in (spec, spec["weights"]):
+            with open(os.path.join(tiny["dir"], entry["file"]), "rb") as f:
+                assert entry["sha256"] == hashlib.sha256(f.read()).hexdigest(), name
     assert m["tokenizer"] == {"vocab": "tokenizer/vocab.json", "merges": "tokenizer/merges.txt",
                               "max_length": 77}
     assert m["latent"] == {"channels": 4, "downscale": 8, "scaling_factor": 0.18215}
@@ -503,3 +508,67 @@ def test_exported_unet_has_fused_projections(tiny):
     assert any(n.endswith("attn1.to_qkv") for n in names), sorted(names)[:20]
     assert any(n.endswith("attn2.to_kv") for n in names)
     assert not any(n.endswith(("attn1.to_q", "attn2.to_k")) for n in names)
+
+
+# ------------------------------------------------------------------ weights files
+
+
+def test_a_graph_keeps_placeholders_and_its_weights_file_every_tensor(tiny):
+    """Note [Weights beside the graph]: the graph's tensors span one element each; the weights
+    file (a safetensors file the library reads) holds each slot's tensor."""
+    graph = jit_load(os.path.join(tiny["dir"], "unet.pt"))  # bound
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        bare = torch.jit.load(os.path.join(tiny["dir"], "unet.pt"))
+    slots = weights_file.tensor_slots(bare)
+    assert slots and all(weights_file.is_placeholder(t) or t.numel() <= 1
+                         for t in slots.values())
+    stored = weights_file.read_weights(os.path.join(tiny["dir"], "unet.safetensors"))
+    assert sorted(stored) == sorted(slots)
+    for name, t in weights_file.tensor_slots(graph).items():
+        assert torch.equal(t, stored[name]), name
+    assert os.path.getsize(os.path.join(tiny["dir"], "unet.pt")) < \
+        os.path.getsize(os.path.join(tiny["dir"], "unet.safetensors")) // 4
+
+
+def test_the_weights_writer_takes_tensors_in_any_order_and_ties_once(tmp_path):
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    b = torch.arange(5, dtype=torch.int8)
+    c = torch.ones(3, dtype=torch.bfloat16)
+    plan = [("b", b.dtype, b.shape), ("a", a.dtype, a.shape), ("c", c.dtype, c.shape)]
+    path = str(tmp_path / "w.safetensors")
+    with weights_file.WeightsWriter(path, plan, weights_file.tied_metadata({"d": "a"})) as out:
+        for name, t in (("c", c), ("b", b), ("a", a)):
+            out.write(name, t)
+    got = weights_file.read_weights(path)  # the safetensors library checks the format
+    assert sorted(got) == ["a", "b", "c", "d"]
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b) and torch.equal(got["c"], c)
+    assert got["d"] is got["a"]
+    reader = weights_file.SafetensorsReader(path)
+    assert torch.equal(reader.read("a"), a) and reader.shape("b") == (5,)
+    with pytest.raises(weights_file.WeightsFileError, match="1 tensors were not written"):
+        with weights_file.WeightsWriter(str(tmp_path / "x.safetensors"), plan) as out:
+            out.write("a", a)
+            out.write("b", b)
+    assert not os.path.exists(tmp_path / "x.safetensors")
+    with pytest.raises(weights_file.WeightsFileError, match="the header says"):
+        with weights_file.WeightsWriter(str(tmp_path / "y.safetensors"), plan) as out:
+            out.write("a", a.to(torch.float16))
+
+
+def test_the_reader_refuses_files_it_cannot_read(tmp_path):
+    path = tmp_path / "w.safetensors"
+    with weights_file.WeightsWriter(str(path), [("a", torch.float32, (4,))]) as out:
+        out.write("a", torch.ones(4))
+    data = path.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[:-4])
+    with pytest.raises(weights_file.WeightsFileError, match="not the 16 bytes"):
+        weights_file.SafetensorsReader(str(cut))
+    (tmp_path / "noise.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(weights_file.WeightsFileError, match="not a safetensors file"):
+        weights_file.SafetensorsReader(str(tmp_path / "noise.safetensors"))
+    (tmp_path / "odd.safetensors").write_bytes(len(b'{"a": 1}').to_bytes(8, "little") +
+                                               b'{"a": 1}')
+    with pytest.raises(weights_file.WeightsFileError, match="tensor 'a' has an entry"):
+        weights_file.SafetensorsReader(str(tmp_path / "odd.safetensors"))

@@ -17,6 +17,7 @@ from torch import nn
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 from qpool_export import blocks, export, quant, smoothquant, text_encoder  # noqa: E402
+from qpool_export import weights_file  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -164,7 +165,7 @@ def test_export_writes_calibrated_scales(tmp_path):
     assert run_export(out, "--quantize", "w8a8", "--smoothquant", "0.5") == 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        unet = torch.jit.load(str(out / "unet.pt"))
+        unet = weights_file.load_component(str(out / "unet.pt"))
     buffers = dict(unet.named_buffers())
     codes = [buffers[n[:-len("weight")] + "code"] for n, b in buffers.items()
              if b.dtype == torch.int8]

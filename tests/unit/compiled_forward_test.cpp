@@ -11,6 +11,7 @@
 
 #include "component/attention_backend.h"
 #include "component/component.h"
+#include "testing/exported_component.h"
 #include "testing/test_paths.h"
 
 namespace qpool {
@@ -30,7 +31,7 @@ class CompiledForwardTest : public ::testing::Test {
   }
 
   std::unique_ptr<Component> LoadUnet(bool compiled) {
-    auto unet = Component::Load("unet", dir_ + "/unet.pt");
+    auto unet = testing::LoadExported("unet", dir_ + "/unet.pt");
     EXPECT_TRUE(unet.ok()) << unet.status().ToString();
     if (compiled) {
       Status attached = (*unet)->AttachCompiled(package_, c10::kCPU, "");

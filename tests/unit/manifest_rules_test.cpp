@@ -23,7 +23,7 @@ TEST_F(ManifestTest, EachRuleGivesASpecificMessage) {
         "text_encoder, unet, vae_decoder"}},
       {"component unknown key",
        Parts().UnetExtra("    flie: x\n"),
-       {"field 'components.unet.flie' is not a known field", "file, sha256, dtype, quantization"}},
+       {"field 'components.unet.flie' is not a known field", "file, sha256, weights, dtype, quantization"}},
       {"component dtype",
        Parts().UnetExtra("    dtype: int8\n"),
        {"field 'components.unet.dtype' must be one of: float32, float16, bfloat16 (got 'int8')"}},

@@ -146,6 +146,41 @@ TEST_F(ManifestTest, CompiledForwardIsParsedAndChecked) {
   }
 }
 
+// Note [Weights beside the graph]: components.<name>.weights names the safetensors file of the
+// component's tensors and, optionally, its digest.
+TEST_F(ManifestTest, WeightsFileIsParsedAndChecked) {
+  WriteFile(dir_ + "/unet.safetensors", "x");
+  const std::string digest(64, 'e');
+  auto r =
+      Parse(Build(Parts().UnetExtra("    weights:\n      file: unet.safetensors\n"
+                                    "      sha256: " +
+                                    digest + "\n")));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ComponentSpec* unet = r->FindComponent("unet");
+  ASSERT_TRUE(unet->weights.has_value());
+  EXPECT_EQ(unet->weights->file, dir_ + "/unet.safetensors");
+  EXPECT_EQ(unet->weights->sha256, digest);
+  EXPECT_FALSE(r->FindComponent("vae_decoder")->weights.has_value());
+
+  const std::string w = "    weights:\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {w + "      sha256: " + digest + "\n", "field 'components.unet.weights.file' is required"},
+      {w + "      file: missing.safetensors\n",
+       "field 'components.unet.weights.file' names a file that does not exist"},
+      {w + "      file: ../unet.safetensors\n",
+       "field 'components.unet.weights.file' must not contain a '..' segment"},
+      {w + "      file: unet.safetensors\n      sha256: abc\n",
+       "field 'components.unet.weights.sha256' must be 64 lowercase hex digits"},
+      {w + "      file: unet.safetensors\n      dtype: float16\n",
+       "field 'components.unet.weights.dtype' is not a known field"},
+      {"    weights: unet.safetensors\n", "field 'components.unet.weights' must be a mapping"},
+  };
+  for (const auto& [extra, expect] : cases) {
+    SCOPED_TRACE(extra);
+    ExpectInvalid(Parse(Build(Parts().UnetExtra(extra))), {expect});
+  }
+}
+
 TEST_F(ManifestTest, SdxlManifestParsesItsOwnSections) {
   auto r = Parse(kSdxl);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -8,19 +8,21 @@ differs is which hidden states the text encoders give and the UNet's extra SDXL 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
 from . import bnb_import
 from .blocks import fuse_projections
 from .clip_text import ClipTextConfig, ClipTextEncoder
-from .import_error import ImportFailure
+from .import_error import ImportFailure, check_weights_match
 from .sd_unet import SdUNet, SdUNetConfig
 from .sd_vae import SdVaeConfig, SdVaeDecoder
+from .stream_import import SourceTensors, Stream, params_on_meta
 
 
 def read_json(path: str) -> Dict[str, object]:
@@ -99,16 +101,7 @@ def _load_strict(mirror: torch.nn.Module, state: Dict[str, torch.Tensor], where:
         if key.rpartition(".")[2] in COMPUTED_BUFFERS and key not in state:
             state[key] = own[key]
     result = mirror.load_state_dict(state, strict=False)
-    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
-        if unexpected:
-            parts.append(f"unexpected {', '.join(unexpected[:5])}"
-                         + (" ..." if len(unexpected) > 5 else ""))
-        raise ImportFailure(f"{where}: the weights do not match the architecture its config "
-                            f"describes: {'; '.join(parts)}")
+    check_weights_match(where, list(result.missing_keys), list(result.unexpected_keys))
 
 
 def _check_same(what: str, want: torch.Tensor, got: torch.Tensor) -> float:
@@ -142,6 +135,9 @@ class Built:
     compile_side: Optional[int] = None
     # Quantized layers' own errors against the float layers (layer_error.py), when asked for.
     layer_errors: Optional[Dict[str, Dict[str, object]]] = None
+    # Streamed (Note [Streaming import] in stream_import.py): `module` has its parameters on
+    # meta and the weights come from here; max_diff is then None (not measured).
+    stream: Optional[Stream] = None
 
 
 def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
@@ -169,6 +165,48 @@ def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
     return original.eval().float(), layers
 
 
+def _open_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
+                   from_config: Callable[[Dict[str, object]], torch.nn.Module], streamed: bool,
+                   variant: Optional[str] = None
+                   ) -> Tuple[torch.nn.Module, Dict[str, object], Optional[SourceTensors]]:
+    """_load_original's original and bitsandbytes layers; or, `streamed` and the folder's
+    weights in plain safetensors files (Note [Streaming import]), the original built from its
+    config with its parameters on meta (for its config and names) and the files to read."""
+    if streamed:
+        config = read_json(os.path.join(where, "config.json"))
+        check_config_sizes(config, os.path.join(where, "config.json"))
+        if not bnb_import.is_bnb_config(config) and SourceTensors.available(where, variant):
+            with params_on_meta():
+                original = _load(where, lambda: from_config(config))
+            return original, {}, SourceTensors(where, variant)
+    original, prequantized = _load_original(where, from_pretrained, from_config)
+    return original, prequantized, None
+
+
+def _mirror(make: Callable[[], torch.nn.Module], original_state: Callable[[], Dict[str, object]],
+            source: Optional[SourceTensors], where: str,
+            graph_transform: Callable[[torch.nn.Module], object] = lambda m: None,
+            block_transform: Optional[Callable[[torch.nn.Module], object]] = None,
+            candidates: Callable[[str], Sequence[str]] = lambda key: (key,),
+            ignored: Callable[[str], bool] = lambda key: False
+            ) -> Tuple[torch.nn.Module, Optional[Stream]]:
+    """qpool's module (`make()`) given the original's weights and transformed; or, streamed, on
+    meta with the Stream that gives each of its blocks the weights and `block_transform` (by
+    default graph_transform) later. `candidates`: the source names of one of its tensors;
+    `ignored`: the source tensors it never reads."""
+    if source is None:
+        mirror = make()
+        _load_strict(mirror, original_state(), where)
+        graph_transform(mirror)
+        return mirror, None
+    with params_on_meta():
+        mirror = make()
+    stream = Stream(source, copy.deepcopy(mirror), candidates, ignored,
+                    block_transform or graph_transform)
+    graph_transform(mirror)
+    return mirror, stream
+
+
 def _strip_text_model(key: str) -> str:
     """transformers' CLIPTextModelWithProjection (and CLIPTextModel checkpoints of transformers
     4) name the text model's tensors text_model.*; qpool's ClipTextEncoder has them at its top."""
@@ -187,7 +225,8 @@ def _check_ids(cfg: ClipTextConfig, batch: int, length: int, gen: torch.Generato
 
 
 def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_skip: int,
-                       gen: torch.Generator, variant: Optional[str] = None) -> Built:
+                       gen: torch.Generator, variant: Optional[str] = None,
+                       streamed: bool = False) -> Built:
     """`name` is the component folder: text_encoder (CLIPTextModel) or, for kind sdxl,
     text_encoder_2 (CLIPTextModelWithProjection, whose module also returns text_embeds). Kind sd
     takes the last hidden state (or, with clip_skip, an earlier one through the final layer
@@ -205,22 +244,30 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
         raise ImportFailure(f"--clip-skip {clip_skip}: kind {kind} reads CLIP's pooled output of "
                             f"the last layer and takes no clip skip")
     where = os.path.join(src, name)
-    original, prequantized = _load_original(
+    original, prequantized, source = _open_original(
         where, lambda: cls.from_pretrained(where, variant=variant),
-        lambda c: cls(CLIPTextConfig.from_dict(c)))
+        lambda c: cls(CLIPTextConfig.from_dict(c)), streamed, variant)
     cfg = ClipTextConfig.from_transformers(original.config.to_dict(),
                                            os.path.join(where, "config.json"))
     if max_length > cfg.max_position_embeddings:
         tokenizer = name.replace("text_encoder", "tokenizer")
         raise ImportFailure(f"{src}/{tokenizer}: model_max_length {max_length} exceeds the text "
                             f"encoder's max_position_embeddings {cfg.max_position_embeddings}")
-    mirror = ClipTextEncoder(cfg, skip=clip_skip, penultimate=penultimate, pooled=pooled,
-                             pooler=pooler, projected=projected)
-    state = {_strip_text_model(k): v for k, v in original.state_dict().items()}
-    state.pop("embeddings.position_ids", None)
-    _load_strict(mirror, state, where)
+
+    def state() -> Dict[str, torch.Tensor]:
+        own = {_strip_text_model(k): v for k, v in original.state_dict().items()}
+        own.pop("embeddings.position_ids", None)
+        return own
+
+    mirror, stream = _mirror(
+        lambda: ClipTextEncoder(cfg, skip=clip_skip, penultimate=penultimate, pooled=pooled,
+                                pooler=pooler, projected=projected),
+        state, source, where, candidates=lambda key: ("text_model." + key, key),
+        ignored=lambda key: key.endswith("position_ids"))
     ids = _check_ids(cfg, 2, max_length, gen)
-    with torch.no_grad():
+
+    @torch.no_grad()
+    def compare() -> float:
         out = original(ids, output_hidden_states=True)
         if pooler:
             want = out.pooler_output
@@ -235,10 +282,12 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
             want = final_norm(out.hidden_states[-(clip_skip + 1)])
         got = mirror(ids)
         if pooled:
-            diff = max(_check_same(where, want, got[0]),
+            return max(_check_same(where, want, got[0]),
                        _check_same(f"{where} (text_embeds)", out.text_embeds, got[1]))
-        else:
-            diff = _check_same(where, want, got)
+        return _check_same(where, want, got)
+
+    # Note [Streaming import]: a streamed encoder has no weights here to compare.
+    diff = compare() if stream is None else None
     # Layers past the hidden states' never run unless text_embeds need them: drop their weights
     # (and the bitsandbytes layers among them).
     mirror.drop_unused()
@@ -246,7 +295,7 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
     layers = {_strip_text_model(k): v for k, v in prequantized.items()}
     layers = {k: v for k, v in layers.items() if k in kept}
     second = (_check_ids(cfg, 3, max_length, gen),)
-    return Built(name, mirror, (ids,), second, diff, layers)
+    return Built(name, mirror, (ids,), second, diff, layers, stream=stream)
 
 
 ADDITION = {"sd": None, "sdxl": "text_time"}  # the UNet's addition_embed_type per kind
@@ -254,7 +303,8 @@ TIME_IDS = 6  # SDXL's micro-conditioning: original size, crop top-left, target 
 
 
 def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
-               gen: torch.Generator, variant: Optional[str] = None) -> Built:
+               gen: torch.Generator, variant: Optional[str] = None,
+               streamed: bool = False) -> Built:
     """`context` is (tokens, width) of the text encoders' hidden states; `pooled_dim` the width
     of text_embeds (kind sdxl; 0 for sd)."""
     from diffusers import UNet2DConditionModel
@@ -269,9 +319,9 @@ def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
                 "sdxl": ""}[kind]
         raise ImportFailure(f"{config_path}: field 'addition_embed_type' is {addition!r}; kind "
                             f"{kind} imports {ADDITION[kind]!r}{hint}")
-    original, prequantized = _load_original(
+    original, prequantized, source = _open_original(
         where, lambda: UNet2DConditionModel.from_pretrained(where, variant=variant),
-        UNet2DConditionModel.from_config)
+        UNet2DConditionModel.from_config, streamed, variant)
     cfg = SdUNetConfig.from_diffusers(dict(original.config), config_path)
     length, width = context
     if width != cfg.cross_attention_dim:
@@ -286,10 +336,10 @@ def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
             f"{pooled_dim} plus {TIME_IDS} time ids of addition_time_embed_dim "
             f"{cfg.addition_time_embed_dim} give "
             f"{pooled_dim + TIME_IDS * cfg.addition_time_embed_dim}")
-    mirror = SdUNet(cfg)
-    _load_strict(mirror, original.state_dict(), where)
-    if not prequantized:  # a bitsandbytes checkpoint's layers keep their names
-        fuse_projections(mirror)  # Note [Fused projections]
+    # A bitsandbytes checkpoint's layers keep their names; the others' projections are fused
+    # (Note [Fused projections]).
+    mirror, stream = _mirror(lambda: SdUNet(cfg), original.state_dict, source, where,
+                             (lambda m: None) if prequantized else fuse_projections)
     levels = 2 ** (len(cfg.block_out_channels) - 1)
 
     def inputs(batch: int, h: int, w: int) -> Tuple[torch.Tensor, ...]:
@@ -311,25 +361,40 @@ def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
     # skip's size, which covers every size (Note [Shapes are not baked] in tracing.py).
     side = levels * 2 + 1
     trace_inputs = inputs(2, side, side + levels)
-    with torch.no_grad():
-        diff = _check_same(where, diffusers_unet(trace_inputs), mirror(*trace_inputs))
-        even = inputs(1, levels * 2, levels * 2)
-        diff = max(diff, _check_same(where, diffusers_unet(even), mirror(*even)))
+    even = inputs(1, levels * 2, levels * 2)
+    diff = None  # Note [Streaming import]: a streamed UNet has no weights here to compare
+    if stream is None:
+        with torch.no_grad():
+            diff = _check_same(where, diffusers_unet(trace_inputs), mirror(*trace_inputs))
+            diff = max(diff, _check_same(where, diffusers_unet(even), mirror(*even)))
     return Built("unet", mirror, trace_inputs, inputs(1, levels * 3, levels * 2 + 3), diff,
-                 prequantized)
+                 prequantized, stream=stream)
+
+
+# The tensors of an AutoencoderKL that its decoder reads.
+DECODER_KEYS = ("decoder.", "post_quant_conv.")
+# The names diffusers' attention had in older VAE checkpoints, which from_pretrained converts.
+_DEPRECATED_ATTENTION = ((".to_q.", ".query."), (".to_k.", ".key."), (".to_v.", ".value."),
+                         (".to_out.0.", ".proj_attn."))
+
+
+def _vae_candidates(key: str) -> Tuple[str, ...]:
+    return (key,) + tuple(key.replace(new, old) for new, old in _DEPRECATED_ATTENTION
+                          if new in key)
 
 
 def build_vae_decoder(src: str, kind: str, gen: torch.Generator, variant: Optional[str] = None,
-                      dtype: torch.dtype = torch.float16) -> Tuple[Built, SdVaeConfig]:
+                      dtype: torch.dtype = torch.float16,
+                      streamed: bool = False) -> Tuple[Built, SdVaeConfig]:
     """The decoder, saved in `dtype` (the import's) or in float32 where StableDiffusionXLPipeline
     decodes in float32: an SDXL VAE whose config says force_upcast (it overflows in float16),
     given float16."""
     from diffusers import AutoencoderKL
 
     where = os.path.join(src, "vae")
-    original, prequantized = _load_original(
+    original, prequantized, source = _open_original(
         where, lambda: AutoencoderKL.from_pretrained(where, variant=variant),
-        AutoencoderKL.from_config)
+        AutoencoderKL.from_config, streamed, variant)
     cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
     if cfg.shift_factor != 0.0 and kind not in ("flux", "hidream"):
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "
@@ -337,17 +402,20 @@ def build_vae_decoder(src: str, kind: str, gen: torch.Generator, variant: Option
     upcast = kind == "sdxl" and cfg.force_upcast and dtype == torch.float16
     # A float32 decoder's 1x1 shortcuts stay cuDNN convolutions, which run in TF32 as diffusers'
     # do; as GEMMs they would be float32 products without tensor cores.
-    mirror = SdVaeDecoder(cfg, gemm_shortcuts=not upcast and dtype != torch.float32)
-    state = {k: v for k, v in original.state_dict().items()
-             if k.startswith("decoder.") or k.startswith("post_quant_conv.")}
-    _load_strict(mirror, state, where)
+    mirror, stream = _mirror(
+        lambda: SdVaeDecoder(cfg, gemm_shortcuts=not upcast and dtype != torch.float32),
+        lambda: {k: v for k, v in original.state_dict().items() if k.startswith(DECODER_KEYS)},
+        source, where, candidates=_vae_candidates,
+        ignored=lambda key: not key.startswith(DECODER_KEYS))
     z = torch.randn(1, cfg.latent_channels, 6, 5, generator=gen)
-    with torch.no_grad():
-        diff = _check_same(where, original.decode(z).sample, mirror(z))
+    diff = None  # Note [Streaming import]: a streamed decoder has no weights here to compare
+    if stream is None:
+        with torch.no_grad():
+            diff = _check_same(where, original.decode(z).sample, mirror(z))
     second = (torch.randn(2, cfg.latent_channels, 4, 7, generator=gen),)
     layers = {k: v for k, v in prequantized.items() if k.startswith("decoder.")
               or k.startswith("post_quant_conv.")}
-    built = Built("vae_decoder", mirror, (z,), second, diff, layers)
+    built = Built("vae_decoder", mirror, (z,), second, diff, layers, stream=stream)
     if upcast:
         built.dtype = "float32"  # the server keeps a component in its manifest entry's dtype
     return built, cfg

@@ -16,16 +16,17 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .diffusers_components import (Built, _check_same, _load_original, _load_strict,
-                                   read_json)
-from .flux_transformer import FluxTransformer, FluxTransformerConfig, image_ids, text_ids
+from .diffusers_components import Built, _check_same, _mirror, _open_original, read_json
+from .flux_transformer import (FluxSingleTransformerBlock, FluxTransformer, FluxTransformerBlock,
+                               FluxTransformerConfig, image_ids, text_ids)
 from .import_error import ImportFailure
 from .t5_encoder import MaskedT5Encoder, T5Encoder, T5EncoderConfig
 
 
 def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
                            gen: torch.Generator, variant: Optional[str] = None,
-                           serving_side: int = 2) -> Tuple[Built, FluxTransformerConfig]:
+                           serving_side: int = 2, streamed: bool = False
+                           ) -> Tuple[Built, FluxTransformerConfig]:
     """`context` is (tokens, width) of text_encoder_2's (T5's) hidden states; `pooled_dim` the
     width of text_encoder's (CLIP's) pooled text_embeds; `serving_side` the packed latent's side
     (in 2x2 patches) at the pipeline's default size, which a compiled forward is compiled at
@@ -39,9 +40,9 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
     FluxTransformerConfig.from_diffusers(
         {k: v for k, v in read_json(config_path).items() if k != "quantization_config"},
         config_path)
-    original, prequantized = _load_original(
+    original, prequantized, source = _open_original(
         where, lambda: FluxTransformer2DModel.from_pretrained(where, variant=variant),
-        FluxTransformer2DModel.from_config)
+        FluxTransformer2DModel.from_config, streamed, variant)
     cfg = FluxTransformerConfig.from_diffusers(dict(original.config), config_path)
     length, width = context
     if width != cfg.joint_attention_dim:
@@ -51,10 +52,12 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
         raise ImportFailure(f"{config_path}: field 'pooled_projection_dim' is "
                             f"{cfg.pooled_projection_dim}; text_encoder's pooled text_embeds "
                             f"are {pooled_dim} wide")
-    mirror = FluxTransformer(cfg)
-    _load_strict(mirror, original.state_dict(), where)
-    if not prequantized:  # a bitsandbytes checkpoint's layers keep their names
-        mirror.fuse_projections()  # Note [Fused projections]
+    # A bitsandbytes checkpoint's layers keep their names; the others' projections are fused
+    # (Note [Fused projections]), block by block where the import streams.
+    mirror, stream = _mirror(
+        lambda: FluxTransformer(cfg), original.state_dict, source, where,
+        (lambda m: None) if prequantized else (lambda m: m.fuse_projections()),
+        block_transform=_fuse_flux_blocks)
 
     def inputs(batch: int, rows: int, cols: int, tokens: int) -> Tuple[torch.Tensor, ...]:
         """FluxPipeline's transformer inputs for a packed latent of rows x cols tokens."""
@@ -74,14 +77,22 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
 
     tokens = max(1, min(length, 5))
     compared = inputs(1, 2, 3, tokens)
-    with torch.no_grad():
-        diff = _check_same(where, diffusers_transformer(compared), mirror(*compared))
+    diff = None  # Note [Streaming import]: a streamed transformer has no weights to compare
+    if stream is None:
+        with torch.no_grad():
+            diff = _check_same(where, diffusers_transformer(compared), mirror(*compared))
     trace_inputs = inputs(2, 3, 2, max(1, min(length, 4)))
     check_inputs = inputs(3, 2, 2, max(1, min(length, 7)))
     # A compiled forward keeps the text tokens fixed: the manifest's T5 length.
     compile_inputs = inputs(2, serving_side, serving_side, length)
     return Built("transformer", mirror, trace_inputs, check_inputs, diff, prequantized,
-                 compile_inputs=compile_inputs), cfg
+                 compile_inputs=compile_inputs, stream=stream), cfg
+
+
+def _fuse_flux_blocks(module: torch.nn.Module) -> int:
+    """FluxTransformer.fuse_projections on the blocks in `module` (a block streamed alone)."""
+    return sum(m.fuse() for m in list(module.modules())
+               if isinstance(m, (FluxTransformerBlock, FluxSingleTransformerBlock)))
 
 
 def _tie_t5_embeddings(module: torch.nn.Module, state: Dict[str, torch.Tensor], prefix: str,
@@ -97,7 +108,7 @@ def _tie_t5_embeddings(module: torch.nn.Module, state: Dict[str, torch.Tensor], 
 
 def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
                      variant: Optional[str] = None, name: str = "text_encoder_2",
-                     masked: bool = False) -> Built:
+                     masked: bool = False, streamed: bool = False) -> Built:
     """text_encoder_2 (T5EncoderModel) as FluxPipeline runs it: token ids padded to
     `max_length` (its max_sequence_length), no attention mask, last_hidden_state. `masked`: with
     the attention mask as well, as HiDreamImagePipeline runs its text_encoder_3 (`name`)."""
@@ -111,11 +122,12 @@ def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
         model.register_load_state_dict_pre_hook(_tie_t5_embeddings)
         return model
 
-    original, prequantized = _load_original(
-        where, lambda: T5EncoderModel.from_pretrained(where, variant=variant), from_config)
+    original, prequantized, source = _open_original(
+        where, lambda: T5EncoderModel.from_pretrained(where, variant=variant), from_config,
+        streamed, variant)
     cfg = T5EncoderConfig.from_transformers(original.config.to_dict(), config_path)
-    mirror = (MaskedT5Encoder if masked else T5Encoder)(cfg, max_length)
-    _load_strict(mirror, original.state_dict(), where)
+    mirror, stream = _mirror(lambda: (MaskedT5Encoder if masked else T5Encoder)(cfg, max_length),
+                             original.state_dict, source, where, candidates=_t5_candidates)
     # The whole bucket table against transformers' own function (Note [Relative position
     # buckets] in t5_encoder.py); the random ids below reach only short distances.
     attention = original.encoder.block[0].layer[0].SelfAttention
@@ -139,7 +151,19 @@ def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
         return tokens, mask
 
     compared = ids(2, 19)
-    with torch.no_grad():
-        want = original(compared[0], attention_mask=compared[1] if masked else None)
-        diff = _check_same(where, want.last_hidden_state, mirror(*compared))
-    return Built(name, mirror, ids(2, 12), ids(1, 17), diff, prequantized)
+    diff = None  # Note [Streaming import]: a streamed encoder has no weights here to compare
+    if stream is None:
+        with torch.no_grad():
+            want = original(compared[0], attention_mask=compared[1] if masked else None)
+            diff = _check_same(where, want.last_hidden_state, mirror(*compared))
+    return Built(name, mirror, ids(2, 12), ids(1, 17), diff, prequantized, stream=stream)
+
+
+# T5's token embedding is tied: a checkpoint holds it as shared.weight, encoder.embed_tokens.weight
+# or both.
+_T5_TIED = ("shared.weight", "encoder.embed_tokens.weight")
+
+
+def _t5_candidates(key: str) -> Tuple[str, ...]:
+    return (key, _T5_TIED[1] if key == _T5_TIED[0] else _T5_TIED[0]) if key in _T5_TIED \
+        else (key,)

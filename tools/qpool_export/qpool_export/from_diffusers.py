@@ -36,7 +36,7 @@ from .export import _install, _make_stage, validate_name
 from .import_error import ImportFailure
 # The shared steps; DTYPES, ImportOptions and Tokenizer are the command line's and benches' too.
 from .import_steps import (DTYPES, ImportOptions, Tokenizer, copy_clip_tokenizer,  # noqa: F401
-                           copy_sentencepiece, save_component)
+                           copy_sentencepiece, save_component, streams)
 from .sd_unet import SdUNetConfig
 from .sd_vae import SdVaeConfig
 
@@ -148,7 +148,7 @@ def build_manifest(kind: str, scheduler: Dict[str, object], sampler: str, unet: 
     size = unet.sample_size * vae.downscale
     components: Dict[str, object] = {}
     for name in KIND_FILES[kind]:
-        entry: Dict[str, object] = {"file": f"{name}.pt"}
+        entry = manifest_io.component_entry(name)
         if name in dtypes:
             entry["dtype"] = dtypes[name]
         if name in quant:
@@ -201,18 +201,20 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
     width, pooled = 0, 0
     for encoder in encoders:
         text = build_text_encoder(src, encoder, kind, max_length, opts.clip_skip, gen,
-                                  opts.variant)
+                                  opts.variant, streams(opts, encoder))
         width += text.module.config.hidden_size
         if text.module.pooled:
             pooled = text.module.config.projection_dim
         reports.append(save_component(text, opts, stage))
         del text
-    unet = build_unet(src, kind, (max_length, width), pooled, gen, opts.variant)
+    unet = build_unet(src, kind, (max_length, width), pooled, gen, opts.variant,
+                      streams(opts, "unet"))
     unet_cfg = unet.module.config
     unet.compile_side = unet_cfg.sample_size
     reports.append(save_component(unet, opts, stage))
     del unet
-    vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant, DTYPES[opts.dtype])
+    vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant, DTYPES[opts.dtype],
+                                     streams(opts, "vae_decoder"))
     if vae_cfg.latent_channels != unet_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the UNet takes "
@@ -233,11 +235,12 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
     t5_length = copy_sentencepiece(src, stage)
     reports: List[Dict[str, object]] = []
     clip = build_text_encoder(src, "text_encoder", "flux", clip_tokenizer.max_length,
-                              opts.clip_skip, gen, opts.variant)
+                              opts.clip_skip, gen, opts.variant, streams(opts, "text_encoder"))
     pooled_dim = clip.module.config.hidden_size
     reports.append(save_component(clip, opts, stage))
     del clip
-    t5 = build_t5_encoder(src, t5_length, gen, opts.variant)
+    t5 = build_t5_encoder(src, t5_length, gen, opts.variant,
+                          streamed=streams(opts, "text_encoder_2"))
     context = (t5_length, t5.module.config.d_model)
     reports.append(save_component(t5, opts, stage))
     del t5
@@ -247,10 +250,12 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
         "block_out_channels", (0, 0, 0, 0)))
     latent_side = min(FLUX_DEFAULT_SIZE // 2 ** max(vae_levels - 1, 0), aot.MAX_SIDE)
     transformer, transformer_cfg = build_flux_transformer(src, context, pooled_dim, gen,
-                                                          opts.variant, latent_side // 2)
+                                                          opts.variant, latent_side // 2,
+                                                          streams(opts, "transformer"))
     reports.append(save_component(transformer, opts, stage))
     del transformer
-    vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant, DTYPES[opts.dtype])
+    vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant, DTYPES[opts.dtype],
+                                     streams(opts, "vae_decoder"))
     if 4 * vae_cfg.latent_channels != transformer_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the transformer takes 2x2 patches of "
@@ -267,7 +272,7 @@ def build_flux_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, clip: To
     a bfloat16 import runs in bfloat16 wherever it is placed."""
     components: Dict[str, object] = {}
     for name in KIND_FILES["flux"]:
-        entry: Dict[str, object] = {"file": f"{name}.pt"}
+        entry = manifest_io.component_entry(name)
         if name in quant:
             entry["quantization"] = quant[name]
         components[name] = entry

@@ -82,6 +82,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--warmup", action="store_true",
                    help="the manifest's execution.warmup: each replica makes one image at the "
                         "defaults as it loads, so its first request runs at full speed")
+    p.add_argument("--full-check", action="store_true",
+                   help="load each component whole and check qpool's module against diffusers' "
+                        "on the real weights (about twice the largest component in float32 of "
+                        "host memory), instead of streaming it block by block")
+    p.add_argument("--max-block-mib", type=int, default=1024, metavar="N",
+                   help="streamed components are read in blocks of at most N MiB in float32 "
+                        "where their modules can be cut (default 1024): the import's host "
+                        "memory is about the largest block, quantized and converted")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     try:
@@ -89,6 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         p.error(str(e))
     quantize = _parse_quantize(a.quantize, p)
+    if not 1 <= a.max_block_mib <= 1 << 20:
+        p.error(f"--max-block-mib must be in [1, 2^20] (got {a.max_block_mib})")
     if a.min_weights < 0 or a.min_weights > 2**31 - 1:
         p.error(f"--min-weights must be in [0, 2^31) (got {a.min_weights})")
     if a.min_weights and not set(quantize.values()) - {"none"}:
@@ -109,7 +119,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          compile=tuple(c.strip() for c in a.compile.split(",") if c.strip()),
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
                          compile_attention=a.compile_attention, loras=loras, warmup=a.warmup,
-                         text_encoder_4=a.text_encoder_4, verbose=not a.quiet)
+                         text_encoder_4=a.text_encoder_4, full_check=a.full_check,
+                         max_block_mib=a.max_block_mib,
+                         verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
@@ -125,8 +137,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           f"{'/'.join(r['converted_formats'])})")
             if r["compile_seconds"] is not None:
                 extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
+            if r["weight_error"] is not None:
+                extra += f"  (largest weight error of a quantized layer {r['weight_error']:.2g})"
+            checked = "streamed" if r["streamed"] else \
+                f"max diff vs diffusers {r['max_diff']:.2g}"
             print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
-                  f"max diff vs diffusers {r['max_diff']:.2g}{extra}", flush=True)
+                  f"{checked}{extra}", flush=True)
             if r["layer_errors"]:
                 from . import layer_error
 

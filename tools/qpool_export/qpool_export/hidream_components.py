@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .diffusers_components import Built, _check_same, _load_original, _load_strict, read_json
+from .diffusers_components import Built, _check_same, _mirror, _open_original, read_json
 from .hidream_transformer import HiDreamTransformer, HiDreamTransformerConfig
 from .import_error import ImportFailure
 from .llm_encoder import LlmEncoder, LlmEncoderConfig
@@ -27,7 +27,8 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def build_llm_encoder(where: str, max_length: int, gen: torch.Generator,
-                      variant: Optional[str] = None) -> Tuple[Built, LlmEncoderConfig]:
+                      variant: Optional[str] = None,
+                      streamed: bool = False) -> Tuple[Built, LlmEncoderConfig]:
     """text_encoder_4 as HiDreamImagePipeline runs it, from the folder `where` (a pipeline's
     text_encoder_4/, or a Llama folder of its own): token ids padded on the right to
     `max_length` with their attention mask; every layer's hidden states."""
@@ -35,13 +36,15 @@ def build_llm_encoder(where: str, max_length: int, gen: torch.Generator,
 
     config_path = os.path.join(where, "config.json")
     LlmEncoderConfig.from_llama(read_json(config_path), config_path)  # before anything is built
-    original, prequantized = _load_original(
+    original, prequantized, source = _open_original(
         where, lambda: LlamaForCausalLM.from_pretrained(where, variant=variant),
-        lambda config: LlamaForCausalLM(LlamaConfig.from_dict(config)))
+        lambda config: LlamaForCausalLM(LlamaConfig.from_dict(config)), streamed, variant)
     decoder = _decoder(original).eval()
     cfg = LlmEncoderConfig.from_llama(decoder.config.to_dict(), config_path)
-    mirror = LlmEncoder(cfg, max_length)
-    _load_strict(mirror, decoder.state_dict(), where)
+    # A LlamaForCausalLM checkpoint names the decoder's tensors model.*; its lm_head is unread.
+    mirror, stream = _mirror(lambda: LlmEncoder(cfg, max_length), decoder.state_dict, source,
+                             where, candidates=lambda key: ("model." + key, key),
+                             ignored=lambda key: key.startswith("lm_head."))
     # The whole rotary table against transformers' own module (Note [Rotary tables]).
     probe = torch.zeros(1, max_length, cfg.hidden_size)
     cos, sin = decoder.rotary_emb(probe, torch.arange(max_length)[None])
@@ -57,16 +60,18 @@ def build_llm_encoder(where: str, max_length: int, gen: torch.Generator,
         return ids, mask
 
     compared = inputs(2, 19)
-    with torch.no_grad():
-        want = torch.stack(decoder(*compared, output_hidden_states=True).hidden_states[1:])
-        diff = _check_same(where, want, mirror(*compared))
+    diff = None  # Note [Streaming import]: a streamed encoder has no weights here to compare
+    if stream is None:
+        with torch.no_grad():
+            want = torch.stack(decoder(*compared, output_hidden_states=True).hidden_states[1:])
+            diff = _check_same(where, want, mirror(*compared))
     return Built("text_encoder_4", mirror, inputs(2, 12), inputs(3, 17), diff,
-                 prequantized), cfg
+                 prequantized, stream=stream), cfg
 
 
 def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, int, int],
                               pooled_dim: int, gen: torch.Generator,
-                              variant: Optional[str] = None
+                              variant: Optional[str] = None, streamed: bool = False
                               ) -> Tuple[Built, HiDreamTransformerConfig]:
     """`t5` is (tokens, width) of text_encoder_3's hidden states, `llama` (layers, tokens, width)
     of text_encoder_4's, `pooled_dim` the width of the two CLIPs' pooled projections together."""
@@ -93,12 +98,11 @@ def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, i
     check(HiDreamTransformerConfig.from_diffusers(
         {k: v for k, v in read_json(config_path).items() if k != "quantization_config"},
         config_path))
-    original, prequantized = _load_original(
+    original, prequantized, source = _open_original(
         where, lambda: HiDreamImageTransformer2DModel.from_pretrained(where, variant=variant),
-        HiDreamImageTransformer2DModel.from_config)
+        HiDreamImageTransformer2DModel.from_config, streamed, variant)
     cfg = check(HiDreamTransformerConfig.from_diffusers(dict(original.config), config_path))
-    mirror = HiDreamTransformer(cfg)
-    _load_strict(mirror, original.state_dict(), where)
+    mirror, stream = _mirror(lambda: HiDreamTransformer(cfg), original.state_dict, source, where)
 
     def inputs(batch: int, side: int, tokens: int, llama_len: int) -> Tuple[torch.Tensor, ...]:
         return (torch.randn(batch, cfg.in_channels, side * cfg.patch_size,
@@ -110,11 +114,14 @@ def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, i
                 torch.randn(batch, pooled_dim, generator=gen))
 
     compared = inputs(1, 3, 5, 4)
-    with torch.no_grad():
-        latents, t, t5_states, llama_states, pooled = compared
-        want = original(hidden_states=latents, timesteps=t, encoder_hidden_states_t5=t5_states,
-                        encoder_hidden_states_llama3=llama_states, pooled_embeds=pooled,
-                        return_dict=False)[0]
-        diff = _check_same(where, want, mirror(*compared))
+    diff = None  # Note [Streaming import]: a streamed transformer has no weights to compare
+    if stream is None:
+        with torch.no_grad():
+            latents, t, t5_states, llama_states, pooled = compared
+            want = original(hidden_states=latents, timesteps=t,
+                            encoder_hidden_states_t5=t5_states,
+                            encoder_hidden_states_llama3=llama_states, pooled_embeds=pooled,
+                            return_dict=False)[0]
+            diff = _check_same(where, want, mirror(*compared))
     return Built("transformer", mirror, inputs(2, 2, 4, 3), inputs(1, 4, 6, 5), diff,
-                 prequantized), cfg
+                 prequantized, stream=stream), cfg

@@ -32,11 +32,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from . import manifest as manifest_io
 from .diffusers_components import build_text_encoder, build_vae_decoder, read_json
 from .hidream_components import build_hidream_transformer, build_llm_encoder
 from .import_error import ImportFailure
 from .import_steps import (DTYPES, ImportOptions, Tokenizer, copy_clip_tokenizer,
-                           copy_sentencepiece, save_component)
+                           copy_sentencepiece, save_component, streams)
 from .sd_vae import SdVaeConfig
 
 COMPONENTS = {
@@ -149,26 +150,30 @@ def build_hidream_components(src: str, llama: Optional[str], stage: str, opts: I
     reports: List[Dict[str, object]] = []
     pooled_dim = 0
     for clip in ("text_encoder", "text_encoder_2"):
-        built = build_text_encoder(src, clip, "hidream", clip_length, 0, gen, opts.variant)
+        built = build_text_encoder(src, clip, "hidream", clip_length, 0, gen, opts.variant,
+                                   streams(opts, clip))
         pooled_dim += built.module.config.projection_dim
         reports.append(save_component(built, opts, stage))
         del built
     from .flux_components import build_t5_encoder
 
-    t5 = build_t5_encoder(src, t5_length, gen, opts.variant, name="text_encoder_3", masked=True)
+    t5 = build_t5_encoder(src, t5_length, gen, opts.variant, name="text_encoder_3", masked=True,
+                          streamed=streams(opts, "text_encoder_3"))
     t5_width = t5.module.config.d_model
     reports.append(save_component(t5, opts, stage))
     del t5
-    encoder, llama_cfg = build_llm_encoder(where, llama_tokenizer.max_length, gen, opts.variant)
+    encoder, llama_cfg = build_llm_encoder(where, llama_tokenizer.max_length, gen, opts.variant,
+                                           streams(opts, "text_encoder_4"))
     reports.append(save_component(encoder, opts, stage))
     del encoder
     transformer, transformer_cfg = build_hidream_transformer(
         src, (t5_length, t5_width),
         (llama_cfg.num_layers, llama_tokenizer.max_length, llama_cfg.hidden_size), pooled_dim,
-        gen, opts.variant)
+        gen, opts.variant, streams(opts, "transformer"))
     reports.append(save_component(transformer, opts, stage))
     del transformer
-    vae, vae_cfg = build_vae_decoder(src, "hidream", gen, opts.variant, DTYPES[opts.dtype])
+    vae, vae_cfg = build_vae_decoder(src, "hidream", gen, opts.variant, DTYPES[opts.dtype],
+                                     streams(opts, "vae_decoder"))
     if vae_cfg.latent_channels != transformer_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the transformer takes "
@@ -196,7 +201,7 @@ def build_hidream_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, max_s
     bfloat16 wherever it is placed (T5 and the Llama overflow in float16)."""
     components: Dict[str, object] = {}
     for name in FILES:
-        entry: Dict[str, object] = {"file": f"{name}.pt"}
+        entry = manifest_io.component_entry(name)
         if name in quant:
             entry["quantization"] = quant[name]
         components[name] = entry

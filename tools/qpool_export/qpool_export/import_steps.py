@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from . import compile as aot
-from . import bnb_import, lora_fuse, tracing
+from . import bnb_import, lora_fuse, tracing, weights_file
 from . import manifest as manifest_io
 from .diffusers_components import Built, read_json
 from .import_error import ImportFailure
@@ -61,10 +61,31 @@ class ImportOptions:
     # Kind hidream: the Llama's folder when the pipeline folder has no text_encoder_4/
     # (hidream_import.py).
     text_encoder_4: Optional[str] = None
+    # Every component through the full path, with its check against diffusers on the real
+    # weights (Note [Streaming import] in stream_import.py).
+    full_check: bool = False
+    # Streamed components are read in blocks of at most this many MiB in float32 where their
+    # modules can be cut (Note [Streaming import]).
+    max_block_mib: int = 1024
     verbose: bool = True
 
 
+def streams(opts: ImportOptions, name: str) -> bool:
+    """Whether component `name` may be imported streaming (Note [Streaming import]): unless the
+    full check is asked for, or what it needs holds the whole module in float (SmoothQuant's
+    calibration, per-layer errors, a compiled package). Checkpoints the streaming path does not
+    read take the full path as well (diffusers_components._open_original)."""
+    smooth = opts.quantize.get(name) == "w8a8" and opts.smoothquant is not None
+    return not (opts.full_check or opts.layer_error or smooth or name in opts.compile)
+
+
 def quantize_built(built: Built, opts: ImportOptions) -> int:
+    return quantize_tree(built.module, built, opts)
+
+
+def quantize_tree(module: torch.nn.Module, built: Built, opts: ImportOptions) -> int:
+    """Quantizes the linears of `module` (the built component's module, or one of its blocks
+    where the import streams) as --quantize says for the component; returns how many."""
     fmt = opts.quantize.get(built.name, "none")
     if fmt == "none":
         return 0
@@ -84,15 +105,15 @@ def quantize_built(built: Built, opts: ImportOptions) -> int:
         from . import layer_error
 
         records = layer_error.capture(built.module, (built.trace_inputs, built.check_inputs))
-    count = quant.quantize_module(built.module, fmt, blocksize=opts.blocksize,
+    count = quant.quantize_module(module, fmt, blocksize=opts.blocksize,
                                   double_quant=opts.double_quant,
                                   prequantize=opts.quant_mode == "prequantized", smooth=smooth,
                                   min_weights=opts.min_weights)
     if records is not None:
         built.layer_errors = layer_error.errors(built.module, records)
     if fmt == "w8a8" and opts.quant_mode == "prequantized":
-        quant.fuse_geglu_linears(built.module)  # after the layer errors (Note [GEGLU linear op])
-        quant.fuse_norm_linears(built.module)  # Note [Norm linear op]
+        quant.fuse_geglu_linears(module)  # after the layer errors (Note [GEGLU linear op])
+        quant.fuse_norm_linears(module)  # Note [Norm linear op]
     return count
 
 
@@ -105,22 +126,33 @@ def to_dtype(traced: torch.jit.ScriptModule, dtype: torch.dtype) -> None:
         if name.rpartition(".")[2] in STATE_NAMES + FLOAT32_BUFFERS:
             continue
         if t.dtype == torch.float32 and dtype != torch.float32:
-            t.data = t.data.to(dtype)
+            # A streamed graph's placeholders stay placeholders (Note [Streaming import]).
+            t.data = weights_file.placeholder(t.data, dtype) if weights_file.is_placeholder(
+                t.data) else t.data.to(dtype)
 
 
-def save_component(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
-    converted = bnb_import.install(built.module, built.prequantized, built.name)
-    quantized = quantize_built(built, opts) + converted
+def traced_and_checked(built: Built) -> torch.jit.ScriptModule:
+    """The built module traced, with no tensor constant or device baked into its graphs, and
+    equal to the eager module on the second inputs (tracing.py)."""
     traced = tracing.trace(built.module, built.trace_inputs)
     tracing.check_no_tensor_constants(built.name, traced)
     tracing.check_no_baked_device(built.name, traced)
     tracing.check_matches_eager(built.name, built.module, traced, built.check_inputs)
+    return traced
+
+
+def save_component(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
+    if built.stream is not None:
+        return save_streamed(built, opts, stage)
+    converted = bnb_import.install(built.module, built.prequantized, built.name)
+    quantized = quantize_built(built, opts) + converted
+    traced = traced_and_checked(built)
     dtype = built.dtype or opts.dtype
     to_dtype(traced, DTYPES[dtype])
     path = os.path.join(stage, f"{built.name}.pt")
     size = tracing.save(built.name, traced, path)
     formats = sorted({q["format"] for q in built.prequantized.values()})
-    report = {"name": built.name, "params": sum(p.numel() for p in traced.parameters()),
+    report = {"name": built.name, "streamed": False, "weight_error": None, "params": sum(p.numel() for p in traced.parameters()),
               "bytes": size, "quantized_layers": quantized,
               "converted_layers": converted, "converted_formats": formats,
               "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
@@ -146,6 +178,43 @@ def save_component(built: Built, opts: ImportOptions, stage: str) -> Dict[str, o
         except aot.CompileError as e:
             raise ImportFailure(str(e)) from e
     return report
+
+
+def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, object]:
+    """save_component for a streamed component (Note [Streaming import]): the graph traced on
+    placeholders, then the weights block by block from the source files."""
+    from . import stream_import
+
+    built.stream.block_elements = opts.max_block_mib << 18
+    quantized = quantize_built(built, opts)  # on meta: the shapes the graph needs
+    stream_import.to_placeholders(built.module)
+    traced = traced_and_checked(built)
+    dtype = built.dtype or opts.dtype
+    to_dtype(traced, DTYPES[dtype])
+    stored, tied = weights_file.split_tied(weights_file.tensor_slots(traced))
+    plan = {n: (t.dtype, tuple(t.shape)) for n, t in stored.items()}
+    size = sum(weights_file.nbytes(d, shape) for d, shape in plan.values())
+    path = os.path.join(stage, f"{built.name}.pt")
+    tracing.check_room(built.name, stage, size)
+    with tracing.quiet_torchscript():
+        torch.jit.save(traced, path)
+    del traced
+    stream_import.write_weights(built.stream, plan, tied, weights_file.weights_path(path),
+                                lambda block: quantize_tree(block, built, opts))
+    errors = built.stream.weight_errors
+    return {"name": built.name, "streamed": True,
+            "params": sum(shape_numel(s) for _, s in plan.values()), "bytes": size,
+            "quantized_layers": quantized, "converted_layers": 0, "converted_formats": [],
+            "max_diff": None, "weight_error": max(errors.values()) if errors else None,
+            "dtype": built.dtype, "compile_seconds": None, "layer_errors": None,
+            "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized}
+
+
+def shape_numel(shape: Tuple[int, ...]) -> int:
+    count = 1
+    for s in shape:
+        count *= s
+    return count
 
 
 def write_bpe_files(tokenizer_json: str, dest: str) -> None:

@@ -43,7 +43,7 @@ def build_manifest(preset: Preset, quantization: Optional[Dict[str, Dict[str, ob
     quantization = quantization or {}
     components: Dict[str, object] = {}
     for name in COMPONENTS:
-        entry: Dict[str, object] = {"file": f"{name}.pt"}
+        entry = component_entry(name)
         if name in quantization:
             entry["quantization"] = quantization[name]
         components[name] = entry
@@ -62,6 +62,12 @@ def build_manifest(preset: Preset, quantization: Optional[Dict[str, Dict[str, ob
     }
 
 
+def component_entry(name: str) -> Dict[str, object]:
+    """A component's manifest entry before its digests: its graph and the weights file beside it
+    (Note [Weights beside the graph] in server/component/weights_file.h)."""
+    return {"file": f"{name}.pt", "weights": {"file": f"{name}.safetensors"}}
+
+
 def sha256_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -77,6 +83,10 @@ def record_digests(manifest: Dict[str, object], folder: str) -> Dict[str, object
     for name, entry in list(components.items()):
         digest = sha256_file(os.path.join(folder, entry["file"]))
         ordered = {"file": entry["file"], "sha256": digest}
+        weights = entry.get("weights")
+        if weights is not None:
+            ordered["weights"] = {"file": weights["file"],
+                                  "sha256": sha256_file(os.path.join(folder, weights["file"]))}
         ordered.update((k, v) for k, v in entry.items() if k not in ordered)
         components[name] = ordered
     return manifest

@@ -31,6 +31,8 @@ from typing import Iterator, List, Sequence, Tuple
 
 import torch
 
+from . import weights_file
+
 
 class ExportError(Exception):
     """An export check failed; the message says which component and why."""
@@ -52,18 +54,24 @@ def tensor_bytes(module: torch.nn.Module) -> int:
 
 
 def save(component: str, traced: torch.jit.ScriptModule, path: str) -> int:
-    """torch.jit.save, after checking there is room for it (Note [Room before a save]); returns
-    the module's tensor bytes."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """The module's graph to `path` and its tensors to the weights file beside it (Note [Weights
+    beside the graph] in server/component/weights_file.h), after checking there is room for them (Note [Room
+    before a save]); returns the module's tensor bytes."""
     size = tensor_bytes(traced)
+    check_room(component, os.path.dirname(os.path.abspath(path)), size)
+    with quiet_torchscript():
+        weights_file.save_split(traced, path, weights_file.weights_path(path))
+    return size
+
+
+def check_room(component: str, folder: str, size: int) -> None:
+    """ExportError naming the component and the folder when its file system has no room for
+    `size` bytes of tensors and a margin (Note [Room before a save])."""
     need = size + size // 100 + SAVE_MARGIN_BYTES
     free = shutil.disk_usage(folder).free
     if free < need:
         raise ExportError(f"{component}: not enough disk space in {folder}: writing it needs "
                           f"about {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
-    with quiet_torchscript():
-        torch.jit.save(traced, path)
-    return size
 
 
 @contextlib.contextmanager
@@ -161,6 +169,14 @@ def check_matches_eager(component: str, eager: torch.nn.Module, traced: torch.ji
             raise ExportError(f"{component}: traced output shape {tuple(got.shape)} != eager "
                               f"{tuple(want.shape)} for inputs {[tuple(t.shape) for t in inputs]} "
                               f"(a shape was baked into the trace)")
+        # A streamed graph runs on placeholders (Note [Streaming import] in stream_import.py),
+        # whose zeros make a w8a8 layer divide by zero: both must then be non-finite alike.
+        finite = torch.isfinite(want)
+        if not torch.equal(finite, torch.isfinite(got)):
+            raise ExportError(f"{component}: traced output is not finite where eager is, or "
+                              f"the other way round, for inputs "
+                              f"{[tuple(t.shape) for t in inputs]}")
+        want, got = want[finite], got[finite]
         diff = (got - want).abs().max().item() if got.numel() else 0.0
         scale = want.abs().max().item() if want.numel() else 0.0
         if not diff <= 1e-4 * (1.0 + scale):
