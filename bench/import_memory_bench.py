@@ -141,7 +141,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("flux", "sdxl", "sd15"), default="flux")
     p.add_argument("--work", required=True)
-    p.add_argument("--tokenizer", required=True, help="CLIP vocab.json + merges.txt folder")
+    p.add_argument("--tokenizer", default=None,
+                   help="CLIP vocab.json + merges.txt folder (default: trained on the "
+                        "exporter's prompt corpus)")
     p.add_argument("--spiece", default=None, help="T5's SentencePiece model (default: trained)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--quantize", default="")
@@ -152,11 +154,22 @@ def main(argv=None) -> int:
     p.add_argument("--serve", nargs=2, metavar=("SERVER", "CLIENT"), default=None)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--keep", action="store_true", help="keep the last import's folder")
+    p.add_argument("--build-only", action="store_true", help="build the source folder, no import")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
+    if a.tokenizer is None:
+        from qpool_export import bpe, corpus
+
+        a.tokenizer = os.path.join(a.work, "clip-tokenizer")
+        os.makedirs(a.tokenizer, exist_ok=True)
+        bpe.write_tokenizer(a.tokenizer, bpe.train_bpe(corpus.PROMPTS, 1000))
     start = time.monotonic()
     src = build_source(a)
+    if a.build_only:
+        print(json.dumps({"source": src, "seconds": round(time.monotonic() - start, 1),
+                          "source_bytes": folder_bytes(src)}))
+        return 0
     result = {"model": a.model, "dtype": a.dtype, "quantize": a.quantize,
               "source_bytes": folder_bytes(src),
               "source_build_seconds": round(time.monotonic() - start, 1),
