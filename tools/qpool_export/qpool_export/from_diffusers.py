@@ -323,6 +323,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
             raise ImportFailure(f"--compile {name}: kind {kind} has no compilable component "
                                 f"'{name}' (it has "
                                 f"{', '.join(c for c in KIND_FILES[kind] if c in aot.COMPILABLE)})")
+    if opts.import_device == "cuda" and not torch.cuda.is_available():
+        raise ImportFailure("--import-device cuda needs a GPU on the importing machine")
     if opts.compile_device == "cuda" and opts.compile and not torch.cuda.is_available():
         raise ImportFailure("--compile-device cuda needs a GPU on the importing machine")
     sched_path = os.path.join(src, "scheduler", "scheduler_config.json")

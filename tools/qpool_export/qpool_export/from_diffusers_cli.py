@@ -90,6 +90,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="streamed components are read in blocks of at most N MiB in float32 "
                         "where their modules can be cut (default 1024): the import's host "
                         "memory is about the largest block, quantized and converted")
+    p.add_argument("--import-device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where streamed blocks are converted and quantized (default auto: the "
+                        "GPU when there is one, many times faster than the CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
     a = p.parse_args(argv)
     try:
@@ -120,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          compile_device=a.compile_device, compile_mode=a.compile_mode,
                          compile_attention=a.compile_attention, loras=loras, warmup=a.warmup,
                          text_encoder_4=a.text_encoder_4, full_check=a.full_check,
-                         max_block_mib=a.max_block_mib,
+                         max_block_mib=a.max_block_mib, import_device=a.import_device,
                          verbose=not a.quiet)
     try:
         result = import_pipeline(opts)
@@ -139,7 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
             if r["weight_error"] is not None:
                 extra += f"  (largest weight error of a quantized layer {r['weight_error']:.2g})"
-            checked = "streamed" if r["streamed"] else \
+            checked = (f"streamed (graph {r['graph_seconds']:.0f} s, weights "
+                       f"{r['weights_seconds']:.0f} s)") if r["streamed"] else \
                 f"max diff vs diffusers {r['max_diff']:.2g}"
             print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
                   f"{checked}{extra}", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -67,6 +68,9 @@ class ImportOptions:
     # Streamed components are read in blocks of at most this many MiB in float32 where their
     # modules can be cut (Note [Streaming import]).
     max_block_mib: int = 1024
+    # Where streamed blocks are transformed, quantized and converted: auto (the GPU when there is
+    # one), cpu or cuda.
+    import_device: str = "auto"
     verbose: bool = True
 
 
@@ -185,6 +189,7 @@ def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, ob
     placeholders, then the weights block by block from the source files."""
     from . import stream_import
 
+    start = time.monotonic()
     built.stream.block_elements = opts.max_block_mib << 18
     quantized = quantize_built(built, opts)  # on meta: the shapes the graph needs
     stream_import.to_placeholders(built.module)
@@ -199,15 +204,21 @@ def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, ob
     with tracing.quiet_torchscript():
         torch.jit.save(traced, path)
     del traced
+    graph_seconds = time.monotonic() - start
+    device = opts.import_device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     stream_import.write_weights(built.stream, plan, tied, weights_file.weights_path(path),
-                                lambda block: quantize_tree(block, built, opts))
+                                lambda block: quantize_tree(block, built, opts), device)
     errors = built.stream.weight_errors
     return {"name": built.name, "streamed": True,
             "params": sum(shape_numel(s) for _, s in plan.values()), "bytes": size,
             "quantized_layers": quantized, "converted_layers": 0, "converted_formats": [],
             "max_diff": None, "weight_error": max(errors.values()) if errors else None,
             "dtype": built.dtype, "compile_seconds": None, "layer_errors": None,
-            "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized}
+            "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized,
+            "graph_seconds": graph_seconds,
+            "weights_seconds": time.monotonic() - start - graph_seconds}
 
 
 def shape_numel(shape: Tuple[int, ...]) -> int:

@@ -282,9 +282,13 @@ def record_weight_errors(before: Dict[str, torch.Tensor], block: nn.Module, pref
 
 
 def write_weights(stream: Stream, plan: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]],
-                  tied: Dict[str, str], path: str, quantize: Callable[[nn.Module], int]) -> None:
+                  tied: Dict[str, str], path: str, quantize: Callable[[nn.Module], int],
+                  device: str = "cpu") -> None:
     """The weights file of a traced graph whose slots are `plan`, block by block from the source
-    (Note [Streaming import]); ImportFailure naming the source file and tensor of a bad one."""
+    (Note [Streaming import]), each block transformed, quantized and converted on `device` (a
+    GPU does it many times faster; quantized bytes are the CPU's but where a format averages,
+    nf4's double quantization, whose last bit may differ); ImportFailure naming the source file
+    and tensor of a bad one."""
     from .weights_file import WeightsWriter, tied_metadata
 
     keys = check_coverage(stream)
@@ -294,7 +298,7 @@ def write_weights(stream: Stream, plan: Dict[str, Tuple[torch.dtype, Tuple[int, 
         for prefix, unit, whole in units(stream.pristine, stream.block_elements):
             if not any(name.startswith(prefix) for name in plan):
                 continue  # dropped from the graph (layers past the hidden states read)
-            block = materialize(unit, prefix, whole, stream, keys)
+            block = materialize(unit, prefix, whole, stream, keys).to(device)
             if whole:
                 stream.transform(block)
                 before = _linear_weights(block)
