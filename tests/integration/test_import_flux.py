@@ -136,7 +136,12 @@ def imported(tmp_path_factory, sources):
                                    *(("--full-check",) if name == "flux-schnell" else ()))
                for name, (folder, _) in sources.items()}
     spec = ",".join(f"{c}={f}" for c, f in NF4.items())
-    folders["flux-nf4"] = imported_into(repository, "flux-nf4", sources["flux-dev"][0],
+    # flux-nf4 from a folder whose T5 tokenizer is a tokenizer.json alone, as transformers 5
+    # saves it (Note [T5 from tokenizer.json]).
+    json_only = repository.parent / "flux-dev-tokenizer-json"
+    shutil.copytree(sources["flux-dev"][0], json_only)
+    (json_only / "tokenizer_2" / "spiece.model").unlink()
+    folders["flux-nf4"] = imported_into(repository, "flux-nf4", json_only,
                                         "--dtype", "float32", "--quantize", spec)
     # The transformer in w8a8, quantized by the server at load.
     folders["flux-w8a8-load"] = imported_into(repository, "flux-w8a8-load",
@@ -371,6 +376,18 @@ def test_served_embeddings_match_diffusers(client, sources):
     got_pooled = array(reply.pooled_embeddings, np.float32)
     assert got_pooled.shape == tuple(pooled.shape)
     assert np.abs(got_pooled - pooled.numpy()).max() < 1e-5
+
+
+def test_a_t5_tokenizer_json_alone_gives_t5_tokenizer_fasts_ids(client, sources):
+    """flux-nf4's T5 model was rebuilt from tokenizer.json (Note [T5 from tokenizer.json]):
+    the server's ids equal T5TokenizerFast's, sentinels, Unicode and truncation included."""
+    _, pipe = sources["flux-dev"]
+    prompts = PROMPTS + ["  many   spaces  ", "日本語のテキスト 🦊", "<extra_id_7> and </s>"]
+    reply = client.inference.Encode(
+        client.pb2.EncodeRequest(pipeline="flux-nf4", prompts=prompts), timeout=60)
+    ids = pipe.tokenizer_2(prompts, padding="max_length", max_length=T5_LENGTH, truncation=True,
+                           return_tensors="pt").input_ids
+    assert np.array_equal(array(reply.input_ids, np.int64), ids.numpy())
 
 
 def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1, negative_prompt="",

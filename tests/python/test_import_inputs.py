@@ -65,3 +65,64 @@ def test_configs_of_real_sizes_pass():
 def test_absurd_sizes_are_refused_naming_the_field(field, value, message):
     with pytest.raises(ImportFailure, match=message.replace("(", r"\(")):
         check_config_sizes({**SD_UNET, field: value}, "unet/config.json")
+
+
+# ------------------------------------------------------------------ T5 from tokenizer.json
+
+
+@pytest.fixture(scope="module")
+def t5_tokenizer_json(tmp_path_factory):
+    """(T5's SentencePiece model trained on the exporter's corpus, the tokenizer.json
+    T5TokenizerFast saves from it)."""
+    spm = pytest.importorskip("sentencepiece")
+    transformers = pytest.importorskip("transformers")
+    from qpool_export import corpus
+
+    out = tmp_path_factory.mktemp("t5")
+    (out / "corpus.txt").write_text("\n".join(corpus.PROMPTS))
+    spm.SentencePieceTrainer.train(input=str(out / "corpus.txt"), model_prefix=str(out / "spiece"),
+                                   vocab_size=300, model_type="unigram", pad_id=0, eos_id=1,
+                                   unk_id=2, bos_id=-1, minloglevel=2)
+    (out / "source").mkdir()
+    (out / "source" / "spiece.model").write_bytes((out / "spiece.model").read_bytes())
+    tokenizer = transformers.T5TokenizerFast.from_pretrained(str(out / "source"))
+    tokenizer.save_pretrained(str(out / "saved"))
+    return out / "spiece.model", out / "saved" / "tokenizer.json"
+
+
+def test_t5s_model_rebuilt_from_tokenizer_json_gives_the_same_ids(t5_tokenizer_json):
+    """Note [T5 from tokenizer.json]."""
+    import sentencepiece as spm
+    from qpool_export import corpus
+    from qpool_export.t5_tokenizer import spiece_from_tokenizer_json
+
+    original, tokenizer_json = t5_tokenizer_json
+    rebuilt = spm.SentencePieceProcessor(model_proto=spiece_from_tokenizer_json(
+        str(tokenizer_json)))
+    want = spm.SentencePieceProcessor(model_file=str(original))
+    assert rebuilt.vocab_size() == want.vocab_size()
+    for prompt in list(corpus.PROMPTS) + ["  many   spaces  ", "ÉCOLE ﬁ ½ 日本語 🦊", "a cat " * 40,
+                                          ""]:
+        assert rebuilt.encode(prompt) == want.encode(prompt), prompt
+    for name in ("pad", "eos", "unk"):
+        assert getattr(rebuilt, f"{name}_id")() == getattr(want, f"{name}_id")()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["model"].update(type="BPE"), "field 'model.type' is 'BPE'"),
+    (lambda d: d.update(normalizer={"type": "NFKC"}), "field 'normalizer' has a 'NFKC' step"),
+    (lambda d: d.update(pre_tokenizer={"type": "ByteLevel"}), "field 'pre_tokenizer' is"),
+    (lambda d: d["added_tokens"].pop(), "sentinels <extra_id_N> are not"),
+])
+def test_a_tokenizer_json_it_cannot_rebuild_is_refused_naming_the_field(
+        t5_tokenizer_json, tmp_path, edit, message):
+    import json
+
+    from qpool_export.t5_tokenizer import spiece_from_tokenizer_json
+
+    data = json.loads(t5_tokenizer_json[1].read_text())
+    edit(data)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ImportFailure, match=message):
+        spiece_from_tokenizer_json(str(path))

@@ -294,12 +294,22 @@ def copy_sentencepiece(src: str, stage: str, name: str = "tokenizer_2") -> int:
     that is smaller."""
     folder = os.path.join(src, name)
     model = os.path.join(folder, "spiece.model")
-    if not os.path.isfile(model):
-        raise ImportFailure(f"{model}: missing (qpool reads T5's SentencePiece model; a "
-                            f"tokenizer.json alone is not enough)")
     dest = os.path.join(stage, name)
-    os.makedirs(dest)
-    shutil.copyfile(model, os.path.join(dest, "spiece.model"))
+    if os.path.isfile(model):
+        os.makedirs(dest)
+        shutil.copyfile(model, os.path.join(dest, "spiece.model"))
+    elif os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        # transformers 5 saves T5's tokenizer as tokenizer.json alone (Note [T5 from
+        # tokenizer.json] in t5_tokenizer.py).
+        from .t5_tokenizer import spiece_from_tokenizer_json
+
+        data = spiece_from_tokenizer_json(os.path.join(folder, "tokenizer.json"))
+        os.makedirs(dest)
+        with open(os.path.join(dest, "spiece.model"), "wb") as f:
+            f.write(data)
+    else:
+        raise ImportFailure(f"{model}: missing, and no tokenizer.json beside it (qpool reads "
+                            f"T5's SentencePiece model, or builds it from tokenizer.json)")
     config_path = os.path.join(folder, "tokenizer_config.json")
     config = read_json(config_path) if os.path.isfile(config_path) else {}
     length = config.get("model_max_length", T5_MAX_LENGTH)
