@@ -126,3 +126,20 @@ def test_a_tokenizer_json_it_cannot_rebuild_is_refused_naming_the_field(
     path.write_text(json.dumps(data))
     with pytest.raises(ImportFailure, match=message):
         spiece_from_tokenizer_json(str(path))
+
+
+def test_the_streamed_weights_are_the_files_of_the_variant_asked_for(tmp_path):
+    from qpool_export.stream_import import weight_files
+
+    names = ["model.safetensors", "model-00001-of-00002.safetensors",
+             "model-00002-of-00002.safetensors", "model.fp16.safetensors",
+             "model.fp16-00001-of-00002.safetensors", "model.fp16-00002-of-00002.safetensors",
+             "model.bf16.safetensors", "notes.txt"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    found = [os.path.basename(p) for p in weight_files(str(tmp_path), None)]
+    assert found == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                     "model.safetensors"]
+    found = [os.path.basename(p) for p in weight_files(str(tmp_path), "fp16")]
+    assert found == ["model.fp16-00001-of-00002.safetensors",
+                     "model.fp16-00002-of-00002.safetensors", "model.fp16.safetensors"]

@@ -66,13 +66,15 @@ def params_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def _weight_files(where: str, variant: Optional[str]) -> List[str]:
+def weight_files(where: str, variant: Optional[str]) -> List[str]:
     """model.safetensors, diffusion_pytorch_model-00001-of-00002.safetensors, ...; with a
-    variant, the *.{variant}.safetensors ones."""
+    variant, the ones diffusers and transformers name after it: model.fp16.safetensors,
+    model.fp16-00001-of-00002.safetensors."""
     found = []
     for path in sorted(glob.glob(os.path.join(where, "*.safetensors"))):
         parts = os.path.basename(path).split(".")
-        if (variant and len(parts) == 3 and parts[1] == variant) or \
+        if (variant and len(parts) == 3 and (parts[1] == variant or
+                                             parts[1].startswith(variant + "-"))) or \
                 (not variant and len(parts) == 2):
             found.append(path)
     return found
@@ -86,7 +88,7 @@ class SourceTensors:
     def __init__(self, where: str, variant: Optional[str] = None):
         from .weights_file import SafetensorsReader, WeightsFileError
 
-        files = _weight_files(where, variant)
+        files = weight_files(where, variant)
         suffix = f".{variant}.safetensors" if variant else ".safetensors"
         if not files:
             raise ImportFailure(f"{where}: no *{suffix} weight files")
@@ -108,7 +110,7 @@ class SourceTensors:
     @staticmethod
     def available(where: str, variant: Optional[str] = None) -> bool:
         """Whether the folder has safetensors weight files the streaming path reads."""
-        return bool(_weight_files(where, variant))
+        return bool(weight_files(where, variant))
 
     def keys(self) -> List[str]:
         return list(self._owner)
