@@ -138,6 +138,8 @@ class Built:
     # Streamed (Note [Streaming import] in stream_import.py): `module` has its parameters on
     # meta and the weights come from here; max_diff is then None (not measured).
     stream: Optional[Stream] = None
+    # Each quantized layer's weight error (quant.weight_error), filled as it is quantized.
+    weight_errors: Dict[str, float] = field(default_factory=dict)
 
 
 def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],

@@ -328,6 +328,7 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     if opts.compile_device == "cuda" and opts.compile and not torch.cuda.is_available():
         raise ImportFailure("--compile-device cuda needs a GPU on the importing machine")
     sched_path = os.path.join(src, "scheduler", "scheduler_config.json")
+    notes = [n for n in (scheduler_import.sampler_note(read_json(sched_path)),) if n]
     if kind in BFLOAT16_KINDS:
         scheduler, sampler = scheduler_import.translate_flow(read_json(sched_path), sched_path,
                                                              kind)
@@ -379,7 +380,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
                   + (f", quantized {', '.join(f'{c}={f}' for c, f in opts.quantize.items())}"
                      if opts.quantize else "") + ")"
                   + (f"\n{lora_fuse.describe(opts.loras)} into {', '.join(fused)}"
-                     if opts.loras else ""))
+                     if opts.loras else "")
+                  + "".join(f"\n{n}" for n in notes))
         for c in opts.compile:
             manifest["components"][c]["compiled"] = aot.manifest_entry(stage, c,
                                                                        opts.compile_device)
@@ -399,4 +401,4 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         if lora_work is not None:
             shutil.rmtree(lora_work, ignore_errors=True)
     return {"out": out, "components": reports, "seconds": time.monotonic() - start,
-            "lora_components": fused}
+            "lora_components": fused, "notes": notes}

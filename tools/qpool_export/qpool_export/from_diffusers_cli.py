@@ -157,5 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if result["lora_components"]:
             print(f"fused {len(opts.loras)} LoRA file(s) into "
                   f"{', '.join(result['lora_components'])}", flush=True)
+        for note in result["notes"]:
+            print(f"note: {note}", flush=True)
         print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
     return 0

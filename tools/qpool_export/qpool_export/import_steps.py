@@ -84,12 +84,14 @@ def streams(opts: ImportOptions, name: str) -> bool:
 
 
 def quantize_built(built: Built, opts: ImportOptions) -> int:
-    return quantize_tree(built.module, built, opts)
+    return quantize_tree(built.module, built, opts, built.weight_errors)
 
 
-def quantize_tree(module: torch.nn.Module, built: Built, opts: ImportOptions) -> int:
+def quantize_tree(module: torch.nn.Module, built: Built, opts: ImportOptions,
+                  errors: Optional[Dict[str, float]] = None) -> int:
     """Quantizes the linears of `module` (the built component's module, or one of its blocks
-    where the import streams) as --quantize says for the component; returns how many."""
+    where the import streams) as --quantize says for the component; returns how many, and
+    records each layer's weight error in `errors`."""
     fmt = opts.quantize.get(built.name, "none")
     if fmt == "none":
         return 0
@@ -112,7 +114,7 @@ def quantize_tree(module: torch.nn.Module, built: Built, opts: ImportOptions) ->
     count = quant.quantize_module(module, fmt, blocksize=opts.blocksize,
                                   double_quant=opts.double_quant,
                                   prequantize=opts.quant_mode == "prequantized", smooth=smooth,
-                                  min_weights=opts.min_weights)
+                                  min_weights=opts.min_weights, errors=errors)
     if records is not None:
         built.layer_errors = layer_error.errors(built.module, records)
     if fmt == "w8a8" and opts.quant_mode == "prequantized":
@@ -156,7 +158,9 @@ def save_component(built: Built, opts: ImportOptions, stage: str) -> Dict[str, o
     path = os.path.join(stage, f"{built.name}.pt")
     size = tracing.save(built.name, traced, path)
     formats = sorted({q["format"] for q in built.prequantized.values()})
-    report = {"name": built.name, "streamed": False, "weight_error": None, "params": sum(p.numel() for p in traced.parameters()),
+    errors = built.weight_errors
+    report = {"name": built.name, "streamed": False,
+              "weight_error": max(errors.values()) if errors else None, "params": sum(p.numel() for p in traced.parameters()),
               "bytes": size, "quantized_layers": quantized,
               "converted_layers": converted, "converted_formats": formats,
               "max_diff": built.max_diff, "dtype": built.dtype, "compile_seconds": None,
@@ -196,6 +200,7 @@ def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, ob
     traced = traced_and_checked(built)
     dtype = built.dtype or opts.dtype
     to_dtype(traced, DTYPES[dtype])
+    params = sum(p.numel() for p in traced.parameters())
     stored, tied = weights_file.split_tied(weights_file.tensor_slots(traced))
     plan = {n: (t.dtype, tuple(t.shape)) for n, t in stored.items()}
     size = sum(weights_file.nbytes(d, shape) for d, shape in plan.values())
@@ -209,23 +214,17 @@ def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, ob
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     stream_import.write_weights(built.stream, plan, tied, weights_file.weights_path(path),
-                                lambda block: quantize_tree(block, built, opts), device)
-    errors = built.stream.weight_errors
+                                lambda block, errors: quantize_tree(block, built, opts, errors),
+                                built.weight_errors, device)
+    errors = built.weight_errors
     return {"name": built.name, "streamed": True,
-            "params": sum(shape_numel(s) for _, s in plan.values()), "bytes": size,
+            "params": params, "bytes": size,
             "quantized_layers": quantized, "converted_layers": 0, "converted_formats": [],
             "max_diff": None, "weight_error": max(errors.values()) if errors else None,
             "dtype": built.dtype, "compile_seconds": None, "layer_errors": None,
             "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized,
             "graph_seconds": graph_seconds,
             "weights_seconds": time.monotonic() - start - graph_seconds}
-
-
-def shape_numel(shape: Tuple[int, ...]) -> int:
-    count = 1
-    for s in shape:
-        count *= s
-    return count
 
 
 def write_bpe_files(tokenizer_json: str, dest: str) -> None:

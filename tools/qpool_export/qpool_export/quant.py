@@ -509,7 +509,8 @@ def fuse_norm_linears(module: nn.Module) -> int:
 
 def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_quant: bool = False,
                     skip: Iterable[str] = (), prequantize: bool = True,
-                    smooth: Optional[Dict[str, torch.Tensor]] = None, min_weights: int = 0) -> int:
+                    smooth: Optional[Dict[str, torch.Tensor]] = None, min_weights: int = 0,
+                    errors: Optional[Dict[str, float]] = None) -> int:
     """Replaces every nn.Linear of `module` whose qualified name contains no `skip` substring by a
     QuantLinear (quantized now if prequantize, else in float for load-time quantization). With
     prequantize, layers of fewer than `min_weights` weights stay nn.Linear; without, every layer
@@ -517,7 +518,8 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
     float]).
     smooth: w8a8 activation scales by qualified layer name (layers it does not name get ones).
     Returns the number of layers replaced: 0 when every layer is below min_weights (the module
-    stays float); ValueError for a bad format or blocksize, or when `skip` leaves no layer."""
+    stays float); ValueError for a bad format or blocksize, or when `skip` leaves no layer.
+    errors: filled with each quantized layer's weight_error (not for weights on meta)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown quantization format {fmt!r} (expected one of {FORMATS})")
     if fmt == "nf4":
@@ -545,7 +547,19 @@ def quantize_module(module: nn.Module, fmt: str, blocksize: int = 64, double_qua
         if not qualified:
             raise ValueError("the module itself is an nn.Linear; wrap it in a container")
         linear = module.get_submodule(qualified)
-        replace_submodule(module, qualified,
-                          QuantLinear.from_linear(linear, fmt, blocksize, double_quant,
-                                                  prequantize, qualified, smooth.get(qualified)))
+        quantized = QuantLinear.from_linear(linear, fmt, blocksize, double_quant, prequantize,
+                                            qualified, smooth.get(qualified))
+        if errors is not None and prequantize and linear.weight.device.type != "meta":
+            errors[qualified] = weight_error(linear.weight, quantized)
+        replace_submodule(module, qualified, quantized)
     return len(targets)
+
+
+def weight_error(weight: torch.Tensor, layer: "QuantLinear") -> float:
+    """The layer's largest weight difference from `weight` (its float weight), relative to the
+    largest magnitude of `weight`: the format's error on the layer's own weights."""
+    got = dequantize_tensors(layer.weight, layer.absmax, layer.code, layer.nested_absmax,
+                             layer.nested_code, layer.offset, layer.in_features)
+    want = weight.detach().to(torch.float32)  # (w8a8's dequantization undoes its smoothing)
+    scale = want.abs().max().item()
+    return (got - want).abs().max().item() / scale if scale else 0.0

@@ -4,7 +4,7 @@ default sampler, refusing what qpool's schedulers (server/pipeline/scheduler/) d
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from .import_error import ImportFailure
 
@@ -111,6 +111,15 @@ def number(config: Dict[str, object], field: str, default, where: str):
     if not low <= value <= high:  # NaN fails too
         raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool serves {low} to {high}")
     return kind(value)
+
+
+def sampler_note(config: Dict[str, object]) -> Optional[str]:
+    """What the import says about the default sampler when the folder's scheduler class has no
+    qpool sampler of its own (PNDM), else None."""
+    if config.get("_class_name") != "PNDMScheduler":
+        return None
+    return ("scheduler: PNDMScheduler (PLMS) has no qpool sampler; requests without a scheduler "
+            "get ddim, which runs the same schedule and makes images of its own (not PNDM's)")
 
 
 def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:

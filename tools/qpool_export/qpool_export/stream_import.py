@@ -36,7 +36,7 @@ import contextlib
 import copy
 import glob
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -142,9 +142,6 @@ class Stream:
     transform: Callable[[nn.Module], object] = lambda module: None
     # Blocks of more elements that hold lists of modules are cut into their children.
     block_elements: int = MAX_BLOCK_MIB << 18
-    # Filled by the import: per quantized layer, its weight's largest difference from the float
-    # weight relative to the weight's largest magnitude.
-    weight_errors: Dict[str, float] = field(default_factory=dict)
 
 
 def is_meta_module(module: nn.Module) -> bool:
@@ -261,31 +258,10 @@ def to_placeholders(module: nn.Module) -> None:
         _replace(module, name, done[id(t)], parameter)
 
 
-def _linear_weights(block: nn.Module) -> Dict[str, torch.Tensor]:
-    return {name: m.weight for name, m in block.named_modules() if isinstance(m, nn.Linear)}
-
-
-def record_weight_errors(before: Dict[str, torch.Tensor], block: nn.Module, prefix: str,
-                         errors: Dict[str, float]) -> None:
-    """Each quantized layer's largest weight difference from its float weight, relative to the
-    float weight's largest magnitude (the weight-space error of the format)."""
-    from . import quant
-
-    for name, m in block.named_modules():
-        if not isinstance(m, quant.QuantLinear) or name not in before:
-            continue
-        if m.format == "none":
-            continue
-        want = before[name]
-        got = quant.dequantize_tensors(m.weight, m.absmax, m.code, m.nested_absmax,
-                                       m.nested_code, m.offset, m.in_features)
-        scale = want.abs().max().item()
-        errors[prefix + name] = (got - want).abs().max().item() / scale if scale else 0.0
-
-
 def write_weights(stream: Stream, plan: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]],
-                  tied: Dict[str, str], path: str, quantize: Callable[[nn.Module], int],
-                  device: str = "cpu") -> None:
+                  tied: Dict[str, str], path: str,
+                  quantize: Callable[[nn.Module, Dict[str, float]], int],
+                  errors: Dict[str, float], device: str = "cpu") -> None:
     """The weights file of a traced graph whose slots are `plan`, block by block from the source
     (Note [Streaming import]), each block transformed, quantized and converted on `device` (a
     GPU does it many times faster; quantized bytes are the CPU's but where a format averages,
@@ -303,15 +279,15 @@ def write_weights(stream: Stream, plan: Dict[str, Tuple[torch.dtype, Tuple[int, 
             block = materialize(unit, prefix, whole, stream, keys).to(device)
             if whole:
                 stream.transform(block)
-                before = _linear_weights(block)
-                if before:
+                if any(isinstance(m, nn.Linear) for m in block.modules()):
                     # A block that is a linear itself is quantized inside a holder (the
                     # quantizer replaces submodules).
                     holder = nn.Module()
                     holder.add_module("block", block)
-                    quantize(holder)
+                    own: Dict[str, float] = {}
+                    quantize(holder, own)
                     block = holder.block
-                    record_weight_errors(before, block, prefix, stream.weight_errors)
+                    errors.update({prefix + k[len("block."):]: v for k, v in own.items()})
             own = block.state_dict(keep_vars=False) if whole else {
                 **{n: t for n, t in block._parameters.items() if t is not None},
                 **{n: t for n, t in block._buffers.items() if t is not None}}
