@@ -71,6 +71,8 @@ json PipelineJson(const v1::PipelineInfo& p) {
           {"max_queue", p.max_queue()},
           {"max_batch", p.max_batch()},
           {"max_batch_delay_ms", p.max_batch_delay_ms()},
+          {"files_changed",
+           std::vector<std::string>(p.files_changed().begin(), p.files_changed().end())},
           {"offload",
            {{"policy", p.offload_policy().policy()},
             {"idle_seconds", p.offload_policy().idle_seconds()},
@@ -137,6 +139,10 @@ int RunList(const ParsedArgs& args, const Connection& connection) {
   std::cout << table.ToString();
   for (const auto& p : response.pipelines()) {
     if (!p.error().empty()) std::cout << p.name() << ": " << p.error() << "\n";
+    if (p.files_changed_size() > 0) {
+      std::cout << p.name() << ": serves what it read at load; changed on disk since: "
+                << Join(p.files_changed()) << " (load it again to serve them)\n";
+    }
   }
   return kExitOk;
 }

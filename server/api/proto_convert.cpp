@@ -88,6 +88,7 @@ void ToProto(const PipelineStatus& s, v1::PipelineInfo* out) {
   out->set_max_queue(static_cast<uint32_t>(s.max_queue));
   out->set_max_batch(static_cast<uint32_t>(s.batching.max_batch));
   out->set_max_batch_delay_ms(s.batching.max_delay_ms);
+  for (const auto& file : s.files_changed) out->add_files_changed(file);
   if (s.state == PipelineState::kLoaded) {
     out->mutable_offload_policy()->set_policy(OffloadModeName(s.policy.mode));
     out->mutable_offload_policy()->set_idle_seconds(s.policy.idle_seconds);

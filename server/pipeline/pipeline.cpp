@@ -1,5 +1,7 @@
 #include "pipeline/pipeline.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -224,6 +226,7 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
     }
     components_.push_back(std::move(component));
   }
+  for (const auto& [path, file] : files) loaded_files_.emplace_back(path, file->identity());
   std::vector<Component*> components;
   for (auto& c : components_) components.push_back(c.get());
   residency_ =
@@ -234,6 +237,15 @@ Status Pipeline::LoadComponents(const c10::Device& device, const ResidencyContex
   stages.device_seconds = place_seconds.device;
   if (!placed.ok()) return Status(placed.code(), StrCat(manifest_.path, ": ", placed.message()));
   return Status::Ok();
+}
+
+std::vector<std::string> Pipeline::FilesChangedSinceLoad() const {
+  std::vector<std::string> changed;
+  for (const auto& [path, identity] : loaded_files_) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || IdentityOfStat(st) != identity) changed.push_back(path);
+  }
+  return changed;
 }
 
 Component& Pipeline::component(const std::string& name) {

@@ -16,6 +16,7 @@
 #include "pipeline/generate_request.h"
 #include "pipeline/load_stages.h"
 #include "residency/pipeline_residency.h"
+#include "util/file_identity.h"
 #include "util/status.h"
 
 namespace qpool {
@@ -103,6 +104,10 @@ class Pipeline {
   const PipelineResidency& residency() const { return *residency_; }
   // Where LoadComponents' time went (warmup_seconds is the registry's to add).
   const LoadStages& load_stages() const { return load_stages_; }
+  // The files the components were read from (graphs and weights files) whose identity on disk
+  // is no longer what it was when they were read: a re-import over the loaded pipeline serves
+  // the old tensors until the pipeline is loaded again. Stats each file; any thread.
+  std::vector<std::string> FilesChangedSinceLoad() const;
 
  protected:
   Pipeline(const PipelineKind& kind, PipelineManifest manifest, c10::ScalarType dtype);
@@ -148,6 +153,8 @@ class Pipeline {
   std::vector<std::unique_ptr<Component>> components_;
   std::unique_ptr<PipelineResidency> residency_;  // borrows components_
   LoadStages load_stages_;
+  // Each file LoadComponents read, with its identity as it was read (fixed once loaded).
+  std::vector<std::pair<std::string, FileIdentity>> loaded_files_;
 };
 
 // Parses "float32"/"float16"/"bfloat16"; "auto" is float16 on CUDA, float32 on the CPU.

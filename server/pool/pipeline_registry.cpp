@@ -156,6 +156,7 @@ PipelineStatus PipelineRegistry::StatusOf(const std::string& name, const Entry& 
   status.policy = p.residency().policy();
   status.max_queue = p.manifest().limits.max_queue;
   status.batching = p.manifest().batching;
+  status.files_changed = p.FilesChangedSinceLoad();
   const auto places = p.residency().Snapshot();
   for (size_t i = 0; i < p.components().size(); ++i) {
     const auto& c = p.components()[i];

@@ -62,6 +62,9 @@ struct PipelineStatus {
   OffloadPolicy policy;
   int max_queue = 0;      // limits.max_queue of a loaded pipeline
   BatchingSpec batching;  // of a loaded pipeline
+  // Files the first replica was read from that changed on disk since (Pipeline::
+  // FilesChangedSinceLoad): it serves what it read until it is loaded again.
+  std::vector<std::string> files_changed;
 };
 
 struct LoadResult {

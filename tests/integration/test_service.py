@@ -212,3 +212,28 @@ def test_a_loaded_pipeline_whose_folder_was_deleted_is_still_listed(make_server)
     assert client.generate_one(pipeline="spare", prompt="a red cube", seed=1).images
     client.models.UnloadPipeline(client.pb2.UnloadPipelineRequest(name="spare"), timeout=60)
     assert "spare" not in client.pipelines()
+
+
+def test_a_loaded_pipeline_whose_files_changed_says_so_until_loaded_again(make_server, cli_bin):
+    """Re-importing over a loaded pipeline kept serving the old tensors with no sign; the
+    pipeline now lists the files that changed since it read them."""
+    client = make_server(pipelines=(("tiny", "changing"),), load="all")
+    folder = client.server.repository.resolve() / "changing"
+
+    def changed():
+        listed = client.models.ListPipelines(client.pb2.ListPipelinesRequest(), timeout=30)
+        return list(next(p for p in listed.pipelines if p.name == "changing").files_changed)
+
+    assert changed() == []
+    # What an import does: a new file in its place (same bytes here, so it loads again).
+    weights = folder / "unet.safetensors"
+    shutil.copyfile(weights, folder / "unet.safetensors.new")
+    os.replace(folder / "unet.safetensors.new", weights)
+    assert changed() == [str(weights)]
+    shown = subprocess.run([cli_bin, "--server", client.server.address, "list"],
+                           capture_output=True, text=True, timeout=60)
+    assert f"changing: serves what it read at load; changed on disk since: {weights}" in \
+        shown.stdout, shown.stdout
+    unload(client, "changing")
+    assert load(client, "changing").pipeline.state == client.pb2.PIPELINE_STATE_LOADED
+    assert changed() == []
