@@ -110,6 +110,8 @@ class Parser {
   Status ResolveFile(const YAML::Node& map, const std::string& prefix, const std::string& key,
                      std::string* out) const;
 
+  // `prefix`.sha256 of `map` when present: 64 lowercase hex digits.
+  Status ReadSha256(const YAML::Node& map, const std::string& prefix, std::string* out) const;
   Status ParseComponents(const YAML::Node& root, PipelineManifest* m) const;
   Status ParseQuantization(const YAML::Node& comp, const std::string& prefix,
                            QuantizationSpec* q) const;

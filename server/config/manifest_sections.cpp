@@ -35,6 +35,15 @@ Status Parser::ParseQuantization(const YAML::Node& comp, const std::string& pref
   return ReadStringList(node, field, "skip", &q->skip);
 }
 
+Status Parser::ReadSha256(const YAML::Node& map, const std::string& prefix,
+                          std::string* out) const {
+  RETURN_IF_ERROR(ReadString(map, prefix, "sha256", false, out));
+  if (map["sha256"].IsDefined() && !IsSha256Hex(*out)) {
+    return Error(Dotted(prefix, "sha256"), "must be 64 lowercase hex digits (the file's SHA-256)");
+  }
+  return Status::Ok();
+}
+
 Status Parser::ParseWeights(const YAML::Node& comp, const std::string& prefix,
                             std::optional<WeightsSpec>* w) const {
   if (!comp["weights"].IsDefined()) return Status::Ok();
@@ -43,10 +52,7 @@ Status Parser::ParseWeights(const YAML::Node& comp, const std::string& prefix,
   const std::string field = Dotted(prefix, "weights");
   WeightsSpec spec;
   RETURN_IF_ERROR(ResolveFile(node, field, "file", &spec.file));
-  RETURN_IF_ERROR(ReadString(node, field, "sha256", false, &spec.sha256));
-  if (node["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
-    return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
-  }
+  RETURN_IF_ERROR(ReadSha256(node, field, &spec.sha256));
   *w = std::move(spec);
   return Status::Ok();
 }
@@ -61,10 +67,7 @@ Status Parser::ParseCompiled(const YAML::Node& comp, const std::string& prefix,
   RETURN_IF_ERROR(ResolveFile(node, field, "file", &spec.file));
   RETURN_IF_ERROR(ReadString(node, field, "device", true, &spec.device));
   RETURN_IF_ERROR(CheckOneOf(field + ".device", spec.device, {"cpu", "cuda"}));
-  RETURN_IF_ERROR(ReadString(node, field, "sha256", false, &spec.sha256));
-  if (node["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
-    return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
-  }
+  RETURN_IF_ERROR(ReadSha256(node, field, &spec.sha256));
   *c = std::move(spec);
   return Status::Ok();
 }
@@ -82,10 +85,7 @@ Status Parser::ParseComponents(const YAML::Node& root, PipelineManifest* m) cons
     ComponentSpec spec;
     spec.name = name;
     RETURN_IF_ERROR(ResolveFile(comp, field, "file", &spec.file));
-    RETURN_IF_ERROR(ReadString(comp, field, "sha256", false, &spec.sha256));
-    if (comp["sha256"].IsDefined() && !IsSha256Hex(spec.sha256)) {
-      return Error(field + ".sha256", "must be 64 lowercase hex digits (the file's SHA-256)");
-    }
+    RETURN_IF_ERROR(ReadSha256(comp, field, &spec.sha256));
     RETURN_IF_ERROR(ParseWeights(comp, field, &spec.weights));
     RETURN_IF_ERROR(ReadString(comp, field, "dtype", false, &spec.dtype));
     if (comp["dtype"].IsDefined()) {

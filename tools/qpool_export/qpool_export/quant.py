@@ -299,7 +299,9 @@ def _quant_linear_ref(x, weight, absmax, code, nested_absmax, nested_code_t, off
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise RuntimeError(f"qpool::quant_linear: x must be float32, float16 or bfloat16, "
                            f"got {x.dtype}")
-    if weight.numel() > 1 and weight.untyped_storage().nbytes() < weight.numel():
+    from .weights_file import is_placeholder
+
+    if is_placeholder(weight):
         # A streamed graph's placeholder (Note [Streaming import] in stream_import.py), zeros:
         # the product is the bias, without dequantizing a weight of the layer's size.
         y = x.new_zeros(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=torch.float32)

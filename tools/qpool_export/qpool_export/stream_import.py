@@ -144,10 +144,6 @@ class Stream:
     block_elements: int = MAX_BLOCK_MIB << 18
 
 
-def is_meta_module(module: nn.Module) -> bool:
-    return any(t.device.type == "meta" for t in module.parameters())
-
-
 def check_coverage(stream: Stream) -> Dict[str, str]:
     """Each meta tensor of the untransformed module -> its source key; ImportFailure naming the
     folder and the first missing, misshapen or unread tensors otherwise."""
