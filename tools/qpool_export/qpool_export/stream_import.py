@@ -3,8 +3,8 @@ converted and written to the weights file beside its graph, so that host memory 
 the largest block whatever the model's size.
 
 Note [Streaming import]
-Loading a component with diffusers and copying it into qpool's module held it twice in float32:
-a 12B FLUX transformer took 95 GB of host memory. A streaming import never holds a component:
+Loading a component with diffusers and copying it into qpool's module held it twice in float32
+(bench/results: the full-size FLUX import). A streaming import never holds a component:
   - the graph: qpool's module is built with every parameter on the meta device
     (params_on_meta; buffers stay real, and the tables qpool's modules compute, such as rotary
     and frequency tables, are small), transformed as the full import transforms it (fused

@@ -128,7 +128,7 @@ DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 class SafetensorsReader:
     """A safetensors file read tensor by tensor with plain reads, not a memory map: the pages of
     a mapping count in the process's resident memory once touched, so reading every tensor of a
-    24 GB file through one holds 24 GB; read() holds only the tensor it returns. The header is
+    file through one holds the whole file; read() holds only the tensor it returns. The header is
     checked as the server checks it (dtypes, sizes and ranges inside the file), naming the file
     and the tensor."""
 
