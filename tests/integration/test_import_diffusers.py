@@ -87,10 +87,10 @@ def build_diffusers_pipeline(out, tokenizer_dir, prediction_type="epsilon", seed
     return loaded
 
 
-def run_import(src, out, *args):
-    """`python -m qpool_export from-diffusers SRC --out OUT ARGS`, run in this process on one
-    torch thread (a subprocess spent most of its time importing torch, diffusers and transformers
-    again); its exit code, stdout and stderr as subprocess.run reports them, a traceback in
+def run_import(src, out, *args, command="from-diffusers"):
+    """`python -m qpool_export COMMAND SRC --out OUT ARGS` (from-diffusers, from-single-file), run
+    in this process on one torch thread (a subprocess spent most of its time importing torch,
+    diffusers and transformers again); its exit code, stdout and stderr as subprocess.run reports them, a traceback in
     stderr if the importer raised."""
     if str(EXPORTER) not in sys.path:
         sys.path.insert(0, str(EXPORTER))
@@ -103,7 +103,7 @@ def run_import(src, out, *args):
         with mock.patch.dict(os.environ, HF_HUB_OFFLINE="1"), \
                 contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
-                code = main(["from-diffusers", str(src), "--out", str(out), *args])
+                code = main([command, str(src), "--out", str(out), *args])
             except SystemExit as e:  # argparse's errors (2)
                 code = e.code if isinstance(e.code, int) else int(e.code is not None)
             except Exception:  # noqa: BLE001 (the tests assert there is no traceback)
@@ -111,7 +111,7 @@ def run_import(src, out, *args):
                 code = 1
     finally:
         torch.set_num_threads(threads)
-    return subprocess.CompletedProcess(["from-diffusers", str(src)], code, stdout.getvalue(),
+    return subprocess.CompletedProcess([command, str(src)], code, stdout.getvalue(),
                                        stderr.getvalue())
 
 
@@ -500,8 +500,8 @@ CASES = {
             (s / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()[:5000]),
         "unet: cannot be loaded", "--full-check"),
     "unsupported architecture field": (
-        lambda s: edit_json(s / "unet" / "config.json", upcast_attention=True),
-        "field 'upcast_attention' is True"),
+        lambda s: edit_json(s / "unet" / "config.json", only_cross_attention=True),
+        "field 'only_cross_attention' is True"),
 }
 
 

@@ -79,12 +79,13 @@ def tokenizer_dir(tokenizer_files):
     return tokenizer_files[0]
 
 
-def build_sdxl_pipeline(out, tokenizer_dir, seed=0):
+def build_sdxl_pipeline(out, tokenizer_dir, seed=0, hidden_2=32):
     """A tiny SDXL with random weights, saved to `out` and loaded back (what a user has): a UNet
     with SDXL's layout (DownBlock2D first, transformer layers and heads per block, linear
     projections, text_time conditioning), two CLIP text encoders (the second with a projection,
     gelu, "!" as pad token and transformers' legacy eos_token_id 2, as SDXL's), a VAE with
-    SDXL's scaling factor and force_upcast, and SDXL's Euler scheduler config."""
+    SDXL's scaling factor and force_upcast, and SDXL's Euler scheduler config. `hidden_2`: the
+    second encoder's width (SDXL's are 768 and 1280; a single file tells them apart by it)."""
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
@@ -98,7 +99,7 @@ def build_sdxl_pipeline(out, tokenizer_dir, seed=0):
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
         transformer_layers_per_block=(1, 1, 2), attention_head_dim=(2, 2, 4),
-        use_linear_projection=True, cross_attention_dim=2 * hidden, norm_num_groups=8,
+        use_linear_projection=True, cross_attention_dim=hidden + hidden_2, norm_num_groups=8,
         addition_embed_type="text_time", addition_time_embed_dim=time_dim,
         projection_class_embeddings_input_dim=pooled + 6 * time_dim)
     vae = AutoencoderKL(
@@ -114,7 +115,7 @@ def build_sdxl_pipeline(out, tokenizer_dir, seed=0):
         **common, hidden_act="quick_gelu", bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
     text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(
-        **common, hidden_act="gelu", projection_dim=pooled, bos_token_id=0, eos_token_id=2,
+        **{**common, "hidden_size": hidden_2}, hidden_act="gelu", projection_dim=pooled, bos_token_id=0, eos_token_id=2,
         pad_token_id=1))
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
                                        beta_schedule="scaled_linear", steps_offset=1,

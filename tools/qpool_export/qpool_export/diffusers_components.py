@@ -169,18 +169,20 @@ def _load_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
 
 def _open_original(where: str, from_pretrained: Callable[[], torch.nn.Module],
                    from_config: Callable[[Dict[str, object]], torch.nn.Module], streamed: bool,
-                   variant: Optional[str] = None
+                   variant: Optional[str] = None, source: Optional[SourceTensors] = None
                    ) -> Tuple[torch.nn.Module, Dict[str, object], Optional[SourceTensors]]:
     """_load_original's original and bitsandbytes layers; or, `streamed` and the folder's
     weights in plain safetensors files (Note [Streaming import]), the original built from its
-    config with its parameters on meta (for its config and names) and the files to read."""
-    if streamed:
+    config with its parameters on meta (for its config and names) and the files to read; or,
+    given a `source` (a single file's part, single_file_layouts.MappedTensors), that source."""
+    if streamed or source is not None:
         config = read_json(os.path.join(where, "config.json"))
         check_config_sizes(config, os.path.join(where, "config.json"))
-        if not bnb_import.is_bnb_config(config) and SourceTensors.available(where, variant):
+        if source is not None or (not bnb_import.is_bnb_config(config) and
+                                  SourceTensors.available(where, variant)):
             with params_on_meta():
                 original = _load(where, lambda: from_config(config))
-            return original, {}, SourceTensors(where, variant)
+            return original, {}, source or SourceTensors(where, variant)
     original, prequantized = _load_original(where, from_pretrained, from_config)
     return original, prequantized, None
 
@@ -228,7 +230,7 @@ def _check_ids(cfg: ClipTextConfig, batch: int, length: int, gen: torch.Generato
 
 def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_skip: int,
                        gen: torch.Generator, variant: Optional[str] = None,
-                       streamed: bool = False) -> Built:
+                       streamed: bool = False, source: Optional[SourceTensors] = None) -> Built:
     """`name` is the component folder: text_encoder (CLIPTextModel) or, for kind sdxl,
     text_encoder_2 (CLIPTextModelWithProjection, whose module also returns text_embeds). Kind sd
     takes the last hidden state (or, with clip_skip, an earlier one through the final layer
@@ -248,7 +250,7 @@ def build_text_encoder(src: str, name: str, kind: str, max_length: int, clip_ski
     where = os.path.join(src, name)
     original, prequantized, source = _open_original(
         where, lambda: cls.from_pretrained(where, variant=variant),
-        lambda c: cls(CLIPTextConfig.from_dict(c)), streamed, variant)
+        lambda c: cls(CLIPTextConfig.from_dict(c)), streamed, variant, source)
     cfg = ClipTextConfig.from_transformers(original.config.to_dict(),
                                            os.path.join(where, "config.json"))
     if max_length > cfg.max_position_embeddings:
@@ -306,7 +308,7 @@ TIME_IDS = 6  # SDXL's micro-conditioning: original size, crop top-left, target 
 
 def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
                gen: torch.Generator, variant: Optional[str] = None,
-               streamed: bool = False) -> Built:
+               streamed: bool = False, source: Optional[SourceTensors] = None) -> Built:
     """`context` is (tokens, width) of the text encoders' hidden states; `pooled_dim` the width
     of text_embeds (kind sdxl; 0 for sd)."""
     from diffusers import UNet2DConditionModel
@@ -323,7 +325,7 @@ def build_unet(src: str, kind: str, context: Tuple[int, int], pooled_dim: int,
                             f"{kind} imports {ADDITION[kind]!r}{hint}")
     original, prequantized, source = _open_original(
         where, lambda: UNet2DConditionModel.from_pretrained(where, variant=variant),
-        UNet2DConditionModel.from_config, streamed, variant)
+        UNet2DConditionModel.from_config, streamed, variant, source)
     cfg = SdUNetConfig.from_diffusers(dict(original.config), config_path)
     length, width = context
     if width != cfg.cross_attention_dim:
@@ -386,8 +388,8 @@ def _vae_candidates(key: str) -> Tuple[str, ...]:
 
 
 def build_vae_decoder(src: str, kind: str, gen: torch.Generator, variant: Optional[str] = None,
-                      dtype: torch.dtype = torch.float16,
-                      streamed: bool = False) -> Tuple[Built, SdVaeConfig]:
+                      dtype: torch.dtype = torch.float16, streamed: bool = False,
+                      source: Optional[SourceTensors] = None) -> Tuple[Built, SdVaeConfig]:
     """The decoder, saved in `dtype` (the import's) or in float32 where StableDiffusionXLPipeline
     decodes in float32: an SDXL VAE whose config says force_upcast (it overflows in float16),
     given float16."""
@@ -396,7 +398,7 @@ def build_vae_decoder(src: str, kind: str, gen: torch.Generator, variant: Option
     where = os.path.join(src, "vae")
     original, prequantized, source = _open_original(
         where, lambda: AutoencoderKL.from_pretrained(where, variant=variant),
-        AutoencoderKL.from_config, streamed, variant)
+        AutoencoderKL.from_config, streamed, variant, source)
     cfg = SdVaeConfig.from_diffusers(dict(original.config), os.path.join(where, "config.json"))
     if cfg.shift_factor != 0.0 and kind not in ("flux", "hidream"):
         raise ImportFailure(f"{where}/config.json: field 'shift_factor' is {cfg.shift_factor}; "

@@ -414,6 +414,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .from_diffusers_cli import main as import_main
 
         return import_main(args[1:])
+    if args and args[0] == "from-single-file":
+        from .single_file import main as single_file_main
+
+        return single_file_main(args[1:])
     opts = parse_args(args)
     if isinstance(opts, argparse.Namespace):  # --count-only
         preset = PRESETS[opts.preset]

@@ -20,12 +20,14 @@ from .diffusers_components import Built, _check_same, _mirror, _open_original, r
 from .flux_transformer import (FluxSingleTransformerBlock, FluxTransformer, FluxTransformerBlock,
                                FluxTransformerConfig, image_ids, text_ids)
 from .import_error import ImportFailure
+from .stream_import import SourceTensors
 from .t5_encoder import MaskedT5Encoder, T5Encoder, T5EncoderConfig
 
 
 def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
                            gen: torch.Generator, variant: Optional[str] = None,
-                           serving_side: int = 2, streamed: bool = False
+                           serving_side: int = 2, streamed: bool = False,
+                           source: Optional[SourceTensors] = None
                            ) -> Tuple[Built, FluxTransformerConfig]:
     """`context` is (tokens, width) of text_encoder_2's (T5's) hidden states; `pooled_dim` the
     width of text_encoder's (CLIP's) pooled text_embeds; `serving_side` the packed latent's side
@@ -42,7 +44,7 @@ def build_flux_transformer(src: str, context: Tuple[int, int], pooled_dim: int,
         config_path)
     original, prequantized, source = _open_original(
         where, lambda: FluxTransformer2DModel.from_pretrained(where, variant=variant),
-        FluxTransformer2DModel.from_config, streamed, variant)
+        FluxTransformer2DModel.from_config, streamed, variant, source)
     cfg = FluxTransformerConfig.from_diffusers(dict(original.config), config_path)
     length, width = context
     if width != cfg.joint_attention_dim:
@@ -108,7 +110,8 @@ def _tie_t5_embeddings(module: torch.nn.Module, state: Dict[str, torch.Tensor], 
 
 def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
                      variant: Optional[str] = None, name: str = "text_encoder_2",
-                     masked: bool = False, streamed: bool = False) -> Built:
+                     masked: bool = False, streamed: bool = False,
+                     source: Optional[SourceTensors] = None) -> Built:
     """text_encoder_2 (T5EncoderModel) as FluxPipeline runs it: token ids padded to
     `max_length` (its max_sequence_length), no attention mask, last_hidden_state. `masked`: with
     the attention mask as well, as HiDreamImagePipeline runs its text_encoder_3 (`name`)."""
@@ -124,7 +127,7 @@ def build_t5_encoder(src: str, max_length: int, gen: torch.Generator,
 
     original, prequantized, source = _open_original(
         where, lambda: T5EncoderModel.from_pretrained(where, variant=variant), from_config,
-        streamed, variant)
+        streamed, variant, source)
     cfg = T5EncoderConfig.from_transformers(original.config.to_dict(), config_path)
     mirror, stream = _mirror(lambda: (MaskedT5Encoder if masked else T5Encoder)(cfg, max_length),
                              original.state_dict, source, where, candidates=_t5_candidates)

@@ -201,20 +201,20 @@ def _build_components(kind: str, src: str, stage: str, opts: ImportOptions, gen:
     width, pooled = 0, 0
     for encoder in encoders:
         text = build_text_encoder(src, encoder, kind, max_length, opts.clip_skip, gen,
-                                  opts.variant, streams(opts, encoder))
+                                  opts.variant, streams(opts, encoder), opts.sources.get(encoder))
         width += text.module.config.hidden_size
         if text.module.pooled:
             pooled = text.module.config.projection_dim
         reports.append(save_component(text, opts, stage))
         del text
     unet = build_unet(src, kind, (max_length, width), pooled, gen, opts.variant,
-                      streams(opts, "unet"))
+                      streams(opts, "unet"), opts.sources.get("unet"))
     unet_cfg = unet.module.config
     unet.compile_side = unet_cfg.sample_size
     reports.append(save_component(unet, opts, stage))
     del unet
     vae, vae_cfg = build_vae_decoder(src, kind, gen, opts.variant, DTYPES[opts.dtype],
-                                     streams(opts, "vae_decoder"))
+                                     streams(opts, "vae_decoder"), opts.sources.get("vae"))
     if vae_cfg.latent_channels != unet_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the UNet takes "
@@ -235,12 +235,14 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
     t5_length = copy_sentencepiece(src, stage)
     reports: List[Dict[str, object]] = []
     clip = build_text_encoder(src, "text_encoder", "flux", clip_tokenizer.max_length,
-                              opts.clip_skip, gen, opts.variant, streams(opts, "text_encoder"))
+                              opts.clip_skip, gen, opts.variant, streams(opts, "text_encoder"),
+                              opts.sources.get("text_encoder"))
     pooled_dim = clip.module.config.hidden_size
     reports.append(save_component(clip, opts, stage))
     del clip
     t5 = build_t5_encoder(src, t5_length, gen, opts.variant,
-                          streamed=streams(opts, "text_encoder_2"))
+                          streamed=streams(opts, "text_encoder_2"),
+                          source=opts.sources.get("text_encoder_2"))
     context = (t5_length, t5.module.config.d_model)
     reports.append(save_component(t5, opts, stage))
     del t5
@@ -251,11 +253,12 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
     latent_side = min(FLUX_DEFAULT_SIZE // 2 ** max(vae_levels - 1, 0), aot.MAX_SIDE)
     transformer, transformer_cfg = build_flux_transformer(src, context, pooled_dim, gen,
                                                           opts.variant, latent_side // 2,
-                                                          streams(opts, "transformer"))
+                                                          streams(opts, "transformer"),
+                                                          opts.sources.get("transformer"))
     reports.append(save_component(transformer, opts, stage))
     del transformer
     vae, vae_cfg = build_vae_decoder(src, "flux", gen, opts.variant, DTYPES[opts.dtype],
-                                     streams(opts, "vae_decoder"))
+                                     streams(opts, "vae_decoder"), opts.sources.get("vae"))
     if 4 * vae_cfg.latent_channels != transformer_cfg.in_channels:
         raise ImportFailure(f"{src}/vae/config.json: field 'latent_channels' is "
                             f"{vae_cfg.latent_channels}; the transformer takes 2x2 patches of "
@@ -374,7 +377,7 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         import diffusers
         import transformers
 
-        header = (f"imported by qpool_export from-diffusers from {origin}\n"
+        header = ((opts.origin or f"imported by qpool_export from-diffusers from {origin}") + "\n"
                   f"(diffusers {diffusers.__version__}, transformers {transformers.__version__}; "
                   f"dtype {opts.dtype}"
                   + (f", quantized {', '.join(f'{c}={f}' for c, f in opts.quantize.items())}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from . import compile as aot
 from . import lora_fuse, tracing
@@ -23,14 +23,8 @@ def _parse_quantize(text: str, parser: argparse.ArgumentParser) -> Dict[str, str
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="qpool-export from-diffusers",
-        description="Import a diffusers-format Stable Diffusion 1.x / 2.x, SDXL or FLUX.1 folder "
-                    "as a qpool pipeline folder (docs/model-repository.md, 'Importing diffusers "
-                    "models').")
-    p.add_argument("src", help="the diffusers folder (model_index.json, unet/, vae/, ...)")
-    p.add_argument("--out", required=True, help="pipeline folder to write (REPO/NAME)")
+def add_import_options(p: argparse.ArgumentParser) -> None:
+    """The options from-diffusers and from-single-file share."""
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
                    help="dtype of the saved weights (default float16; bfloat16 for FLUX)")
     p.add_argument("--quantize", default="",
@@ -94,7 +88,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="where streamed blocks are converted and quantized (default auto: the "
                         "GPU when there is one, many times faster than the CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-component summary")
-    a = p.parse_args(argv)
+
+
+def import_options(a: argparse.Namespace, p: argparse.ArgumentParser, src: str) -> ImportOptions:
+    """ImportOptions from the shared options, checked (argparse's errors, exit 2)."""
     try:
         loras = tuple(lora_fuse.parse(text) for text in a.lora)
     except ValueError as e:
@@ -114,7 +111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.layer_error is not None and (a.quant_mode != "prequantized" or
                                       not set(quantize.values()) - {"none"}):
         p.error("--layer-error needs --quantize with --quant-mode prequantized")
-    opts = ImportOptions(src=a.src, out=a.out, dtype=a.dtype,
+    return ImportOptions(src=src, out=a.out, dtype=a.dtype,
                          quantize=quantize, blocksize=a.blocksize, smoothquant=a.smoothquant,
                          double_quant=a.double_quant, min_weights=a.min_weights,
                          clip_skip=a.clip_skip, variant=a.variant,
@@ -125,39 +122,65 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          text_encoder_4=a.text_encoder_4, full_check=a.full_check,
                          max_block_mib=a.max_block_mib, import_device=a.import_device,
                          verbose=not a.quiet)
+
+
+def print_report(result: Dict[str, object], opts: ImportOptions) -> None:
+    """The per-component summary of an import."""
+    for r in result["components"]:
+        extra = f"  ({r['quantized_layers']} layers quantized)" if r["quantized_layers"] else ""
+        if r["stays_float"]:
+            extra = f"  (stays float: every layer has fewer than {opts.min_weights} weights)"
+        if r["converted_layers"]:
+            extra += (f"  ({r['converted_layers']} bitsandbytes layers converted to "
+                      f"{'/'.join(r['converted_formats'])})")
+        if r["compile_seconds"] is not None:
+            extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
+        if r["weight_error"] is not None:
+            extra += f"  (largest weight error of a quantized layer {r['weight_error']:.2g})"
+        checked = (f"streamed (graph {r['graph_seconds']:.0f} s, weights "
+                   f"{r['weights_seconds']:.0f} s)") if r["streamed"] else \
+            f"max diff vs diffusers {r['max_diff']:.2g}"
+        print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
+              f"{checked}{extra}", flush=True)
+        if r["layer_errors"]:
+            from . import layer_error
+
+            for name in layer_error.worst(r["layer_errors"]):
+                e = r["layer_errors"][name]
+                print(f"{'':<14} {e['format']} {name}: relative error "
+                      f"{e['relative_error']:.3g}, cosine {e['cosine']:.5f}", flush=True)
+    if result["lora_components"]:
+        print(f"fused {len(opts.loras)} LoRA file(s) into "
+              f"{', '.join(result['lora_components'])}", flush=True)
+    for note in result["notes"]:
+        print(f"note: {note}", flush=True)
+    print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="qpool-export from-diffusers",
+        description="Import a diffusers-format Stable Diffusion 1.x / 2.x, SDXL or FLUX.1 folder "
+                    "as a qpool pipeline folder (docs/model-repository.md, 'Importing diffusers "
+                    "models').")
+    p.add_argument("src", help="the diffusers folder (model_index.json, unet/, vae/, ...)")
+    p.add_argument("--out", required=True, help="pipeline folder to write (REPO/NAME)")
+    add_import_options(p)
+    a = p.parse_args(argv)
+    opts = import_options(a, p, a.src)
+    return run("from-diffusers", lambda: import_pipeline(opts), opts)
+
+
+def run(command: str, do_import: Callable[[], Dict[str, object]], opts: ImportOptions,
+        found: Callable[[Dict[str, object]], str] = lambda result: "") -> int:
+    """Runs an import: its error on stderr (exit 1), or the report (`found`: a first line)."""
     try:
-        result = import_pipeline(opts)
+        result = do_import()
     except (ValueError, tracing.ExportError, OSError) as e:  # ImportFailure is a ValueError
-        print(f"qpool_export from-diffusers: error: {e}", file=sys.stderr)
+        print(f"qpool_export {command}: error: {e}", file=sys.stderr)
         return 1
     if opts.verbose:
-        for r in result["components"]:
-            extra = f"  ({r['quantized_layers']} layers quantized)" if r["quantized_layers"] else ""
-            if r["stays_float"]:
-                extra = f"  (stays float: every layer has fewer than {opts.min_weights} weights)"
-            if r["converted_layers"]:
-                extra += (f"  ({r['converted_layers']} bitsandbytes layers converted to "
-                          f"{'/'.join(r['converted_formats'])})")
-            if r["compile_seconds"] is not None:
-                extra += f"  (compiled for {opts.compile_device} in {r['compile_seconds']:.0f} s)"
-            if r["weight_error"] is not None:
-                extra += f"  (largest weight error of a quantized layer {r['weight_error']:.2g})"
-            checked = (f"streamed (graph {r['graph_seconds']:.0f} s, weights "
-                       f"{r['weights_seconds']:.0f} s)") if r["streamed"] else \
-                f"max diff vs diffusers {r['max_diff']:.2g}"
-            print(f"{r['name']:<14} params {r['params']:>13,}  bytes {r['bytes']:>15,}  "
-                  f"{checked}{extra}", flush=True)
-            if r["layer_errors"]:
-                from . import layer_error
-
-                for name in layer_error.worst(r["layer_errors"]):
-                    e = r["layer_errors"][name]
-                    print(f"{'':<14} {e['format']} {name}: relative error "
-                          f"{e['relative_error']:.3g}, cosine {e['cosine']:.5f}", flush=True)
-        if result["lora_components"]:
-            print(f"fused {len(opts.loras)} LoRA file(s) into "
-                  f"{', '.join(result['lora_components'])}", flush=True)
-        for note in result["notes"]:
-            print(f"note: {note}", flush=True)
-        print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
+        if found(result):
+            print(found(result), flush=True)
+        print_report(result, opts)
     return 0

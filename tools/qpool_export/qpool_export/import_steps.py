@@ -71,6 +71,11 @@ class ImportOptions:
     # Where streamed blocks are transformed, quantized and converted: auto (the GPU when there is
     # one), cpu or cuda.
     import_device: str = "auto"
+    # Component folder -> the tensors it reads instead of its folder's files (a single file's
+    # part, single_file_layouts.MappedTensors); such components are streamed.
+    sources: Dict[str, object] = field(default_factory=dict)
+    # The manifest header's first line, where the import is not from-diffusers of opts.src.
+    origin: Optional[str] = None
     verbose: bool = True
 
 

@@ -71,7 +71,7 @@ class SdUNetConfig:
         "downsample_padding": 1, "mid_block_scale_factor": 1, "act_fn": "silu",
         "encoder_hid_dim": None, "encoder_hid_dim_type": None, "dual_cross_attention": False,
         "class_embed_type": None, "num_class_embeds": None,
-        "upcast_attention": False, "resnet_time_scale_shift": "default",
+        "resnet_time_scale_shift": "default",
         "resnet_skip_time_act": False, "resnet_out_scale_factor": 1.0,
         "time_embedding_type": "positional", "time_embedding_dim": None,
         "time_embedding_act_fn": None, "timestep_post_act": None, "time_cond_proj_dim": None,
@@ -112,11 +112,16 @@ class SdUNetConfig:
         if not isinstance(lpb, int):
             raise ImportFailure(f"{where}: field 'layers_per_block' must be an int (got {lpb!r})")
         cross = config.get("cross_attention_dim", 1280)
+        if isinstance(cross, list) and cross and all(c == cross[0] for c in cross):
+            cross = cross[0]  # one width per block, all equal: one width
         if not isinstance(cross, int):
-            raise ImportFailure(f"{where}: field 'cross_attention_dim' must be an int "
-                               f"(got {cross!r})")
-        for c, h in zip(blocks, heads):
-            if c % h:
+            raise ImportFailure(f"{where}: field 'cross_attention_dim' must be an int or a list "
+                               f"of equal ints (got {cross!r})")
+        # upcast_attention is not read: it upcasts the scores of diffusers' unfused attention
+        # only, and its fused attention (what diffusers runs) and qpool's compute the softmax in
+        # float32 either way. Heads are counted where a block has attention (the mid block has).
+        for i, (c, h) in enumerate(zip(blocks, heads)):
+            if (down_attention[i] or i == n - 1) and c % h:
                 raise ImportFailure(f"{where}: {c} channels are not divisible by {h} heads "
                                    f"(field 'attention_head_dim')")
         addition = SdUNetConfig._addition(config, where)
