@@ -90,13 +90,19 @@ def run_import(a, src: str, mode: str) -> dict:
         args += ["--quantize", a.quantize]
     if mode == "full":
         args.append("--full-check")
+    return {"mode": mode, **measured(args, out, a.timeout)}
+
+
+def measured(args, out: str, timeout: int) -> dict:
+    """`qpool_export ARGS` writing `out`, in a process of its own: its exit code, time, peak
+    resident memory, output size and report."""
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", PEAK_RSS,
                            os.path.join(ROOT, "tools", "qpool_export"), *args],
-                          capture_output=True, text=True, timeout=a.timeout,
+                          capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     seconds = time.monotonic() - start
-    entry = {"mode": mode, "returncode": done.returncode, "seconds": round(seconds, 1)}
+    entry = {"returncode": done.returncode, "seconds": round(seconds, 1)}
     if done.returncode != 0:
         entry["stderr"] = done.stderr[-2000:]
         return entry

@@ -79,3 +79,71 @@ def test_a_name_no_rule_maps_is_refused_with_the_first_ones(tmp_path):
     with pytest.raises(ValueError, match=r"1 tensor\(s\) of the UNet that qpool cannot map, "
                                          r"the first: m.input_blocks.1.9.oops"):
         layouts.mapped(SafetensorsReader(str(path)), "m.", layouts.unet_rule(2), {}, "UNet")
+
+
+class MetaReader:
+    """A checkpoint's names and sizes without data (SafetensorsReader's keys and shape)."""
+
+    def __init__(self, tensors, path="full-size.safetensors"):
+        self.tensors, self.path = tensors, path
+
+    def keys(self):
+        return list(self.tensors)
+
+    def shape(self, key):
+        return tuple(self.tensors[key].shape)
+
+    def dtype(self, key):
+        return self.tensors[key].dtype
+
+
+@pytest.mark.parametrize("family", ["sd1", "sd2", "sdxl", "flux-dev"])
+def test_the_layouts_map_a_full_size_checkpoint_onto_the_reference_models(family):
+    """Every tensor of a full-size file in the published layout (the integration tests' writer,
+    on meta tensors) lands on a tensor of the family's reference model, of its shape, and every
+    tensor the model reads is given."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import single_file_import_bench as bench
+    import single_file_writer as writer
+
+    from qpool_export import single_file
+
+    models = bench.meta_models(family)
+    found = configs.family(family)
+    opts = single_file.SingleFileOptions(checkpoint="full-size.safetensors", out="")
+    if family.startswith("flux"):
+        files = {"checkpoint": writer.bfl_flux(models.transformer),
+                 "clip_l": writer.hf_clip(models.text_encoder, ""),
+                 "t5": {k: v for k, v in models.text_encoder_2.state_dict().items()
+                        if k != "encoder.embed_tokens.weight"},
+                 "vae": writer.ldm_vae(models.vae, "")}
+        readers = {k: MetaReader(v, f"{k}.safetensors") for k, v in files.items()}
+        opts.clip_l, opts.t5, opts.vae = "clip_l", "t5", "vae"
+        opened = {"clip_l": readers["clip_l"], "t5": readers["t5"], "vae": readers["vae"]}
+        single_file._open, real = (lambda path, what: opened[path]), single_file._open
+    else:
+        readers = {"checkpoint": MetaReader(writer.sd_checkpoint(models, family))}
+        real = None
+    try:
+        sources, _ = single_file._sources(opts, family, readers["checkpoint"], found)
+    finally:
+        if real is not None:
+            single_file._open = real
+    for part, source in sources.items():
+        model = getattr(models, part)
+        own = {k[len("text_model."):] if k.startswith("text_model.") and
+               not hasattr(model, "text_model") else k: tuple(v.shape)
+               for k, v in model.state_dict().items()}
+        names = {k[len("text_model."):] if k not in own and k.startswith("text_model.") else k
+                 for k in source.keys()}
+        read = {n for n in own if not n.endswith("position_ids") and
+                not n.startswith(("encoder.", "quant_conv.") if part == "vae" else "\0")
+                and n != "encoder.embed_tokens.weight"}
+        assert names == read, (part, sorted(names ^ read)[:5])
+        for key in source.keys():
+            name = key if key in own else key[len("text_model."):]
+            assert source.shape(key) == own[name], (part, key)
