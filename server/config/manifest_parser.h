@@ -43,8 +43,9 @@ inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_
 inline const std::vector<std::string> kSentencePieceKeys = {"model", "max_length"};
 inline const std::vector<std::string> kTokenizerJsonKeys = {"json", "max_length", "pad_token"};
 inline const std::vector<std::string> kSchedulerKeys = {
-    "num_train_timesteps", "beta_start",   "beta_end",       "beta_schedule",
-    "timestep_spacing",    "steps_offset", "prediction_type"};
+    "num_train_timesteps", "beta_start",       "beta_end",        "beta_schedule",
+    "timestep_spacing",    "steps_offset",     "prediction_type", "set_alpha_to_one",
+    "clip_sample",         "clip_sample_range"};
 inline const std::vector<std::string> kFlowSchedulerKeys = {
     "num_train_timesteps", "shift",     "use_dynamic_shifting",
     "base_shift",          "max_shift", "base_image_seq_len",

@@ -157,6 +157,7 @@ Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) co
 // schedule's tables, a request's latents) before anything else looks at it.
 constexpr int kMaxTrainTimesteps = 10000;
 constexpr int kMaxImageSeqLen = 1 << 20;
+constexpr double kMaxClipSampleRange = 1000;
 
 Status Parser::ParseScheduler(const YAML::Node& root, ScheduleFamily family,
                               SchedulerConfig* s) const {
@@ -196,7 +197,16 @@ Status Parser::ParseScheduler(const YAML::Node& root, ScheduleFamily family,
                s->steps_offset);
   }
   RETURN_IF_ERROR(ReadString(node, p, "prediction_type", false, &s->prediction_type));
-  return CheckOneOf("scheduler.prediction_type", s->prediction_type, {"epsilon", "v_prediction"});
+  RETURN_IF_ERROR(
+      CheckOneOf("scheduler.prediction_type", s->prediction_type, {"epsilon", "v_prediction"}));
+  RETURN_IF_ERROR(ReadBool(node, p, "set_alpha_to_one", &s->set_alpha_to_one));
+  RETURN_IF_ERROR(ReadBool(node, p, "clip_sample", &s->clip_sample));
+  RETURN_IF_ERROR(ReadNumber(node, p, "clip_sample_range", &s->clip_sample_range));
+  if (!(s->clip_sample_range > 0) || s->clip_sample_range > kMaxClipSampleRange) {
+    return Got("scheduler.clip_sample_range", StrCat("must be in (0, ", kMaxClipSampleRange, "]"),
+               s->clip_sample_range);
+  }
+  return Status::Ok();
 }
 
 Status Parser::ParseFlowScheduler(const YAML::Node& node, SchedulerConfig* s) const {

@@ -36,6 +36,12 @@ struct SchedulerConfig {
   // What the denoiser predicts: epsilon (the noise) or v_prediction (v = sqrt(a) eps -
   // sqrt(1 - a) x0, SD 2.x 768-v models).
   std::string prediction_type = "epsilon";
+  // DDIM only (diffusers' DDIMScheduler; the other samplers read neither, as diffusers' do): the
+  // step past the first training timestep ends on alpha 1 instead of alphas_cumprod[0], and the
+  // predicted x0 is clamped to [-clip_sample_range, clip_sample_range] (Note [DDIM step]).
+  bool set_alpha_to_one = false;
+  bool clip_sample = false;
+  double clip_sample_range = 1.0;
   // Flow-matching kinds only (ScheduleFamily::kFlowMatch); the fields above are DDPM's.
   FlowShiftConfig flow;
 };

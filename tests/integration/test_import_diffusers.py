@@ -188,6 +188,14 @@ def imported(tmp_path_factory, source_repository):
     assert done.returncode == 0, done.stderr
     pipes["sd-dpm"] = load_pipeline(dpm_src)
     assert type(pipes["sd-dpm"].scheduler).__name__ == "DPMSolverMultistepScheduler"
+    # diffusers' DDIMScheduler with its own defaults: x0 clipped, the last step ends on alpha 1.
+    ddim_src = work / "sd-ddim-diffusers"
+    shutil.copytree(work / "sd-eps-diffusers", ddim_src)
+    with_scheduler(ddim_src, "DDIMScheduler", clip_sample=True, set_alpha_to_one=True,
+                   clip_sample_range=1.5)
+    done = run_import(ddim_src, repository / "sd-ddim", "--dtype", "float32")
+    assert done.returncode == 0, done.stderr
+    pipes["sd-ddim"] = load_pipeline(ddim_src)
     return pipes, repository
 
 
@@ -387,6 +395,18 @@ def test_default_sampler_of_a_dpm_solver_folder_matches_diffusers(client, import
     # Another sampler gives another image: the default is what matched.
     other = qpool_image(client, "sd-dpm", "dpmpp_2m", 6, seed=5, prompt=prompt)
     assert np.abs(other - want).max() > 1
+
+
+def test_ddim_with_diffusers_defaults_clips_and_ends_on_alpha_one_as_diffusers(client, imported):
+    """DDIMScheduler() as diffusers makes it (clip_sample, set_alpha_to_one) serves its image;
+    the plain folder's ddim (neither) gives another."""
+    pipes, _ = imported
+    prompt = "a red fox in the snow"
+    want = diffusers_image(pipes["sd-ddim"], None, 4, seed=3, prompt=prompt)
+    got = qpool_image(client, "sd-ddim", "", 4, seed=3, prompt=prompt)
+    assert np.abs(got - want).max() <= 1
+    plain = qpool_image(client, "sd-eps", "ddim", 4, seed=3, prompt=prompt)
+    assert np.abs(plain - want).max() > 1
 
 
 def test_compiled_unet_matches_diffusers(client, imported):

@@ -143,3 +143,25 @@ def test_the_streamed_weights_are_the_files_of_the_variant_asked_for(tmp_path):
     found = [os.path.basename(p) for p in weight_files(str(tmp_path), "fp16")]
     assert found == ["model.fp16-00001-of-00002.safetensors",
                      "model.fp16-00002-of-00002.safetensors", "model.fp16.safetensors"]
+
+
+def test_a_safety_checker_in_the_folder_is_named_as_not_imported():
+    from qpool_export.from_diffusers import safety_checker_note
+
+    shipped = {"safety_checker": ["stable_diffusion", "StableDiffusionSafetyChecker"]}
+    assert "safety_checker: not imported" in safety_checker_note(shipped)
+    assert safety_checker_note({"safety_checker": [None, None]}) == ""
+    assert safety_checker_note({}) == ""
+
+
+def test_progress_is_printed_by_tenths_for_large_components_only(capsys):
+    from qpool_export.import_steps import Progress
+
+    large, small = Progress("transformer"), Progress("vae_decoder")
+    total = 20 << 30
+    for done in range(0, total + 1, total // 40):
+        large(done, total)
+        small(done // 100, total // 100)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 9 and all(line.startswith("transformer: ") for line in lines), lines
+    assert lines[0] == "transformer: 2.1 of 21.5 GB written"

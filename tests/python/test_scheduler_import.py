@@ -92,6 +92,20 @@ def test_hostile_numbers_and_types_are_refused_naming_the_field(tmp_path, config
         scheduler_import.translate({**written_config, **config}, "scheduler_config.json")
 
 
+def test_ddim_with_its_defaults_clips_and_ends_on_alpha_one(tmp_path):
+    section, sampler = scheduler_import.translate(written("DDIMScheduler", tmp_path, **SD15),
+                                                  "scheduler_config.json")
+    assert sampler == "ddim"
+    assert (section["set_alpha_to_one"], section["clip_sample"]) == (True, True)
+    assert section["clip_sample_range"] == 1.0
+    section, _ = scheduler_import.translate(
+        written("DDIMScheduler", tmp_path, **SD15, clip_sample=False), "scheduler_config.json")
+    assert not section["clip_sample"] and "clip_sample_range" not in section
+    with pytest.raises(ImportFailure, match=re.escape("field 'clip_sample_range' is 1e+30")):
+        scheduler_import.translate({**written("DDIMScheduler", tmp_path, **SD15),
+                                    "clip_sample_range": 1e30}, "scheduler_config.json")
+
+
 def test_hostile_flow_numbers_are_refused_naming_the_field():
     with pytest.raises(ImportFailure, match=re.escape("field 'max_image_seq_len' is 1e+30")):
         scheduler_import.translate_flow({"_class_name": "FlowMatchEulerDiscreteScheduler",

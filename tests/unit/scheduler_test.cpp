@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "pipeline/scheduler/ddim_scheduler.h"
@@ -111,6 +112,43 @@ TEST(DdimScheduler, OneStepByHand) {
   EXPECT_NEAR(s->Step(T({0.5}), 9, T({1.0}))[0].item<double>(), expected, 1e-12);
   // ScaleModelInput is the identity.
   EXPECT_TRUE(torch::equal(s->ScaleModelInput(x, 3), x));
+}
+
+TEST(DdimScheduler, AlphaOneAndClippedX0AsDiffusersDefaults) {
+  SchedulerConfig config = Sd15();
+  config.set_alpha_to_one = true;
+  config.clip_sample = true;
+  config.clip_sample_range = 1.5;
+  auto s = Make("ddim", config, 10);
+  ASSERT_NE(s, nullptr);
+  // Step 0 (t = 901, prev = 801): x0 = (x - sqrt(1 - a_t) eps) / sqrt(a_t) clamped to
+  // [-1.5, 1.5], then x_prev = sqrt(a_p) x0 + sqrt(1 - a_p) eps with eps unchanged.
+  const double a_t = RefAlphaCumprod(901), a_p = RefAlphaCumprod(801);
+  const torch::Tensor x = T({1.0, -2.0, 0.05}), eps = T({0.5, 0.25, -0.05});
+  const torch::Tensor out = s->Step(eps, 0, x);
+  int clamped = 0;
+  for (int i = 0; i < 3; ++i) {
+    const double xi = x[i].item<double>(), ei = eps[i].item<double>();
+    const double raw = (xi - std::sqrt(1 - a_t) * ei) / std::sqrt(a_t);
+    const double x0 = std::clamp(raw, -1.5, 1.5);
+    clamped += x0 != raw;
+    EXPECT_NEAR(out[i].item<double>(), std::sqrt(a_p) * x0 + std::sqrt(1 - a_p) * ei, 1e-12) << i;
+  }
+  EXPECT_EQ(clamped, 2);  // x0 is 4.25, -19.0 and 0.84 at t = 901
+  // Last step: prev < 0 -> a_prev = 1, so x_prev = x0 itself.
+  const double a_1 = RefAlphaCumprod(1);
+  const double x0 = (1.0 - std::sqrt(1 - a_1) * 0.5) / std::sqrt(a_1);
+  EXPECT_NEAR(s->Step(T({0.5}), 9, T({1.0}))[0].item<double>(), std::clamp(x0, -1.5, 1.5), 1e-12);
+  // v-prediction: x0 = sqrt(a) x - sqrt(1 - a) v, eps = sqrt(a) v + sqrt(1 - a) x.
+  config.prediction_type = "v_prediction";
+  auto v = Make("ddim", config, 10);
+  const torch::Tensor vo = v->Step(eps, 0, x);
+  for (int i = 0; i < 3; ++i) {
+    const double xi = x[i].item<double>(), vi = eps[i].item<double>();
+    const double x0v = std::clamp(std::sqrt(a_t) * xi - std::sqrt(1 - a_t) * vi, -1.5, 1.5);
+    const double ev = std::sqrt(a_t) * vi + std::sqrt(1 - a_t) * xi;
+    EXPECT_NEAR(vo[i].item<double>(), std::sqrt(a_p) * x0v + std::sqrt(1 - a_p) * ev, 1e-12) << i;
+  }
 }
 
 TEST(EulerScheduler, LinspaceTimestepsSigmasAndInitSigma) {

@@ -22,6 +22,9 @@ namespace qpool {
 // eps = sqrt(a_t) v + sqrt(1 - a_t) x; the same expansion gives
 //   c_sample = sqrt(a_prev) sqrt(a_t) + sqrt(1 - a_prev) sqrt(1 - a_t),
 //   c_v      = sqrt(1 - a_prev) sqrt(a_t) - sqrt(a_prev) sqrt(1 - a_t).
+// set_alpha_to_one makes a_prev 1 where its index is negative. clip_sample clamps x0 before the
+// second line (eps is not re-derived, as diffusers' default use_clipped_model_output=False), so
+// that step computes x0 and eps apart, each a linear combination of x and the output.
 
 namespace {
 
@@ -55,12 +58,16 @@ torch::Tensor DdimScheduler::ScaleModelInput(const torch::Tensor& sample, int st
   return sample;
 }
 
-std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const {
+std::pair<double, double> DdimScheduler::Alphas(int step_index) const {
   CheckStepIndex(step_index);
   const int t = static_cast<int>(timesteps_[step_index]);
   const int prev = t - step_ratio_;
-  const double a_t = alphas_cumprod_[t];
-  const double a_prev = prev >= 0 ? alphas_cumprod_[prev] : alphas_cumprod_[0];
+  const double last = config_.set_alpha_to_one ? 1.0 : alphas_cumprod_[0];
+  return {prev >= 0 ? alphas_cumprod_[prev] : last, alphas_cumprod_[t]};
+}
+
+std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const {
+  const auto [a_prev, a_t] = Alphas(step_index);
   if (config_.prediction_type == "v_prediction") {
     return {std::sqrt(a_prev) * std::sqrt(a_t) + std::sqrt(1.0 - a_prev) * std::sqrt(1.0 - a_t),
             std::sqrt(1.0 - a_prev) * std::sqrt(a_t) - std::sqrt(a_prev) * std::sqrt(1.0 - a_t)};
@@ -73,9 +80,22 @@ std::pair<double, double> DdimScheduler::StepCoefficients(int step_index) const 
 
 torch::Tensor DdimScheduler::Step(const torch::Tensor& model_output, int step_index,
                                   const torch::Tensor& sample) {
-  const auto [c_sample, c_eps] = StepCoefficients(step_index);
   const auto type = ComputeType(sample);
   torch::Tensor x = sample.to(type);
+  if (config_.clip_sample) {
+    const auto [a_prev, a_t] = Alphas(step_index);
+    const double r = config_.clip_sample_range;
+    const torch::Tensor out = model_output.to(type);
+    const bool v = config_.prediction_type == "v_prediction";
+    torch::Tensor x0 = v ? x.mul(std::sqrt(a_t)).add_(out, -std::sqrt(1.0 - a_t))
+                         : x.div(std::sqrt(a_t)).add_(out, -std::sqrt(1.0 - a_t) / std::sqrt(a_t));
+    const torch::Tensor eps = v ? out.mul(std::sqrt(a_t)).add_(x, std::sqrt(1.0 - a_t)) : out;
+    return x0.clamp_(-r, r)
+        .mul_(std::sqrt(a_prev))
+        .add_(eps, std::sqrt(1.0 - a_prev))
+        .to(sample.scalar_type());
+  }
+  const auto [c_sample, c_eps] = StepCoefficients(step_index);
   torch::Tensor prev = x.mul(c_sample).add_(model_output.to(type), c_eps);
   return prev.to(sample.scalar_type());
 }

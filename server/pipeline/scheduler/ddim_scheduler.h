@@ -7,8 +7,9 @@
 
 namespace qpool {
 
-// DDIM with eta = 0, clip_sample = false, set_alpha_to_one = false (the step past the first
-// training timestep uses alphas_cumprod[0]) and epsilon prediction. See Note [DDIM step].
+// DDIM with eta = 0, epsilon or v prediction, and diffusers' set_alpha_to_one (the step past the
+// first training timestep ends on alpha 1, else on alphas_cumprod[0]) and clip_sample (x0
+// clamped) from the config. See Note [DDIM step].
 class DdimScheduler : public Scheduler {
  public:
   // `config` must have passed ValidateSchedulerConfig (MakeScheduler does this).
@@ -25,10 +26,13 @@ class DdimScheduler : public Scheduler {
                      const torch::Tensor& sample) override;
 
   // The two coefficients of Step at `step_index`: x_prev = c_sample * x + c_out * output, the
-  // model's output being eps or v (Note [DDIM step]).
+  // model's output being eps or v (Note [DDIM step]); without clip_sample.
   std::pair<double, double> StepCoefficients(int step_index) const;
 
  private:
+  // alphas_cumprod at the timestep before timesteps_[step_index], and at it.
+  std::pair<double, double> Alphas(int step_index) const;
+
   int step_ratio_ = 0;  // num_train_timesteps / num_steps (integer division, as diffusers)
 };
 

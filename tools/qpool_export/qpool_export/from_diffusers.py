@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -331,7 +332,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
     if opts.compile_device == "cuda" and opts.compile and not torch.cuda.is_available():
         raise ImportFailure("--compile-device cuda needs a GPU on the importing machine")
     sched_path = os.path.join(src, "scheduler", "scheduler_config.json")
-    notes = [n for n in (scheduler_import.sampler_note(read_json(sched_path)),) if n]
+    notes = [n for n in (scheduler_import.sampler_note(read_json(sched_path)),
+                         safety_checker_note(index)) if n]
     if kind in BFLOAT16_KINDS:
         scheduler, sampler = scheduler_import.translate_flow(read_json(sched_path), sched_path,
                                                              kind)
@@ -404,4 +406,16 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         if lora_work is not None:
             shutil.rmtree(lora_work, ignore_errors=True)
     return {"out": out, "components": reports, "seconds": time.monotonic() - start,
-            "lora_components": fused, "notes": notes}
+            "lora_components": fused, "notes": notes,
+            "bytes": sum(r["bytes"] for r in reports),
+            # ru_maxrss is in KiB on Linux: the importing process's peak so far.
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def safety_checker_note(index: Dict[str, object]) -> str:
+    """What the import says of a safety checker the folder ships ('' without one)."""
+    entry = index.get("safety_checker")
+    if not isinstance(entry, list) or not entry or entry[0] is None:
+        return ""
+    return ("safety_checker: not imported; qpool serves the pipeline's images without "
+            "diffusers' safety checker (its NSFW filter)")

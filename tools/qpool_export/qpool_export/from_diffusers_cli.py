@@ -154,7 +154,8 @@ def print_report(result: Dict[str, object], opts: ImportOptions) -> None:
               f"{', '.join(result['lora_components'])}", flush=True)
     for note in result["notes"]:
         print(f"note: {note}", flush=True)
-    print(f"wrote {result['out']} in {result['seconds']:.1f} s", flush=True)
+    print(f"wrote {result['out']}: {result['bytes'] / 1e9:.2f} GB in {result['seconds']:.1f} s, "
+          f"peak host memory {result['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

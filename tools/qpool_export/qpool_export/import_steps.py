@@ -220,7 +220,8 @@ def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, ob
         device = "cuda" if torch.cuda.is_available() else "cpu"
     stream_import.write_weights(built.stream, plan, tied, weights_file.weights_path(path),
                                 lambda block, errors: quantize_tree(block, built, opts, errors),
-                                built.weight_errors, device)
+                                built.weight_errors, device,
+                                Progress(built.name) if opts.verbose else lambda d, t: None)
     errors = built.weight_errors
     return {"name": built.name, "streamed": True,
             "params": params, "bytes": size,
@@ -230,6 +231,20 @@ def save_streamed(built: Built, opts: ImportOptions, stage: str) -> Dict[str, ob
             "stays_float": opts.quantize.get(built.name, "none") != "none" and not quantized,
             "graph_seconds": graph_seconds,
             "weights_seconds": time.monotonic() - start - graph_seconds}
+
+
+class Progress:
+    """Prints how much of a large component's weights file is written, every tenth of it."""
+    SMALLEST = 1 << 30  # components below 1 GiB print nothing
+
+    def __init__(self, name: str):
+        self.name, self.shown = name, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if total >= self.SMALLEST and tenth > self.shown and done < total:
+            self.shown = tenth
+            print(f"{self.name}: {done / 1e9:.1f} of {total / 1e9:.1f} GB written", flush=True)
 
 
 def write_bpe_files(tokenizer_json: str, dest: str) -> None:

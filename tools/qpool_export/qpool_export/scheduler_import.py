@@ -70,8 +70,6 @@ NEUTRAL = {
     "trained_betas": None,
     "rescale_betas_zero_snr": False,
     "thresholding": False,
-    "clip_sample": False,
-    "set_alpha_to_one": False,
     "use_karras_sigmas": False,
     "use_exponential_sigmas": False,
     "use_beta_sigmas": False,
@@ -83,7 +81,8 @@ NEUTRAL = {
 }
 # Fields that change nothing qpool computes.
 IGNORED = {"_class_name", "_diffusers_version", "skip_prk_steps", "dynamic_thresholding_ratio",
-           "sample_max_value", "clip_sample_range", "steps_offset", "num_train_timesteps",
+           "sample_max_value", "clip_sample", "set_alpha_to_one", "clip_sample_range",
+           "steps_offset", "num_train_timesteps",
            "beta_start", "beta_end", "beta_schedule", "prediction_type", "timestep_spacing",
            "_use_default_values", "lower_order_final", "euler_at_final", "flow_shift",
            "time_shift_type", *DPM_ACCEPTED}
@@ -94,6 +93,7 @@ IGNORED = {"_class_name", "_diffusers_version", "skip_prk_steps", "dynamic_thres
 # of being written into a manifest that no server loads.
 RANGES = {"num_train_timesteps": (1, 10000), "steps_offset": (0, 9999),
           "beta_start": (0.0, 1.0), "beta_end": (0.0, 1.0), "shift": (0.0, 1000.0),
+          "clip_sample_range": (1e-6, 1000.0),
           "base_shift": (-20.0, 20.0), "max_shift": (-20.0, 20.0),
           "base_image_seq_len": (1, 1 << 20), "max_image_seq_len": (1, 1 << 20)}
 
@@ -129,8 +129,6 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
     if not isinstance(cls, str) or cls not in DEFAULT_SAMPLER:
         raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; qpool imports "
                             f"{', '.join(sorted(DEFAULT_SAMPLER))}")
-    # DDIMScheduler clips x0 and ends on alpha 1 unless told not to; PNDM and Euler read neither.
-    ddim_defaults = {"clip_sample": True, "set_alpha_to_one": True}
     sampler = DEFAULT_SAMPLER[cls]
     # Multistep solvers: their settings, and Karras sigmas as a sampler of their own.
     multistep = {"DPMSolverMultistepScheduler": (DPM_ACCEPTED, DPM_DEFAULTS),
@@ -147,11 +145,9 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
         if config.get("use_karras_sigmas", False):
             sampler += "_karras"
     for field, neutral in NEUTRAL.items():
-        if field in ddim_defaults and cls != "DDIMScheduler":
-            continue
         if field == "use_karras_sigmas" and cls in multistep:
             continue  # the sampler above
-        value = config.get(field, ddim_defaults.get(field, neutral))
+        value = config.get(field, neutral)
         if value != neutral:
             raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's schedulers need "
                                 f"{neutral!r}")
@@ -169,6 +165,17 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
         if section[field] not in accepted:
             raise ImportFailure(f"{where}: field '{field}' is {section[field]!r}; qpool imports "
                                 f"{', '.join(accepted)}")
+    if cls == "DDIMScheduler":
+        # DDIMScheduler clips x0 and ends on alpha 1 unless told not to (its defaults); the
+        # server's ddim does as the section says. PNDM and Euler read neither.
+        for field in ("set_alpha_to_one", "clip_sample"):
+            value = config.get(field, True)
+            if not isinstance(value, bool):
+                raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected true or "
+                                    f"false")
+            section[field] = value
+        if section["clip_sample"]:
+            section["clip_sample_range"] = number(config, "clip_sample_range", 1.0, where)
     return section, sampler
 
 

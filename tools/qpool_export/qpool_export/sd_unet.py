@@ -62,12 +62,15 @@ class SdUNetConfig:
     addition_embed_type: Optional[str] = None
     addition_time_embed_dim: int = 0
     projection_class_embeddings_input_dim: int = 0
+    # The mid block (UNetMidBlock2DCrossAttn), or none (mid_block_type null: diffusers then runs
+    # the up blocks on the last down block's output).
+    mid_block: bool = True
 
     # The diffusers UNet2DConditionModel config values this module reproduces; any other value of
     # these fields is refused.
     FIXED = {
         "center_input_sample": False, "flip_sin_to_cos": True, "freq_shift": 0,
-        "mid_block_type": "UNetMidBlock2DCrossAttn", "only_cross_attention": False,
+        "only_cross_attention": False,
         "downsample_padding": 1, "mid_block_scale_factor": 1, "act_fn": "silu",
         "encoder_hid_dim": None, "encoder_hid_dim_type": None, "dual_cross_attention": False,
         "class_embed_type": None, "num_class_embeds": None,
@@ -83,6 +86,10 @@ class SdUNetConfig:
     @staticmethod
     def from_diffusers(config: Dict[str, object], where: str) -> "SdUNetConfig":
         """`config` is the UNet's config.json as a dict; `where` names that file in errors."""
+        mid = config.get("mid_block_type", "UNetMidBlock2DCrossAttn")
+        if mid not in ("UNetMidBlock2DCrossAttn", None):
+            raise ImportFailure(f"{where}: field 'mid_block_type' is {mid!r}; qpool imports "
+                               f"'UNetMidBlock2DCrossAttn' or null")
         for field, want in SdUNetConfig.FIXED.items():
             got = config.get(field, want)
             if got != want and not (isinstance(want, float) and got == int(want)):
@@ -121,7 +128,7 @@ class SdUNetConfig:
         # only, and its fused attention (what diffusers runs) and qpool's compute the softmax in
         # float32 either way. Heads are counted where a block has attention (the mid block has).
         for i, (c, h) in enumerate(zip(blocks, heads)):
-            if (down_attention[i] or i == n - 1) and c % h:
+            if (down_attention[i] or (i == n - 1 and mid is not None)) and c % h:
                 raise ImportFailure(f"{where}: {c} channels are not divisible by {h} heads "
                                    f"(field 'attention_head_dim')")
         addition = SdUNetConfig._addition(config, where)
@@ -133,7 +140,8 @@ class SdUNetConfig:
             use_linear_projection=bool(config.get("use_linear_projection", False)),
             norm_num_groups=config.get("norm_num_groups", 32),
             norm_eps=float(config.get("norm_eps", 1e-5)),
-            sample_size=config.get("sample_size", 64) or 64, **addition)
+            sample_size=config.get("sample_size", 64) or 64, mid_block=mid is not None,
+            **addition)
 
     ADDITIONS = (None, "text_time")
 
@@ -243,10 +251,11 @@ class SdUNet(nn.Module):
                 skips.append(cout)
             self.down_blocks.append(block)
 
-        self.mid_block = Block()
-        self.mid_block.resnets.extend([resnet(cin, cin), resnet(cin, cin)])
-        self.mid_block.attentions.append(transformer(cin, cfg.heads[-1],
-                                                     cfg.transformer_layers[-1]))
+        if cfg.mid_block:
+            self.mid_block = Block()
+            self.mid_block.resnets.extend([resnet(cin, cin), resnet(cin, cin)])
+            self.mid_block.attentions.append(transformer(cin, cfg.heads[-1],
+                                                         cfg.transformer_layers[-1]))
 
         self.up_blocks = nn.ModuleList()
         heads = list(reversed(cfg.heads))
@@ -289,10 +298,11 @@ class SdUNet(nn.Module):
                 x = block.downsamplers[0](x)
                 skips.append(x)
 
-        mid = self.mid_block
-        x = mid.resnets[0](x, temb)
-        x = mid.attentions[0](x, encoder_hidden_states)
-        x = mid.resnets[1](x, temb)
+        if self.config.mid_block:
+            mid = self.mid_block
+            x = mid.resnets[0](x, temb)
+            x = mid.attentions[0](x, encoder_hidden_states)
+            x = mid.resnets[1](x, temb)
 
         for block in self.up_blocks:
             for i, res in enumerate(block.resnets):

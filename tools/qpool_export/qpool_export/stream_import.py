@@ -257,16 +257,22 @@ def to_placeholders(module: nn.Module) -> None:
 def write_weights(stream: Stream, plan: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]],
                   tied: Dict[str, str], path: str,
                   quantize: Callable[[nn.Module, Dict[str, float]], int],
-                  errors: Dict[str, float], device: str = "cpu") -> None:
+                  errors: Dict[str, float], device: str = "cpu",
+                  progress: Callable[[int, int], None] = lambda done, total: None) -> None:
     """The weights file of a traced graph whose slots are `plan`, block by block from the source
     (Note [Streaming import]), each block transformed, quantized and converted on `device` (a
     GPU does it many times faster; quantized bytes are the CPU's but where a format averages,
     nf4's double quantization, whose last bit may differ); ImportFailure naming the source file
-    and tensor of a bad one."""
+    and tensor of a bad one. `progress(bytes written, bytes in all)` is called after each
+    block."""
     from .weights_file import WeightsWriter, tied_metadata
+
+    from .weights_file import nbytes
 
     keys = check_coverage(stream)
     written: Set[str] = set()
+    total = sum(nbytes(d, shape) for d, shape in plan.values())
+    done = 0
     with WeightsWriter(path, [(n, d, s) for n, (d, s) in plan.items()],
                        tied_metadata(tied)) as out:
         for prefix, unit, whole in units(stream.pristine, stream.block_elements):
@@ -294,4 +300,6 @@ def write_weights(stream: Stream, plan: Dict[str, Tuple[torch.dtype, Tuple[int, 
                 dtype, _ = plan[full]
                 out.write(full, t.detach().to(dtype))
                 written.add(full)
+                done += nbytes(dtype, plan[full][1])
             del block, own
+            progress(done, total)
