@@ -220,6 +220,13 @@ FAILURES = {
         lambda state, path: save({k: v for k, v in state.items()
                                   if not k.startswith("cond_stage_model.")}, path), (),
         "no architecture qpool knows"),
+    "a bitsandbytes NF4 file": (
+        lambda state, path: save({**state, "model.diffusion_model.out.2.weight.quant_state."
+                                  "bitsandbytes__nf4": torch.zeros(8, dtype=torch.uint8)}, path),
+        (), "a bitsandbytes-quantized checkpoint"),
+    "a zero terminal SNR file": (
+        lambda state, path: save({**state, "ztsnr": torch.zeros(())}, path), (),
+        "trained with zero terminal SNR"),
     "no tokenizers": (lambda state, path: save(state, path), ("--no-config",),
                       "a checkpoint holds no tokenizer; give --tokenizers DIR"),
     "a file of another family than --family": (
@@ -279,3 +286,16 @@ def test_served_flux_images_match_diffusers_from_single_file(client, imported, n
     want = flux_tests.diffusers_images(pipe, 3, 9, PROMPT, 3.5)
     got = flux_tests.qpool_images(client, name, 3, 9, PROMPT, 3.5)
     assert np.abs(got[0] - want[0]).max() <= 1
+
+
+def test_a_file_marked_v_pred_predicts_v_unless_the_flag_says(sd1_files, tmp_path):
+    """ComfyUI marks v-prediction checkpoints with a 'v_pred' tensor."""
+    state, folder = sd1_files
+    path = save({**state, "v_pred": torch.zeros(())}, tmp_path / "model.safetensors")
+    done = run_single_file(path, tmp_path / "repo" / "v", "--config", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "prediction_type: v_prediction" in (tmp_path / "repo" / "v" / "pipeline.yaml").read_text()
+    done = run_single_file(path, tmp_path / "repo" / "eps", "--config", str(folder),
+                           "--prediction-type", "epsilon")
+    assert done.returncode == 0, done.stderr
+    assert "prediction_type: epsilon" in (tmp_path / "repo" / "eps" / "pipeline.yaml").read_text()

@@ -41,6 +41,8 @@ _CLIP_L_PREFIXES = ("cond_stage_model.transformer.", "conditioner.embedders.0.tr
 _T5_PREFIXES = ("text_encoders.t5xxl.transformer.",)
 _FLUX_PREFIXES = (_UNET, "")
 _LORA_MARKS = ("lora_up.", "lora_down.", ".lora_A.", ".lora_B.", "lora_unet_", "lora_te")
+# bitsandbytes' serialized quant state (Forge's NF4 files).
+_BNB_MARKS = (".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4")
 
 
 @dataclass
@@ -81,6 +83,16 @@ def detect(reader: SafetensorsReader) -> Tuple[str, str]:
                             f"'{next(k for k in keys if any(m in k for m in _LORA_MARKS))}'), "
                             f"not a checkpoint: it is fused into a base model with "
                             f"from-diffusers --lora")
+    if any(k.endswith(_BNB_MARKS) for k in keys):
+        raise ImportFailure(f"{reader.path}: a bitsandbytes-quantized checkpoint (tensors such as "
+                            f"'{next(k for k in keys if k.endswith(_BNB_MARKS))}'); qpool "
+                            f"imports single files in float16, bfloat16, float32 or "
+                            f"float8_e4m3fn: import the unquantized file with --quantize "
+                            f"transformer=nf4 (the same format, quantized by qpool)")
+    if "ztsnr" in names:
+        raise ImportFailure(f"{reader.path}: trained with zero terminal SNR (its 'ztsnr' "
+                            f"tensor), a schedule qpool's samplers do not compute "
+                            f"(diffusers' rescale_betas_zero_snr)")
     flux = _prefix_of(reader, _FLUX_PREFIXES, "double_blocks.0.img_attn.qkv.weight")
     if flux is not None:
         dev = flux + "guidance_in.in_layer.weight" in names
@@ -124,9 +136,14 @@ def _check_rest(reader: SafetensorsReader, claimed: Sequence[str]) -> None:
                             f"qpool imports, the first: {', '.join(left[:layouts.SHOWN])}")
 
 
-def _configs(opts: SingleFileOptions, name: str) -> Dict[str, Dict[str, object]]:
-    """The family's configs, or those of the --config folder."""
+def _configs(opts: SingleFileOptions, name: str, marked_v: bool = False
+             ) -> Dict[str, Dict[str, object]]:
+    """The family's configs, or those of the --config folder; `marked_v`: the file says it
+    predicts v (its 'v_pred' tensor, as ComfyUI marks such files), unless --prediction-type
+    says otherwise."""
     found = configs.family(name)
+    if marked_v and opts.prediction_type is None:
+        opts = dataclasses.replace(opts, prediction_type="v_prediction")
     if opts.config is None:
         if opts.prediction_type is not None:
             found["scheduler"]["prediction_type"] = opts.prediction_type
@@ -281,7 +298,7 @@ def import_single_file(opts: SingleFileOptions) -> Dict[str, object]:
         raise ImportFailure(f"--family {opts.family}: {opts.checkpoint} is {found_what}")
     dtypes = sorted({str(reader.dtype(k)).replace("torch.", "") for k in reader.keys()
                      if reader.dtype(k).is_floating_point})
-    found = _configs(opts, family)
+    found = _configs(opts, family, "v_pred" in reader.keys())
     tokenizers = _tokenizer_folders(opts, found)
     sources, files = _sources(opts, family, reader, found)
     out_dir = os.path.dirname(os.path.abspath(imports.out))
