@@ -188,7 +188,8 @@ def imported(tmp_path_factory, source_repository):
     assert done.returncode == 0, done.stderr
     pipes["sd-dpm"] = load_pipeline(dpm_src)
     assert type(pipes["sd-dpm"].scheduler).__name__ == "DPMSolverMultistepScheduler"
-    # diffusers' DDIMScheduler with its own defaults: x0 clipped, the last step ends on alpha 1.
+    # diffusers' DDIMScheduler with its own defaults: the last step ends on alpha 1, and x0 would
+    # be clipped but for StableDiffusionPipeline, which turns clip_sample off as it loads.
     ddim_src = work / "sd-ddim-diffusers"
     shutil.copytree(work / "sd-eps-diffusers", ddim_src)
     with_scheduler(ddim_src, "DDIMScheduler", clip_sample=True, set_alpha_to_one=True,
@@ -397,16 +398,17 @@ def test_default_sampler_of_a_dpm_solver_folder_matches_diffusers(client, import
     assert np.abs(other - want).max() > 1
 
 
-def test_ddim_with_diffusers_defaults_clips_and_ends_on_alpha_one_as_diffusers(client, imported):
-    """DDIMScheduler() as diffusers makes it (clip_sample, set_alpha_to_one) serves its image;
-    the plain folder's ddim (neither) gives another."""
-    pipes, _ = imported
+def test_ddim_with_diffusers_defaults_ends_on_alpha_one_as_diffusers(client, imported):
+    """DDIMScheduler() as diffusers makes it (clip_sample, set_alpha_to_one) serves the image
+    StableDiffusionPipeline makes with it: ending on alpha 1, without the clipping that pipeline
+    turns off."""
+    pipes, repository = imported
+    scheduler = (repository / "sd-ddim" / "pipeline.yaml").read_text().split("scheduler:")[1]
+    assert "set_alpha_to_one: true" in scheduler and "clip_sample: false" in scheduler
     prompt = "a red fox in the snow"
     want = diffusers_image(pipes["sd-ddim"], None, 4, seed=3, prompt=prompt)
     got = qpool_image(client, "sd-ddim", "", 4, seed=3, prompt=prompt)
     assert np.abs(got - want).max() <= 1
-    plain = qpool_image(client, "sd-eps", "ddim", 4, seed=3, prompt=prompt)
-    assert np.abs(plain - want).max() > 1
 
 
 def test_compiled_unet_matches_diffusers(client, imported):

@@ -101,6 +101,10 @@ def test_ddim_with_its_defaults_clips_and_ends_on_alpha_one(tmp_path):
     section, _ = scheduler_import.translate(
         written("DDIMScheduler", tmp_path, **SD15, clip_sample=False), "scheduler_config.json")
     assert not section["clip_sample"] and "clip_sample_range" not in section
+    # StableDiffusionPipeline turns clip_sample off as it loads; SDXL's pipeline keeps it.
+    config = written("DDIMScheduler", tmp_path, **SD15)
+    assert not scheduler_import.translate(config, "s.json", "sd")[0]["clip_sample"]
+    assert scheduler_import.translate(config, "s.json", "sdxl")[0]["clip_sample"]
     with pytest.raises(ImportFailure, match=re.escape("field 'clip_sample_range' is 1e+30")):
         scheduler_import.translate({**written("DDIMScheduler", tmp_path, **SD15),
                                     "clip_sample_range": 1e30}, "scheduler_config.json")

@@ -338,7 +338,8 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
         scheduler, sampler = scheduler_import.translate_flow(read_json(sched_path), sched_path,
                                                              kind)
     else:
-        scheduler, sampler = scheduler_import.translate(read_json(sched_path), sched_path)
+        scheduler, sampler = scheduler_import.translate(read_json(sched_path), sched_path,
+                                                        kind)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a folder on disk; never the network
     origin, lora_work, fused = src, None, []

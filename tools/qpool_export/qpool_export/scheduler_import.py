@@ -122,9 +122,12 @@ def sampler_note(config: Dict[str, object]) -> Optional[str]:
             "get ddim, which runs the same schedule and makes images of its own (not PNDM's)")
 
 
-def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object], str]:
+def translate(config: Dict[str, object], where: str,
+              kind: Optional[str] = None) -> Tuple[Dict[str, object], str]:
     """(the manifest's scheduler section, the default sampler name) for `config`, the parsed
-    scheduler_config.json at `where`."""
+    scheduler_config.json at `where`, of a pipeline of `kind` (sd: StableDiffusionPipeline,
+    which turns DDIM's clip_sample off as it loads, with a deprecation warning; qpool does
+    what it runs)."""
     cls = config.get("_class_name")
     if not isinstance(cls, str) or cls not in DEFAULT_SAMPLER:
         raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; qpool imports "
@@ -174,6 +177,8 @@ def translate(config: Dict[str, object], where: str) -> Tuple[Dict[str, object],
                 raise ImportFailure(f"{where}: field '{field}' is {value!r}; expected true or "
                                     f"false")
             section[field] = value
+        if kind == "sd":
+            section["clip_sample"] = False
         if section["clip_sample"]:
             section["clip_sample_range"] = number(config, "clip_sample_range", 1.0, where)
     return section, sampler
