@@ -79,6 +79,7 @@ at::Tensor QuantLinearCpu(const at::Tensor& x, const at::Tensor& weight, const a
   const QuantState s = MakeState(weight, absmax, code, nested_absmax, nested_code, offset);
   CheckSameDevice(x, s, bias);
   const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
+  if (x.numel() == 0) return at::empty(QuantLinearOutputShape(x, layout.out_features), x.options());
   if (layout.format == QuantFormat::kW8A8) {  // Note [W8A8 linear]; falls back to this kernel
     return W8A8Linear(
         x, s, bias,

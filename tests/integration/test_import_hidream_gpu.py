@@ -1,5 +1,5 @@
 """Kind hidream on a GPU: the tiny HiDreamImagePipeline of test_import_hidream.py imported in
-bfloat16 (and with its transformer and Llama in NF4), served on cuda:0 with CUDA graphs.
+bfloat16 (and with its transformer and Llama in NF4), served on cuda:0 (CUDA graphs on; the transformer runs without them).
 
 The field report's case at a small size: under the `model` offload policy an Encode-only
 request (prompt encoding alone, the Llama last) leaves nothing of the pipeline on the GPU, and

@@ -1,6 +1,6 @@
 """Tests of qpool_export's HiDream transformer (hidream_transformer.py) on tiny random
 HiDreamImageTransformer2DModel checkpoints built with diffusers: the mirror equals the original
-(the mixture of experts dense, Note [Dense experts]; full and half-head rotary), traces at one
+(the mixture of experts on routed tokens, Note [Routed experts]; full and half-head rotary), traces at one
 shape and runs at another without tensor constants, quantizes to int8 and NF4 within bounds, and
 refuses configs it does not reproduce, naming the field. CPU only, seconds.
 
@@ -76,6 +76,36 @@ def test_traced_at_one_shape_runs_at_another():
                                        inputs(1, 12, t5_tokens=9, llama_tokens=3, seed=2)) < 1e-5
     # Its positions and rotary tables are made where the latents are (a GPU, for the server).
     tracing.check_no_baked_device("transformer", traced)
+
+
+def dense_experts(moe, x):
+    """Every routed expert on every token, weighted by the gate's weight for it (zero where it
+    was not picked): the sums the routed experts must give."""
+    flat = x.flatten(0, 1)
+    scores = torch.nn.functional.linear(flat, moe.gate.weight).softmax(dim=-1)
+    weight, index = torch.topk(scores, k=moe.activated, dim=-1)
+    weights = torch.zeros_like(scores).scatter(1, index, weight)
+    y = sum(expert(flat) * weights[:, i:i + 1] for i, expert in enumerate(moe.experts))
+    return y.view(x.shape) + moe.shared_experts(x)
+
+
+def test_traced_experts_follow_each_routing():
+    """One trace, any routing (Note [Routed experts]): traced where every expert has tokens,
+    then run where only experts 0 and 1 are ever picked, so 2 and 3 get none."""
+    from qpool_export.hidream_transformer import MoeSwiGlu
+
+    torch.manual_seed(3)
+    moe = MoeSwiGlu(16, 64, 4, 2).eval()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        traced = torch.jit.trace(moe, (x,))
+        assert (traced(x) - dense_experts(moe, x)).abs().max().item() < 1e-5
+        moe.gate.weight.zero_()
+        moe.gate.weight[0, 0], moe.gate.weight[1, 0] = 1.0, 0.5
+        skewed = x.clone()
+        skewed[..., 0] = 40.0
+        got, want = traced(skewed), dense_experts(moe, skewed)
+    assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()
 
 
 @pytest.mark.parametrize("fmt, bound", [("int8", 0.05), ("nf4", 0.3)])

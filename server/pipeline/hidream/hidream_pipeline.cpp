@@ -79,7 +79,7 @@ StatusOr<std::unique_ptr<HiDreamPipeline>> HiDreamPipeline::Load(
                                                                 std::move(clip_g), std::move(t5),
                                                                 std::move(llama), dtype));
   RETURN_IF_ERROR(pipeline->LoadComponents(device, residency));
-  pipeline->UseForwardGraphs("transformer");
+  // No CUDA graphs for the transformer (Note [HiDream conditioning]).
   return pipeline;
 }
 

@@ -20,14 +20,14 @@ Llama layer and dropping it again. Every token has a rotary position: the image'
 of the 2x2 patch grid, the text's all zero (no rotation). The angles are computed in float64 and
 the rotation in float32, as diffusers does, so the result does not depend on the export dtype.
 
-Note [Dense experts]
+Note [Routed experts]
 The feed-forward of the image stream is a mixture of experts: a softmax gate picks
 num_activated_experts of num_routed_experts per token and adds their outputs weighted by the gate,
-plus a shared expert. diffusers sorts the tokens by expert and runs each expert on its own tokens,
-which a trace cannot keep (the counts are data). Here every expert runs on every token and its
-output is weighted by the gate's weight for it, zero where it was not picked: the same sums, in
-the same order of experts, at num_routed / num_activated times the routed experts' work (2x for
-HiDream-I1). A grouped kernel that runs each expert on its own tokens is the server's to add.
+plus a shared expert. As diffusers' moe_infer, each expert runs on its own tokens only: nonzero()
+finds them, index_select gathers them and index_add puts the weighted outputs back, experts in
+order, so each token's sum is diffusers'. The trace keeps those sizes as data (no Python int comes
+from a tensor), so one trace serves every routing; nonzero waits for the GPU, which is why the
+server runs this transformer without CUDA graphs (Note [HiDream conditioning]).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class MoeGate(nn.Module):
 
 
 class MoeSwiGlu(nn.Module):
-    """The routed experts, dense (Note [Dense experts]), and the shared one."""
+    """The routed experts, each on its own tokens (Note [Routed experts]), and the shared one."""
 
     def __init__(self, dim: int, hidden_dim: int, routed: int, activated: int):
         super().__init__()
@@ -161,10 +161,11 @@ class MoeSwiGlu(nn.Module):
         flat = x.flatten(0, 1)  # [tokens, dim]
         scores = F.linear(flat, self.gate.weight).softmax(dim=-1)
         top_weight, top_index = torch.topk(scores, k=self.activated, dim=-1, sorted=False)
-        weights = torch.zeros_like(scores).scatter(1, top_index, top_weight).type_as(flat)
         y = torch.zeros_like(flat)
         for i, expert in enumerate(self.experts):
-            y = y + expert(flat) * weights[:, i:i + 1]
+            token, slot = (top_index == i).nonzero(as_tuple=True)
+            out = expert(flat.index_select(0, token)) * top_weight[token, slot][:, None]
+            y = y.index_add(0, token, out.type_as(flat))
         return y.view(x.shape) + self.shared_experts(x)
 
 
