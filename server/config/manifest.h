@@ -78,6 +78,10 @@ struct ConditioningSpec {
   // With classifier-free guidance and an empty negative prompt, the negative conditioning is
   // zeros instead of the encoded empty prompt (diffusers' force_zeros_for_empty_prompt).
   bool force_zeros_for_empty_prompt = false;
+  // hidream: the image tokens a non-square latent's patches are padded to, the padding's keys
+  // masked, as the transformer's max_seq (0: non-square images refused). Note [HiDream
+  // conditioning].
+  int padded_image_tokens = 0;
 };
 
 // Latent space of the VAE.

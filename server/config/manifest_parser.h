@@ -35,7 +35,8 @@ inline const std::vector<std::string> kComponentKeys = {"file",  "sha256",      
                                                         "dtype", "quantization", "compiled"};
 inline const std::vector<std::string> kWeightsKeys = {"file", "sha256"};
 inline const std::vector<std::string> kCompiledKeys = {"file", "device", "sha256"};
-inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt"};
+inline const std::vector<std::string> kConditioningKeys = {"force_zeros_for_empty_prompt",
+                                                           "padded_image_tokens"};
 inline const std::vector<std::string> kQuantKeys = {"format", "blocksize", "double_quant", "skip",
                                                     "min_weights"};
 inline const std::vector<std::string> kTokenizerKeys = {"vocab", "merges", "max_length",

@@ -126,6 +126,10 @@ Status Parser::ParseTokenizer(const YAML::Node& root, const std::string& key,
   return Status::Ok();
 }
 
+// The most tokens a padded image may have: 4096 for HiDream-I1's 1024x1024 (Note [Manifest
+// number ranges]).
+constexpr int kMaxPaddedImageTokens = 1 << 16;
+
 Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) const {
   const KindManifestSpec& spec = kinds_.at(m->kind);
   const std::vector<std::string>& own = spec.sections;
@@ -146,6 +150,16 @@ Status Parser::ParseKindSections(const YAML::Node& root, PipelineManifest* m) co
     RETURN_IF_ERROR(GetSection(root, "", "conditioning", false, kConditioningKeys, &node));
     RETURN_IF_ERROR(ReadBool(node, "conditioning", "force_zeros_for_empty_prompt",
                              &m->conditioning.force_zeros_for_empty_prompt));
+    int& padded = m->conditioning.padded_image_tokens;
+    RETURN_IF_ERROR(ReadNumber(node, "conditioning", "padded_image_tokens", &padded));
+    if (padded != 0 && m->kind != "hidream") {
+      return Error("conditioning.padded_image_tokens",
+                   "is read by pipelines of kind 'hidream' only, not '" + m->kind + "'");
+    }
+    if (padded < 0 || padded > kMaxPaddedImageTokens) {
+      return Got("conditioning.padded_image_tokens",
+                 StrCat("must be between 1 and ", kMaxPaddedImageTokens), padded);
+    }
   }
   return Status::Ok();
 }

@@ -221,7 +221,7 @@ def test_traced_components_equal_diffusers(source, imported):
                                 encoder_hidden_states_t5=args[2],
                                 encoder_hidden_states_llama3=args[3], pooled_embeds=args[4],
                                 return_dict=False)[0]
-        assert_close(load["transformer"](*args), want, "transformer")
+        assert_close(load["transformer"](*args, torch.ones(2, 16)), want, "transformer")
         # Nothing is made on the importing machine's device (the server runs them on GPUs).
         from qpool_export import tracing
 
@@ -243,10 +243,12 @@ def test_components_run_in_half_precision(imported, dtype):
     ids = torch.randint(0, 200, (2, LENGTH), generator=gen)
     mask = torch.ones(2, LENGTH, dtype=torch.long)
     mask[1, 9:] = 0
-    floats = (torch.randn(2, 4, 8, 8, generator=gen), torch.rand(2, generator=gen) * 1000,
+    image_mask = torch.zeros(2, 12)  # 4 x 2 patches, padded (Note [Padded images])
+    image_mask[:, :8] = 1
+    floats = (torch.randn(2, 4, 8, 4, generator=gen), torch.rand(2, generator=gen) * 1000,
               torch.randn(2, LENGTH, T5_WIDTH, generator=gen),
               torch.randn(LLAMA_LAYERS, 2, LENGTH, LLAMA_WIDTH, generator=gen),
-              torch.randn(2, 32, generator=gen))
+              torch.randn(2, 32, generator=gen), image_mask)
     cases = {"text_encoder": (ids,), "text_encoder_2": (ids,), "text_encoder_3": (ids, mask),
              "text_encoder_4": (ids, mask), "transformer": floats,
              "vae_decoder": (torch.randn(1, 4, 6, 6, generator=gen),)}
@@ -273,6 +275,7 @@ def test_manifest_describes_the_hidream_pipeline(imported):
     assert manifest["tokenizer_3"] == {"model": "tokenizer_3/spiece.model", "max_length": LENGTH}
     assert manifest["tokenizer_4"] == {"json": "tokenizer_4/tokenizer.json",
                                        "max_length": LENGTH, "pad_token": EOT}
+    assert manifest["conditioning"] == {"padded_image_tokens": 64}  # max_resolution 16 x 16
     assert manifest["scheduler"]["shift"] == 6.0
     assert manifest["scheduler"]["use_dynamic_shifting"] is False
     assert manifest["latent"] == {"channels": 4, "downscale": 2, "scaling_factor": 0.3611,
@@ -371,10 +374,11 @@ def test_served_hidream_pipelines_are_listed(client):
 
 
 def test_served_refuses_what_the_kind_cannot_make(client):
-    """Images are square, their side a multiple of 2x the VAE's downscale."""
+    """Sides are a multiple of 2x the VAE's downscale; a non-square image's patches fit the
+    transformer's max_seq (64 of 4x4 pixels here), to which they are padded."""
     import grpc
 
-    for fields, says in (({"width": SIZE, "height": 2 * SIZE}, "make square images"),
+    for fields, says in (({"width": 4 * SIZE, "height": 2 * SIZE}, "pads non-square images to 64"),
                          ({"width": SIZE + 2, "height": SIZE + 2}, "multiple of 4")):
         error = rpc_error(client.generate_one, pipeline="hidream-dev", prompt=PROMPT, steps=1,
                           **fields)
@@ -406,40 +410,48 @@ def test_served_embeddings_match_diffusers(client, source):
     assert np.abs(got_pooled - pooled.numpy()).max() < 1e-5
 
 
-def latents_for(seed, images=1):
+def latents_for(seed, images=1, width=SIZE, height=SIZE):
     """The noise qpool draws for a request with `seed` (image i from a CPU generator seeded with
     seed + i), which HiDreamImagePipeline gets as its initial latents."""
-    return torch.cat([torch.randn((1, 4, SIZE // 2, SIZE // 2),
+    return torch.cat([torch.randn((1, 4, height // 2, width // 2),
                                   generator=torch.Generator().manual_seed(seed + i))
                       for i in range(images)])
 
 
-def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1, negative_prompt=None):
+def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1, negative_prompt=None,
+                     width=SIZE, height=SIZE):
+    """HiDreamImagePipeline's images, 8-bit; width x height must have SIZE x SIZE's area, which
+    it keeps (load_pipeline)."""
+    assert width * height == SIZE * SIZE
     with torch.no_grad():
-        out = pipe(prompt=prompt, negative_prompt=negative_prompt, height=SIZE, width=SIZE,
+        out = pipe(prompt=prompt, negative_prompt=negative_prompt, height=height, width=width,
                    num_inference_steps=steps, guidance_scale=guidance_scale,
-                   latents=latents_for(seed, images), num_images_per_prompt=images,
-                   max_sequence_length=LENGTH, output_type="np")
+                   latents=latents_for(seed, images, width, height),
+                   num_images_per_prompt=images, max_sequence_length=LENGTH, output_type="np")
     return [np.round(image * 255).astype(np.int16) for image in out.images]
 
 
-@pytest.mark.parametrize("name, guidance, negative, images", [
-    ("hidream-dev", 0.0, "", 1),  # HiDream-I1 Dev and Fast: no guidance
-    ("hidream-dev", 5.0, "blurry, low quality", 2),  # Full's CFG with a negative prompt
-    ("hidream-apart", 5.0, "", 1),  # CFG with the empty negative prompt
-    ("hidream-nf4", 5.0, "blurry", 1),  # the NF4 transformer and Llama
+@pytest.mark.parametrize("name, guidance, negative, images, width, height", [
+    ("hidream-dev", 0.0, "", 1, SIZE, SIZE),  # HiDream-I1 Dev and Fast: no guidance
+    ("hidream-dev", 5.0, "blurry, low quality", 2, SIZE, SIZE),  # Full's CFG, a negative prompt
+    ("hidream-apart", 5.0, "", 1, SIZE, SIZE),  # CFG with the empty negative prompt
+    ("hidream-nf4", 5.0, "blurry", 1, SIZE, SIZE),  # the NF4 transformer and Llama
+    # Non-square: 2 x 8 patches padded to max_seq's 64, their keys masked (Note [Padded images])
+    ("hidream-dev", 0.0, "", 1, 2 * SIZE, SIZE // 2),
+    ("hidream-dev", 5.0, "", 1, SIZE // 2, 2 * SIZE),
 ])
-def test_served_images_match_diffusers(client, references, name, guidance, negative, images):
+def test_served_images_match_diffusers(client, references, name, guidance, negative, images,
+                                       width, height):
     pipe = references[name]
     steps, seed = 3, 11
     result = client.generate_one(pipeline=name, prompt=PROMPT, negative_prompt=negative,
-                                 steps=steps, guidance_scale=guidance, seed=seed, width=SIZE,
-                                 height=SIZE, num_images=images)
-    want = diffusers_images(pipe, steps, seed, PROMPT, guidance, images, negative)
+                                 steps=steps, guidance_scale=guidance, seed=seed, width=width,
+                                 height=height, num_images=images)
+    want = diffusers_images(pipe, steps, seed, PROMPT, guidance, images, negative, width, height)
     assert len(result.images) == images
     for image, expected in zip(result.images, want):
         png = read_png(image.png)
-        assert (png.width, png.height, png.channels) == (SIZE, SIZE, 3)
-        got = np.frombuffer(b"".join(png.rows), dtype=np.uint8).reshape(SIZE, SIZE, 3)
+        assert (png.width, png.height, png.channels) == (width, height, 3)
+        got = np.frombuffer(b"".join(png.rows), dtype=np.uint8).reshape(height, width, 3)
         assert expected.std() > 5, "a flat reference image compares nothing"
         assert np.abs(got.astype(np.int16) - expected).max() <= 1, name

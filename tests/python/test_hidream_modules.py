@@ -44,36 +44,67 @@ def hidream(**overrides):
     return original, mirror
 
 
-def inputs(batch, size, t5_tokens=7, llama_tokens=5, seed=1):
+MAX_SEQ = 16 * 16 // 4  # TINY's max_resolution in 2x2 patches
+
+
+def image_mask(batch, tokens, padded=None):
+    """The server's image_mask: ones over the patches, zeros over the padding to `padded`."""
+    mask = torch.zeros(batch, padded or tokens)
+    mask[:, :tokens] = 1
+    return mask
+
+
+def inputs(batch, size, t5_tokens=7, llama_tokens=5, seed=1, width=None):
+    """The transformer's inputs for size x width (default: square) latents; a non-square
+    latent's patches padded to MAX_SEQ, as the server and diffusers pad them."""
+    width = width or size
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(batch, 4, size, size, generator=gen),
+    tokens = (size // 2) * (width // 2)
+    return (torch.randn(batch, 4, size, width, generator=gen),
             torch.rand(batch, generator=gen) * 1000,
             torch.randn(batch, t5_tokens, T5_WIDTH, generator=gen),
             torch.randn(LLAMA_LAYERS, batch, llama_tokens, LLAMA_WIDTH, generator=gen),
-            torch.randn(batch, POOLED, generator=gen))
+            torch.randn(batch, POOLED, generator=gen),
+            image_mask(batch, tokens, None if width == size else MAX_SEQ))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"axes_dims_rope": [4, 2, 2]},
                                        {"num_routed_experts": 0}, {"num_single_layers": 0,
                                                                    "llama_layers": [1, 0]}])
-def test_transformer_equals_diffusers(overrides):
+@pytest.mark.parametrize("width", [8, 12, 4])
+def test_transformer_equals_diffusers(overrides, width):
+    """Square latents, and non-square ones, which diffusers pads to max_seq with their keys
+    masked (Note [Padded images])."""
     original, mirror = hidream(**overrides)
-    latents, t, t5, llama, pooled = inputs(2, 8)
+    latents, t, t5, llama, pooled, mask = inputs(2, 8, width=width)
     with torch.no_grad():
         want = original(hidden_states=latents, timesteps=t, encoder_hidden_states_t5=t5,
                         encoder_hidden_states_llama3=llama, pooled_embeds=pooled,
                         return_dict=False)[0]
-        got = mirror(latents, t, t5, llama, pooled)
+        got = mirror(latents, t, t5, llama, pooled, mask)
     assert got.shape == want.shape == latents.shape
     assert (got - want).abs().max().item() < 1e-5 * max(1.0, want.abs().max().item())
 
 
+def test_padding_changes_the_image():
+    """The padding is not inert (its values reach the patches through attention): a wider
+    mask gives another output, so the server must pad exactly where diffusers does."""
+    _, mirror = hidream()
+    latents, t, t5, llama, pooled, mask = inputs(1, 8, width=12)
+    with torch.no_grad():
+        padded = mirror(latents, t, t5, llama, pooled, mask)
+        unpadded = mirror(latents, t, t5, llama, pooled, image_mask(1, 24))
+    assert (padded - unpadded).abs().max().item() > 1e-3
+
+
 def test_traced_at_one_shape_runs_at_another():
+    """Traced square, run square at another size and non-square with padding."""
     _, mirror = hidream()
     traced = tracing.trace(mirror, inputs(2, 8))
     tracing.check_no_tensor_constants("transformer", traced)
-    assert tracing.check_matches_eager("transformer", mirror, traced,
-                                       inputs(1, 12, t5_tokens=9, llama_tokens=3, seed=2)) < 1e-5
+    for other in (inputs(1, 12, t5_tokens=9, llama_tokens=3, seed=2),
+                  inputs(2, 8, width=16, seed=3)):
+        assert tracing.check_matches_eager("transformer", mirror, traced, other) < 1e-5
     # Its positions and rotary tables are made where the latents are (a GPU, for the server).
     tracing.check_no_baked_device("transformer", traced)
 

@@ -19,7 +19,7 @@ inline KindCatalog BuiltinKindCatalog() {
           {"hidream",
            {{"text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "transformer",
              "vae_decoder"},
-            {"tokenizer_2", "tokenizer_3", "tokenizer_4"},
+            {"tokenizer_2", "tokenizer_3", "tokenizer_4", "conditioning"},
             ScheduleFamily::kFlowMatch,
             {{"tokenizer_3", TokenizerFormat::kSentencePiece},
              {"tokenizer_4", TokenizerFormat::kTokenizerJson}}}}};

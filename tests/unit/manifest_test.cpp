@@ -327,6 +327,23 @@ TEST_F(ManifestTest, HiDreamManifestParsesFourTokenizers) {
                 {"field 'tokenizer_3' is not read by pipelines of kind 'flux'"});
 }
 
+// conditioning.padded_image_tokens: hidream's non-square padding, in its range, hidream's only.
+TEST_F(ManifestTest, PaddedImageTokensAreHiDreamsAndBounded) {
+  EXPECT_EQ(Parse(kHiDream)->conditioning.padded_image_tokens, 0);  // square images only
+  const std::string padded = std::string(kHiDream) + "conditioning:\n  padded_image_tokens: ";
+  auto r = Parse(padded + "4096\n");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->conditioning.padded_image_tokens, 4096);
+  ExpectInvalid(Parse(padded + "-1\n"),
+                {"field 'conditioning.padded_image_tokens' must be between 1 and 65536 (got -1)"});
+  ExpectInvalid(Parse(padded + "70000\n"), {"must be between 1 and 65536 (got 70000)"});
+  ExpectInvalid(Parse(padded + "4096.5\n"), {"conditioning.padded_image_tokens"});
+  std::string sdxl = kSdxl;
+  sdxl.replace(sdxl.find("conditioning:\n"), 14, "conditioning:\n  padded_image_tokens: 64\n");
+  ExpectInvalid(Parse(sdxl), {"field 'conditioning.padded_image_tokens' is read by pipelines of "
+                              "kind 'hidream' only, not 'sdxl'"});
+}
+
 // Note [Files stay in the repository]: links within the repository are followed, links out of
 // it refused, naming the field and where the link leads.
 TEST_F(ManifestTest, SymlinksMayNotLeaveTheRepository) {

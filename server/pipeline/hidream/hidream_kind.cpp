@@ -12,7 +12,7 @@ HiDreamKind::HiDreamKind()
                   {"text_encoder_4", ComponentRole::kTextEncoder, {"input_ids", "attention_mask"}},
                   {"transformer",
                    ComponentRole::kDenoiser,
-                   {"latents", "timesteps", "t5", "llama", "pooled"}},
+                   {"latents", "timesteps", "t5", "llama", "pooled", "image_mask"}},
                   VaeDecoderDecl()} {}
 
 StatusOr<GenerateParams> HiDreamKind::ResolveGenerate(const GenerateRequestIn& in,
@@ -21,9 +21,21 @@ StatusOr<GenerateParams> HiDreamKind::ResolveGenerate(const GenerateRequestIn& i
   features.schedule = ScheduleFamily::kFlowMatch;
   features.size_multiple = 2 * manifest.latent.downscale;
   ASSIGN_OR_RETURN(GenerateParams params, ResolveGenerateRequest(in, manifest, features));
-  if (params.width != params.height) {
+  if (params.width == params.height) return params;
+  const int padded = manifest.conditioning.padded_image_tokens;
+  const int64_t patch = features.size_multiple;
+  const int64_t tokens = (params.width / patch) * (params.height / patch);
+  if (padded == 0) {
     return InvalidArgument(StrCat("width ", params.width, " and height ", params.height,
-                                  ": pipelines of kind hidream make square images"));
+                                  ": pipeline '", manifest.name,
+                                  "' makes square images only (its manifest has no "
+                                  "conditioning.padded_image_tokens; import it again)"));
+  }
+  if (tokens > padded) {
+    return InvalidArgument(StrCat("width ", params.width, " and height ", params.height, ": ",
+                                  tokens, " patches of ", patch, "x", patch, " pixels; pipeline '",
+                                  manifest.name, "' pads non-square images to ", padded,
+                                  " (at most ", padded * patch * patch, " pixels)"));
   }
   return params;
 }

@@ -15,15 +15,16 @@ class HiDreamKind final : public PipelineKind {
   // hidden states), transformer, vae_decoder.
   const std::vector<ComponentDecl>& components() const override { return components_; }
   // tokenizer_2 (CLIP-G's BPE), tokenizer_3 (T5's SentencePiece model), tokenizer_4 (the
-  // Llama's tokenizer.json).
+  // Llama's tokenizer.json), conditioning (padded_image_tokens).
   const std::vector<std::string>& manifest_sections() const override { return sections_; }
   ScheduleFamily schedule() const override { return ScheduleFamily::kFlowMatch; }
   std::map<std::string, TokenizerFormat> tokenizer_formats() const override {
     return {{"tokenizer_3", TokenizerFormat::kSentencePiece},
             {"tokenizer_4", TokenizerFormat::kTokenizerJson}};
   }
-  // Classifier-free guidance when guidance_scale > 1; square images whose side is a multiple of
-  // 2 * latent.downscale (the transformer's 2x2 patches).
+  // Classifier-free guidance when guidance_scale > 1; sides a multiple of 2 * latent.downscale
+  // (the transformer's 2x2 patches); non-square images of at most
+  // conditioning.padded_image_tokens patches.
   StatusOr<GenerateParams> ResolveGenerate(const GenerateRequestIn& in,
                                            const PipelineManifest& manifest) const override;
   // As flux's: the 16-channel VAE decode dominates a 1024x1024 image.
@@ -35,7 +36,8 @@ class HiDreamKind final : public PipelineKind {
  private:
   const std::string name_ = "hidream";
   const std::vector<ComponentDecl> components_;
-  const std::vector<std::string> sections_ = {"tokenizer_2", "tokenizer_3", "tokenizer_4"};
+  const std::vector<std::string> sections_ = {"tokenizer_2", "tokenizer_3", "tokenizer_4",
+                                              "conditioning"};
 };
 
 }  // namespace qpool

@@ -171,6 +171,13 @@ Status HiDreamPipeline::EncodeBatch(BatchRun& run) {
   return Status::Ok();
 }
 
+torch::Tensor HiDreamPipeline::ImageMask(int64_t rows, int64_t tokens, int64_t padded,
+                                         const c10::Device& device) const {
+  torch::Tensor mask = torch::zeros({rows, padded}, torch::dtype(dtype()).device(device));
+  mask.narrow(1, 0, tokens).fill_(1);
+  return mask;
+}
+
 Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
   const GenerateParams& first = run.first();
   const auto& latent = manifest().latent;
@@ -179,6 +186,9 @@ Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
   const int train_steps = manifest().scheduler.num_train_timesteps;
   FlowMatchEulerScheduler scheduler(manifest().scheduler.flow, FlowSigmas::kScheduler, train_steps);
   RETURN_IF_ERROR(scheduler.SetTimesteps(first.steps, (h / 2) * (w / 2)));
+  // Non-square latents' patches are padded (ResolveGenerate checked that they fit).
+  const int64_t tokens = (h / 2) * (w / 2);
+  const int64_t padded = h == w ? tokens : manifest().conditioning.padded_image_tokens;
 
   const c10::Device device = this->device();
   torch::Tensor latents = run.Noise(latent.channels, h, w).to(device, dtype());
@@ -198,9 +208,10 @@ Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
     const torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     const torch::Tensor t = torch::full({model_in.size(0)}, scheduler.timestep(i) * train_steps,
                                         torch::dtype(torch::kFloat).device(device));
-    ASSIGN_OR_RETURN(
-        torch::Tensor prediction,
-        transformer.Forward({model_in, t, conditioning[0], conditioning[1], conditioning[2]}));
+    const torch::Tensor mask = ImageMask(model_in.size(0), tokens, padded, device);
+    ASSIGN_OR_RETURN(torch::Tensor prediction,
+                     transformer.Forward(
+                         {model_in, t, conditioning[0], conditioning[1], conditioning[2], mask}));
     RETURN_IF_ERROR(CheckShape("transformer", prediction, model_in.sizes()));
     torch::Tensor velocity = prediction.neg();
     if (cfg) velocity = run.Guide(velocity);

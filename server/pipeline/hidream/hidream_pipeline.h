@@ -25,7 +25,11 @@ namespace qpool {
 // manifest's pad token and their attention mask, <|begin_of_text|> first; its hidden states
 // after every layer, [layers, n, length, width]). The transformer takes the latents [B, C, h, w]
 // (it patches them itself), the timestep (sigma * num_train_timesteps), T5's states, the Llama's
-// stack and the pooled embedding, and predicts the negated velocity: the pipeline negates it.
+// stack, the pooled embedding and an image mask [B, S], and predicts the negated velocity: the
+// pipeline negates it. The mask is all ones over the (h/2)(w/2) patches of a square image; a
+// non-square image's patches are padded to S = conditioning.padded_image_tokens (the
+// transformer's max_seq), the mask 0 over the padding, whose keys the transformer zeroes, as
+// diffusers' HiDreamImageTransformer2DModel does for non-square latents.
 // Classifier-free guidance when guidance_scale > 1: the negative prompt ("" when absent) runs
 // through every encoder, its rows first, and the velocity is negative + guidance_scale *
 // (positive - negative). The sigmas are the scheduler's own (FlowSigmas::kScheduler). The
@@ -78,6 +82,10 @@ class HiDreamPipeline final : public Pipeline {
   StatusOr<torch::Tensor> Pooled(const std::string& name, const ClipTokenizer& tokenizer,
                                  const std::vector<std::string>& prompts, Component& next);
   Status EncodeBatch(BatchRun& run);
+  // The transformer's image_mask [rows, padded]: 1 for the image's `tokens` patches, 0 for the
+  // padding after them.
+  torch::Tensor ImageMask(int64_t rows, int64_t tokens, int64_t padded,
+                          const c10::Device& device) const;
   Status DenoiseBatch(BatchRun& run);
 
   ClipTokenizer clip_l_;

@@ -104,24 +104,29 @@ def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, i
     cfg = check(HiDreamTransformerConfig.from_diffusers(dict(original.config), config_path))
     mirror, stream = _mirror(lambda: HiDreamTransformer(cfg), original.state_dict, source, where)
 
-    def inputs(batch: int, side: int, tokens: int, llama_len: int) -> Tuple[torch.Tensor, ...]:
-        return (torch.randn(batch, cfg.in_channels, side * cfg.patch_size,
-                            side * cfg.patch_size, generator=gen),
+    def inputs(batch: int, rows: int, cols: int, tokens: int, llama_len: int,
+               padding: int = 0) -> Tuple[torch.Tensor, ...]:
+        """rows x cols patches, `padding` more tokens masked (Note [Padded images])."""
+        mask = torch.ones(batch, rows * cols + padding)
+        mask[:, rows * cols:] = 0
+        return (torch.randn(batch, cfg.in_channels, rows * cfg.patch_size,
+                            cols * cfg.patch_size, generator=gen),
                 torch.rand(batch, generator=gen) * 1000,
                 torch.randn(batch, min(tokens, t5_tokens), t5_width, generator=gen),
                 torch.randn(layers, batch, min(llama_len, llama_tokens), llama_width,
                             generator=gen),
-                torch.randn(batch, pooled_dim, generator=gen))
+                torch.randn(batch, pooled_dim, generator=gen), mask)
 
-    compared = inputs(1, 3, 5, 4)
+    compared = inputs(1, 3, 3, 5, 4)
     diff = None  # Note [Streaming import]: a streamed transformer has no weights to compare
     if stream is None:
         with torch.no_grad():
-            latents, t, t5_states, llama_states, pooled = compared
+            latents, t, t5_states, llama_states, pooled, _ = compared
             want = original(hidden_states=latents, timesteps=t,
                             encoder_hidden_states_t5=t5_states,
                             encoder_hidden_states_llama3=llama_states, pooled_embeds=pooled,
                             return_dict=False)[0]
             diff = _check_same(where, want, mirror(*compared))
-    return Built("transformer", mirror, inputs(2, 2, 4, 3), inputs(1, 4, 6, 5), diff,
+    # Traced square; checked on a padded non-square latent, which the same trace serves.
+    return Built("transformer", mirror, inputs(2, 2, 2, 4, 3), inputs(1, 4, 2, 6, 5, 3), diff,
                  prequantized, stream=stream), cfg

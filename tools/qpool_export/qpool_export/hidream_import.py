@@ -64,6 +64,7 @@ CLIP_MAX_LENGTH = 218  # the most CLIP tokens it uses
 DEFAULT_SAMPLE_SIZE = 128  # latent pixels of the default image (HiDreamImagePipeline)
 DEFAULT_STEPS, DEFAULT_GUIDANCE = 50, 5.0  # HiDreamImagePipeline.__call__'s defaults
 LLAMA_MAX_LENGTH = 1024  # the largest max_length a manifest's tokenizer section holds
+MAX_PADDED_TOKENS = 1 << 16  # the most conditioning.padded_image_tokens a manifest holds
 
 
 def calculate_mu(image_seq_len: int) -> float:
@@ -191,6 +192,10 @@ def build_hidream_components(src: str, llama: Optional[str], stage: str, opts: I
         raise ImportFailure(f"{src}/transformer/config.json: field 'max_resolution' is "
                             f"{resolution!r}; expected two positive integers")
     max_seq = resolution[0] * resolution[1] // transformer_cfg.patch_size ** 2
+    if max_seq > MAX_PADDED_TOKENS:
+        raise ImportFailure(f"{src}/transformer/config.json: field 'max_resolution' is "
+                            f"{resolution!r}: {max_seq} patches; qpool pads images to at most "
+                            f"{MAX_PADDED_TOKENS}")
     return reports, tokenizers, vae_cfg, max_seq
 
 
@@ -208,6 +213,8 @@ def build_hidream_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, max_s
     size = DEFAULT_SAMPLE_SIZE * vae.downscale
     return {
         "kind": "hidream", "components": components, **tokenizers,
+        # Non-square images' patches are padded to max_seq (Note [Padded images]).
+        "conditioning": {"padded_image_tokens": max_seq},
         "scheduler": fixed_mu_schedule(scheduler, max_seq),
         "latent": {"channels": vae.latent_channels, "downscale": vae.downscale,
                    "scaling_factor": vae.scaling_factor, "shift_factor": vae.shift_factor},

@@ -3,14 +3,22 @@ fast share it) rebuilt from its config with the same parameter names, so a diffu
 loads into it strictly (Note [Importing through qpool's modules] in sd_unet.py).
 
 forward(latents [B, C, H, W], timesteps [B] float32, t5 [B, Lt, caption_channels[0]],
-        llama [layers, B, Ll, caption_channels[1]], pooled [B, text_emb_dim]) -> [B, C_out, H, W]
+        llama [layers, B, Ll, caption_channels[1]], pooled [B, text_emb_dim],
+        image_mask [B, S]) -> [B, C_out, H, W]
 The inputs are what HiDreamImagePipeline passes its transformer: the VAE latents, the scheduler's
 timestep (not scaled here), T5's last hidden state, the Llama's every-layer hidden states
 (llm_encoder.py's output; config.llama_layers picks the one each block reads) and the two CLIPs'
-pooled projections side by side. The output is the transformer's own, which the pipeline
-negates before the scheduler step. H == W: diffusers pads a non-square latent's tokens to
-max_resolution and masks their keys, which this module does not reproduce yet (the kind refuses
-such sizes).
+pooled projections side by side, and image_mask (Note [Padded images]). The output is the
+transformer's own, which the pipeline negates before the scheduler step.
+
+Note [Padded images]
+diffusers pads a non-square latent's (H/p)(W/p) patches with zeros to max_seq tokens (the
+patches of max_resolution) before the patch embedding, gives the padding positions (0, 0, 0),
+zeroes its keys in every attention (after the q/k norms) and drops it at the end; a square latent
+is not padded. Here image_mask [B, S] says which: S >= (H/p)(W/p) tokens, 1 for the patches and 0
+for the padding after them; the keys are multiplied by it as diffusers multiplies them (by ones
+for a square image: exact). The padding's length comes from the shapes, so one trace serves
+square and padded images.
 
 Note [HiDream streams]
 Each double-stream block reads the image tokens and a text sequence of T5's tokens, the last
@@ -225,14 +233,18 @@ class HiDreamAttention(nn.Module):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return y.transpose(1, 2).flatten(2)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                keep: torch.Tensor) -> torch.Tensor:
+        """`keep` [B, N]: the keys' factors (Note [Padded images])."""
         q, k, v = self._qkv(x, self.to_q, self.to_k, self.to_v, self.q_rms_norm, self.k_rms_norm)
-        return self.to_out(self._attend(q, k, v, cos, sin))
+        return self.to_out(self._attend(q, k * keep[:, :, None, None], v, cos, sin))
 
-    def joint(self, x: torch.Tensor, text: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def joint(self, x: torch.Tensor, text: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`keep` [B, image tokens]: the image keys' factors (Note [Padded images])."""
         qi, ki, vi = self._qkv(x, self.to_q, self.to_k, self.to_v, self.q_rms_norm,
                                self.k_rms_norm)
+        ki = ki * keep[:, :, None, None]
         qt, kt, vt = self._qkv(text, self.to_q_t, self.to_k_t, self.to_v_t, self.q_rms_norm_t,
                                self.k_rms_norm_t)
         y = self._attend(torch.cat([qi, qt], 1), torch.cat([ki, kt], 1), torch.cat([vi, vt], 1),
@@ -265,11 +277,11 @@ class HiDreamSingleBlock(HiDreamBlockBase):
     def __init__(self, cfg: HiDreamTransformerConfig):
         super().__init__(cfg, 6, single=True)
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                keep: torch.Tensor) -> torch.Tensor:
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.adaLN_modulation(
             temb)[:, None].chunk(6, dim=-1)
-        x = gate_a * self.attn1(modulate(self.norm1_i, x, shift_a, scale_a), cos, sin) + x
+        x = gate_a * self.attn1(modulate(self.norm1_i, x, shift_a, scale_a), cos, sin, keep) + x
         return gate_f * self.ff_i(modulate(self.norm3_i, x, shift_f, scale_f)) + x
 
 
@@ -282,12 +294,12 @@ class HiDreamDoubleBlock(HiDreamBlockBase):
         self.ff_t = SwiGlu(dim, 4 * dim)
 
     def forward(self, x: torch.Tensor, text: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+                sin: torch.Tensor, keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         (shift_a, scale_a, gate_a, shift_f, scale_f, gate_f, shift_at, scale_at, gate_at,
          shift_ft, scale_ft, gate_ft) = self.adaLN_modulation(temb)[:, None].chunk(12, dim=-1)
         out_i, out_t = self.attn1.joint(modulate(self.norm1_i, x, shift_a, scale_a),
                                         modulate(self.norm1_t, text, shift_at, scale_at),
-                                        cos, sin)
+                                        cos, sin, keep)
         x = gate_a * out_i + x
         text = gate_at * out_t + text
         x = gate_f * self.ff_i(modulate(self.norm3_i, x, shift_f, scale_f)) + x
@@ -361,14 +373,18 @@ class HiDreamTransformer(nn.Module):
             + [TextProjection(t5_width, dim)])
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, t5: torch.Tensor,
-                llama: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+                llama: torch.Tensor, pooled: torch.Tensor,
+                image_mask: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         p = cfg.patch_size
         batch, channels, height, width = latents.shape
         rows, cols = height // p, width // p
+        tokens = rows * cols
+        padding = image_mask.shape[1] - tokens  # Note [Padded images]
         # Patches: [B, rows * cols, p * p * C], each patch's (row-in-patch, col-in-patch, C).
         x = latents.reshape(batch, channels, rows, p, cols, p).permute(0, 2, 4, 3, 5, 1)
-        x = self.x_embedder.proj(x.reshape(batch, rows * cols, p * p * channels))
+        x = F.pad(x.reshape(batch, tokens, p * p * channels), (0, 0, 0, padding))
+        x = self.x_embedder.proj(x)
         temb = self.t_embedder.timestep_embedder(self.t_embedder.time_proj(timesteps, x))
         temb = temb + self.p_embedder.pooled_embedder(pooled)
         texts = [self.caption_projection[i].linear(llama[k])
@@ -381,22 +397,25 @@ class HiDreamTransformer(nn.Module):
         grid_cols = (latents.new_ones(cols, dtype=torch.long).cumsum(0) - 1)[None, :].expand(
             rows, cols)
         image_ids = torch.stack([torch.zeros_like(grid_rows), grid_rows, grid_cols],
-                                dim=-1).reshape(rows * cols, 3)
+                                dim=-1).reshape(tokens, 3)
         text_tokens = t5_text.shape[1] + 2 * texts[0].shape[1]
-        ids = torch.cat([image_ids, image_ids.new_zeros(text_tokens, 3)], dim=0)
+        ids = torch.cat([image_ids, image_ids.new_zeros(padding + text_tokens, 3)], dim=0)
         cos, sin = rotary(ids, cfg.axes_dims_rope)
+        keep = image_mask.type_as(x)
         carried = torch.cat([t5_text, texts[-1]], dim=1)
         kept = carried.shape[1]
         for i, holder in enumerate(self.double_stream_blocks):
-            x, text = holder.block(x, torch.cat([carried, texts[i]], dim=1), temb, cos, sin)
+            x, text = holder.block(x, torch.cat([carried, texts[i]], dim=1), temb, cos, sin,
+                                   keep)
             carried = text[:, :kept]
-        image = x.shape[1]
         x = torch.cat([x, carried], dim=1)
         joint = x.shape[1]
+        keep = torch.cat([keep, keep.new_ones(batch, joint - keep.shape[1] + texts[0].shape[1])],
+                         dim=1)
         for j, holder in enumerate(self.single_stream_blocks):
             x = torch.cat([x, texts[cfg.num_layers + j]], dim=1)
-            x = holder.block(x, temb, cos, sin)[:, :joint]
-        out = self.final_layer(x[:, :image], temb)
+            x = holder.block(x, temb, cos, sin, keep)[:, :joint]
+        out = self.final_layer(x[:, :tokens], temb)
         # Back to the latent grid: [B, C, rows * p, cols * p].
         out = out.reshape(batch, rows, cols, p, p, cfg.out_channels).permute(0, 5, 1, 3, 2, 4)
         return out.reshape(batch, cfg.out_channels, rows * p, cols * p)
