@@ -201,11 +201,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class HiDreamAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, head_dim: int, single: bool):
+    def __init__(self, dim: int, heads: int, head_dim: int, single: bool, rotated: int):
+        """`rotated`: the channels of each head that rotate (sum(axes_dims_rope))."""
         super().__init__()
         inner = heads * head_dim
         self.heads = heads
         self.single = single
+        self.whole_head = rotated == head_dim  # a config fact, not the trace's
         self.to_q, self.to_k = nn.Linear(dim, inner), nn.Linear(inner, inner)
         self.to_v, self.to_out = nn.Linear(inner, inner), nn.Linear(inner, dim)
         self.q_rms_norm = nn.RMSNorm(inner, QK_NORM_EPS)
@@ -225,7 +227,7 @@ class HiDreamAttention(nn.Module):
 
     def _attend(self, q, k, v, cos, sin) -> torch.Tensor:
         pairs = cos.shape[-1]
-        if q.shape[-1] == 2 * pairs:
+        if self.whole_head:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         else:  # the first half of each head rotates, the second does not
             q = torch.cat([rotate(q[..., :2 * pairs], cos, sin), q[..., 2 * pairs:]], dim=-1)
@@ -264,7 +266,8 @@ class HiDreamBlockBase(nn.Module):
         dim = cfg.inner_dim
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, chunks * dim))
         self.norm1_i = nn.LayerNorm(dim, eps=NORM_EPS, elementwise_affine=False)
-        self.attn1 = HiDreamAttention(dim, cfg.num_attention_heads, cfg.attention_head_dim, single)
+        self.attn1 = HiDreamAttention(dim, cfg.num_attention_heads, cfg.attention_head_dim, single,
+                                      sum(cfg.axes_dims_rope))
         self.norm3_i = nn.LayerNorm(dim, eps=NORM_EPS, elementwise_affine=False)
         if cfg.num_routed_experts > 0:
             self.ff_i = MoeSwiGlu(dim, 4 * dim, cfg.num_routed_experts, cfg.num_activated_experts)
