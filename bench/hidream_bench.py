@@ -293,13 +293,13 @@ def import_variants(a) -> dict:
 
 def serve(a, result: dict) -> None:
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    for name in ("hidream-bf16", "hidream-nf4"):
+    for name in a.variants.split(","):
         result[name] = import_bench.time_qpool(
-            a.server, a.client, a.repo, name, a, check_encode=device != "cpu" and
-            name == "hidream-nf4", scheduler="euler", device=device)
+            a.server, a.client, a.repo, name, a, check_encode=a.encode_check and
+            device != "cpu" and name == "hidream-nf4", scheduler="euler", device=device)
         print(name, json.dumps(result[name].get("latency", result[name])), flush=True)
         save(result, a.out)
-    base, nf4 = result["hidream-bf16"], result["hidream-nf4"]
+    base, nf4 = result.get("hidream-bf16", {}), result.get("hidream-nf4", {})
     if "latency" in base and "latency" in nf4:
         nf4["over_hidream_bf16"] = {
             "latency_p50": nf4["latency"]["median_s"] / base["latency"]["median_s"],
@@ -330,6 +330,9 @@ def main() -> int:
     p.add_argument("--compile", default="default",
                    help="compiled: torch.compile mode of the transformer")
     p.add_argument("--server-args", default="")
+    p.add_argument("--variants", default="hidream-bf16,hidream-nf4", help="serve: what to time")
+    p.add_argument("--no-encode-check", dest="encode_check", action="store_false",
+                   help="serve: no Encode-only check under `model` after hidream-nf4's images")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
