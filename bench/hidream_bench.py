@@ -329,7 +329,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--compile", default="default",
                    help="compiled: torch.compile mode of the transformer")
-    p.add_argument("--server-args", default="")
+    # Encode's reply holds the Llama's 32 layers in float32: 64 MiB a prompt at this size.
+    p.add_argument("--server-args", default="--max-message-mb 256")
     p.add_argument("--variants", default="hidream-bf16,hidream-nf4", help="serve: what to time")
     p.add_argument("--no-encode-check", dest="encode_check", action="store_false",
                    help="serve: no Encode-only check under `model` after hidream-nf4's images")

@@ -1,5 +1,7 @@
 #include "api/encode_reactor.h"
 
+#include <algorithm>
+
 #include "api/proto_convert.h"
 #include "api/raw_call.h"
 
@@ -7,13 +9,27 @@ namespace qpool::api {
 
 EncodeReactor::EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request,
                              grpc::ByteBuffer* raw_response,
-                             std::chrono::system_clock::time_point deadline)
-    : raw_response_(raw_response) {
+                             std::chrono::system_clock::time_point deadline, int max_message_bytes)
+    : raw_response_(raw_response),
+      max_message_bytes_(max_message_bytes),
+      prompts_(request.prompts_size()) {
   EncodeCall call;
   call.pipeline = request.pipeline();
   call.prompts.assign(request.prompts().begin(), request.prompts().end());
   call.deadline = deadline;
   pool.Encode(std::move(call), this);
+}
+
+Status CheckReplySize(size_t bytes, int prompts, int max_message_bytes) {
+  if (bytes <= static_cast<size_t>(max_message_bytes)) return Status::Ok();
+  constexpr size_t kMiB = 1 << 20;
+  const auto ceil_mib = [](size_t b) { return (b + kMiB - 1) / kMiB; };
+  const size_t each = bytes / static_cast<size_t>(std::max(prompts, 1));
+  return ResourceExhausted(StrCat(
+      "the Encode reply is ", ceil_mib(bytes), " MiB for ", prompts, " prompt(s), about ",
+      ceil_mib(each), " MiB each, above the server's message limit of ", max_message_bytes >> 20,
+      " MiB: ", prompts > 1 ? "send fewer prompts per request, or " : "",
+      "start the server with --max-message-mb ", ceil_mib(bytes), " or more"));
 }
 
 void EncodeReactor::OnReply(StatusOr<EncodeReply> reply) {
@@ -33,6 +49,11 @@ void EncodeReactor::OnReply(StatusOr<EncodeReply> reply) {
   }
   response.set_device(reply->run.device);
   response.set_route(reply->run.route);
+  const Status fits = CheckReplySize(response.ByteSizeLong(), prompts_, max_message_bytes_);
+  if (!fits.ok()) {
+    Finish(ToGrpc(fits));
+    return;
+  }
   *raw_response_ = SerializeRaw(response);
   Finish(grpc::Status::OK);
 }

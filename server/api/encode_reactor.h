@@ -8,21 +8,30 @@
 
 namespace qpool::api {
 
+// OK when an Encode reply of `bytes` for `prompts` prompts fits `max_message_bytes`, else
+// RESOURCE_EXHAUSTED saying its size, per prompt too, and the --max-message-mb that would take it.
+Status CheckReplySize(size_t bytes, int prompts, int max_message_bytes);
+
 // Owns itself like GenerateReactor (Note [Generate reactor lifetime]): the pool calls OnReply
 // exactly once, which finishes the call; OnDone deletes the reactor.
 class EncodeReactor final : public grpc::ServerUnaryReactor, public EncodeListener {
  public:
   // Hands the request to `pool`. `raw_response` is gRPC's and stays valid until OnDone; the reply
   // is serialized into it (Note [Requests that do not parse] in api/raw_call.h). Past `deadline`
-  // (the call's), a request that has not started gets DEADLINE_EXCEEDED.
+  // (the call's), a request that has not started gets DEADLINE_EXCEEDED. A reply larger than
+  // `max_message_bytes` gets RESOURCE_EXHAUSTED saying how large it is per prompt and what to
+  // change (an LLM encoder's every-layer states are 64 MiB a prompt for HiDream-I1's Llama).
   EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request,
-                grpc::ByteBuffer* raw_response, std::chrono::system_clock::time_point deadline);
+                grpc::ByteBuffer* raw_response, std::chrono::system_clock::time_point deadline,
+                int max_message_bytes);
 
   void OnDone() override { delete this; }
   void OnReply(StatusOr<EncodeReply> reply) override;
 
  private:
   grpc::ByteBuffer* const raw_response_;
+  const int max_message_bytes_;
+  const int prompts_;
 };
 
 }  // namespace qpool::api

@@ -63,7 +63,8 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   ASSIGN_OR_RETURN(auto access, AccessControl::Create(options.access, options.metrics));
   std::unique_ptr<TlsFileMirror> mirror;
   ASSIGN_OR_RETURN(auto credentials, Credentials(options.tls, options.metrics, &mirror));
-  std::unique_ptr<GrpcServer> server(new GrpcServer(pool, options.max_watchers, std::move(access)));
+  std::unique_ptr<GrpcServer> server(
+      new GrpcServer(pool, options.max_watchers, std::move(access), options.max_message_bytes));
   server->tls_mirror_ = std::move(mirror);
   grpc::ServerBuilder builder;
   int port = 0;

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "api/access_control.h"
-#include "api/tls_file_mirror.h"
 #include "api/inference_service.h"
 #include "api/model_service.h"
+#include "api/tls_file_mirror.h"
 #include "api/watch_hub.h"
 #include "pool/pipeline_pool.h"
 
@@ -58,10 +58,11 @@ class GrpcServer {
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  GrpcServer(PipelinePool& pool, size_t max_watchers, std::unique_ptr<AccessControl> access)
+  GrpcServer(PipelinePool& pool, size_t max_watchers, std::unique_ptr<AccessControl> access,
+             int max_message_bytes)
       : access_(std::move(access)),
         watchers_(pool.events(), max_watchers),
-        inference_(pool, *access_),
+        inference_(pool, *access_, max_message_bytes),
         models_(pool, watchers_, *access_) {}
   const std::unique_ptr<AccessControl> access_;
   WatchHub watchers_;

@@ -34,7 +34,7 @@ grpc::ServerUnaryReactor* InferenceService::Encode(grpc::CallbackServerContext* 
     return reactor;
   }
   // Deletes itself in OnDone.
-  return new EncodeReactor(pool_, parsed, response, context->deadline());
+  return new EncodeReactor(pool_, parsed, response, context->deadline(), max_message_bytes_);
 }
 
 }  // namespace qpool::api

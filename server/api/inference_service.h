@@ -17,9 +17,10 @@ using RawInferenceService = v1::InferenceService::WithRawCallbackMethod_Generate
 // parse is counted here.
 class InferenceService final : public RawInferenceService {
  public:
-  // `pool` and `access` outlive the service.
-  InferenceService(PipelinePool& pool, const AccessControl& access)
-      : pool_(pool), access_(access) {}
+  // `pool` and `access` outlive the service; `max_message_bytes` is the server's bound on a
+  // message (--max-message-mb), which an Encode reply must fit.
+  InferenceService(PipelinePool& pool, const AccessControl& access, int max_message_bytes)
+      : pool_(pool), access_(access), max_message_bytes_(max_message_bytes) {}
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -30,6 +31,7 @@ class InferenceService final : public RawInferenceService {
  private:
   PipelinePool& pool_;
   const AccessControl& access_;
+  const int max_message_bytes_;
 };
 
 }  // namespace qpool::api
