@@ -123,16 +123,10 @@ def test_the_layouts_map_a_full_size_checkpoint_onto_the_reference_models(family
                  "vae": writer.ldm_vae(models.vae, "")}
         readers = {k: MetaReader(v, f"{k}.safetensors") for k, v in files.items()}
         opts.clip_l, opts.t5, opts.vae = "clip_l", "t5", "vae"
-        opened = {"clip_l": readers["clip_l"], "t5": readers["t5"], "vae": readers["vae"]}
-        single_file._open, real = (lambda path, what: opened[path]), single_file._open
     else:
         readers = {"checkpoint": MetaReader(writer.sd_checkpoint(models, family))}
-        real = None
-    try:
-        sources, _ = single_file._sources(opts, family, readers["checkpoint"], found)
-    finally:
-        if real is not None:
-            single_file._open = real
+    sources, _ = single_file._sources(opts, family, readers["checkpoint"], found,
+                                      opener=lambda path, what: readers[path])
     for part, source in sources.items():
         model = getattr(models, part)
         own = {k[len("text_model."):] if k.startswith("text_model.") and

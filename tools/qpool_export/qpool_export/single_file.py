@@ -212,15 +212,18 @@ def _stage_source(found: Dict[str, Dict[str, object]], tokenizers: Dict[str, str
 
 
 def _sources(opts: SingleFileOptions, family: str, reader: SafetensorsReader,
-             found: Dict[str, Dict[str, object]]) -> Tuple[Dict[str, object], List[str]]:
-    """Component folder -> its tensors (layouts.MappedTensors), and the files read."""
+             found: Dict[str, Dict[str, object]], opener=None
+             ) -> Tuple[Dict[str, object], List[str]]:
+    """Component folder -> its tensors (layouts.MappedTensors), and the files read; the
+    --clip-l, --t5 and --vae files opened with `opener(path, what)` (default _open)."""
+    opener = opener or _open
     sources: Dict[str, object] = {}
     files = [reader.path]
     claimed: List[str] = []
 
     def part(name: str, file: Optional[str], prefixes: Sequence[str], probe: str,
              make_rule, what: str) -> None:
-        source = _open(file, what) if file else reader
+        source = opener(file, what) if file else reader
         if file:
             files.append(file)
         prefix = _prefix_of(source, tuple(prefixes) + ("",), probe)

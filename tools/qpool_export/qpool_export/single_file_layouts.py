@@ -76,7 +76,7 @@ class MappedTensors:
 
     def read(self, key: str) -> torch.Tensor:
         piece = self._pieces[key]
-        t = self._reader.read(piece.key)
+        t = source = self._reader.read(piece.key)
         if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             t = t.to(torch.float32)  # ComfyUI's fp8 files; cut and scaled in float32
         if piece.key in self._scales:
@@ -91,7 +91,10 @@ class MappedTensors:
             t = torch.cat([b, a], dim=0)
         if piece.shape is not None:
             t = t.reshape(piece.shape)
-        return t.contiguous().clone()
+        t = t.contiguous()
+        if t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+            t = t.clone()  # still the file's memory (itself or a view of it): a copy of its own
+        return t
 
 
 # A rule: the file's name (its component prefix removed) -> diffusers' names and pieces; [] for a
