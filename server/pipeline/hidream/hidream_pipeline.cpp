@@ -117,6 +117,7 @@ StatusOr<HiDreamPipeline::Prompts> HiDreamPipeline::EncodePrompts(
   UseEncoderGraphs(t5);
   residency().Prefetch(llama);
   auto [t5_ids, t5_mask] = PaddedTokensAndMask(t5_, prompts);
+  out.t5_ids = t5_ids;
   ASSIGN_OR_RETURN(out.t5, t5.Forward({t5_ids.to(device()), t5_mask.to(device())}));
   if (out.t5.dim() != 3 || out.t5.size(0) != n || out.t5.size(1) != t5_.max_length()) {
     return Internal(StrCat("text_encoder_3 returned hidden states of shape ", out.t5.sizes(),
@@ -128,6 +129,7 @@ StatusOr<HiDreamPipeline::Prompts> HiDreamPipeline::EncodePrompts(
   UseEncoderGraphs(llama);
   if (next != nullptr) residency().Prefetch(*next);
   auto [llama_ids, llama_mask] = PaddedTokensAndMask(llama_, prompts);
+  out.llama_ids = llama_ids;
   ASSIGN_OR_RETURN(out.llama, llama.Forward({llama_ids.to(device()), llama_mask.to(device())}));
   if (out.llama.dim() != 4 || out.llama.size(1) != n || out.llama.size(2) != llama_.max_length()) {
     return Internal(StrCat("text_encoder_4 returned hidden states of shape ", out.llama.sizes(),
@@ -228,9 +230,9 @@ StatusOr<EncodeOutput> HiDreamPipeline::Encode(const std::vector<std::string>& p
   RequestResidencyScope scope(residency());
   try {
     EncodeOutput out;
-    out.input_ids = PaddedTokenIds(t5_, prompts);
-    out.llm_input_ids = PaddedTokensAndMask(llama_, prompts).first;
     ASSIGN_OR_RETURN(Prompts encoded, EncodePrompts(prompts, /*next=*/nullptr));
+    out.input_ids = encoded.t5_ids;
+    out.llm_input_ids = encoded.llama_ids;
     out.embeddings = encoded.t5.to(torch::kCPU, torch::kFloat).contiguous();
     out.pooled = encoded.pooled.to(torch::kCPU, torch::kFloat).contiguous();
     out.llm_embeddings = encoded.llama.to(torch::kCPU, torch::kFloat).contiguous();

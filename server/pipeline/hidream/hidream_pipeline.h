@@ -56,9 +56,11 @@ class HiDreamPipeline final : public Pipeline {
  private:
   struct BatchRun;
   struct Prompts {
-    torch::Tensor t5;      // [n, length, width]
-    torch::Tensor llama;   // [layers, n, length, width]
-    torch::Tensor pooled;  // [n, dim]
+    torch::Tensor t5;         // [n, length, width]
+    torch::Tensor llama;      // [layers, n, length, width]
+    torch::Tensor pooled;     // [n, dim]
+    torch::Tensor t5_ids;     // [n, length] on the host: the token ids the encoders took
+    torch::Tensor llama_ids;  // [n, length] on the host
   };
   // The Llama's tokenizer as the pipeline calls it: padded to max_length with pad_id.
   struct LlamaTokenizer {
