@@ -83,20 +83,13 @@ INDEX = {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
 def write_tokenizers(src: str) -> dict:
     """CLIP's BPE (both CLIPs), T5's SentencePiece and the Llama's tokenizer.json, trained here
     on the exporter's prompt corpus, saved into src/tokenizer*/ as transformers saves them."""
-    import sentencepiece
     import bpe_reference
-    from qpool_export import bpe, corpus
+    import tokenizer_sources
     from transformers import CLIPTokenizer, PreTrainedTokenizerFast, T5TokenizerFast
 
     work = os.path.join(src, "..", "tokenizer-sources")
     os.makedirs(work, exist_ok=True)
-    bpe.write_tokenizer(work, bpe.train_bpe(corpus.PROMPTS, 1000))
-    with open(os.path.join(work, "corpus.txt"), "w") as f:
-        f.write("\n".join(corpus.PROMPTS))
-    sentencepiece.SentencePieceTrainer.train(
-        input=os.path.join(work, "corpus.txt"), model_prefix=os.path.join(work, "spiece"),
-        vocab_size=300, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-        minloglevel=2)
+    tokenizer_sources.write_clip_and_t5(work)
     bpe_reference.train(bpe_reference.LLAMA3, True, True).save(
         os.path.join(work, "tokenizer.json"))
     tokenizers = {"tokenizer": CLIPTokenizer(os.path.join(work, "vocab.json"),

@@ -109,18 +109,12 @@ def source_repository():
 def tokenizer_files(tmp_path_factory):
     """(a folder with CLIP's vocab.json and merges.txt, T5's spiece.model), trained here on the
     exporter's prompt corpus, for the tests that build diffusers pipelines themselves."""
-    spm = pytest.importorskip("sentencepiece")
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools" / "qpool_export"))
-    from qpool_export import bpe, corpus
+    pytest.importorskip("sentencepiece")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "testing"))
+    import tokenizer_sources
 
     out = tmp_path_factory.mktemp("tokenizers")
-    bpe.write_tokenizer(str(out), bpe.train_bpe(corpus.PROMPTS, 1000))
-    (out / "corpus.txt").write_text("\n".join(corpus.PROMPTS))
-    # T5's conventions: <pad> 0, </s> 1, <unk> 2, no <s>.
-    spm.SentencePieceTrainer.train(input=str(out / "corpus.txt"), model_prefix=str(out / "spiece"),
-                                   vocab_size=300, model_type="unigram", pad_id=0, eos_id=1,
-                                   unk_id=2, bos_id=-1, minloglevel=2)
-    return out, out / "spiece.model"
+    return out, pathlib.Path(tokenizer_sources.write_clip_and_t5(str(out)))
 
 
 # ------------------------------------------------------------------ repositories

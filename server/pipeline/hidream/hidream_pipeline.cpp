@@ -202,6 +202,7 @@ Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
   RETURN_IF_ERROR(residency().Use(transformer));
   residency().Prefetch(component("vae_decoder"));
   const int total = scheduler.num_steps();
+  torch::Tensor mask;
   for (int i = 0; i < total; ++i) {
     const int before = run.running();
     latents = run.DropCancelled(latents);
@@ -210,7 +211,9 @@ Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
     const torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;
     const torch::Tensor t = torch::full({model_in.size(0)}, scheduler.timestep(i) * train_steps,
                                         torch::dtype(torch::kFloat).device(device));
-    const torch::Tensor mask = ImageMask(model_in.size(0), tokens, padded, device);
+    if (!mask.defined() || mask.size(0) != model_in.size(0)) {  // rows change on cancellations
+      mask = ImageMask(model_in.size(0), tokens, padded, device);
+    }
     ASSIGN_OR_RETURN(torch::Tensor prediction,
                      transformer.Forward(
                          {model_in, t, conditioning[0], conditioning[1], conditioning[2], mask}));
