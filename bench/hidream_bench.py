@@ -1,5 +1,5 @@
 """HiDream-I1-Dev-shaped pipelines at full size with random weights: qpool (bf16, and with its
-transformer and Llama in NF4, quantized by the server at load) against diffusers'
+transformer, T5 and Llama in NF4, quantized by the server at load) against diffusers'
 HiDreamImagePipeline (bf16, eager and with its transformer under torch.compile) on one GPU, and
 the field report's case: prompt encoding alone under diffusers' model CPU offload against
 qpool's Encode-only request under `model`.
@@ -259,8 +259,8 @@ def peers(a, result: dict) -> None:
 
 
 def import_variants(a) -> dict:
-    """qpool-export from-diffusers into a.repo/hidream-nf4 (transformer and Llama quantized at
-    load), and hidream-bf16: the same files, its manifest without the quantization."""
+    """qpool-export from-diffusers into a.repo/hidream-nf4 (transformer, T5 and Llama quantized
+    at load), and hidream-bf16: the same files, its manifest without the quantization."""
     import yaml
 
     from qpool_export import manifest as manifest_io
@@ -269,7 +269,7 @@ def import_variants(a) -> dict:
     shutil.rmtree(a.repo, ignore_errors=True)
     seconds = import_bench.run_import(
         os.path.join(a.work, "src"), nf4, "--dtype", "bf16", "--quant-mode", "load-time",
-        "--quantize", "transformer=nf4,text_encoder_4=nf4")
+        "--quantize", "transformer=nf4,text_encoder_3=nf4,text_encoder_4=nf4")
     bf16 = os.path.join(a.repo, "hidream-bf16")
     os.makedirs(bf16)
     for entry in os.listdir(nf4):
@@ -325,6 +325,9 @@ def main() -> int:
     # Encode's reply holds the Llama's 32 layers in float32: 64 MiB a prompt at this size.
     p.add_argument("--server-args", default="--max-message-mb 256")
     p.add_argument("--variants", default="hidream-bf16,hidream-nf4", help="serve: what to time")
+    p.add_argument("--profile", action="store_true",
+                   help="serve: record one more request after the timed ones with the server's "
+                        "profiler, its kernels by kind in the result")
     p.add_argument("--no-encode-check", dest="encode_check", action="store_false",
                    help="serve: no Encode-only check under `model` after hidream-nf4's images")
     a = p.parse_args()

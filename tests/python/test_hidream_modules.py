@@ -21,7 +21,7 @@ diffusers = pytest.importorskip("diffusers")
 
 from qpool_export import quant, tracing  # noqa: E402
 from qpool_export.hidream_transformer import (HiDreamTransformer,  # noqa: E402
-                                              HiDreamTransformerConfig)
+                                              HiDreamTransformerConfig, fuse_projections)
 from qpool_export.import_error import ImportFailure  # noqa: E402
 
 torch.set_num_threads(1)
@@ -83,6 +83,28 @@ def test_transformer_equals_diffusers(overrides, width):
                         return_dict=False)[0]
         got = mirror(latents, t, t5, llama, pooled, mask)
     assert got.shape == want.shape == latents.shape
+    assert (got - want).abs().max().item() < 1e-5 * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_routed_experts": 0}])
+def test_fused_projections_equal_diffusers(overrides):
+    """Each attention's q / k / v and each SwiGLU's w1 / w3 as one linear, as the importer
+    fuses them (Note [Fused projections]): the same outputs, traced as well as eager."""
+    original, mirror = hidream(**overrides)
+    blocks = TINY["num_layers"] + TINY["num_single_layers"]
+    routed = overrides.get("num_routed_experts", TINY["num_routed_experts"])
+    # Per block: its attention, the image feed-forward's experts (and shared one) or its
+    # SwiGLU; per double block also the text feed-forward.
+    swiglus = blocks * (routed + 1 if routed else 1) + TINY["num_layers"]
+    assert fuse_projections(mirror) == blocks + swiglus
+    assert not any(name.endswith((".w1.weight", ".to_q.weight")) for name in mirror.state_dict())
+    example = inputs(2, 8, width=12)
+    latents, t, t5, llama, pooled, mask = example
+    with torch.no_grad():
+        want = original(hidden_states=latents, timesteps=t, encoder_hidden_states_t5=t5,
+                        encoder_hidden_states_llama3=llama, pooled_embeds=pooled,
+                        return_dict=False)[0]
+        got = tracing.trace(mirror, inputs(2, 8))(*example)
     assert (got - want).abs().max().item() < 1e-5 * max(1.0, want.abs().max().item())
 
 

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 
 from .diffusers_components import Built, _check_same, _mirror, _open_original, read_json
-from .hidream_transformer import HiDreamTransformer, HiDreamTransformerConfig
+from .hidream_transformer import HiDreamTransformer, HiDreamTransformerConfig, fuse_projections
 from .import_error import ImportFailure
 from .llm_encoder import LlmEncoder, LlmEncoderConfig
 
@@ -102,7 +102,11 @@ def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, i
         where, lambda: HiDreamImageTransformer2DModel.from_pretrained(where, variant=variant),
         HiDreamImageTransformer2DModel.from_config, streamed, variant)
     cfg = check(HiDreamTransformerConfig.from_diffusers(dict(original.config), config_path))
-    mirror, stream = _mirror(lambda: HiDreamTransformer(cfg), original.state_dict, source, where)
+    # A bitsandbytes checkpoint's layers keep their names; the others' projections are fused
+    # (Note [Fused projections]), each streamed block as it arrives.
+    fuse = (lambda m: None) if prequantized else fuse_projections
+    mirror, stream = _mirror(lambda: HiDreamTransformer(cfg), original.state_dict, source, where,
+                             fuse)
 
     def inputs(batch: int, rows: int, cols: int, tokens: int, llama_len: int,
                padding: int = 0) -> Tuple[torch.Tensor, ...]:

@@ -47,6 +47,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .blocks import fused_linear
+from .flux_transformer import _gated, _norm_modulate
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection
 
@@ -145,7 +147,20 @@ class SwiGlu(nn.Module):
         self.w2 = nn.Linear(inner, dim, bias=False)
         self.w3 = nn.Linear(dim, inner, bias=False)
 
+    def fuse(self) -> bool:
+        """w1 and w3 as one w13 (Note [Fused projections] in blocks.py); False, changing
+        nothing, where they are not plain linears."""
+        fused = fused_linear([self.w1, self.w3])
+        if fused is None:
+            return False
+        del self.w1, self.w3
+        self.w13 = fused
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "w13"):
+            gate, value = self.w13(x).chunk(2, dim=-1)
+            return self.w2(F.silu(gate) * value)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -218,17 +233,41 @@ class HiDreamAttention(nn.Module):
             self.q_rms_norm_t = nn.RMSNorm(inner, QK_NORM_EPS)
             self.k_rms_norm_t = nn.RMSNorm(inner, QK_NORM_EPS)
 
+    def fuse(self) -> bool:
+        """Each stream's to_q / to_k / to_v as one linear, to_qkv (and to_qkv_t) (Note [Fused
+        projections] in blocks.py; all three read the normed stream); False, changing nothing,
+        where they are not plain linears."""
+        qkv = fused_linear([self.to_q, self.to_k, self.to_v])
+        text = None if self.single else fused_linear([self.to_q_t, self.to_k_t, self.to_v_t])
+        if qkv is None or (not self.single and text is None):
+            return False
+        del self.to_q, self.to_k, self.to_v
+        self.to_qkv = qkv
+        if not self.single:
+            del self.to_q_t, self.to_k_t, self.to_v_t
+            self.to_qkv_t = text
+        return True
+
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (self.heads, -1))  # [B, N, H, head_dim]
 
-    def _qkv(self, x: torch.Tensor, q: nn.Linear, k: nn.Linear, v: nn.Linear, q_norm: nn.RMSNorm,
+    def _qkv(self, x: torch.Tensor, suffix: str, q_norm: nn.RMSNorm,
              k_norm: nn.RMSNorm) -> List[torch.Tensor]:
-        return [self._heads(q_norm(q(x))), self._heads(k_norm(k(x))), self._heads(v(x))]
+        """The stream's q, k (RMS-normed over all heads, as diffusers) and v, [B, N, H, D]."""
+        fused = "to_qkv" + suffix
+        if hasattr(self, fused):
+            q, k, v = getattr(self, fused)(x).chunk(3, dim=-1)
+        else:
+            q, k, v = (getattr(self, name + suffix)(x) for name in ("to_q", "to_k", "to_v"))
+        return [self._heads(q_norm(q)), self._heads(k_norm(k)), self._heads(v)]
 
     def _attend(self, q, k, v, cos, sin) -> torch.Tensor:
+        """`cos`, `sin`: float32 [N, pairs], the rotary tables (rotary())."""
         pairs = cos.shape[-1]
-        if self.whole_head:
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.whole_head:  # one qpool::rope each (Note [Rotary embedding op] in rope_op.h)
+            cos2 = torch.stack([cos, cos], dim=-1).flatten(-2)[None, :, None, :]
+            sin2 = torch.stack([sin, sin], dim=-1).flatten(-2)[None, :, None, :]
+            q, k = torch.ops.qpool.rope(q, cos2, sin2), torch.ops.qpool.rope(k, cos2, sin2)
         else:  # the first half of each head rotates, the second does not
             q = torch.cat([rotate(q[..., :2 * pairs], cos, sin), q[..., 2 * pairs:]], dim=-1)
             k = torch.cat([rotate(k[..., :2 * pairs], cos, sin), k[..., 2 * pairs:]], dim=-1)
@@ -238,26 +277,19 @@ class HiDreamAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 keep: torch.Tensor) -> torch.Tensor:
         """`keep` [B, N]: the keys' factors (Note [Padded images])."""
-        q, k, v = self._qkv(x, self.to_q, self.to_k, self.to_v, self.q_rms_norm, self.k_rms_norm)
+        q, k, v = self._qkv(x, "", self.q_rms_norm, self.k_rms_norm)
         return self.to_out(self._attend(q, k * keep[:, :, None, None], v, cos, sin))
 
     def joint(self, x: torch.Tensor, text: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """`keep` [B, image tokens]: the image keys' factors (Note [Padded images])."""
-        qi, ki, vi = self._qkv(x, self.to_q, self.to_k, self.to_v, self.q_rms_norm,
-                               self.k_rms_norm)
+        qi, ki, vi = self._qkv(x, "", self.q_rms_norm, self.k_rms_norm)
         ki = ki * keep[:, :, None, None]
-        qt, kt, vt = self._qkv(text, self.to_q_t, self.to_k_t, self.to_v_t, self.q_rms_norm_t,
-                               self.k_rms_norm_t)
+        qt, kt, vt = self._qkv(text, "_t", self.q_rms_norm_t, self.k_rms_norm_t)
         y = self._attend(torch.cat([qi, qt], 1), torch.cat([ki, kt], 1), torch.cat([vi, vt], 1),
                          cos, sin)
         image = x.shape[1]
         return self.to_out(y[:, :image]), self.to_out_t(y[:, image:])
-
-
-def modulate(norm: nn.LayerNorm, x: torch.Tensor, shift: torch.Tensor,
-             scale: torch.Tensor) -> torch.Tensor:
-    return norm(x) * (1 + scale) + shift
 
 
 class HiDreamBlockBase(nn.Module):
@@ -283,9 +315,10 @@ class HiDreamSingleBlock(HiDreamBlockBase):
     def forward(self, x: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 keep: torch.Tensor) -> torch.Tensor:
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.adaLN_modulation(
-            temb)[:, None].chunk(6, dim=-1)
-        x = gate_a * self.attn1(modulate(self.norm1_i, x, shift_a, scale_a), cos, sin, keep) + x
-        return gate_f * self.ff_i(modulate(self.norm3_i, x, shift_f, scale_f)) + x
+            temb).chunk(6, dim=-1)
+        x = _gated(x, gate_a, self.attn1(_norm_modulate(self.norm1_i, x, shift_a, scale_a), cos,
+                                         sin, keep))
+        return _gated(x, gate_f, self.ff_i(_norm_modulate(self.norm3_i, x, shift_f, scale_f)))
 
 
 class HiDreamDoubleBlock(HiDreamBlockBase):
@@ -299,15 +332,15 @@ class HiDreamDoubleBlock(HiDreamBlockBase):
     def forward(self, x: torch.Tensor, text: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         (shift_a, scale_a, gate_a, shift_f, scale_f, gate_f, shift_at, scale_at, gate_at,
-         shift_ft, scale_ft, gate_ft) = self.adaLN_modulation(temb)[:, None].chunk(12, dim=-1)
-        out_i, out_t = self.attn1.joint(modulate(self.norm1_i, x, shift_a, scale_a),
-                                        modulate(self.norm1_t, text, shift_at, scale_at),
+         shift_ft, scale_ft, gate_ft) = self.adaLN_modulation(temb).chunk(12, dim=-1)
+        out_i, out_t = self.attn1.joint(_norm_modulate(self.norm1_i, x, shift_a, scale_a),
+                                        _norm_modulate(self.norm1_t, text, shift_at, scale_at),
                                         cos, sin, keep)
-        x = gate_a * out_i + x
-        text = gate_at * out_t + text
-        x = gate_f * self.ff_i(modulate(self.norm3_i, x, shift_f, scale_f)) + x
-        text = gate_ft * self.ff_t(modulate(self.norm3_t, text, shift_ft, scale_ft)) + text
-        return x, text
+        x = _gated(x, gate_a, out_i)
+        text = _gated(text, gate_at, out_t)
+        x = _gated(x, gate_f, self.ff_i(_norm_modulate(self.norm3_i, x, shift_f, scale_f)))
+        return x, _gated(text, gate_ft,
+                         self.ff_t(_norm_modulate(self.norm3_t, text, shift_ft, scale_ft)))
 
 
 class BlockHolder(nn.Module):
@@ -352,7 +385,15 @@ class OutEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(temb).chunk(2, dim=1)
-        return self.linear(self.norm_final(x) * (1 + scale[:, None]) + shift[:, None])
+        return self.linear(_norm_modulate(self.norm_final, x, shift, scale))
+
+
+def fuse_projections(module: nn.Module) -> int:
+    """Fuses the linears that read one input in every attention and SwiGLU of `module` (the
+    transformer, or one of its blocks streamed alone; Note [Fused projections] in blocks.py);
+    returns how many were fused (those whose linears are all plain)."""
+    return sum(m.fuse() for m in list(module.modules()) if isinstance(m, (HiDreamAttention,
+                                                                          SwiGlu)))
 
 
 class HiDreamTransformer(nn.Module):
