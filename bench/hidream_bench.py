@@ -157,8 +157,8 @@ def build_source(a) -> dict:
         "text_encoder_4": lambda: LlamaForCausalLM(LlamaConfig(**dict(
             LLAMA, **tiny["llama"], bos_token_id=tokenizers["tokenizer_4"].bos_token_id,
             eos_token_id=tokenizers["tokenizer_4"].eos_token_id))),
-        "transformer": lambda: HiDreamImageTransformer2DModel(**dict(TRANSFORMER,
-                                                                    **tiny["transformer"])),
+        "transformer": lambda: HiDreamImageTransformer2DModel(**dict(
+            TRANSFORMER, **tiny["transformer"], **blocks(a))),
         "vae": lambda: AutoencoderKL(**dict(FLUX_VAE, **tiny["vae"])),
     }
     sizes = {}
@@ -192,6 +192,18 @@ def build_source(a) -> dict:
         json.dump({"_class_name": "HiDreamImagePipeline",
                    "_diffusers_version": diffusers.__version__, **INDEX}, f, indent=1)
     return sizes
+
+
+def blocks(a) -> dict:
+    """--blocks D,S: the transformer's first D double- and S single-stream blocks of the
+    published config (each keeping its Llama layer), for quicker runs; {} for all of them."""
+    if not a.blocks:
+        return {}
+    double, single = (int(n) for n in a.blocks.split(","))
+    layers = TRANSFORMER["llama_layers"]
+    n = TRANSFORMER["num_layers"]
+    return {"num_layers": double, "num_single_layers": single,
+            "llama_layers": layers[:double] + layers[n:n + single]}
 
 
 def load_diffusers(a):
@@ -325,6 +337,8 @@ def main() -> int:
     # Encode's reply holds the Llama's 32 layers in float32: 64 MiB a prompt at this size.
     p.add_argument("--server-args", default="--max-message-mb 256")
     p.add_argument("--variants", default="hidream-bf16,hidream-nf4", help="serve: what to time")
+    p.add_argument("--blocks", help="source: D,S double- and single-stream blocks of the "
+                                    "transformer (default: the published 16,32)")
     p.add_argument("--profile", action="store_true",
                    help="serve: record one more request after the timed ones with the server's "
                         "profiler, its kernels by kind in the result")
@@ -334,7 +348,8 @@ def main() -> int:
     os.makedirs(a.work, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "size": a.size, "steps": a.steps,
-              "guidance": a.guidance, "source_dtype": a.source_dtype}
+              "guidance": a.guidance, "source_dtype": a.source_dtype,
+              **({"blocks": a.blocks} if a.blocks else {})}
     if a.phase == "source":
         print(json.dumps(build_source(a)))
     elif a.phase in ("peers", "compiled"):
