@@ -33,20 +33,23 @@ The feed-forward of the image stream is a mixture of experts: a softmax gate pic
 num_activated_experts of num_routed_experts per token and adds their outputs weighted by the gate,
 plus a shared expert. As diffusers' moe_infer, each expert runs on its own tokens only: nonzero()
 finds them, index_select gathers them and index_add puts the weighted outputs back, experts in
-order, so each token's sum is diffusers'. The trace keeps those sizes as data (no Python int comes
-from a tensor), so one trace serves every routing; nonzero waits for the GPU, which is why the
-server runs this transformer without CUDA graphs (Note [HiDream conditioning]).
+order, so each token's sum is diffusers' (up to rounding: the gate weight multiplies the rows
+before the expert's last linear, inside qpool::swiglu, rather than after it). The trace keeps
+those sizes as data (no Python int comes from a tensor), so one trace serves every routing;
+nonzero waits for the GPU, which is why the server runs this transformer without CUDA graphs
+(Note [HiDream conditioning]).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import ops
 from .blocks import fused_linear
 from .flux_transformer import _gated, _norm_modulate
 from .import_error import ImportFailure
@@ -137,8 +140,30 @@ def swiglu_width(hidden_dim: int, multiple_of: int = 256) -> int:
     return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
 
 
+# qpool::swiglu's schema, byte-identical to kSwigluSchema in server/quant/swiglu_op.h (a unit test
+# compares them).
+SWIGLU_SCHEMA = "swiglu(Tensor x, Tensor? weight) -> Tensor"
+
+
+def _swiglu_ref(x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """silu of x's first half times its second, times weight[..., None] where given:
+    qpool::swiglu's reference, the server's CPU kernel's operations (Note [SwiGLU op] in
+    server/quant/swiglu_op.h)."""
+    gate, value = x.chunk(2, dim=-1)
+    out = F.silu(gate) * value
+    return out if weight is None else out * weight[..., None]
+
+
+def _swiglu_fake(x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+_SWIGLU_LIB = ops.register(SWIGLU_SCHEMA, _swiglu_ref, _swiglu_fake)
+
+
 class SwiGlu(nn.Module):
-    """w2(silu(w1 x) * w3 x)."""
+    """w2(silu(w1 x) * w3 x), each row's product times `weight` (a routed expert's gate weights,
+    Note [Routed experts]) before w2 where one is given."""
 
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
@@ -157,11 +182,11 @@ class SwiGlu(nn.Module):
         self.w13 = fused
         return True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "w13"):
-            gate, value = self.w13(x).chunk(2, dim=-1)
-            return self.w2(F.silu(gate) * value)
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+    def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if hasattr(self, "w13"):  # one qpool::swiglu (Note [SwiGLU op])
+            return self.w2(torch.ops.qpool.swiglu(self.w13(x), weight))
+        h = F.silu(self.w1(x)) * self.w3(x)
+        return self.w2(h if weight is None else h * weight[..., None])
 
 
 class MoeGate(nn.Module):
@@ -187,7 +212,7 @@ class MoeSwiGlu(nn.Module):
         y = torch.zeros_like(flat)
         for i, expert in enumerate(self.experts):
             token, slot = (top_index == i).nonzero(as_tuple=True)
-            out = expert(flat.index_select(0, token)) * top_weight[token, slot][:, None]
+            out = expert(flat.index_select(0, token), top_weight[token, slot].type_as(flat))
             y = y.index_add(0, token, out.type_as(flat))
         return y.view(x.shape) + self.shared_experts(x)
 
