@@ -12,7 +12,7 @@ const std::vector<std::string>& SamplerNames(ScheduleFamily family) {
                                                  "dpmpp_2m_sde_karras",
                                                  "unipc",
                                                  "unipc_karras"};
-  static const std::vector<std::string> kFlowMatch = {"euler"};
+  static const std::vector<std::string> kFlowMatch = {"euler", "unipc"};
   return family == ScheduleFamily::kFlowMatch ? kFlowMatch : kDdpm;
 }
 

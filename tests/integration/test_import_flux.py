@@ -18,6 +18,7 @@ Tolerances: float32 on the CPU through the same operations: embeddings within 1e
 within one 8-bit level.
 """
 
+import copy
 import math
 import os
 import shutil
@@ -356,7 +357,7 @@ def test_served_flux_pipelines_are_listed(client):
     for name in ("flux-dev", "flux-schnell", "flux-nf4"):
         info = pipelines[name]
         assert info.kind == "flux"
-        assert list(info.schedulers) == ["euler"]  # flow matching's Euler only
+        assert list(info.schedulers) == ["euler", "unipc"]
         assert info.state == client.pb2.PIPELINE_STATE_LOADED, info
         formats = NF4 if name == "flux-nf4" else {}
         assert {c.name: c.quantization for c in info.components} == {
@@ -407,9 +408,11 @@ def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1, negati
 
 
 def qpool_images(client, name, steps, seed, prompt, guidance_scale, images=1, negative_prompt="",
-                 true_cfg_scale=None):
+                 true_cfg_scale=None, scheduler=""):
     extra = {} if true_cfg_scale is None else {"negative_prompt": negative_prompt,
                                                "true_cfg_scale": true_cfg_scale}
+    if scheduler:
+        extra["scheduler"] = scheduler
     result = client.generate_one(pipeline=name, prompt=prompt, steps=steps,
                                  guidance_scale=guidance_scale, width=SIZE, height=SIZE,
                                  seed=seed, num_images=images, **extra)
@@ -481,6 +484,23 @@ def test_served_images_match_diffusers(client, references, case):
     for i, (g, w) in enumerate(zip(got, want)):
         assert np.abs(g - w).max() <= 1, f"{case}, image {i}"
         assert w.std() > 5, "a flat reference image compares nothing"
+
+
+def test_served_unipc_images_match_diffusers(client, references):
+    """scheduler unipc: diffusers' UniPCMultistepScheduler on flow sigmas, dynamically shifted
+    with FluxPipeline's mu (Note [Flow-matching UniPC]); 4 steps take both orders and the
+    corrector."""
+    from diffusers import UniPCMultistepScheduler
+
+    pipe = copy.copy(references["flux-dev"])  # the fixture's pipeline keeps its own scheduler
+    pipe.scheduler = UniPCMultistepScheduler(use_flow_sigmas=True, use_dynamic_shifting=True,
+                                             prediction_type="flow_prediction", flow_shift=3.0)
+    want = diffusers_images(pipe, 4, 11, PROMPT, 3.5)[0]
+    got = qpool_images(client, "flux-dev", 4, 11, PROMPT, 3.5, scheduler="unipc")[0]
+    assert want.std() > 5, "a flat reference image compares nothing"
+    assert np.abs(got - want).max() <= 1
+    euler = qpool_images(client, "flux-dev", 4, 11, PROMPT, 3.5)[0]
+    assert np.abs(euler - want).max() > 1, "the two samplers make the same image"
 
 
 def test_served_guidance_changes_the_image_of_a_distilled_model_only(client):

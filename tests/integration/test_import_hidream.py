@@ -19,6 +19,7 @@ Tolerances: float32 on the CPU through the same operations: embeddings within 1e
 within one 8-bit level.
 """
 
+import copy
 import os
 import shutil
 import sys
@@ -312,11 +313,11 @@ FAILURES = {
                    edit_json(s / "model_index.json", text_encoder_4=[None, None])),
         "text_encoder_4: missing; HiDream folders name their Llama apart: pass "
         "--text-encoder-4 DIR"),
-    "UniPC scheduler": (
+    "UniPC scheduler without flow sigmas": (
         lambda s: edit_json(s / "scheduler" / "scheduler_config.json",
                             _class_name="UniPCMultistepScheduler"),
         "field '_class_name' is 'UniPCMultistepScheduler'; kind hidream imports "
-        "FlowMatchEulerDiscreteScheduler"),
+        "FlowMatchEulerDiscreteScheduler, or UniPCMultistepScheduler with use_flow_sigmas"),
     "unknown expert count": (
         lambda s: edit_json(s / "transformer" / "config.json", num_activated_experts=5),
         "transformer/config.json: field 'num_activated_experts' is 5"),
@@ -366,7 +367,7 @@ def test_served_hidream_pipelines_are_listed(client):
     for name in ("hidream-dev", "hidream-apart", "hidream-nf4"):
         info = client.pipelines()[name]
         assert info.kind == "hidream"
-        assert list(info.schedulers) == ["euler"]
+        assert list(info.schedulers) == ["euler", "unipc"]
         assert info.state == client.pb2.PIPELINE_STATE_LOADED, info
         formats = NF4 if name == "hidream-nf4" else {}
         assert {c.name: c.quantization for c in info.components} == {
@@ -419,10 +420,13 @@ def latents_for(seed, images=1, width=SIZE, height=SIZE):
 
 
 def diffusers_images(pipe, steps, seed, prompt, guidance_scale, images=1, negative_prompt=None,
-                     width=SIZE, height=SIZE):
+                     width=SIZE, height=SIZE, scheduler=None):
     """HiDreamImagePipeline's images, 8-bit; width x height must have SIZE x SIZE's area, which
     it keeps (load_pipeline)."""
     assert width * height == SIZE * SIZE
+    if scheduler is not None:
+        pipe = copy.copy(pipe)  # the fixture's pipeline keeps its own scheduler
+        pipe.scheduler = scheduler
     with torch.no_grad():
         out = pipe(prompt=prompt, negative_prompt=negative_prompt, height=height, width=width,
                    num_inference_steps=steps, guidance_scale=guidance_scale,
@@ -455,3 +459,25 @@ def test_served_images_match_diffusers(client, references, name, guidance, negat
         got = np.frombuffer(b"".join(png.rows), dtype=np.uint8).reshape(height, width, 3)
         assert expected.std() > 5, "a flat reference image compares nothing"
         assert np.abs(got.astype(np.int16) - expected).max() <= 1, name
+
+
+def test_served_unipc_images_match_diffusers(client, references):
+    """scheduler unipc: diffusers' UniPCMultistepScheduler on flow sigmas with the pipeline's
+    shift as its flow_shift (HiDream-I1 Full's scheduler, Note [Flow-matching UniPC]); 4 steps
+    take both orders and the corrector, with CFG."""
+    from diffusers import UniPCMultistepScheduler
+
+    pipe = references["hidream-dev"]
+    unipc = UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction",
+                                    flow_shift=pipe.scheduler.config.shift)
+    steps, seed = 4, 5
+    result = client.generate_one(pipeline="hidream-dev", prompt=PROMPT, negative_prompt="blurry",
+                                 steps=steps, guidance_scale=5.0, seed=seed, width=SIZE,
+                                 height=SIZE, scheduler="unipc")
+    want = diffusers_images(pipe, steps, seed, PROMPT, 5.0, 1, "blurry", scheduler=unipc)[0]
+    png = read_png(result.images[0].png)
+    got = np.frombuffer(b"".join(png.rows), dtype=np.uint8).reshape(SIZE, SIZE, 3)
+    assert want.std() > 5, "a flat reference image compares nothing"
+    assert np.abs(got.astype(np.int16) - want).max() <= 1
+    euler = diffusers_images(pipe, steps, seed, PROMPT, 5.0, 1, "blurry")[0]
+    assert np.abs(euler - want).max() > 1, "the two samplers make the same image"

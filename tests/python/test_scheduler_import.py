@@ -114,3 +114,24 @@ def test_hostile_flow_numbers_are_refused_naming_the_field():
     with pytest.raises(ImportFailure, match=re.escape("field 'max_image_seq_len' is 1e+30")):
         scheduler_import.translate_flow({"_class_name": "FlowMatchEulerDiscreteScheduler",
                                          "max_image_seq_len": 1e30}, "scheduler_config.json")
+
+
+def test_unipc_on_flow_sigmas_imports_as_flow_unipc(tmp_path):
+    """HiDream-I1 Full's scheduler: UniPC on flow sigmas, its flow_shift the static shift; the
+    settings qpool's flow unipc does not compute are refused naming the field."""
+    config = written("UniPCMultistepScheduler", tmp_path, use_flow_sigmas=True,
+                     prediction_type="flow_prediction", flow_shift=3.0)
+    section, sampler = scheduler_import.translate_flow(config, "s.json", "hidream")
+    assert sampler == "unipc"
+    assert section["shift"] == 3.0 and not section["use_dynamic_shifting"]
+    assert section["num_train_timesteps"] == 1000
+    dynamic = {**config, "use_dynamic_shifting": True}
+    assert scheduler_import.translate_flow(dynamic, "s.json", "flux")[0]["use_dynamic_shifting"]
+    for field, value in (("use_dynamic_shifting", True), ("prediction_type", "epsilon"),
+                         ("solver_order", 3), ("use_karras_sigmas", True),
+                         ("shift_terminal", 0.1), ("invented", 1)):
+        with pytest.raises(ImportFailure, match=re.escape(f"field '{field}'")):
+            scheduler_import.translate_flow({**config, field: value}, "s.json", "hidream")
+    # Without flow sigmas UniPC is a DDPM scheduler, which flow-matching kinds refuse.
+    with pytest.raises(ImportFailure, match="field '_class_name'"):
+        scheduler_import.translate_flow({**config, "use_flow_sigmas": False}, "s.json", "flux")

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "pipeline/scheduler/ddim_scheduler.h"
 #include "pipeline/scheduler/euler_scheduler.h"
 #include "pipeline/scheduler/flow_match_scheduler.h"
+#include "pipeline/scheduler/flow_unipc_scheduler.h"
 #include "testing/scheduler_helpers.h"
 
 namespace qpool {
@@ -447,6 +449,61 @@ TEST(FlowMatchEulerScheduler, TrueVelocityRecoversX0) {
       s.Step(torch::ones({2}, torch::kHalf), 0, torch::zeros({2}, torch::kHalf));
   EXPECT_EQ(half.scalar_type(), torch::kHalf);
   EXPECT_THROW(s.Step(x, 7, x), c10::Error);
+}
+
+
+// Note [Flow-matching UniPC]: the sigmas and timesteps diffusers' UniPCMultistepScheduler (flow
+// sigmas, flow_prediction) gives, 4 steps, as diffusers 0.42 computed them: HiDream-I1 Full's
+// flow_shift 3, and with dynamic shifting at FluxPipeline's mu 0.63 (a 512x512 FLUX image; it
+// hands the scheduler no sigmas, so the FluxPipeline spacing changes nothing).
+TEST(FlowUniPcScheduler, SigmasAndTimestepsMatchDiffusers) {
+  FlowShiftConfig fixed;
+  fixed.shift = 3.0;
+  FlowUniPcScheduler own(fixed, FlowSigmas::kScheduler, 1000);
+  ASSERT_TRUE(own.SetTimesteps(4, 16).ok());
+  const std::vector<double> want = {0.9999989867210388, 0.900119960308075, 0.7503747940063477,
+                                    0.5009989738464355, 0.0};
+  ASSERT_EQ(own.sigmas().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(own.sigmas()[i], want[i], 1e-7) << i;
+  const std::vector<double> steps = {999, 900, 750, 500};
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(own.timestep(i) * 1000, steps[i]) << i;
+
+  FlowShiftConfig dynamic;
+  dynamic.use_dynamic_shifting = true;
+  FlowUniPcScheduler flux(dynamic, FlowSigmas::kFluxPipeline, 1000);
+  ASSERT_TRUE(flux.SetTimesteps(4, 1024).ok());
+  const std::vector<double> shifted = {0.9999989867210388, 0.8494055271148682, 0.6529428362846375,
+                                       0.38589128851890564, 0.0};
+  for (size_t i = 0; i < shifted.size(); ++i) EXPECT_NEAR(flux.sigmas()[i], shifted[i], 1e-7) << i;
+  const std::vector<double> flux_steps = {999, 849, 652, 385};
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(flux.timestep(i) * 1000, flux_steps[i]) << i;
+  EXPECT_FALSE(flux.SetTimesteps(0, 1024).ok());
+}
+
+// With the true velocity every data prediction is x0, so each corrected and predicted sample
+// lies on the line between noise and x0 (Note [UniPC]) and the last is x0; steps out of order and
+// unknown sampler names are refused.
+TEST(FlowUniPcScheduler, TrueVelocityRecoversX0) {
+  FlowShiftConfig config;
+  config.shift = 3.0;
+  StatusOr<std::unique_ptr<FlowSampler>> made =
+      MakeFlowSampler("unipc", config, FlowSigmas::kScheduler, 1000);
+  ASSERT_TRUE(made.ok());
+  const std::unique_ptr<FlowSampler>& s = made.value();
+  EXPECT_EQ(s->name(), "unipc");
+  ASSERT_TRUE(s->SetTimesteps(6, 64).ok());
+  torch::manual_seed(1);
+  const torch::Tensor x0 = torch::randn({2, 5, 3}, torch::kDouble);
+  const torch::Tensor noise = torch::randn({2, 5, 3}, torch::kDouble);
+  torch::Tensor x = (1 - s->sigmas()[0]) * x0 + s->sigmas()[0] * noise;
+  for (int i = 0; i < s->num_steps(); ++i) {
+    x = s->Step(noise - x0, i, x);
+    const double sigma = s->sigmas()[i + 1];
+    EXPECT_TRUE(torch::allclose(x, (1 - sigma) * x0 + sigma * noise, 1e-9, 1e-9)) << i;
+  }
+  EXPECT_TRUE(torch::allclose(x, x0, 1e-9, 1e-9));
+  EXPECT_THROW(s->Step(x, 3, x), c10::Error);
+  EXPECT_FALSE(MakeFlowSampler("ddim", config, FlowSigmas::kScheduler, 1000).ok());
 }
 
 }  // namespace

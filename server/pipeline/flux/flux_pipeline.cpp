@@ -1,7 +1,7 @@
 #include "pipeline/flux/flux_pipeline.h"
 
 #include "pipeline/batch_run.h"
-#include "pipeline/scheduler/flow_match_scheduler.h"
+#include "pipeline/scheduler/flow_unipc_scheduler.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -141,7 +141,11 @@ Status FluxPipeline::DenoiseBatch(BatchRun& run) {
   const auto& latent = manifest().latent;
   const int64_t h = first.height / latent.downscale;
   const int64_t w = first.width / latent.downscale;
-  FlowMatchEulerScheduler scheduler(manifest().scheduler.flow);
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<FlowSampler> sampler,
+      MakeFlowSampler(first.scheduler, manifest().scheduler.flow, FlowSigmas::kFluxPipeline,
+                      manifest().scheduler.num_train_timesteps));
+  FlowSampler& scheduler = *sampler;
   RETURN_IF_ERROR(scheduler.SetTimesteps(first.steps, (h / 2) * (w / 2)));
 
   const c10::Device device = this->device();
@@ -159,7 +163,8 @@ Status FluxPipeline::DenoiseBatch(BatchRun& run) {
   const int total = scheduler.num_steps();
   for (int i = 0; i < total; ++i) {
     const int before = run.running();
-    latents = run.DropCancelled(latents);
+    latents =
+        run.DropCancelled(latents, [&](const torch::Tensor& rows) { scheduler.KeepRows(rows); });
     if (run.running() == 0) return Status::Ok();
     if (run.running() != before) conditioning = run.Conditioning(device, cfg);
     const torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;

@@ -1,6 +1,6 @@
 // FluxPipeline: a FLUX.1-shaped text-to-image pipeline (kind "flux"): CLIP's pooled prompt
 // embedding and T5's token embeddings condition a flow-matching transformer over 2x2 patches of
-// a 16-channel latent, sampled with the flow-matching Euler scheduler and decoded by the VAE.
+// a 16-channel latent, sampled with flow matching's Euler or UniPC and decoded by the VAE.
 #pragma once
 
 #include <torch/script.h>

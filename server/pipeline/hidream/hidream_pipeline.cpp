@@ -1,7 +1,7 @@
 #include "pipeline/hidream/hidream_pipeline.h"
 
 #include "pipeline/batch_run.h"
-#include "pipeline/scheduler/flow_match_scheduler.h"
+#include "pipeline/scheduler/flow_unipc_scheduler.h"
 #include "util/log.h"
 
 namespace qpool {
@@ -186,7 +186,10 @@ Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
   const int64_t h = first.height / latent.downscale;
   const int64_t w = first.width / latent.downscale;
   const int train_steps = manifest().scheduler.num_train_timesteps;
-  FlowMatchEulerScheduler scheduler(manifest().scheduler.flow, FlowSigmas::kScheduler, train_steps);
+  ASSIGN_OR_RETURN(std::unique_ptr<FlowSampler> sampler,
+                   MakeFlowSampler(first.scheduler, manifest().scheduler.flow,
+                                   FlowSigmas::kScheduler, train_steps));
+  FlowSampler& scheduler = *sampler;
   RETURN_IF_ERROR(scheduler.SetTimesteps(first.steps, (h / 2) * (w / 2)));
   // Non-square latents' patches are padded (ResolveGenerate checked that they fit).
   const int64_t tokens = (h / 2) * (w / 2);
@@ -205,7 +208,8 @@ Status HiDreamPipeline::DenoiseBatch(BatchRun& run) {
   torch::Tensor mask;
   for (int i = 0; i < total; ++i) {
     const int before = run.running();
-    latents = run.DropCancelled(latents);
+    latents =
+        run.DropCancelled(latents, [&](const torch::Tensor& rows) { scheduler.KeepRows(rows); });
     if (run.running() == 0) return Status::Ok();
     if (run.running() != before) conditioning = run.Conditioning(cfg);
     const torch::Tensor model_in = cfg ? torch::cat({latents, latents}) : latents;

@@ -1,7 +1,7 @@
 // HiDreamPipeline: a HiDream-I1-shaped text-to-image pipeline (kind "hidream"): two CLIPs'
 // pooled embeddings, T5's token states and every layer's hidden states of a Llama condition a
-// mixture-of-experts flow-matching transformer over 2x2 patches of the latent, sampled with the
-// flow-matching Euler scheduler and decoded by the VAE.
+// mixture-of-experts flow-matching transformer over 2x2 patches of the latent, sampled with flow
+// matching's Euler or UniPC and decoded by the VAE.
 #pragma once
 
 #include <torch/script.h>

@@ -184,26 +184,17 @@ void DpmSolverScheduler::KeepRows(const torch::Tensor& rows) {
   }
 }
 
-// Note [UniPC]
-// With lambda = -log(sigma) and alpha = 1 / sqrt(sigma^2 + 1) as in Note [DPM-Solver++ 2M], a
-// move from sigma_s to sigma_t (h = lambda_t - lambda_s, B = e^-h - 1) starts from
-//   x_t' = (alpha_t sigma_t / (alpha_s sigma_s)) x_s - alpha_t B m_s,
-// m_s the data prediction at sigma_s. The predictor (UniP) of order 2 subtracts
-// alpha_t B / 2 (m_{s'} - m_s) / r, r = (lambda_{s'} - lambda_s) / h, m_{s'} the prediction of
-// the step before; order 1 is x_t' itself (at sigma_t = 0: m_s). Once the model has seen x_t and
-// predicted m_t, the corrector (UniC) redoes the move from x_s with
-//   x_t = x_t' - alpha_t B (rho_0 (m_{s'} - m_s) / r + rho_1 (m_t - m_s))
-// where (rho_0, rho_1) solves [[1, 1], [r, 1]] rho = (b_1, b_2), b_k = k! phi_k / B with
-// phi_1 = B / -h - 1, phi_2 = phi_1 / -h - 1/2 (the corrector of a first-order prediction has
-// rho_1 = 1/2 and no rho_0), and the next prediction starts from the corrected x_t. The order is
-// 1 on the first step and on the last, 2 between; diffusers computes these in float32 and we in
-// double.
+namespace {
+
+// Note [UniPC] (unipc_core.h) on the variance-preserving sample: lambda = -log(sigma).
+double VpAlpha(double g) { return 1.0 / std::sqrt(g * g + 1.0); }
+double VpSigma(double g) { return g * VpAlpha(g); }
+
+}  // namespace
 
 Status UniPcScheduler::SetTimesteps(int num_steps) {
   RETURN_IF_ERROR(DpmSolverScheduler::SetTimesteps(num_steps));
-  older_x0_ = torch::Tensor();
-  last_sample_ = torch::Tensor();
-  last_order_ = 0;
+  history_.Clear();
   return Status::Ok();
 }
 
@@ -212,57 +203,16 @@ torch::Tensor UniPcScheduler::Step(const torch::Tensor& model_output, int step_i
   CheckStepIndex(step_index);
   TORCH_CHECK(step_index == 0 || step_index == next_step_, name(), " scheduler: step ", step_index,
               " after step ", next_step_ - 1, "; a multistep solver takes its steps in order");
-  const int i = step_index;
-  if (i == 0) {
-    previous_x0_ = older_x0_ = last_sample_ = torch::Tensor();
-    last_order_ = 0;
-  }
-  auto alpha = [](double g) { return 1.0 / std::sqrt(g * g + 1.0); };
+  if (step_index == 0) history_.Clear();
   const auto type = ComputeType(sample);
-  torch::Tensor x = sample.to(type);
-  const torch::Tensor x0 = DataPrediction(model_output.to(type), x, sigmas_[i]);
-  if (i > 0 && last_sample_.defined() && sigmas_[i - 1] != sigmas_[i]) {  // UniC
-    const double s0 = sigmas_[i - 1], st = sigmas_[i];
-    const double h = std::log(s0 / st);
-    const double b = std::expm1(-h);
-    torch::Tensor corr = (x0 - previous_x0_) * 0.5;
-    if (last_order_ == 2 && older_x0_.defined() && sigmas_[i - 2] != s0) {
-      const double r = std::log(s0 / sigmas_[i - 2]) / h;
-      double phi = b / -h - 1.0;
-      const double b1 = phi / b;
-      phi = phi / -h - 0.5;
-      const double b2 = 2.0 * phi / b;
-      const double rho0 = (b1 - b2) / (1.0 - r);
-      const double rho1 = b1 - rho0;
-      corr = (older_x0_ - previous_x0_) * (rho0 / r) + (x0 - previous_x0_) * rho1;
-    }
-    x = last_sample_.mul((alpha(st) * st) / (alpha(s0) * s0))
-            .sub_(previous_x0_, alpha(st) * b)
-            .sub_(corr, alpha(st) * b);
-  }
-  older_x0_ = previous_x0_;
-  previous_x0_ = x0;
-  const int order = std::min({2, num_steps() - i, std::min(i, 2) + 1});
-  last_order_ = order;
-  last_sample_ = x;
-  next_step_ = i + 1;
-  const double s = sigmas_[i], t = sigmas_[i + 1];
-  if (t == 0.0) return x0.to(sample.scalar_type());
-  const double h = std::log(s / t);
-  const double b = std::expm1(-h);
-  torch::Tensor prev = x.mul((alpha(t) * t) / (alpha(s) * s)).sub_(x0, alpha(t) * b);
-  if (order == 2 && sigmas_[i - 1] != s) {  // UniP, rho = 1/2
-    const double r = std::log(s / sigmas_[i - 1]) / h;
-    prev.sub_(older_x0_ - x0, alpha(t) * b * 0.5 / r);
-  }
-  return prev.to(sample.scalar_type());
+  const torch::Tensor x = sample.to(type);
+  const torch::Tensor x0 = DataPrediction(model_output.to(type), x, sigmas_[step_index]);
+  next_step_ = step_index + 1;
+  return UniPcStep(history_, sigmas_, UniPcSchedule{&VpAlpha, &VpSigma}, step_index, num_steps(), x,
+                   x0)
+      .to(sample.scalar_type());
 }
 
-void UniPcScheduler::KeepRows(const torch::Tensor& rows) {
-  DpmSolverScheduler::KeepRows(rows);
-  for (torch::Tensor* t : {&older_x0_, &last_sample_}) {
-    if (t->defined()) *t = t->index_select(0, rows.to(t->device()));
-  }
-}
+void UniPcScheduler::KeepRows(const torch::Tensor& rows) { history_.KeepRows(rows); }
 
 }  // namespace qpool

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "pipeline/scheduler/scheduler.h"
+#include "pipeline/scheduler/unipc_core.h"
 
 namespace qpool {
 
@@ -70,9 +71,7 @@ class UniPcScheduler final : public DpmSolverScheduler {
   void KeepRows(const torch::Tensor& rows) override;
 
  private:
-  torch::Tensor older_x0_;     // the data prediction of the step before the last
-  torch::Tensor last_sample_;  // the corrected sample the last step predicted from
-  int last_order_ = 0;         // the order of the last step's prediction
+  UniPcHistory history_;
 };
 
 }  // namespace qpool

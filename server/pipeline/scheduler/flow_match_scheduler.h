@@ -5,6 +5,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "config/scheduler_config.h"
@@ -30,35 +32,58 @@ namespace qpool {
 // per request.
 enum class FlowSigmas { kFluxPipeline, kScheduler };
 
-class FlowMatchEulerScheduler {
+// A sampler of flow-matching models: "euler" (FlowMatchEulerScheduler) or "unipc"
+// (FlowUniPcScheduler, flow_unipc_scheduler.h, which also makes them by name).
+class FlowSampler {
  public:
-  explicit FlowMatchEulerScheduler(FlowShiftConfig config,
-                                   FlowSigmas sigmas = FlowSigmas::kFluxPipeline,
-                                   int num_train_timesteps = 1000);
+  FlowSampler(FlowShiftConfig config, FlowSigmas spacing, int num_train_timesteps)
+      : config_(std::move(config)), spacing_(spacing), num_train_timesteps_(num_train_timesteps) {}
+  virtual ~FlowSampler() = default;
 
-  // Chooses `num_steps` sigmas for an image of `image_seq_len` latent tokens; InvalidArgument
-  // unless num_steps >= 1 and image_seq_len >= 1.
-  Status SetTimesteps(int num_steps, int64_t image_seq_len);
+  virtual std::string name() const = 0;
+  // Chooses `num_steps` sigmas for an image of `image_seq_len` latent tokens and forgets any
+  // earlier steps; InvalidArgument unless num_steps >= 1 and image_seq_len >= 1.
+  virtual Status SetTimesteps(int num_steps, int64_t image_seq_len) = 0;
   // The num_steps + 1 sigmas, from about 1 down to the final 0.
   const std::vector<double>& sigmas() const { return sigmas_; }
   int num_steps() const { return static_cast<int>(sigmas_.size()) - 1; }
-  // The denoiser's timestep at `step_index`: its sigma.
-  double timestep(int step_index) const;
-  // x + (sigma_next - sigma) * velocity (throws c10::Error when the index is out of range).
-  torch::Tensor Step(const torch::Tensor& velocity, int step_index,
-                     const torch::Tensor& sample) const;
+  // The denoiser's timestep at `step_index` in sigma units (the pipeline scales it); throws
+  // c10::Error when the index is out of range.
+  virtual double timestep(int step_index) const;
+  // The sample of step `step_index + 1` from the model's velocity at step `step_index`, in the
+  // sample's dtype.
+  virtual torch::Tensor Step(const torch::Tensor& velocity, int step_index,
+                             const torch::Tensor& sample) = 0;
+  // Keeps the rows `rows` of whatever earlier steps left (a batch's cancelled requests dropped).
+  virtual void KeepRows(const torch::Tensor& rows) { (void)rows; }
 
   // The shift exponent for `image_seq_len` tokens (diffusers' calculate_shift).
   static double Mu(const FlowShiftConfig& config, int64_t image_seq_len);
 
- private:
+ protected:
   // The shift of sigma s in (0, 1]: by exp(mu) with dynamic shifting, else by config_.shift.
   double Shifted(double s, double exp_mu) const;
+  // InvalidArgument unless num_steps >= 1 and image_seq_len >= 1.
+  static Status CheckSetTimesteps(int num_steps, int64_t image_seq_len);
 
   FlowShiftConfig config_;
   FlowSigmas spacing_;
   int num_train_timesteps_;
   std::vector<double> sigmas_;
+};
+
+class FlowMatchEulerScheduler final : public FlowSampler {
+ public:
+  explicit FlowMatchEulerScheduler(FlowShiftConfig config,
+                                   FlowSigmas sigmas = FlowSigmas::kFluxPipeline,
+                                   int num_train_timesteps = 1000)
+      : FlowSampler(std::move(config), sigmas, num_train_timesteps) {}
+
+  std::string name() const override { return "euler"; }
+  Status SetTimesteps(int num_steps, int64_t image_seq_len) override;
+  // x + (sigma_next - sigma) * velocity (throws c10::Error when the index is out of range).
+  torch::Tensor Step(const torch::Tensor& velocity, int step_index,
+                     const torch::Tensor& sample) override;
 };
 
 }  // namespace qpool

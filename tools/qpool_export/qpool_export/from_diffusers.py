@@ -271,7 +271,7 @@ def _build_flux_components(src: str, stage: str, opts: ImportOptions, gen: torch
 
 def build_flux_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, clip: Tokenizer,
                         t5_length: int, quant: Dict[str, Dict[str, object]],
-                        dtype: str) -> Dict[str, object]:
+                        dtype: str, sampler: str = "euler") -> Dict[str, object]:
     """The manifest of kind flux (docs/model-repository.md). FLUX's T5 overflows in float16:
     a bfloat16 import runs in bfloat16 wherever it is placed."""
     components: Dict[str, object] = {}
@@ -289,7 +289,7 @@ def build_flux_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, clip: To
                    "scaling_factor": vae.scaling_factor, "shift_factor": vae.shift_factor},
         "defaults": {"steps": 28, "guidance_scale": DEFAULT_GUIDANCE["flux"],
                      "width": FLUX_DEFAULT_SIZE, "height": FLUX_DEFAULT_SIZE,
-                     "scheduler": "euler"},
+                     "scheduler": sampler},
         "limits": {"max_width": 2048, "max_height": 2048},
         "placement": {"device": "auto",
                       "dtype": "bfloat16" if dtype in ("bfloat16", "bf16") else "auto"},
@@ -368,10 +368,11 @@ def import_pipeline(opts: ImportOptions) -> Dict[str, object]:
                 quant[r["name"]] = {"format": r["converted_formats"][0]}
         if kind == "flux":
             manifest = build_flux_manifest(scheduler, vae_cfg, clip, t5_length, quant,
-                                           opts.dtype)
+                                           opts.dtype, sampler)
         elif kind == "hidream":
             manifest = hidream_import.build_hidream_manifest(scheduler, vae_cfg, max_seq,
-                                                             tokenizers, quant, opts.dtype)
+                                                             tokenizers, quant, opts.dtype,
+                                                             sampler)
         else:
             dtypes = {r["name"]: r["dtype"] for r in reports if r["dtype"]}
             manifest = build_manifest(kind, scheduler, sampler, unet_cfg, vae_cfg, tokenizers,

@@ -201,7 +201,7 @@ def build_hidream_components(src: str, llama: Optional[str], stage: str, opts: I
 
 def build_hidream_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, max_seq: int,
                            tokenizers: Dict[str, object], quant: Dict[str, Dict[str, object]],
-                           dtype: str) -> Dict[str, object]:
+                           dtype: str, sampler: str = "euler") -> Dict[str, object]:
     """The manifest of kind hidream (docs/model-repository.md); a bfloat16 import runs in
     bfloat16 wherever it is placed (T5 and the Llama overflow in float16)."""
     components: Dict[str, object] = {}
@@ -219,7 +219,7 @@ def build_hidream_manifest(scheduler: Dict[str, object], vae: SdVaeConfig, max_s
         "latent": {"channels": vae.latent_channels, "downscale": vae.downscale,
                    "scaling_factor": vae.scaling_factor, "shift_factor": vae.shift_factor},
         "defaults": {"steps": DEFAULT_STEPS, "guidance_scale": DEFAULT_GUIDANCE,
-                     "width": size, "height": size, "scheduler": "euler"},
+                     "width": size, "height": size, "scheduler": sampler},
         "limits": {"max_width": max(2048, size), "max_height": max(2048, size)},
         "placement": {"device": "auto",
                       "dtype": "bfloat16" if dtype in ("bfloat16", "bf16") else "auto"},

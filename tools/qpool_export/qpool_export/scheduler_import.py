@@ -195,22 +195,70 @@ FLOW_NEUTRAL = {"invert_sigmas": False, "shift_terminal": None, "use_karras_sigm
                 "time_shift_type": "exponential", "stochastic_sampling": False}
 
 
+# UniPCMultistepScheduler on flow sigmas (HiDream-I1 Full's): what qpool's flow unipc computes
+# (Note [Flow-matching UniPC] in server/pipeline/scheduler/flow_unipc_scheduler.h), with the
+# values accepted; the fields of its DDPM schedule change nothing on flow sigmas.
+UNIPC_FLOW_ACCEPTED = {**UNIPC_ACCEPTED, "use_flow_sigmas": (True,),
+                       "prediction_type": ("flow_prediction",)}
+UNIPC_FLOW_NEUTRAL = {"thresholding": False, "use_karras_sigmas": False,
+                      "use_exponential_sigmas": False, "use_beta_sigmas": False,
+                      "shift_terminal": None, "time_shift_type": "exponential",
+                      "sigma_min": None, "sigma_max": None}
+UNIPC_FLOW_IGNORED = {"_class_name", "_diffusers_version", "_use_default_values",
+                      "beta_start", "beta_end", "beta_schedule", "trained_betas",
+                      "rescale_betas_zero_snr", "timestep_spacing", "steps_offset",
+                      "dynamic_thresholding_ratio", "sample_max_value", "flow_shift",
+                      "num_train_timesteps"}
+
+
+def require_neutral(config: Dict[str, object], neutral: Dict[str, object], where: str,
+                    sampler: str) -> None:
+    """ImportFailure naming the first field of `neutral` whose value in config is another."""
+    for field, value in neutral.items():
+        if config.get(field, value) != value:
+            raise ImportFailure(f"{where}: field '{field}' is {config[field]!r}; qpool's "
+                                f"flow-matching {sampler} needs {value!r}")
+
+
+def translate_unipc_flow(config: Dict[str, object], where: str,
+                         kind: str) -> Tuple[Dict[str, object], str]:
+    """(the manifest's scheduler section, "unipc") of a UniPCMultistepScheduler config on flow
+    sigmas; its flow_shift is the section's static shift. HiDreamImagePipeline passes UniPC no
+    mu, so kind hidream takes no dynamic shifting (diffusers fails on it)."""
+    defaults = {**UNIPC_DEFAULTS, "prediction_type": "epsilon"}
+    for field, values in UNIPC_FLOW_ACCEPTED.items():
+        value = config.get(field, defaults[field])
+        if field == "use_dynamic_shifting" and kind == "flux":
+            values = (False, True)
+        if value not in values:
+            raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's flow-matching "
+                                f"unipc computes {' or '.join(repr(v) for v in values)}")
+    require_neutral(config, UNIPC_FLOW_NEUTRAL, where, "unipc")
+    known = {*UNIPC_FLOW_ACCEPTED, *UNIPC_FLOW_NEUTRAL, *UNIPC_FLOW_IGNORED}
+    for field in config:
+        if field not in known:
+            raise ImportFailure(f"{where}: field '{field}' of UniPCMultistepScheduler is not one "
+                                f"qpool's flow-matching unipc computes")
+    section: Dict[str, object] = dict(FLOW_FIELDS)
+    section["num_train_timesteps"] = number(config, "num_train_timesteps", 1000, where)
+    section["shift"] = number({"shift": config.get("flow_shift")}, "shift", 1.0, where)
+    section["use_dynamic_shifting"] = bool(config.get("use_dynamic_shifting", False))
+    return section, "unipc"
+
+
 def translate_flow(config: Dict[str, object], where: str,
                    kind: str = "flux") -> Tuple[Dict[str, object], str]:
     """(the manifest's scheduler section, the sampler) of a FlowMatchEulerDiscreteScheduler
-    config (kinds flux and hidream)."""
+    config, or of a UniPCMultistepScheduler one on flow sigmas (kinds flux and hidream)."""
     cls = config.get("_class_name")
+    if cls == "UniPCMultistepScheduler" and config.get("use_flow_sigmas"):
+        return translate_unipc_flow(config, where, kind)
     if not isinstance(cls, str) or cls != "FlowMatchEulerDiscreteScheduler":
         raise ImportFailure(f"{where}: field '_class_name' is {cls!r}; kind {kind} imports "
-                            f"FlowMatchEulerDiscreteScheduler (qpool samples flow matching "
-                            f"with its Euler: a folder with another scheduler imports once "
-                            f"scheduler_config.json is replaced by a "
-                            f"FlowMatchEulerDiscreteScheduler config)")
-    for field, neutral in FLOW_NEUTRAL.items():
-        value = config.get(field, neutral)
-        if value != neutral:
-            raise ImportFailure(f"{where}: field '{field}' is {value!r}; qpool's flow-matching "
-                                f"Euler needs {neutral!r}")
+                            f"FlowMatchEulerDiscreteScheduler, or UniPCMultistepScheduler with "
+                            f"use_flow_sigmas (a folder with another scheduler imports once "
+                            f"scheduler_config.json is replaced by one of those)")
+    require_neutral(config, FLOW_NEUTRAL, where, "Euler")
     section: Dict[str, object] = {}
     for field, default in FLOW_FIELDS.items():
         if field in RANGES:
