@@ -14,9 +14,11 @@ vocabularies; every encoder still gets its 128 tokens).
   python3 bench/hidream_bench.py --phase source --work /tmp/hd
   python3 bench/hidream_bench.py --phase peers --work /tmp/hd --out peers.json
   python3 bench/hidream_bench.py --phase compiled --work /tmp/hd --out compiled.json
-  python3 bench/hidream_bench.py --phase import --work /tmp/hd --repo /dev/shm/hd
+  python3 bench/hidream_bench.py --phase import --work /tmp/hd --repo /dev/shm/hd \\
+      --variants hidream-bf16
   python3 bench/hidream_bench.py --phase serve --work /tmp/hd --repo /dev/shm/hd \\
-      --server S --client C --out serve.json
+      --variants hidream-bf16 --server S --client C --out serve.json
+  (then the same two for hidream-nf4, after removing /dev/shm/hd)
 
 --tiny runs the same plumbing at toy widths on the CPU (a smoke test of this script).
 """
@@ -271,33 +273,29 @@ def peers(a, result: dict) -> None:
 
 
 def import_variants(a) -> dict:
-    """qpool-export from-diffusers into a.repo/hidream-nf4 (transformer, T5 and Llama quantized
-    at load), and hidream-bf16: the same files, its manifest without the quantization."""
-    import yaml
-
-    from qpool_export import manifest as manifest_io
-
-    nf4 = os.path.join(a.repo, "hidream-nf4")
-    shutil.rmtree(a.repo, ignore_errors=True)
-    seconds = import_bench.run_import(
-        os.path.join(a.work, "src"), nf4, "--dtype", "bf16", "--quant-mode", "load-time",
-        "--quantize", "transformer=nf4,text_encoder_3=nf4,text_encoder_4=nf4")
-    bf16 = os.path.join(a.repo, "hidream-bf16")
-    os.makedirs(bf16)
-    for entry in os.listdir(nf4):
-        if entry != "pipeline.yaml":
-            os.symlink(os.path.join("..", "hidream-nf4", entry), os.path.join(bf16, entry))
-    with open(os.path.join(nf4, "pipeline.yaml")) as f:
-        manifest = yaml.safe_load(f)
-    for component in manifest["components"].values():
-        component.pop("quantization", None)
-    with open(os.path.join(bf16, "pipeline.yaml"), "w") as f:
-        f.write(manifest_io.dump_manifest(manifest, "hidream_bench: hidream-nf4 in bfloat16"))
+    """qpool-export from-diffusers of each of a.variants into a.repo: hidream-bf16 as it is (its
+    routed experts grouped, Note [Routed experts]), hidream-nf4 with its transformer, T5 and
+    Llama quantized at load (their experts per expert). One variant at a time fits the host's
+    memory with the repository in /dev/shm: import, serve and remove each in turn."""
+    seconds = {}
+    for name in a.variants.split(","):
+        out = os.path.join(a.repo, name)
+        shutil.rmtree(out, ignore_errors=True)
+        quantize = () if name == "hidream-bf16" else (
+            "--quant-mode", "load-time",
+            "--quantize", "transformer=nf4,text_encoder_3=nf4,text_encoder_4=nf4")
+        seconds[name] = import_bench.run_import(os.path.join(a.work, "src"), out, "--dtype",
+                                                "bf16", *quantize)
     return {"import_seconds": seconds}
 
 
 def serve(a, result: dict) -> None:
+    """Times each of a.variants; the variants already in a.out (an earlier serve of the others)
+    are kept, and hidream-nf4 is compared with hidream-bf16 once both are there."""
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if a.out and os.path.exists(a.out):
+        with open(a.out) as f:
+            result.update({k: v for k, v in json.load(f).items() if k.startswith("hidream-")})
     for name in a.variants.split(","):
         result[name] = import_bench.time_qpool(
             a.server, a.client, a.repo, name, a, check_encode=a.encode_check and
@@ -336,7 +334,8 @@ def main() -> int:
                    help="compiled: torch.compile mode of the transformer")
     # Encode's reply holds the Llama's 32 layers in float32: 64 MiB a prompt at this size.
     p.add_argument("--server-args", default="--max-message-mb 256")
-    p.add_argument("--variants", default="hidream-bf16,hidream-nf4", help="serve: what to time")
+    p.add_argument("--variants", default="hidream-bf16,hidream-nf4",
+                   help="import, serve: the variants (hidream-bf16, hidream-nf4)")
     p.add_argument("--blocks", help="source: D,S double- and single-stream blocks of the "
                                     "transformer (default: the published 16,32)")
     p.add_argument("--profile", action="store_true",

@@ -65,6 +65,14 @@ bool GraphCalls(const torch::jit::Module& module, const std::string& op) {
   return false;
 }
 
+bool GraphWaitsOnHost(const torch::jit::Module& module) {
+  for (const char* op :
+       {"aten::nonzero", "aten::nonzero_numpy", "aten::item", "aten::_local_scalar_dense"}) {
+    if (GraphCalls(module, op)) return true;
+  }
+  return false;
+}
+
 bool IsQuantStateName(const std::string& attr_name) {
   return LeafIsOneOf(attr_name, kQuantStateNames);
 }

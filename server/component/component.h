@@ -200,6 +200,12 @@ class Component {
 // e.g. "qpool::group_norm"), at any depth of its graphs' blocks.
 bool GraphCalls(const torch::jit::Module& module, const std::string& op);
 
+// Whether `module`'s graphs call an operator that reads a device tensor's values on the host
+// (nonzero and its traced form, item): such a forward waits for the GPU mid-way, and no CUDA
+// graph can capture it (Note [Forward graphs] in component/graph_cache.h). The operators of
+// traced graphs; a scripted bool(tensor) in control flow is not looked for.
+bool GraphWaitsOnHost(const torch::jit::Module& module);
+
 // The attribute names of a quantized linear layer's quant state (Note [Load-time quantization]
 // in quant/module_quantizer.h): what accounting counts as quant state and moves with the weight.
 inline constexpr const char* kQuantStateNames[] = {"absmax", "code", "nested_absmax", "nested_code",

@@ -21,7 +21,8 @@ diffusers = pytest.importorskip("diffusers")
 
 from qpool_export import quant, tracing  # noqa: E402
 from qpool_export.hidream_transformer import (HiDreamTransformer,  # noqa: E402
-                                              HiDreamTransformerConfig, fuse_projections)
+                                              HiDreamTransformerConfig, MoeSwiGlu,
+                                              fuse_projections, group_experts)
 from qpool_export.import_error import ImportFailure  # noqa: E402
 
 torch.set_num_threads(1)
@@ -88,8 +89,9 @@ def test_transformer_equals_diffusers(overrides, width):
 
 @pytest.mark.parametrize("overrides", [{}, {"num_routed_experts": 0}])
 def test_fused_projections_equal_diffusers(overrides):
-    """Each attention's q / k / v and each SwiGLU's w1 / w3 as one linear, as the importer
-    fuses them (Note [Fused projections]): the same outputs, traced as well as eager."""
+    """Each attention's q / k / v and each SwiGLU's w1 / w3 as one linear, and the routed
+    experts grouped, as the importer makes them (Note [Fused projections], Note [Routed
+    experts]): the same outputs, traced."""
     original, mirror = hidream(**overrides)
     blocks = TINY["num_layers"] + TINY["num_single_layers"]
     routed = overrides.get("num_routed_experts", TINY["num_routed_experts"])
@@ -98,6 +100,8 @@ def test_fused_projections_equal_diffusers(overrides):
     swiglus = blocks * (routed + 1 if routed else 1) + TINY["num_layers"]
     assert fuse_projections(mirror) == blocks + swiglus
     assert not any(name.endswith((".w1.weight", ".to_q.weight")) for name in mirror.state_dict())
+    assert group_experts(mirror) == (blocks if routed else 0)
+    assert not any(".experts." in name for name in mirror.state_dict())
     example = inputs(2, 8, width=12)
     latents, t, t5, llama, pooled, mask = example
     with torch.no_grad():
@@ -142,23 +146,45 @@ def dense_experts(moe, x):
     return y.view(x.shape) + moe.shared_experts(x)
 
 
-def test_traced_experts_follow_each_routing():
-    """One trace, any routing (Note [Routed experts]): traced where every expert has tokens,
-    then run where only experts 0 and 1 are ever picked, so 2 and 3 get none."""
-    from qpool_export.hidream_transformer import MoeSwiGlu
-
+@pytest.mark.parametrize("grouped", [False, True])
+def test_traced_experts_follow_each_routing(grouped):
+    """One trace, any routing (Note [Routed experts]), per expert and grouped: traced where
+    every expert has tokens, then run where only experts 0 and 1 are ever picked, so 2 and 3 get
+    none. Only the per-expert form waits on the host (nonzero)."""
     torch.manual_seed(3)
     moe = MoeSwiGlu(16, 64, 4, 2).eval()
+    reference = copy.deepcopy(moe)
+    if grouped:
+        assert fuse_projections(moe) == 5 and group_experts(moe) == 1
+        assert moe.w13.shape == (4, 512, 16) and moe.w2.shape == (4, 16, 256)
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
         traced = torch.jit.trace(moe, (x,))
-        assert (traced(x) - dense_experts(moe, x)).abs().max().item() < 1e-5
-        moe.gate.weight.zero_()
-        moe.gate.weight[0, 0], moe.gate.weight[1, 0] = 1.0, 0.5
+        waits = any(n.kind().startswith("aten::nonzero") for n in traced.inlined_graph.nodes())
+        assert waits != grouped
+        assert (traced(x) - dense_experts(reference, x)).abs().max().item() < 1e-5
+        for m in (moe, reference):
+            m.gate.weight.zero_()
+            m.gate.weight[0, 0], m.gate.weight[1, 0] = 1.0, 0.5
         skewed = x.clone()
         skewed[..., 0] = 40.0
-        got, want = traced(skewed), dense_experts(moe, skewed)
+        got, want = traced(skewed), dense_experts(reference, skewed)
     assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
+def test_experts_group_only_as_plain_linears():
+    """Quantized experts (which quantize layer by layer) and widths the grouped product's CUDA
+    kernel does not take stay per expert, unchanged."""
+    torch.manual_seed(3)
+    quantized = MoeSwiGlu(16, 64, 4, 2).eval()
+    fuse_projections(quantized)
+    assert quant.quantize_module(quantized, "int8") > 0
+    assert group_experts(quantized) == 0 and len(quantized.experts) == 4
+    narrow = MoeSwiGlu(12, 64, 4, 2).eval()  # 12 columns: not a multiple of 16
+    fuse_projections(narrow)
+    assert group_experts(narrow) == 0 and len(narrow.experts) == 4
+    unfused = MoeSwiGlu(16, 64, 4, 2).eval()
+    assert group_experts(unfused) == 0
 
 
 @pytest.mark.parametrize("fmt, bound", [("int8", 0.05), ("nf4", 0.3)])
@@ -192,6 +218,7 @@ def test_builder_imports_a_transformer_folder(tmp_path):
                                            (LLAMA_LAYERS, 5, LLAMA_WIDTH), POOLED,
                                            torch.Generator().manual_seed(0))
     assert built.name == "transformer" and built.max_diff < 1e-5
+    assert any(name.endswith("ff_i.w13") for name in built.module.state_dict())
     traced = tracing.trace(built.module, built.trace_inputs)
     assert tracing.check_matches_eager("transformer", built.module, traced,
                                        built.check_inputs) < 1e-5

@@ -176,6 +176,22 @@ TEST(Component, GraphCallsFindsAnOperatorInSubmodulesAndBlocks) {
   EXPECT_FALSE(GraphCalls(inner, "aten::mul"));
 }
 
+TEST(Component, GraphWaitsOnHostFindsTheOperatorsThatReadDeviceValues) {
+  const auto module = [](const std::string& name, const std::string& body) {
+    torch::jit::Module m(name);
+    m.define("def forward(self, x):\n    return " + body + "\n");
+    return m;
+  };
+  EXPECT_TRUE(
+      GraphWaitsOnHost(module("Routed", "x.index_select(0, torch.nonzero(x > 0).flatten())")));
+  EXPECT_TRUE(GraphWaitsOnHost(module("Scalar", "x * x.sum().item()")));
+  EXPECT_FALSE(GraphWaitsOnHost(module("Sorted", "x.index_select(0, torch.argsort(x))")));
+  torch::jit::Module outer("Outer");  // in a submodule
+  outer.register_module("inner", module("Inner", "torch.nonzero(x)"));
+  outer.define("def forward(self, x):\n    return self.inner.forward(x)\n");
+  EXPECT_TRUE(GraphWaitsOnHost(outer));
+}
+
 // Note [Channels-last convolutions]: the exporter's decoders norm through qpool::group_norm, so
 // the kinds lay their weights out channels-last on GPUs.
 TEST(Component, TheExportedDecoderNormsThroughTheLayoutKeepingOperator) {

@@ -1,5 +1,6 @@
 #include "pipeline/hidream/hidream_pipeline.h"
 
+#include "component/component.h"
 #include "pipeline/batch_run.h"
 #include "pipeline/scheduler/flow_unipc_scheduler.h"
 #include "util/log.h"
@@ -79,7 +80,10 @@ StatusOr<std::unique_ptr<HiDreamPipeline>> HiDreamPipeline::Load(
                                                                 std::move(clip_g), std::move(t5),
                                                                 std::move(llama), dtype));
   RETURN_IF_ERROR(pipeline->LoadComponents(device, residency));
-  // No CUDA graphs for the transformer (Note [HiDream conditioning]).
+  // CUDA graphs for a transformer whose experts are grouped (Note [HiDream conditioning]).
+  if (!GraphWaitsOnHost(pipeline->component("transformer").module())) {
+    pipeline->UseForwardGraphs("transformer");
+  }
   return pipeline;
 }
 

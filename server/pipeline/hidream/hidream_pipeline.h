@@ -33,9 +33,9 @@ namespace qpool {
 // Classifier-free guidance when guidance_scale > 1: the negative prompt ("" when absent) runs
 // through every encoder, its rows first, and the velocity is negative + guidance_scale *
 // (positive - negative). The sigmas are the scheduler's own (FlowSigmas::kScheduler). The
-// transformer runs without CUDA graphs: its routed experts wait for the GPU to count their
-// tokens (Note [Routed experts] in hidream_transformer.py), which no capture allows; the
-// encoders replay theirs.
+// transformer replays CUDA graphs when its routed experts are grouped; per-expert ones (a
+// quantized transformer's) wait for the GPU to count their tokens (Note [Routed experts] in
+// hidream_transformer.py), which no capture allows, and run eagerly. The encoders replay theirs.
 //
 // Thread safety: as Pipeline.
 class HiDreamPipeline final : public Pipeline {

@@ -31,13 +31,24 @@ the rotation in float32, as diffusers does, so the result does not depend on the
 Note [Routed experts]
 The feed-forward of the image stream is a mixture of experts: a softmax gate picks
 num_activated_experts of num_routed_experts per token and adds their outputs weighted by the gate,
-plus a shared expert. As diffusers' moe_infer, each expert runs on its own tokens only: nonzero()
-finds them, index_select gathers them and index_add puts the weighted outputs back, experts in
-order, so each token's sum is diffusers' (up to rounding: the gate weight multiplies the rows
-before the expert's last linear, inside qpool::swiglu, rather than after it). The trace keeps
-those sizes as data (no Python int comes from a tensor), so one trace serves every routing;
-nonzero waits for the GPU, which is why the server runs this transformer without CUDA graphs
-(Note [HiDream conditioning]).
+plus a shared expert. Each expert runs on its own tokens only, as diffusers' moe_infer, so each
+token's sum is diffusers' up to rounding (the gate weight multiplies the rows before the expert's
+last linear, inside qpool::swiglu, rather than after it). Two forms, chosen at import:
+- Grouped (MoeSwiGlu.group(): float experts, which every import fuses): the experts' w13 and w2
+  are stacked into [experts, out, in] tensors; the token-expert pairs are sorted by expert
+  (stable), each pair's row gathered, and two grouped products (torch._grouped_mm, one kernel for
+  every expert, each on its rows) run w13 and w2 on the sorted rows, with where each expert's
+  rows end counted on the device; the rows go back to their token's order and each token sums
+  its activated experts. Nothing reads a size on the host (in bfloat16 on Hopper, where the
+  product is one CUTLASS kernel; elsewhere PyTorch may take a per-expert fallback that reads the
+  ends, whose capture then fails and leaves the forward eager, Note [Forward graphs] in
+  server/component/graph_cache.h), so the forward is CUDA-graph capturable (Note [HiDream
+  conditioning]). The products equal the per-expert ones bit for bit (measured on an H200).
+- Per expert (quantized experts, whose layers quantize one by one): nonzero() finds each
+  expert's tokens, index_select gathers them and index_add puts the weighted outputs back,
+  experts in order. The trace keeps those sizes as data (no Python int comes from a tensor), so
+  one trace serves every routing, but nonzero waits for the GPU, and such a forward runs without
+  CUDA graphs.
 """
 
 from __future__ import annotations
@@ -196,7 +207,8 @@ class MoeGate(nn.Module):
 
 
 class MoeSwiGlu(nn.Module):
-    """The routed experts, each on its own tokens (Note [Routed experts]), and the shared one."""
+    """The routed experts, grouped or each on its own tokens (Note [Routed experts]), and the
+    shared one."""
 
     def __init__(self, dim: int, hidden_dim: int, routed: int, activated: int):
         super().__init__()
@@ -205,16 +217,60 @@ class MoeSwiGlu(nn.Module):
         self.experts = nn.ModuleList(SwiGlu(dim, hidden_dim) for _ in range(routed))
         self.gate = MoeGate(dim, routed)
 
+    def group(self) -> bool:
+        """The routed experts' fused weights stacked as w13 [experts, 2 inner, dim] and w2
+        [experts, dim, inner] for the grouped form (Note [Routed experts]); False, changing
+        nothing, unless every expert is fused into plain linears without bias whose widths are
+        multiples of 16 (what the grouped product's CUDA kernel takes)."""
+        experts = list(self.experts)
+
+        def plain(layer: nn.Module) -> bool:
+            return (type(layer) is nn.Linear and layer.bias is None
+                    and layer.in_features % 16 == 0 and layer.out_features % 16 == 0)
+
+        if not experts or not all(hasattr(e, "w13") and plain(e.w13) and plain(e.w2)
+                                  for e in experts):
+            return False
+        with torch.no_grad():
+            w13 = torch.stack([e.w13.weight for e in experts])
+            w2 = torch.stack([e.w2.weight for e in experts])
+        del self.experts
+        self.w13 = nn.Parameter(w13, requires_grad=False)
+        self.w2 = nn.Parameter(w2, requires_grad=False)
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(0, 1)  # [tokens, dim]
         scores = F.linear(flat, self.gate.weight).softmax(dim=-1)
         top_weight, top_index = torch.topk(scores, k=self.activated, dim=-1, sorted=False)
+        routed = self._grouped if hasattr(self, "w13") else self._per_expert
+        return routed(flat, top_weight.type_as(flat), top_index).view(x.shape) + \
+            self.shared_experts(x)
+
+    def _per_expert(self, flat: torch.Tensor, top_weight: torch.Tensor,
+                    top_index: torch.Tensor) -> torch.Tensor:
         y = torch.zeros_like(flat)
         for i, expert in enumerate(self.experts):
             token, slot = (top_index == i).nonzero(as_tuple=True)
-            out = expert(flat.index_select(0, token), top_weight[token, slot].type_as(flat))
+            out = expert(flat.index_select(0, token), top_weight[token, slot])
             y = y.index_add(0, token, out.type_as(flat))
-        return y.view(x.shape) + self.shared_experts(x)
+        return y
+
+    def _grouped(self, flat: torch.Tensor, top_weight: torch.Tensor,
+                 top_index: torch.Tensor) -> torch.Tensor:
+        k = self.activated
+        expert, order = torch.sort(top_index.flatten(), stable=True)  # pair t * k + j
+        # ends[e]: the sorted pairs of experts 0..e; the ids from top_index, not torch.arange
+        # (which a trace bakes a device into).
+        ids = top_index.new_ones(self.w13.shape[0]).cumsum(0) - 1
+        ends = (expert[None, :] <= ids[:, None]).sum(1).to(torch.int32)
+        rows = flat.index_select(0, order // k)
+        # contiguous(): a no-op on the weights, which a streamed import traces as placeholders
+        # of stride 0 (stream_import.to_placeholders) that the grouped product refuses.
+        h = torch._grouped_mm(rows, self.w13.contiguous().transpose(1, 2), offs=ends)
+        h = torch.ops.qpool.swiglu(h, top_weight.flatten().index_select(0, order))
+        out = torch._grouped_mm(h, self.w2.contiguous().transpose(1, 2), offs=ends)
+        return out.index_select(0, order.argsort()).view(-1, k, flat.shape[-1]).sum(1)
 
 
 def rotary(ids: torch.Tensor, axes: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -419,6 +475,13 @@ def fuse_projections(module: nn.Module) -> int:
     returns how many were fused (those whose linears are all plain)."""
     return sum(m.fuse() for m in list(module.modules()) if isinstance(m, (HiDreamAttention,
                                                                           SwiGlu)))
+
+
+def group_experts(module: nn.Module) -> int:
+    """Stacks the routed experts of every mixture in `module` (the transformer, or one of its
+    blocks streamed alone) for the grouped form (Note [Routed experts]), after fuse_projections;
+    returns how many were grouped."""
+    return sum(m.group() for m in list(module.modules()) if isinstance(m, MoeSwiGlu))
 
 
 class HiDreamTransformer(nn.Module):
