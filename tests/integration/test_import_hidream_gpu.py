@@ -7,14 +7,19 @@ The field report's case at a small size: under the `model` offload policy an Enc
 request (prompt encoding alone, the Llama last) leaves nothing of the pipeline on the GPU, and
 the device's allocated bytes come back to where they were; the Llama did run there (its onload
 and offload are among the memory events). Images in bfloat16 stay close to diffusers' float32
-images on the CPU for the same latents. Skips without a GPU."""
+images on the CPU for the same latents. With two GPUs, the NF4 pipeline moved from cuda:0 to
+cuda:1 leaves nothing on cuda:0 and makes the same image. Skips without a GPU (the move test
+without two)."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
+import shutil  # noqa: E402
+
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 
 import test_import_hidream as hidream_tests  # noqa: E402 - after the skips
 from conftest import Client, QpoolServer  # noqa: E402
@@ -32,14 +37,19 @@ def source(tmp_path_factory, tokenizer_files):
 
 
 @pytest.fixture(scope="module")
-def client(server_bin, pb, tmp_path_factory, source):
-    work = tmp_path_factory.mktemp("hidream_gpu_server")
-    repository = work / "models"
+def repository(tmp_path_factory, source):
+    repository = tmp_path_factory.mktemp("hidream_gpu_models")
     for name, extra in (("hidream-bf16", ()),
                         ("hidream-nf4", ("--quantize", "transformer=nf4,text_encoder_4=nf4"))):
         done = hidream_tests.run_import(source[0], repository / name, "--dtype", "bfloat16",
                                         *extra)
         assert done.returncode == 0, done.stderr
+    return repository
+
+
+@pytest.fixture(scope="module")
+def client(server_bin, pb, tmp_path_factory, repository):
+    work = tmp_path_factory.mktemp("hidream_gpu_server")
     server = QpoolServer(server_bin, repository, work, load="all", device="cuda:0")
     server.start()
     client = Client(server, pb)
@@ -104,3 +114,61 @@ def test_encode_only_under_model_leaves_nothing_on_the_gpu(client, name):
              if e.sequence > before.last_sequence and e.pipeline == name
              and e.device == "cuda:0"}
     assert {("onload", "text_encoder_4"), ("offload", "text_encoder_4")} <= moved, moved
+
+
+def image(client, name, seed):
+    result = client.generate_one(pipeline=name, prompt=hidream_tests.PROMPT, steps=3,
+                                 guidance_scale=5.0, seed=seed, width=SIZE, height=SIZE)
+    png = read_png(result.images[0].png)
+    return result.device, np.frombuffer(b"".join(png.rows), dtype=np.uint8).astype(np.int16)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_nf4_pipeline_moved_to_the_second_gpu(server_bin, pb, repository, tmp_path):
+    """The field report's case for HiDream: the NF4 pipeline (transformer and Llama in NF4)
+    loaded on cuda:0 and moved to cuda:1 keeps every tensor, quant state included, on cuda:1,
+    gives cuda:0 back every byte it held, and makes the same image there."""
+    models_dir = tmp_path / "models"
+    shutil.copytree(repository / "hidream-nf4", models_dir / "hidream-nf4")
+    path = models_dir / "hidream-nf4" / "pipeline.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest.setdefault("placement", {})["device"] = "cuda:0,cuda:1"
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    server = QpoolServer(server_bin, models_dir, tmp_path, load=None, device="cuda")
+    server.start()
+    client = Client(server, pb)
+    try:
+        models, pb2 = client.models, client.pb2
+
+        def allocated(device):
+            report = models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=0))
+            return next(d.allocated_bytes for d in report.devices if d.device == device)
+
+        def load_on_cuda0():
+            models.LoadPipeline(pb2.LoadPipelineRequest(name="hidream-nf4", device="cuda:0"),
+                                timeout=300)
+            return image(client, "hidream-nf4", 21)
+
+        # The first request leaves the libraries' workspaces on cuda:0 for the server's life
+        # (not the pipeline's bytes): the baseline is taken after a load, request and unload.
+        load_on_cuda0()
+        models.UnloadPipeline(pb2.UnloadPipelineRequest(name="hidream-nf4"), timeout=300)
+        baseline = allocated("cuda:0")
+        device, before = load_on_cuda0()
+        assert device == "cuda:0" and allocated("cuda:0") > baseline
+        moved = models.MovePipeline(pb2.MovePipelineRequest(name="hidream-nf4", device="cuda:1"),
+                                    timeout=300)
+        assert moved.pipeline.device == "cuda:1"
+        report = models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=0))
+        pipeline = next(p for p in report.pipelines if p.name == "hidream-nf4")
+        assert {c.device for c in pipeline.components} == {"cuda:1"}, pipeline.components
+        quant_state = {c.name: c.quant_state_bytes for c in pipeline.components}
+        assert quant_state["transformer"] > 0 and quant_state["text_encoder_4"] > 0
+        assert allocated("cuda:0") == baseline
+        device, after = image(client, "hidream-nf4", 21)
+        assert device == "cuda:1"
+        assert np.abs(after - before).max() <= 1
+    finally:
+        client.close()
+        assert server.stop() == 0, server.stderr_text()
+
