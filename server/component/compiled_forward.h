@@ -45,10 +45,9 @@ namespace qpool {
 //   by the runtime: freeing a slot's storage frees its memory. They are handed to the runner
 //   itself (update_constant_buffer with pointers to the binding tensors, which live as long as
 //   the runner). LibTorch 2.11's runtime allocates a tensor handle per user-managed constant on
-//   every update and never frees it (about 32 bytes each: 20 KB per update of an SD-1.5 UNet),
-//   so an update happens only when a tensor's address changed since the last one; a rebind
-//   onto the same addresses costs nothing. Under `model` offload every onload may move the
-//   weights, so each can cost an update.
+//   every update and never frees it, so an update happens only when a tensor's address changed
+//   since the last one; a rebind onto the same addresses costs nothing. Under `model` offload
+//   every onload may move the weights, so each can cost an update.
 // - A quantized component's package calls qpool::quant_linear for each quantized layer: the
 //   runtime looks the op up in the dispatcher, where the server registered it, so the layer
 //   runs the server's kernels (its CUDA paths, Note [Capture-safe kernels], included) on the

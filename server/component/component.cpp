@@ -35,7 +35,7 @@ bool BlockCalls(const torch::jit::Block* block, c10::Symbol op) {
 
 // Note [TorchScript executor]
 // The profiling graph executor re-specializes and optimizes a graph during its first calls:
-// the tiny pipeline's first request took ~12 s on 2 CPU cores, later ones ~0.7 s. qpool runs
+// the tiny pipeline's first request took many times as long as later ones. qpool runs
 // graphs as exported, so the first request is as fast as the rest, and fuses the elementwise
 // chains that cost real time into its own ops instead (Note [GEGLU op], Note [Joined GELU op]).
 // The switch is thread-local in LibTorch (a setting made once, on the thread that loaded the
@@ -110,8 +110,8 @@ Component::~Component() = default;
 //
 // Nor does the load read a file's debug pickles (code/*.debug_pkl: where in the exporting Python
 // code each line of its TorchScript came from), which LibTorch reads to point at an error, in
-// full trust: a 10 KB file whose code does not parse and whose debug pickle is corrupt crashed
-// the process (SEGV in SourceRangeDeserializer), another made it allocate and fill 1.7 GB (a
+// full trust: a small file whose code does not parse and whose debug pickle is corrupt crashed
+// the process (SEGV in SourceRangeDeserializer), another made it allocate and fill gigabytes (a
 // string length). qpool shows an error's last line only (Note [Interpreter errors]), which the
 // debug pickles do not change.
 StatusOr<std::unique_ptr<Component>> Component::Load(const std::string& name,

@@ -48,14 +48,14 @@ struct ComponentBytes {
 // Note [Channels-last convolutions]
 // cuDNN runs convolutions on Hopper in NHWC. Given NCHW weights and activations it converts
 // both on every call and converts the result back: in an SD-1.5 UNet step those conversions
-// were a quarter of the GPU's time. A convolution whose weight is channels-last takes
-// channels-last activations and returns channels-last ones, which the elementwise ops keep, so
-// the kind marks its convolutional denoiser and its 4-d weights are laid out channels-last
-// (in the host copy and every device copy alike: moves copy the block's bytes). Only on GPUs:
-// a CPU pipeline keeps the layout its images are checked against. The VAE decoder too, where
-// its graph norms through qpool::group_norm, which keeps the layout: a decoder exported with
-// ATen's norms would copy channels-last activations back to NCHW at each of them, which costs
-// more than the conversions, so it stays NCHW.
+// were a large share of the GPU's time (bench/results/stages_sd15_h100.json). A convolution
+// whose weight is channels-last takes channels-last activations and returns channels-last ones,
+// which the elementwise ops keep, so the kind marks its convolutional denoiser and its 4-d
+// weights are laid out channels-last (in the host copy and every device copy alike: moves copy
+// the block's bytes). Only on GPUs: a CPU pipeline keeps the layout its images are checked
+// against. The VAE decoder too, where its graph norms through qpool::group_norm, which keeps the
+// layout: a decoder exported with ATen's norms would copy channels-last activations back to NCHW
+// at each of them, which costs more than the conversions, so it stays NCHW.
 //
 // Note [No tensor constants]
 // torch.jit.trace bakes tensors computed during tracing into the graph as constants. No mover

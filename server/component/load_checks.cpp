@@ -72,8 +72,8 @@ size_t ModelFileReader::read(uint64_t pos, void* buf, size_t n, const char* what
 // Note [Script source limits]: the file's TorchScript source records, scanned before the
 // compiler reads them, and what the records inflate to. torch.jit.save deflates the source and
 // its debug pickles (which the load does not read) and stores everything else, so the other
-// records together cannot be larger than the file: a zip whose records claim more (a 5 MB file
-// inflating to 1 GiB) is refused before anything is read.
+// records together cannot be larger than the file: a zip whose records claim more (a small file
+// inflating to gigabytes) is refused before anything is read.
 Status CheckArchive(const ModelFile& file) {
   const std::string& path = file.path();
   const uint64_t file_bytes = static_cast<uint64_t>(file.size());

@@ -80,7 +80,7 @@ namespace {
 
 // Note [Manifests without aliases]
 // YAML aliases (`*name`) repeat what an anchor (`&name`) names; nested, a few KB of them expand
-// into gigabytes (a 1 MB manifest of aliases took seconds and GBs of memory per parse). No
+// into gigabytes (a small manifest of aliases made every parse slow and gigabytes large). No
 // pipeline.yaml needs them, so a streaming pass over the events (which sees an alias without
 // expanding it) refuses any before the document is built, and a manifest larger than
 // kMaxManifestBytes is refused before it is read.

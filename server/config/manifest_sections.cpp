@@ -182,7 +182,7 @@ Status Parser::ParseScheduler(const YAML::Node& root, ScheduleFamily family,
   const std::string p = "scheduler";
   RETURN_IF_ERROR(ReadNumber(node, p, "num_train_timesteps", &s->num_train_timesteps));
   // Note [Manifest number ranges]: a schedule's tables are this long (diffusers' models train
-  // on 1000); 1e9 passed the parse and cost the first request 8 GiB.
+  // on 1000); 1e9 passed the parse and cost the first request gigabytes of tables.
   if (s->num_train_timesteps < 1 || s->num_train_timesteps > kMaxTrainTimesteps) {
     return Got("scheduler.num_train_timesteps",
                StrCat("must be between 1 and ", kMaxTrainTimesteps), s->num_train_timesteps);

@@ -139,8 +139,8 @@ using HostEvictionPlan = std::vector<std::pair<std::string, std::vector<c10::Dev
 // A replica's first request pays for what no later one does: the first use of cuDNN and cuBLAS
 // at each shape, the first call of every TorchScript graph and compiled package, and the
 // denoiser's graph warm-up and capture at its size (Note [Forward graphs] in
-// component/graph_cache.h). On an H100 that made an SD 1.5 image's first request take 1.4-1.8 s
-// against 0.24-0.4 s for the next ones. With execution.warmup, Load makes one image on the new
+// component/graph_cache.h), so an SD 1.5 image's first request takes several times as long as
+// the next ones. With execution.warmup, Load makes one image on the new
 // replica, on its worker, before the replica is registered, so no request reaches it first: the
 // defaults' size, scheduler and guidance, kWarmupSteps steps (the denoiser's first forward warms
 // up, the second is captured), seed 0, kWarmupPrompt. It is no request: request metrics do not

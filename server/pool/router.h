@@ -64,8 +64,9 @@ struct RouteDecision {
 // replicas, in this order:
 //   1. "idle": resident with nothing in flight, so it starts at once; the least queued device,
 //      then the most headroom, then the lowest id;
-//   2. "onload": not resident but idle; an onload from pinned memory (~55 GB/s) costs far less
-//      than waiting for another request's denoising loop; the most headroom first;
+//   2. "onload": not resident but idle; an onload from pinned memory at copy-engine speed
+//      (bench/results/residency_onload_h200.json) costs far less than waiting for another
+//      request's denoising loop; the most headroom first;
 //   3. "least-loaded": every replica is busy; the fewest requests in flight, then the fewest
 //      pending steps, then resident before not, then the most headroom, then the lowest id.
 // Scale-out: when the decision is "least-loaded", `scale_out` names the spare device where a new

@@ -14,7 +14,7 @@ namespace qpool::quant {
 // its token stream three times, each norm right after a residual addition:
 //   x = x + attn1(norm1(x));  x = x + attn2(norm2(x), text);  x = x + ff(norm3(x)).
 // Unfused, each addition reads two streams and writes one, and aten::layer_norm reads the sum
-// again, on the rows of 320 to 1280 values these blocks norm at about a third of the addition's
+// again, on the rows of 320 to 1280 values these blocks norm at a fraction of the addition's
 // bytes per second (bench/results/README.md has the profile). add_layer_norm(x,
 // residual, weight, bias, eps) returns (x + residual, layer_norm(x + residual)): the block's
 // norm2 and norm3 (blocks.py's ResidualLayerNorm) take the addition before them, and the sum

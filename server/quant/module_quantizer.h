@@ -52,9 +52,9 @@ struct QuantizeReport {
 // Note [Small layers stay float]
 // `min_weights` keeps float layers of fewer weights (out x in) as they are: where quantizing
 // costs more time than it saves memory. w8a8 is the case: its activation quantizing pass and
-// launches cost more than the whole fp16 GEMM of a small layer (2.4-3.4x fp16 on the 320- and
-// 640-wide projections of SD 1.5 and SDXL, against 0.62-0.93x from 4096 rows on the feed-forward
-// layers of 6.5 to 38 million weights; bench/results/quant_linear_w8a8_h100.json). The exporter
+// launches cost more than the whole fp16 GEMM of a small layer (the 320- and 640-wide
+// projections of SD 1.5 and SDXL), while the feed-forward layers of millions of weights gain
+// from 4096 rows (bench/results/quant_linear_w8a8_h100.json). The exporter
 // applies the same rule (quant.py quantize_module), so a prequantized import leaves the same layers
 // float. A component whose layers are all small (SDXL's CLIP-L under a threshold meant for its
 // UNet) stays float as a whole: a size threshold that excludes everything says "nothing here is

@@ -41,12 +41,11 @@ namespace {
 // Note [W8A8 product choice]
 // Where both int8 products run (Hopper, fp16/bf16 x), the automatic choice takes the
 // warpgroup-MMA kernel (Note [Warpgroup-MMA W8A8 linear]) over at::_int_mm + the epilogue
-// kernel where it measured faster: side by side on an H100 over the ten benchmark layers at
-// M = 154, 1024, 4096 and 8192 (bench/results/quant_linear_w8a8_h100.json), the kernel took
-// 0.38-0.82 of cuBLASLt's time on every layer at M >= 4096, and 0.45-0.94 at M = 1024 except on
-// SD 1.5's 320 x 320 and 768 x 320 projections (1.03-1.11); at M = 154 it won only on the wide
-// feed-forward layers (0.73-0.97; FLUX's 3072 x 3072 took 1.15x). Between 17 and 127 rows
-// nothing was measured and cuBLASLt stays. kWgmma forces the kernel wherever it runs,
+// kernel where it measured faster over the ten benchmark layers
+// (bench/results/quant_linear_w8a8_h100.json): on every layer from M = 4096, from M = 1024
+// except on SD 1.5's narrow 320 x 320 and 768 x 320 projections, and at M = 154 only on the
+// wide feed-forward layers (not on FLUX's 3072 x 3072). Between 17 and 127 rows nothing was
+// measured and cuBLASLt stays. kWgmma forces the kernel wherever it runs,
 // kIntMatmul cuBLASLt.
 bool W8A8WgmmaWins(int64_t m, int64_t k, int64_t n) {
   if (m >= 4096) return true;
@@ -216,48 +215,46 @@ static CudaPath PathFromEnvironment() {
   return path;
 }
 
-// Note [Medium-M path choice]: measured on an H100 against dequantize + cuBLAS for M in
+// Note [Medium-M path choice]: measured against dequantize + cuBLAS for M in
 // {17, 32, 77, 128, 154} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_medium_m_h100.md). The tensor-core kernel (Note [Tensor-core
 // medium-M linear]) wins only on large weights: for K * N >= 2^24 at M <= 32 (one group of 32
-// rows; 0.39-0.71 of the dequantize path on the Flux MLP layers) and, for K >= 8192, at
-// 65 <= M <= 80 (one group of 80 rows; 0.63-0.73). Smaller layers (below 2^24, e.g. SDXL
-// 1280 x 10240 at 0.94-1.00, Flux 3072 x 3072 at 0.90-1.02) and the other M stay on dequantize +
-// cuBLAS; M in 33..64 with K >= 8192 was not measured and stays there too. On Hopper the
-// warpgroup-MMA kernel comes first where WgmmaWins(): on Flux 12288 x 3072 at M = 77 it takes
-// 0.40-0.46 of the dequantize path's time.
+// rows; the Flux MLP layers) and, for K >= 8192, at 65 <= M <= 80 (one group of 80 rows).
+// Smaller layers (below 2^24, e.g. SDXL 1280 x 10240, Flux 3072 x 3072, where it is about even)
+// and the other M stay on dequantize + cuBLAS; M in 33..64 with K >= 8192 was not measured and
+// stays there too. On Hopper the warpgroup-MMA kernel comes first where WgmmaWins() (on Flux
+// 12288 x 3072 at M = 77 it beats both the tensor-core kernel and dequantize + cuBLAS).
 bool MediumMmaWins(int64_t m, int64_t in_features, int64_t out_features) {
   if (m <= cuda::kMmaMaxRows || in_features * out_features < (int64_t{1} << 24)) return false;
   return m <= 32 || (in_features >= 8192 && m >= 65 && m <= 80);
 }
 
-// Note [Large-M path choice]: measured on an H100 against dequantize + cuBLAS for M in {77, 154,
+// Note [Large-M path choice]: measured against dequantize + cuBLAS for M in {77, 154,
 // 256, 512, 1024, 4096} on the ten benchmark layers, int8, nf4 and nf4 + double quant
 // (bench/results/quant_linear_large_m_h100.md). The warpgroup-MMA kernel (Note [Warpgroup-MMA
-// large-M linear]) runs int8 at 0.89-0.97 of the fp16 GEMM's rate on the large layers at
-// M = 4096 and nf4 at 0.85-0.92; it wins where dequantizing costs most next to the product and
-// its tiles (or its stream-K shares) fill the GPU:
+// large-M linear]) runs close to the fp16 GEMM's rate on the large layers; it wins where
+// dequantizing costs most next to the product and its tiles (or its stream-K shares) fill the
+// GPU:
 // - wide layers (N >= 8192, K >= 1024: SDXL 1280 x 10240, Flux 3072 x 12288) and deep ones
-//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 1024: 0.34-0.75 of the dequantize
-//   path up to M = 256, int8 0.69-0.84 and nf4 0.73-0.92 (double quant included) at 512-1024.
-//   int8 also at M = 4096 (0.92-0.99); nf4 not there (1.00-1.13). Above M = 4096, with the
-//   banded raster (Note [Tile raster]), dequantize + cuBLAS is ahead or even at 4608 on every
-//   layer, and the kernel ahead at 8192 on the Flux layers only: the rule stops at 4096.
-// - large square layers (K, N >= 3072: Flux 3072 x 3072): int8 at 256 <= M <= 4096, 0.82-0.95
-//   (below M = 256 it loses, 1.07-1.15); nf4 without double quant at 512 < M <= 1024, 0.93 (at
-//   M = 512 1.14; double quant 0.98 at 1024, left out).
+//   (K >= 8192, N >= 3072: Flux 12288 x 3072) at 65 <= M <= 1024, by most at the smallest M;
+//   int8 also at M = 4096, nf4 not there. Above M = 4096, with the banded raster
+//   (Note [Tile raster]), dequantize + cuBLAS is ahead or even at 4608 on every layer, and the
+//   kernel ahead at 8192 only on the Flux layers: the rule stops at 4096.
+// - large square layers (K, N >= 3072: Flux 3072 x 3072): int8 at 256 <= M <= 4096 (below
+//   M = 256 it loses); nf4 without double quant at 512 < M <= 1024 (double quant, about even,
+//   left out).
 // - mid-size layers (K >= 1024, N >= 4096, K * N >= 2^22: SD 1.5 1280 x 5120) at M <= 512:
-//   int8 0.74-0.88 from M = 65, nf4 0.79-0.93 from M = 129 (0.97-1.03 at 77; double quant
-//   0.90-1.04, left out; M = 1024: 1.02-1.19).
-// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024: about
-//   0.8-0.9, where the dequantize launch dominates.
-// - short, narrow layers (K, N <= 512: SD 1.5 320 x 320), int8 and nf4 at 65 <= M <= 4096:
-//   0.89-0.97 as served (quant_linear_bench, automatic path against QPOOL_QUANT_CUDA_PATH=dequant;
-//   an unchanged layer read 1.02-1.06 between the same two processes), nf4 + double quant
-//   0.95-1.02, left out.
-// The other layers (K > 512 with N <= 1280, or K * N < 2^22) stay on dequantize + cuBLAS: up to
-// 2.2x slower on the kernel (the harness's dequantize timings of the layers under 2048 features
-// are noisy; bench/quant_linear_bench measures them steadily). Rows of x per tile, the best of
+//   int8 from M = 65, nf4 from M = 129 (about even at 77; double quant, about even, left out;
+//   it loses at M = 1024).
+// - short, wide layers (K <= 512, N >= 2048: SD 1.5 320 x 2560) at 65 <= M <= 1024, where the
+//   dequantize launch dominates.
+// - short, narrow layers (K, N <= 512: SD 1.5 320 x 320), int8 and nf4 at 65 <= M <= 4096, as
+//   served (quant_linear_bench, automatic path against QPOOL_QUANT_CUDA_PATH=dequant, with an
+//   unchanged layer as the control between the two processes); nf4 + double quant, about even,
+//   left out.
+// The other layers (K > 512 with N <= 1280, or K * N < 2^22) stay on dequantize + cuBLAS, which
+// is faster there (the harness's dequantize timings of the layers under 2048 features are
+// noisy; bench/quant_linear_bench measures them steadily). Rows of x per tile, the best of
 // 64, 128 and 256 in the harness: 64 up to M = 256 on short and wide layers (M = 1024 on short,
 // narrow ones, M = 160 on mid-size ones), 128 up to M = 128 on wide and deep layers (M = 512 on
 // short and square layers, M = 256 on mid-size ones, M = 4096 on short, narrow ones), else 256.
@@ -361,7 +358,7 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   const std::vector<int64_t> out_shape = QuantLinearOutputShape(x, layout.out_features);
   // Note [Small-M path choice]: fp16/bf16 x with M <= cuda::kMmaMaxRows goes to the tensor-core
   // kernel, except int8 at M = 1, where the CUDA-core kernel (one warp per feature, no mma
-  // padding of the single row) measured 4-34% faster on every benchmark layer
+  // padding of the single row) measured faster on every benchmark layer
   // (bench/results/quant_linear_small_m_h100.md); larger M go to the tensor-core kernel only
   // where MediumMmaWins(); other small M that the tensor-core kernel cannot take go to the
   // CUDA-core kernel up to kFusedMaxRows, and the rest to dequantize + cuBLAS. Before all of

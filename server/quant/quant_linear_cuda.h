@@ -41,9 +41,9 @@ inline bool HasElemType(at::ScalarType t) {
 
 // Largest M (rows of x) the automatic choice sends to the CUDA-core fused kernel when the
 // tensor-core kernel cannot run (float32 x, unaligned or padded layouts).
-// Note [Fused kernel crossover]: on an H100 the CUDA-core kernel's cost grows about linearly
-// with M (no tensor cores): at M = 16 it is 2-11x slower than the tensor-core kernel and
-// 1.3-4x slower than dequantize + cuBLAS on the large layers (bench/results/quant_linear.md).
+// Note [Fused kernel crossover]: the CUDA-core kernel's cost grows about linearly with M (no
+// tensor cores): by M = 16 it is slower than both the tensor-core kernel and dequantize +
+// cuBLAS on the large layers (bench/results/quant_linear.md).
 inline constexpr int64_t kFusedMaxRows = 4;
 
 // Whether the automatic choice runs the tensor-core kernel for M > kMmaMaxRows (Note [Small-M

@@ -49,50 +49,42 @@ namespace {
 // Note [Small-M block shape]
 // A call at these sizes lasts a few memory latencies, so what sets its time is how many rounds of
 // blocks it takes: a block that starts in a second wave pays the whole chain again (load, table,
-// steps, reduction). Measured on an H100 with every shape forced (bench/quant_small_m/shapes.py:
-// 2 or 4 tiles x 1, 2, 4 or 8 splits, 10 layers, M = 1, 4, 8, 16, int8 / nf4 / nf4 + double
-// quant; bench/results/quant_linear_small_m_shapes_h100.json):
+// steps, reduction). Measured with every shape forced (bench/quant_small_m/shapes.py: 2 or 4
+// tiles x 1, 2, 4 or 8 splits, 10 layers, M = 1, 4, 8, 16, int8 / nf4 / nf4 + double quant;
+// bench/results/quant_linear_small_m_shapes_h100.json):
 // - Splits pay only when the blocks still fit in one wave and each split keeps many steps. The
 //   earlier rule (enough splits for two blocks per multiprocessor) overshot into a second wave
-//   whenever fewer than three blocks fit: with x loaded ahead (two nf4 blocks per multiprocessor),
-//   nf4 Flux attention at M = 1 ran 1.19x fp16 with its 2 splits and 0.75-0.78x with none.
-//   Now: the most of 1, 2, 4, 8 splits whose blocks fit in one wave (resident blocks from the
-//   occupancy calculator) with at least kMmaMinStepsPerSplit steps each; of the benchmark layers
-//   only Flux MLP down (K = 12288) splits.
+//   whenever fewer than three blocks fit, and then lost to no split at all. Now: the most of 1,
+//   2, 4, 8 splits whose blocks fit in one wave (resident blocks from the occupancy calculator)
+//   with at least kMmaMinStepsPerSplit steps each; of the benchmark layers only Flux MLP down
+//   (K = 12288) splits.
 // - 4 tiles per warp where 2-tile blocks would take more than one wave (with M <= 8 on an H100:
 //   nf4 from N = 4240, int8 from N = 8464), and for nf4 with M > 8 on deep layers
 //   (K >= kMmaDeepK), where x (two rows per lane) is the larger stream; otherwise 2 (int8
 //   decodes cheaply, so parallelism wins).
 // - Blocks of several feature columns with fewer warps over k each (measured with a variant of
-//   this kernel) were never more than a few percent faster, and up to 4x slower with one warp
-//   over k, so all 8 warps of a block split k.
-// Measured side by side in one run, the rule's shapes take 0.90x the previous rule's time on
-// geometric mean (int8 0.94x, nf4 0.92x, nf4 + double quant 0.84x; up to 1.8x faster, e.g. nf4 +
-// double quant SDXL cross-attention K/V at M = 1), and the best forced shape of each case is
-// within 1.3% of the rule's on geometric mean. Two cells with disturbed samples (7.4x and 0.5x
-// between identical launches) are left out of these means. The worst cases: nf4 Flux MLP down at
-// M = 8 (1.12x the previous time: 2-tile blocks in one split instead of two splits over 1.45
-// waves) and nf4 SD 1.5 feed-forward at M <= 8 (1.06-1.09x: its 2-tile blocks fitted one wave
-// only with three blocks per multiprocessor, which loading x ahead costs in registers).
+//   this kernel) were never clearly faster, and much slower with one warp over k, so all 8 warps
+//   of a block split k.
+// Side by side, the rule's shapes beat the previous rule's on geometric mean in every format,
+// and the best forced shape of each case is close to the rule's. Slower than the previous rule:
+// nf4 Flux MLP down at M = 8 (2-tile blocks in one split instead of two splits over more than
+// one wave) and nf4 SD 1.5 feed-forward at M <= 8 (its 2-tile blocks fitted one wave only with
+// three blocks per multiprocessor, which loading x ahead costs in registers).
 //
-// Where the time goes: at these sizes a call moves 0.05-20 MB, so most layers finish within a
-// few memory latencies; the kernel reaches 1.2-1.5 TB/s of packed weight on the largest layers.
-// Weights come one step ahead (Note [Prefetched steps]), and for M <= 8 the x fragment too. On
-// the wide layers with K = 1280 (SD 1.5 and SDXL feed-forward) nf4 stays 1.1-1.8x fp16. A
-// %globaltimer trace of every block (H100, nf4 SDXL feed-forward at M = 1, 320 blocks of which
-// 264 fit the first wave): a block spends 1.6 us until its table is filled (every block's first
-// weight loads are in flight then, ~4 MB, and the code loads queue behind them), 1.95 us in its
-// one or two steps, 1.1 us in the reduction and stores; the 56 blocks of the second wave start
-// at 4.6-5 us and the call spans 8.7 us. A persistent variant (one wave of blocks walking the
-// feature blocks, the table kept, the next feature block's first step loaded during the
-// reduction) was 1.09x slower for nf4 and 1.13x for nf4 + double quant on geometric mean, and
-// slower even where one wave holds every block: the look-ahead's registers spill in the 4-tile
-// kernels and the reduction buffer beside the table costs occupancy.
+// Where the time goes: most layers finish within a few memory latencies. Weights come one step
+// ahead (Note [Prefetched steps]), and for M <= 8 the x fragment too. On the wide layers with
+// K = 1280 (SD 1.5 and SDXL feed-forward) nf4 stays slower than fp16: a %globaltimer trace of
+// every block shows each block's table fill queued behind every block's first weight loads, and
+// the blocks of the second wave starting only as the first wave's finish. A
+// persistent variant (one wave of blocks walking the feature blocks, the table kept, the next
+// feature block's first step loaded during the reduction) was slower on geometric mean, even
+// where one wave holds every block: the look-ahead's registers spill in the 4-tile kernels and
+// the reduction buffer beside the table costs occupancy.
 // Measured no better: prefetching x into L1 one step ahead; a ring of cp.async shared-memory
-// stages that keeps 2-5 steps of weights in flight per warp (slower on most layers, faster only
-// for int8 on the Flux MLP layers); and reordering the block's start: loading the NF4 code
+// stages that keeps several steps of weights in flight per warp (slower on most layers, faster
+// only for int8 on the Flux MLP layers); and reordering the block's start: loading the NF4 code
 // values before the first weights, filling the table before issuing them, or bringing the code
-// values to shared memory by cp.async (within 1-3%, or slower).
+// values to shared memory by cp.async (even, or slower).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaTilesFew = 2;   // n8 tiles per warp: int8, and nf4 with M <= 8
 constexpr int kMmaTilesMany = 4;  // n8 tiles per warp: nf4 with M > 8

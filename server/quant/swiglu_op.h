@@ -16,7 +16,7 @@ namespace qpool::quant {
 // being the gate's weight of each token routed to the expert (Note [Routed experts]), applied
 // before w2 instead of after it (w2 is linear). Unfused, the SiLU writes a copy of the gate half
 // that the product reads back, and the routed experts' weighting is one more pass over their
-// outputs: the SiLU and the products were a quarter of a HiDream step's kernel time
+// outputs: the SiLU and the products were a large share of a HiDream step's kernel time
 // (bench/results/README.md). The CUDA kernel reads each row's gate and value once (16 bytes at a
 // time where the width, row stride and addresses allow) and writes the output once. It rounds
 // as the unfused operations do, each step's float32 result cast to the dtype: the SiLU

@@ -12,7 +12,8 @@ namespace {
 // Note [Fused W8A8 kernels]
 // In ATen operations (W8A8Linear) a w8a8 layer on CUDA ran about fifteen kernels around the
 // int8 GEMM, writing float32 copies of x [M, K] and of the product [M, N] several times each;
-// at SD 1.5's M = 8192 tokens that made the w8a8 UNet 2.5x slower than the fp16 one. Two kernels
+// at SD 1.5's M = 8192 tokens that made the w8a8 UNet much slower than the fp16 one
+// (bench/results/README.md, "Compiled components, W8A8 and the compiled peer"). Two kernels
 // replace them: one pass over each row of x quantizes it (its absolute maximum, then the int8
 // values; Note [Held rows]), and one pass over the int32 product scales it and adds the bias.
 // They compute the same float32 operations in the same order as the ATen form, each rounded
@@ -32,7 +33,7 @@ namespace {
 // needs. More chunks a thread (fewer threads a row, as in a first choice of 8, 32 or 128) ran
 // slower on rows of 640 and 2048 values: registers limit the warps resident. For the same reason
 // the kernel is held to 64 registers a thread (four blocks a multiprocessor), which made rows of
-// 5120 values 1.15x faster at the cost of a few bytes spilled. Other rows take one block each. All
+// 5120 values faster at the cost of a few bytes spilled. Other rows take one block each. All
 // compute each value with the same operations.
 //
 // Note [Division by the row's reciprocal]

@@ -39,8 +39,8 @@ class PendingCopy {
 // would lag behind. Instead, whoever holds a block keeps it until its copy is known to be done:
 // ComponentResidency synchronizes a pending copy before it drops or reads from a block the copy
 // touches, and a staged move synchronizes its copy when it is dropped. Host<->host and meta
-// copies are plain synchronous copies. One large copy per component: per-copy overhead is ~4 us, so a UNet's
-// ~700 tensors copied one by one would cost milliseconds of launch time alone.
+// copies are plain synchronous copies. One large copy per component: every copy pays a fixed
+// overhead, so a UNet's hundreds of tensors copied one by one would add launch time alone.
 //
 // Thread safety: Copy may be called from any thread.
 class BlockCopier {

@@ -13,7 +13,7 @@ namespace qpool {
 // them). A load verifies it on the bytes it loads (Note [One descriptor per file] in
 // util/model_file.h), so a flipped byte, a truncated copy or another component's file under this
 // name fails the load with INVALID_ARGUMENT naming the file, instead of loading and generating
-// wrong images. Hashing reads the whole file (about 2 GB/s with the CPU's SHA extensions), so
+// wrong images. Hashing reads the whole file, bound by the CPU even with its SHA extensions, so
 // digests are remembered by file identity (device, inode, size, modification and change times):
 // reloading an unchanged file costs one fstat, and a file rewritten in place, even to the same
 // size with its modification time set back, is hashed again (its change time cannot be set

@@ -96,8 +96,8 @@ uint64_t Cost(const uint8_t* f, size_t n) {
 // next piece refers to nothing before it), the last with the final block. Their concatenation
 // is one valid deflate stream; the zlib wrapper's Adler-32 is combined from the pieces'. A row's
 // filter reads the previous row of the image, not of the piece, so filtering splits the same
-// way. Each piece compresses from an empty window: 64-row pieces of a 512-pixel-wide image came
-// out about 2% larger than one stream.
+// way. Each piece compresses from an empty window, so the pieces come out slightly larger than
+// one stream.
 
 // Note [Run-length deflate]
 // Every generated image is encoded on the request path, and zlib's string matching (its default

@@ -33,15 +33,15 @@ namespace {
 //   on its `empty` mbarrier, which the producer waits for before refilling it. No block-wide
 //   barrier in the loop; the producer runs up to kStages k-blocks ahead (Note [Stage count]).
 // - The consumers load one k-block ahead: profiled, a consumer that loaded its rows after the
-//   wait for their stage spent about a third of its time stalled on those loads (generic loads
+//   wait for their stage spent much of its time stalled on those loads (generic loads
 //   then, long scoreboard) while wgmma.wait_group 1 almost never waited, so the tensor pipe was
-//   starved by the decode's latency. Loading ahead took int8 on the Flux MLP layers at M = 4096
-//   from 1.12-1.18x to 1.03-1.08x fp16.
+//   starved by the decode's latency. Loading ahead brought int8 on the Flux MLP layers close to
+//   fp16 (bench/results/quant_linear_large_m_h100.md).
 // - Tried and dropped: decoder warps (the producer warpgroup's three idle warps) writing the
 //   decoded weight tile into shared memory for wgmma's with both operands there, the layout of
-//   fp16 GEMMs. Correct, but 27-37% slower on the large layers at M = 1024-4096: three warps
-//   decode slower than the tensor pipe consumes (128-row tiles, half the products per decoded
-//   k-block, took only a quarter less time per k-block), and the decoded slots leave int8 three
+//   fp16 GEMMs. Correct, but slower on the large layers at M = 1024-4096: three warps decode
+//   slower than the tensor pipe consumes (128-row tiles, half the products per decoded k-block,
+//   saved far less than half the time per k-block), and the decoded slots leave int8 three
 //   stages.
 // - The A fragments alternate between two register sets (the k-loop is unrolled by two), so a
 //   k-block is decoded while the wgmma's of the one before still read theirs; ptxas reports no
@@ -82,8 +82,8 @@ struct Smem {
   static constexpr int kEpiBytes = 2 * kEpiRows * kEpiStride * 2;    // both consumer warpgroups
   static constexpr int kTableBytes = kNf4 ? kNf4PairTableBytes : 0;  // Note [NF4 pair table]
   static constexpr int kFixed = kEpiBytes + kTableBytes + 256 + 1024;  // + barriers, slack
-  // Note [Stage count]: 4 stages at 256 rows measured 3-4% faster than the 5 that fit (median
-  // over the benchmark layers at M = 1024 and 4096; 3 stages slower again), 8 at 128 and 64 rows.
+  // Note [Stage count]: 4 stages at 256 rows measured faster than the 5 that fit (median over
+  // the benchmark layers at M = 1024 and 4096; 3 stages slower again), 8 at 128 and 64 rows.
   static constexpr int kMaxStages = kBn == 256 ? 4 : 8;
   static constexpr int kStages = std::min(kMaxStages, (kMaxSmem - kFixed) / kStageBytes);
   static constexpr int kBytes = kStages * kStageBytes + kFixed;

@@ -37,15 +37,15 @@ namespace {
 // sum is exact in any order. K need not be a multiple of the k-block: the tensor maps fill what
 // lies past K (and past M or N) with zeros, which add nothing.
 // Not L2-bound: clusters of two blocks sharing the x tile through TMA multicast (half the L2
-// reads of x) ran 1.15-2x slower on every measured layer (bench/results/README.md, "W8A8 at four
+// reads of x) ran slower on every measured layer (bench/results/README.md, "W8A8 at four
 // images").
 //
 // Note [Epilogue operands]
 // Both consumer warpgroups run the epilogue at once, so the tensor cores idle through it: on
-// SDXL's feed-forward at 8192 rows it took two fifths of the consumers' sampled time, and the
-// tensor pipe was active 54% of the kernel's cycles (Nsight Compute). Most of that epilogue
-// waited on global loads: each thread loaded 64 row scales, each behind its own address and
-// bounds arithmetic, and the column scales' division waited on the absmax load. Each consumer
+// SDXL's feed-forward at 8192 rows it took a large share of the consumers' sampled time (Nsight
+// Compute; bench/results/w8a8_epilogue_operands_h200.json). Most of that epilogue waited on
+// global loads: each thread loaded 64 row scales, each behind its own address and bounds
+// arithmetic, and the column scales' division waited on the absmax load. Each consumer
 // thread now loads its operands when a tile starts, so the loads complete under the main loop:
 // one row scale (thread i takes row m0 + i), its two features' absmax and bias. At the epilogue
 // the row scales go through shared memory (a barrier of both warpgroups before the stores, so
@@ -229,19 +229,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Note [Ping-pong W8A8 tiles]
 // In W8A8WgmmaKernel both consumer warpgroups compute one tile and run its epilogue at once, so
-// the tensor cores idle through every epilogue (30% of the consumers' sampled time on SDXL's
-// feed-forward at 8192 rows, after Note [Epilogue operands]). W8A8PingPongKernel gives each
-// consumer warpgroup tiles of its own, 128 features x 128 rows of x (two m64n128k32 wgmma's a
-// k32 step: 128 int32 accumulators a thread, as before), and alternates them: the producer loads
-// the block's tiles in order into one ring of 32 KB stages, warpgroup j % 2 computes the block's
-// j-th tile, and a pair of named barriers lets a warpgroup start a main loop only once the other
-// has issued all of its own, so each epilogue runs under the other warpgroup's main loop. The
-// order also keeps the ring's parity waits sound: a warpgroup skips the other's k-blocks, and a
-// wait on a stage's phase must come after the phase before it has completed, which the other
-// warpgroup's waits of the tile before (all passed when it arrives) guarantee. The cost is L2
-// traffic: a 128 x 128 tile reads 1.33x the bytes per product of a 128 x 256 one. Data-parallel
-// only: the ordered warpgroups have no stream-K exchange. The operations on each value are
-// W8A8WgmmaKernel's, so are the bytes (GPU test). Which kernel runs: Note [W8A8 tile choice].
+// the tensor cores idle through every epilogue (still a sizeable share of the consumers'
+// sampled time on SDXL's feed-forward at 8192 rows after Note [Epilogue operands]).
+// W8A8PingPongKernel gives each consumer warpgroup tiles of its own, 128 features x 128 rows
+// of x (two m64n128k32 wgmma's a k32 step: 128 int32 accumulators a thread, as before), and
+// alternates them: the producer loads the block's tiles in order into one ring of 32 KB stages,
+// warpgroup j % 2 computes the block's j-th tile, and a pair of named barriers lets a warpgroup
+// start a main loop only once the other has issued all of its own, so each epilogue runs under the
+// other warpgroup's main loop. The order also keeps the ring's parity waits sound: a warpgroup
+// skips the other's k-blocks, and a wait on a stage's phase must come after the phase before it has
+// completed, which the other warpgroup's waits of the tile before (all passed when it arrives)
+// guarantee. The cost is L2 traffic: a 128 x 128 tile reads 1.33x the bytes per product of a
+// 128 x 256 one. Data-parallel only: the ordered warpgroups have no stream-K exchange. The
+// operations on each value are W8A8WgmmaKernel's, so are the bytes (GPU test). Which kernel runs:
+// Note [W8A8 tile choice].
 constexpr int kPingPongRows = 128;       // rows of x per warpgroup tile
 constexpr int kPingPongTurnBarrier = 5;  // + cw: warpgroup cw waits there for its turn
 
@@ -479,15 +480,15 @@ void LaunchPingPong(const int8_t* q, const float* row_scale, const int8_t* w, co
 
 // Note [W8A8 tile choice]
 // Per tile the two kinds do about equally well: where both fill the multiprocessors the same
-// number of times, ping-pong took 0.94-1.24x the shared kernel's time (median 1.02x) on the
-// benchmark layers at 1024-32768 rows (bench/results/w8a8_ping_pong_h200.json): hiding the
-// epilogue did not pay for the 128 x 128 tiles' L2 traffic. What differs is the rounds: kAuto
+// number of times, ping-pong was no faster than the shared kernel on the benchmark layers at
+// 1024-32768 rows (bench/results/w8a8_ping_pong_h200.json): hiding the epilogue did not pay for
+// the 128 x 128 tiles' L2 traffic. What differs is the rounds: kAuto
 // estimates each kind's time as the k-blocks of its busiest block, counting a 128 x 128 tile's
 // as half a 128 x 256 one's (for a stream-K schedule, a block's share plus kSplitCost), and takes
 // ping-pong where that is at most 0.9 of the shared kernel's. On the measured layers those
-// choices ran at 0.63-0.92x the shared kernel's time (SDXL's 1280 x 1280 at 8192 rows 0.85x;
-// SD 1.5's 320-wide layers at 1024-4096 rows 0.65-0.88x). Below 1024 rows nothing was measured
-// and the shared kernel stays.
+// choices ran faster than the shared kernel (e.g. SDXL's 1280 x 1280 at 8192 rows, SD 1.5's
+// 320-wide layers at 1024-4096 rows). Below 1024 rows nothing was measured and the shared
+// kernel stays.
 bool PingPongTiles(int64_t m, int64_t k, int64_t n, int sm_count, W8A8Tiles tiles) {
   if (tiles != W8A8Tiles::kAuto) return tiles == W8A8Tiles::kPingPong;
   if (m < 1024) return false;

@@ -30,18 +30,18 @@ namespace qpool::quant::cuda::sm90 {
 // only for blocks after it, which never wait for it: no cycle. MakeSchedule picks stream-K when
 // its share plus kSplitCost k-blocks is under 0.9 of the data-parallel blocks' tiles x k_blocks.
 // kSplitCost = 16: over every layer, M and tile of bench/results/quant_linear_large_m_h100.json,
-// 12-16 chose the faster of the forced schedules most often (47 choices more than 5% slower than
-// the other schedule, against 83 with the 24 used before and 122 with 8).
-// Where a split's time goes (H100, 256-row tiles, a %globaltimer trace of each block's phases):
-// the contributor takes 2.2 us to issue its 128 KB of f32 sums (the multiprocessor's store rate
-// to L2, about 32 bytes a cycle) and 0.8-2.2 us more before its flag is set; the owner, done
-// with its own k-range at the same time, waits for that flag and then reads the sums for 1.1 us
-// before its usual epilogue. One split costs 5.7-6.8 us against the same work unsplit, 10-12
-// k-blocks (`harness.py splitcost` in bench/quant_large_m; 4.5-5.0 us with 128-row tiles), since
-// the contributor's threads stopped fencing one by one before its single release (0.3-0.6 us
-// less). 16-byte stores and loads of the sums measured the same as 4-byte ones. Cheaper splits
-// need the sums off L2: a reduction through distributed shared memory between the blocks of a
-// cluster, or a bulk store from shared memory that overlaps the block's next segment.
+// 12-16 chose the faster of the forced schedules most often (fewer clearly slower choices than
+// the 24 used before or 8).
+// Where a split's time goes (a %globaltimer trace of each block's phases; `harness.py
+// splitcost` in bench/quant_large_m): the contributor issues its f32 sums (128 KB for a 256-row
+// tile) at the multiprocessor's store rate to L2 and then waits for its flag to be set; the
+// owner, done with its own k-range at the same time, waits for that flag and then reads the
+// sums before its usual epilogue. So one split costs several k-blocks of the same work unsplit
+// (less since the contributor's threads stopped fencing one by one before its single release),
+// which kSplitCost stands for. 16-byte stores and loads of the sums measured the same as 4-byte
+// ones. Cheaper splits need the sums off L2: a reduction through distributed shared memory
+// between the blocks of a cluster, or a bulk store from shared memory that overlaps the block's
+// next segment.
 inline constexpr int kSplitCost = 16;
 
 // Note [Tile raster]
@@ -51,11 +51,9 @@ inline constexpr int kSplitCost = 16;
 // wave, share a band of x that stays in L2 while the weight streams past it. MakeSchedule sizes
 // the band to kRasterBandBytes of x; with the band as tall as x (small M) this is the plain
 // order, row tiles fastest. The plain order read x again for every wave of features once x
-// outgrew L2 (K = 3072, M = 8192: 50 MB of x). Side by side on an H100 (256-row tiles): at
-// M = 8192 bands took Flux MLP down from 1.06x / 1.15x fp16 (int8 / nf4) to 0.97x / 1.04x, Flux
-// MLP up and attention by 2-5%, SDXL feed-forward nf4 from 1.27x to 1.20x; at M = 4096 and below
-// the differences were within that run's spread (up to 5% between two builds whose order is
-// the same at M = 1024).
+// outgrew L2 (K = 3072, M = 8192: 50 MB of x). Side by side, at M = 8192 bands made the Flux
+// layers and SDXL's feed-forward faster; at M = 4096 and below the differences were within the
+// run's spread (bench/results/quant_linear_tile_raster_h100.json).
 inline constexpr int64_t kRasterBandBytes = int64_t{16} << 20;  // of an H100's 50 MB of L2
 
 struct TileRaster {

@@ -40,7 +40,7 @@ def read_json(path: str) -> Dict[str, object]:
 
 # Note [Config size bounds]
 # diffusers and transformers build a component from its config.json before reading a weight: a
-# config declaring 100,000 layers grew the importer past 4 GiB before anything failed. Every
+# config declaring 100,000 layers grew the importer by gigabytes before anything failed. Every
 # integer of a component's config is bounded first, naming the field: counts of layers, blocks
 # and heads at 1024, widths and other sizes at 2^20 (RoPE's theta aside), and lists at 64
 # entries, far above any model's.
