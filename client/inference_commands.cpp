@@ -49,12 +49,9 @@ v1::GenerateRequest BuildGenerateRequest(const ParsedArgs& args) {
 }
 
 json TimingsJson(const v1::Timings& t) {
-  return {{"queue_seconds", t.queue_seconds()},
-          {"encode_seconds", t.encode_seconds()},
-          {"denoise_seconds", t.denoise_seconds()},
-          {"decode_seconds", t.decode_seconds()},
-          {"png_seconds", t.png_seconds()},
-          {"total_seconds", t.total_seconds()}};
+  return {{"queue_seconds", t.queue_seconds()},     {"encode_seconds", t.encode_seconds()},
+          {"denoise_seconds", t.denoise_seconds()}, {"decode_seconds", t.decode_seconds()},
+          {"png_seconds", t.png_seconds()},         {"total_seconds", t.total_seconds()}};
 }
 
 const char* DTypeName(v1::DType dtype) {
@@ -254,6 +251,15 @@ int RunEncode(const ParsedArgs& args, const Connection& connection) {
   request.set_pipeline(RequiredFlag(args, "pipeline"));
   for (const std::string& prompt : args.positional) request.add_prompts(prompt);
   const std::optional<std::string> out = GetString(args, "out");
+  if (const std::optional<std::string> dtype = GetString(args, "dtype")) {
+    if (*dtype == "bfloat16") {
+      request.set_dtype(v1::DTYPE_BFLOAT16);
+    } else if (*dtype == "float16") {
+      request.set_dtype(v1::DTYPE_FLOAT16);
+    } else if (*dtype != "float32") {
+      throw UsageError{"option '--dtype' wants float32, bfloat16 or float16, not '" + *dtype + "'"};
+    }
+  }
 
   auto stub = v1::InferenceService::NewStub(connection.channel());
   grpc::ClientContext context;

@@ -9,15 +9,21 @@
 namespace qpool::api {
 
 // OK when an Encode reply of `bytes` for `prompts` prompts fits `max_message_bytes`, else
-// RESOURCE_EXHAUSTED saying its size, per prompt too, and the --max-message-mb that would take it.
-Status CheckReplySize(size_t bytes, int prompts, int max_message_bytes);
+// RESOURCE_EXHAUSTED saying its size, per prompt too, and what would take it: fewer prompts, a
+// bfloat16 reply (when it is `float32`), the --max-message-mb.
+Status CheckReplySize(size_t bytes, int prompts, int max_message_bytes, bool float32 = false);
+
+// The torch dtype of EncodeRequest.dtype (float32 when unspecified), or INVALID_ARGUMENT naming
+// the field and the dtypes it takes.
+StatusOr<c10::ScalarType> EncodeReplyDtype(int dtype);
 
 // Owns itself like GenerateReactor (Note [Generate reactor lifetime]): the pool calls OnReply
 // exactly once, which finishes the call; OnDone deletes the reactor.
 class EncodeReactor final : public grpc::ServerUnaryReactor, public EncodeListener {
  public:
   // Hands the request to `pool`. `raw_response` is gRPC's and stays valid until OnDone; the reply
-  // is serialized into it (Note [Requests that do not parse] in api/raw_call.h). Past `deadline`
+  // is serialized into it (Note [Requests that do not parse] in api/raw_call.h); its dtype was
+  // checked (EncodeReplyDtype). Past `deadline`
   // (the call's), a request that has not started gets DEADLINE_EXCEEDED. A reply larger than
   // `max_message_bytes` gets RESOURCE_EXHAUSTED saying how large it is per prompt and what to
   // change (an LLM encoder's every-layer states are 64 MiB a prompt for HiDream-I1's Llama).
@@ -32,6 +38,7 @@ class EncodeReactor final : public grpc::ServerUnaryReactor, public EncodeListen
   grpc::ByteBuffer* const raw_response_;
   const int max_message_bytes_;
   const int prompts_;
+  c10::ScalarType dtype_ = c10::kFloat;  // of the reply's floating tensors
 };
 
 }  // namespace qpool::api

@@ -2,6 +2,7 @@
 
 #include "api/encode_reactor.h"
 #include "api/generate_reactor.h"
+#include "api/proto_convert.h"
 #include "api/raw_call.h"
 
 namespace qpool::api {
@@ -25,6 +26,7 @@ grpc::ServerUnaryReactor* InferenceService::Encode(grpc::CallbackServerContext* 
   grpc::Status allowed = access_.Check(*context, CallClass::kInference, "Encode");
   v1::EncodeRequest parsed;
   grpc::Status status = allowed.ok() ? ParseRaw(*request, &parsed) : allowed;
+  if (status.ok()) status = ToGrpc(EncodeReplyDtype(parsed.dtype()).status());
   if (!status.ok()) {
     if (allowed.ok()) {
       pool_.CountRefused(RequestRpc::kEncode, InvalidArgument(status.error_message()));

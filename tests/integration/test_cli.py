@@ -184,6 +184,14 @@ def test_encode(qpool, tmp_path):
     r = qpool("encode", "--pipeline", "tiny", "a cat")
     assert r.returncode == EXIT_OK, r.stderr
     assert "float32" in r.stdout and "[1, 77," in r.stdout and "mean" in r.stdout
+    r = qpool("--json", "encode", "--pipeline", "tiny", "--dtype", "bfloat16", "--out", str(out),
+              "a cat", "a dog")
+    assert r.returncode == EXIT_OK, r.stderr
+    half = json.loads(r.stdout)["embeddings"]
+    assert half["dtype"] == "bfloat16" and half["shape"] == emb["shape"]
+    assert out.stat().st_size == n * length * hidden * 2 == half["bytes"]
+    r = qpool("encode", "--pipeline", "tiny", "--dtype", "int64", "a cat")
+    assert r.returncode == EXIT_USAGE and "--dtype" in r.stderr
 
 
 def test_list(qpool):

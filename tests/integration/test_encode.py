@@ -85,6 +85,39 @@ def test_unknown_pipeline_is_not_found(client):
     assert "no-such-pipeline" in error.details()
 
 
+@pytest.mark.parametrize("dtype, width, numpy_dtype", [
+    ("DTYPE_BFLOAT16", 2, None), ("DTYPE_FLOAT16", 2, "<f2"), ("DTYPE_FLOAT32", 4, "<f4")])
+def test_reply_dtype_casts_the_float32_states(client, dtype, width, numpy_dtype):
+    """EncodeRequest.dtype: the embeddings cast from the float32 reply's (round to nearest
+    even), the token ids unchanged."""
+    import numpy as np
+
+    pb2 = client.pb2
+    prompts = ["a photo of a cat", "a dog"]
+    full = encode(client, *prompts)
+    reply = client.inference.Encode(pb2.EncodeRequest(pipeline="tiny", prompts=prompts,
+                                                      dtype=getattr(pb2, dtype)), timeout=120)
+    assert reply.embeddings.dtype == getattr(pb2, dtype)
+    assert list(reply.embeddings.shape) == list(full.embeddings.shape)
+    assert len(reply.embeddings.data) == len(full.embeddings.data) // 4 * width
+    assert reply.input_ids == full.input_ids
+    values = np.frombuffer(full.embeddings.data, dtype="<f4")
+    if numpy_dtype is None:  # bfloat16: float32's top half, rounded to nearest even
+        bits = values.view("<u4").astype(np.uint64)
+        want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
+    else:
+        want = values.astype(numpy_dtype).tobytes()
+    assert reply.embeddings.data == want
+
+
+@pytest.mark.parametrize("dtype", [4, 42])  # DTYPE_INT64, and a value the server does not know
+def test_reply_dtype_other_than_floating_is_invalid(client, dtype):
+    error = rpc_error(client.inference.Encode, client.pb2.EncodeRequest(
+        pipeline="tiny", prompts=["x"], dtype=dtype))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "field 'dtype' is" in error.details()
+
+
 CROSS_CHECK_PROMPTS = [
     "a photo of an astronaut riding a horse on mars",
     "  A   Photo\tof a CAT!!  ",

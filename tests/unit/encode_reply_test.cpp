@@ -27,6 +27,28 @@ TEST(CheckReplySizeTest, ALargerReplySaysItsSizeAndTheFlag) {
   EXPECT_EQ(one.message(),
             "the Encode reply is 65 MiB for 1 prompt(s), about 65 MiB each, above the server's "
             "message limit of 64 MiB: start the server with --max-message-mb 65 or more");
+  const Status float32 = CheckReplySize(two, 2, kLimit, /*float32=*/true);
+  EXPECT_EQ(float32.message(),
+            "the Encode reply is 129 MiB for 2 prompt(s), about 65 MiB each, above the server's "
+            "message limit of 64 MiB: send fewer prompts per request, ask for dtype "
+            "DTYPE_BFLOAT16 (half the bytes), or start the server with --max-message-mb 129 or "
+            "more");
+}
+
+TEST(EncodeReplyDtypeTest, FloatingDtypesAreTakenAndOthersRefused) {
+  EXPECT_EQ(*EncodeReplyDtype(v1::DTYPE_UNSPECIFIED), c10::kFloat);
+  EXPECT_EQ(*EncodeReplyDtype(v1::DTYPE_FLOAT32), c10::kFloat);
+  EXPECT_EQ(*EncodeReplyDtype(v1::DTYPE_BFLOAT16), c10::kBFloat16);
+  EXPECT_EQ(*EncodeReplyDtype(v1::DTYPE_FLOAT16), c10::kHalf);
+  const auto ids = EncodeReplyDtype(v1::DTYPE_INT64);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ids.status().message(),
+            "field 'dtype' is DTYPE_INT64; Encode returns DTYPE_FLOAT32 (the default), "
+            "DTYPE_BFLOAT16 or DTYPE_FLOAT16 embeddings");
+  const auto unknown = EncodeReplyDtype(42);  // an enum value this server does not know
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("field 'dtype' is 42;"), std::string::npos);
 }
 
 }  // namespace
