@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One HiDream-I1 mixture of experts at its published shapes on one GPU: the per-expert form
 (diffusers' moe_infer: nonzero per expert, index_add) against the grouped form qpool's importer
-traces (Note [Routed experts] in tools/qpool_export/qpool_export/hidream_transformer.py: the
+traces (Note [Routed experts] in tools/qpool_export/qpool_export/hidream_experts.py: the
 token-expert pairs sorted by expert, two torch._grouped_mm), in bfloat16. Prints the largest
 difference between the two, each one's time per call (20 calls after 3 warm-ups, synchronized),
 the grouped form with an expert that gets no token, and replayed in a CUDA graph.

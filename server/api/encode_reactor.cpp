@@ -8,13 +8,12 @@
 namespace qpool::api {
 
 EncodeReactor::EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request,
-                             grpc::ByteBuffer* raw_response,
+                             c10::ScalarType dtype, grpc::ByteBuffer* raw_response,
                              std::chrono::system_clock::time_point deadline, int max_message_bytes)
     : raw_response_(raw_response),
       max_message_bytes_(max_message_bytes),
-      prompts_(request.prompts_size()) {
-  const StatusOr<c10::ScalarType> dtype = EncodeReplyDtype(request.dtype());
-  if (dtype.ok()) dtype_ = *dtype;
+      prompts_(request.prompts_size()),
+      dtype_(dtype) {
   EncodeCall call;
   call.pipeline = request.pipeline();
   call.prompts.assign(request.prompts().begin(), request.prompts().end());

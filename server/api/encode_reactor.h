@@ -22,12 +22,12 @@ StatusOr<c10::ScalarType> EncodeReplyDtype(int dtype);
 class EncodeReactor final : public grpc::ServerUnaryReactor, public EncodeListener {
  public:
   // Hands the request to `pool`. `raw_response` is gRPC's and stays valid until OnDone; the reply
-  // is serialized into it (Note [Requests that do not parse] in api/raw_call.h); its dtype was
-  // checked (EncodeReplyDtype). Past `deadline`
+  // is serialized into it (Note [Requests that do not parse] in api/raw_call.h), its floating
+  // tensors in `dtype` (the request's, from EncodeReplyDtype). Past `deadline`
   // (the call's), a request that has not started gets DEADLINE_EXCEEDED. A reply larger than
   // `max_message_bytes` gets RESOURCE_EXHAUSTED saying how large it is per prompt and what to
   // change (an LLM encoder's every-layer states are 64 MiB a prompt for HiDream-I1's Llama).
-  EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request,
+  EncodeReactor(PipelinePool& pool, const v1::EncodeRequest& request, c10::ScalarType dtype,
                 grpc::ByteBuffer* raw_response, std::chrono::system_clock::time_point deadline,
                 int max_message_bytes);
 
@@ -38,7 +38,7 @@ class EncodeReactor final : public grpc::ServerUnaryReactor, public EncodeListen
   grpc::ByteBuffer* const raw_response_;
   const int max_message_bytes_;
   const int prompts_;
-  c10::ScalarType dtype_ = c10::kFloat;  // of the reply's floating tensors
+  const c10::ScalarType dtype_;  // of the reply's floating tensors
 };
 
 }  // namespace qpool::api

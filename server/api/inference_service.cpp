@@ -26,7 +26,11 @@ grpc::ServerUnaryReactor* InferenceService::Encode(grpc::CallbackServerContext* 
   grpc::Status allowed = access_.Check(*context, CallClass::kInference, "Encode");
   v1::EncodeRequest parsed;
   grpc::Status status = allowed.ok() ? ParseRaw(*request, &parsed) : allowed;
-  if (status.ok()) status = ToGrpc(EncodeReplyDtype(parsed.dtype()).status());
+  StatusOr<c10::ScalarType> dtype = c10::kFloat;
+  if (status.ok()) {
+    dtype = EncodeReplyDtype(parsed.dtype());
+    status = ToGrpc(dtype.status());
+  }
   if (!status.ok()) {
     if (allowed.ok()) {
       pool_.CountRefused(RequestRpc::kEncode, InvalidArgument(status.error_message()));
@@ -36,7 +40,8 @@ grpc::ServerUnaryReactor* InferenceService::Encode(grpc::CallbackServerContext* 
     return reactor;
   }
   // Deletes itself in OnDone.
-  return new EncodeReactor(pool_, parsed, response, context->deadline(), max_message_bytes_);
+  return new EncodeReactor(pool_, parsed, *dtype, response, context->deadline(),
+                           max_message_bytes_);
 }
 
 }  // namespace qpool::api

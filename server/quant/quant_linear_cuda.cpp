@@ -335,7 +335,7 @@ at::Tensor QuantLinearCuda(const at::Tensor& x, const QuantState& s,
   TORCH_CHECK(x.is_cuda(), "qpool::quant_linear: the CUDA kernel got x on ", x.device());
   c10::cuda::CUDAGuard guard(x.device());
   const QuantLayout layout = CheckQuantLinearArgs(x, s, bias);
-  // No rows (a routed expert no token chose: Note [Routed experts] in hidream_transformer.py):
+  // No rows (a routed expert no token chose: Note [Routed experts] in hidream_experts.py):
   // no kernel takes an empty grid.
   if (x.numel() == 0) return at::empty(QuantLinearOutputShape(x, layout.out_features), x.options());
   if (layout.format == QuantFormat::kW8A8) {

@@ -25,7 +25,7 @@ namespace qpool::quant {
 // an even last dimension; the weight, if any, has x's dtype, device and leading shape. The CPU
 // kernel, and the CUDA one for dtypes without a kernel (float64), are the ATen operations. The
 // schema string is byte-identical to SWIGLU_SCHEMA in
-// tools/qpool_export/qpool_export/hidream_transformer.py (a unit test compares them).
+// tools/qpool_export/qpool_export/hidream_experts.py (a unit test compares them).
 inline constexpr char kSwigluSchema[] = "swiglu(Tensor x, Tensor? weight) -> Tensor";
 
 // Calls qpool::swiglu through the dispatcher.

@@ -130,6 +130,20 @@ def copy_pipeline(source_repository, repository, name, as_name=None):
     return dst
 
 
+def copy_placed(folder, repository, name, **placement):
+    """Copies pipeline folder `folder` to `repository`/`name` with its manifest's placement
+    updated by `placement` (device="cuda:0,cuda:1", say)."""
+    import yaml
+
+    copy = pathlib.Path(repository) / name
+    shutil.copytree(folder, copy)
+    path = copy / "pipeline.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest.setdefault("placement", {}).update(placement)
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return copy
+
+
 def break_manifest(pipeline_dir):
     """Deletes components.unet.file from a copied pipeline's pipeline.yaml (leaving `unet:`
     empty), so its load must fail naming pipeline.yaml and components.unet.file."""
@@ -297,6 +311,11 @@ class Client:
         _, results = self.generate(**fields)
         assert len(results) == 1, f"expected exactly one result, got {len(results)}"
         return results[0]
+
+    def allocated(self, device):
+        """The caching allocator's allocated bytes on `device`, from GetMemoryReport."""
+        report = self.models.GetMemoryReport(self.pb2.GetMemoryReportRequest(max_events=0))
+        return next(d.allocated_bytes for d in report.devices if d.device == device)
 
     def pipelines(self):
         """ListPipelines as {name: PipelineInfo}."""

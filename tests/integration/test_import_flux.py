@@ -560,23 +560,16 @@ def test_served_nf4_flux_moved_to_the_second_gpu(server_bin, pb, imported, tmp_p
     """The field report's case: an NF4 FLUX pipeline loaded on cuda:0 and moved to cuda:1 keeps
     every tensor (quant state included) on cuda:1, gives cuda:0 its memory back, and generates
     the same image there."""
-    from conftest import Client, QpoolServer
+    from conftest import Client, QpoolServer, copy_placed
 
     repository = tmp_path / "models"
-    shutil.copytree(imported["flux-nf4"], repository / "flux-nf4")
-    path = repository / "flux-nf4" / "pipeline.yaml"
-    manifest = yaml.safe_load(path.read_text())
-    manifest["placement"].update(device="cuda:0,cuda:1", dtype="float32")
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    copy_placed(imported["flux-nf4"], repository, "flux-nf4", device="cuda:0,cuda:1",
+                dtype="float32")
     server = QpoolServer(server_bin, repository, tmp_path, load=None, device="cuda")
     server.start()
     client = Client(server, pb)
     try:
-        models, pb2 = client.models, client.pb2
-
-        def allocated(device):
-            report = models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=0))
-            return next(d.allocated_bytes for d in report.devices if d.device == device)
+        models, pb2, allocated = client.models, client.pb2, client.allocated
 
         def load_on_cuda0():
             models.LoadPipeline(pb2.LoadPipelineRequest(name="flux-nf4", device="cuda:0"),

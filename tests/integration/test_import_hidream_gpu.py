@@ -1,7 +1,7 @@
 """Kind hidream on a GPU: the tiny HiDreamImagePipeline of test_import_hidream.py imported in
 bfloat16 (and with its transformer and Llama in NF4), served on cuda:0 with CUDA graphs on: the
 bfloat16 transformer's routed experts are grouped and it replays graphs, the NF4 one's run per
-expert and eagerly (Note [Routed experts] in hidream_transformer.py).
+expert and eagerly (Note [Routed experts] in hidream_experts.py).
 
 The field report's case at a small size: under the `model` offload policy an Encode-only
 request (prompt encoding alone, the Llama last) leaves nothing of the pipeline on the GPU, and
@@ -16,13 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
-import shutil  # noqa: E402
-
 import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 
 import test_import_hidream as hidream_tests  # noqa: E402 - after the skips
-from conftest import Client, QpoolServer  # noqa: E402
+from conftest import Client, QpoolServer, copy_placed  # noqa: E402
 from png_reader import read_png  # noqa: E402
 
 SIZE = hidream_tests.SIZE
@@ -129,20 +126,12 @@ def test_nf4_pipeline_moved_to_the_second_gpu(server_bin, pb, repository, tmp_pa
     loaded on cuda:0 and moved to cuda:1 keeps every tensor, quant state included, on cuda:1,
     gives cuda:0 back every byte it held, and makes the same image there."""
     models_dir = tmp_path / "models"
-    shutil.copytree(repository / "hidream-nf4", models_dir / "hidream-nf4")
-    path = models_dir / "hidream-nf4" / "pipeline.yaml"
-    manifest = yaml.safe_load(path.read_text())
-    manifest.setdefault("placement", {})["device"] = "cuda:0,cuda:1"
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    copy_placed(repository / "hidream-nf4", models_dir, "hidream-nf4", device="cuda:0,cuda:1")
     server = QpoolServer(server_bin, models_dir, tmp_path, load=None, device="cuda")
     server.start()
     client = Client(server, pb)
     try:
-        models, pb2 = client.models, client.pb2
-
-        def allocated(device):
-            report = models.GetMemoryReport(pb2.GetMemoryReportRequest(max_events=0))
-            return next(d.allocated_bytes for d in report.devices if d.device == device)
+        models, pb2, allocated = client.models, client.pb2, client.allocated
 
         def load_on_cuda0():
             models.LoadPipeline(pb2.LoadPipelineRequest(name="hidream-nf4", device="cuda:0"),

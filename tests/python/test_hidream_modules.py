@@ -1,5 +1,5 @@
-"""Tests of qpool_export's HiDream transformer (hidream_transformer.py) on tiny random
-HiDreamImageTransformer2DModel checkpoints built with diffusers: the mirror equals the original
+"""Tests of qpool_export's HiDream transformer (hidream_transformer.py, hidream_experts.py) on
+tiny random HiDreamImageTransformer2DModel checkpoints built with diffusers: the mirror equals the original
 (the mixture of experts on routed tokens, Note [Routed experts]; full and half-head rotary), traces at one
 shape and runs at another without tensor constants, quantizes to int8 and NF4 within bounds, and
 refuses configs it does not reproduce, naming the field. CPU only, seconds.
@@ -20,9 +20,9 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 diffusers = pytest.importorskip("diffusers")
 
 from qpool_export import quant, tracing  # noqa: E402
+from qpool_export.hidream_experts import MoeSwiGlu, group_experts  # noqa: E402
 from qpool_export.hidream_transformer import (HiDreamTransformer,  # noqa: E402
-                                              HiDreamTransformerConfig, MoeSwiGlu,
-                                              fuse_projections, group_experts)
+                                              HiDreamTransformerConfig, fuse_projections)
 from qpool_export.import_error import ImportFailure  # noqa: E402
 
 torch.set_num_threads(1)

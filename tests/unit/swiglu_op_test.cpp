@@ -18,7 +18,7 @@ using testing::ErrorOf;
 
 TEST(SwigluOp, SchemaMatchesTheExporter) {
   EXPECT_EQ(testing::RegisteredSchema("qpool::swiglu"), std::string("qpool::") + kSwigluSchema);
-  EXPECT_EQ(testing::ExporterSchema("SWIGLU_SCHEMA", "hidream_transformer.py"), kSwigluSchema);
+  EXPECT_EQ(testing::ExporterSchema("SWIGLU_SCHEMA", "hidream_experts.py"), kSwigluSchema);
 }
 
 TEST(SwigluOp, MultipliesTheSiluOfTheGateByTheValueAndTheWeight) {

@@ -35,7 +35,7 @@ namespace qpool {
 // (positive - negative). The sigmas are the scheduler's own (FlowSigmas::kScheduler). The
 // transformer replays CUDA graphs when its routed experts are grouped; per-expert ones (a
 // quantized transformer's) wait for the GPU to count their tokens (Note [Routed experts] in
-// hidream_transformer.py), which no capture allows, and run eagerly. The encoders replay theirs.
+// hidream_experts.py), which no capture allows, and run eagerly. The encoders replay theirs.
 //
 // Thread safety: as Pipeline.
 class HiDreamPipeline final : public Pipeline {

@@ -16,8 +16,8 @@ from typing import Optional, Tuple
 import torch
 
 from .diffusers_components import Built, _check_same, _mirror, _open_original, read_json
-from .hidream_transformer import (HiDreamTransformer, HiDreamTransformerConfig, fuse_projections,
-                                  group_experts)
+from .hidream_experts import group_experts
+from .hidream_transformer import HiDreamTransformer, HiDreamTransformerConfig, fuse_projections
 from .import_error import ImportFailure
 from .llm_encoder import LlmEncoder, LlmEncoderConfig
 

@@ -27,42 +27,20 @@ block; the single-stream blocks run on the image tokens followed by those, each 
 Llama layer and dropping it again. Every token has a rotary position: the image's (0, row, col)
 of the 2x2 patch grid, the text's all zero (no rotation). The angles are computed in float64 and
 the rotation in float32, as diffusers does, so the result does not depend on the export dtype.
-
-Note [Routed experts]
-The feed-forward of the image stream is a mixture of experts: a softmax gate picks
-num_activated_experts of num_routed_experts per token and adds their outputs weighted by the gate,
-plus a shared expert. Each expert runs on its own tokens only, as diffusers' moe_infer, so each
-token's sum is diffusers' up to rounding (the gate weight multiplies the rows before the expert's
-last linear, inside qpool::swiglu, rather than after it). Two forms, chosen at import:
-- Grouped (MoeSwiGlu.group(): float experts, which every import fuses): the experts' w13 and w2
-  are stacked into [experts, out, in] tensors; the token-expert pairs are sorted by expert
-  (stable), each pair's row gathered, and two grouped products (torch._grouped_mm, one kernel for
-  every expert, each on its rows) run w13 and w2 on the sorted rows, with where each expert's
-  rows end counted on the device; the rows go back to their token's order and each token sums
-  its activated experts. Nothing reads a size on the host (in bfloat16 on Hopper, where the
-  product is one CUTLASS kernel; elsewhere PyTorch may take a per-expert fallback that reads the
-  ends, whose capture then fails and leaves the forward eager, Note [Forward graphs] in
-  server/component/graph_cache.h), so the forward is CUDA-graph capturable (Note [HiDream
-  conditioning]). The products equal the per-expert ones bit for bit (measured on an H200).
-- Per expert (quantized experts, whose layers quantize one by one): nonzero() finds each
-  expert's tokens, index_select gathers them and index_add puts the weighted outputs back,
-  experts in order. The trace keeps those sizes as data (no Python int comes from a tensor), so
-  one trace serves every routing, but nonzero waits for the GPU, and such a forward runs without
-  CUDA graphs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import ops
 from .blocks import fused_linear
 from .flux_transformer import _gated, _norm_modulate
+from .hidream_experts import MoeSwiGlu, SwiGlu
 from .import_error import ImportFailure
 from .unet import TimestepEmbedding, TimestepProjection
 
@@ -143,134 +121,6 @@ class HiDreamTransformerConfig:
             num_attention_heads=number("num_attention_heads", 20), caption_channels=captions,
             text_emb_dim=number("text_emb_dim", 2048), num_routed_experts=routed,
             num_activated_experts=activated, axes_dims_rope=axes, llama_layers=llama_layers)
-
-
-def swiglu_width(hidden_dim: int, multiple_of: int = 256) -> int:
-    """HiDreamImageFeedForwardSwiGLU's inner width for `hidden_dim`."""
-    hidden_dim = int(2 * hidden_dim / 3)
-    return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
-
-
-# qpool::swiglu's schema, byte-identical to kSwigluSchema in server/quant/swiglu_op.h (a unit test
-# compares them).
-SWIGLU_SCHEMA = "swiglu(Tensor x, Tensor? weight) -> Tensor"
-
-
-def _swiglu_ref(x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
-    """silu of x's first half times its second, times weight[..., None] where given:
-    qpool::swiglu's reference, the server's CPU kernel's operations (Note [SwiGLU op] in
-    server/quant/swiglu_op.h)."""
-    gate, value = x.chunk(2, dim=-1)
-    out = F.silu(gate) * value
-    return out if weight is None else out * weight[..., None]
-
-
-def _swiglu_fake(x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-
-
-_SWIGLU_LIB = ops.register(SWIGLU_SCHEMA, _swiglu_ref, _swiglu_fake)
-
-
-class SwiGlu(nn.Module):
-    """w2(silu(w1 x) * w3 x), each row's product times `weight` (a routed expert's gate weights,
-    Note [Routed experts]) before w2 where one is given."""
-
-    def __init__(self, dim: int, hidden_dim: int):
-        super().__init__()
-        inner = swiglu_width(hidden_dim)
-        self.w1 = nn.Linear(dim, inner, bias=False)
-        self.w2 = nn.Linear(inner, dim, bias=False)
-        self.w3 = nn.Linear(dim, inner, bias=False)
-
-    def fuse(self) -> bool:
-        """w1 and w3 as one w13 (Note [Fused projections] in blocks.py); False, changing
-        nothing, where they are not plain linears."""
-        fused = fused_linear([self.w1, self.w3])
-        if fused is None:
-            return False
-        del self.w1, self.w3
-        self.w13 = fused
-        return True
-
-    def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if hasattr(self, "w13"):  # one qpool::swiglu (Note [SwiGLU op])
-            return self.w2(torch.ops.qpool.swiglu(self.w13(x), weight))
-        h = F.silu(self.w1(x)) * self.w3(x)
-        return self.w2(h if weight is None else h * weight[..., None])
-
-
-class MoeGate(nn.Module):
-    def __init__(self, dim: int, experts: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(experts, dim) / dim ** 0.5)
-
-
-class MoeSwiGlu(nn.Module):
-    """The routed experts, grouped or each on its own tokens (Note [Routed experts]), and the
-    shared one."""
-
-    def __init__(self, dim: int, hidden_dim: int, routed: int, activated: int):
-        super().__init__()
-        self.activated = activated
-        self.shared_experts = SwiGlu(dim, hidden_dim // 2)
-        self.experts = nn.ModuleList(SwiGlu(dim, hidden_dim) for _ in range(routed))
-        self.gate = MoeGate(dim, routed)
-
-    def group(self) -> bool:
-        """The routed experts' fused weights stacked as w13 [experts, 2 inner, dim] and w2
-        [experts, dim, inner] for the grouped form (Note [Routed experts]); False, changing
-        nothing, unless every expert is fused into plain linears without bias whose widths are
-        multiples of 16 (what the grouped product's CUDA kernel takes)."""
-        experts = list(self.experts)
-
-        def plain(layer: nn.Module) -> bool:
-            return (type(layer) is nn.Linear and layer.bias is None
-                    and layer.in_features % 16 == 0 and layer.out_features % 16 == 0)
-
-        if not experts or not all(hasattr(e, "w13") and plain(e.w13) and plain(e.w2)
-                                  for e in experts):
-            return False
-        with torch.no_grad():
-            w13 = torch.stack([e.w13.weight for e in experts])
-            w2 = torch.stack([e.w2.weight for e in experts])
-        del self.experts
-        self.w13 = nn.Parameter(w13, requires_grad=False)
-        self.w2 = nn.Parameter(w2, requires_grad=False)
-        return True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.flatten(0, 1)  # [tokens, dim]
-        scores = F.linear(flat, self.gate.weight).softmax(dim=-1)
-        top_weight, top_index = torch.topk(scores, k=self.activated, dim=-1, sorted=False)
-        routed = self._grouped if hasattr(self, "w13") else self._per_expert
-        return routed(flat, top_weight.type_as(flat), top_index).view(x.shape) + \
-            self.shared_experts(x)
-
-    def _per_expert(self, flat: torch.Tensor, top_weight: torch.Tensor,
-                    top_index: torch.Tensor) -> torch.Tensor:
-        y = torch.zeros_like(flat)
-        for i, expert in enumerate(self.experts):
-            token, slot = (top_index == i).nonzero(as_tuple=True)
-            out = expert(flat.index_select(0, token), top_weight[token, slot])
-            y = y.index_add(0, token, out.type_as(flat))
-        return y
-
-    def _grouped(self, flat: torch.Tensor, top_weight: torch.Tensor,
-                 top_index: torch.Tensor) -> torch.Tensor:
-        k = self.activated
-        expert, order = torch.sort(top_index.flatten(), stable=True)  # pair t * k + j
-        # ends[e]: the sorted pairs of experts 0..e; the ids from top_index, not torch.arange
-        # (which a trace bakes a device into).
-        ids = top_index.new_ones(self.w13.shape[0]).cumsum(0) - 1
-        ends = (expert[None, :] <= ids[:, None]).sum(1).to(torch.int32)
-        rows = flat.index_select(0, order // k)
-        # contiguous(): a no-op on the weights, which a streamed import traces as placeholders
-        # of stride 0 (stream_import.to_placeholders) that the grouped product refuses.
-        h = torch._grouped_mm(rows, self.w13.contiguous().transpose(1, 2), offs=ends)
-        h = torch.ops.qpool.swiglu(h, top_weight.flatten().index_select(0, order))
-        out = torch._grouped_mm(h, self.w2.contiguous().transpose(1, 2), offs=ends)
-        return out.index_select(0, order.argsort()).view(-1, k, flat.shape[-1]).sum(1)
 
 
 def rotary(ids: torch.Tensor, axes: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -475,13 +325,6 @@ def fuse_projections(module: nn.Module) -> int:
     returns how many were fused (those whose linears are all plain)."""
     return sum(m.fuse() for m in list(module.modules()) if isinstance(m, (HiDreamAttention,
                                                                           SwiGlu)))
-
-
-def group_experts(module: nn.Module) -> int:
-    """Stacks the routed experts of every mixture in `module` (the transformer, or one of its
-    blocks streamed alone) for the grouped form (Note [Routed experts]), after fuse_projections;
-    returns how many were grouped."""
-    return sum(m.group() for m in list(module.modules()) if isinstance(m, MoeSwiGlu))
 
 
 class HiDreamTransformer(nn.Module):
