@@ -156,7 +156,8 @@ def test_traced_experts_follow_each_routing(grouped):
     reference = copy.deepcopy(moe)
     if grouped:
         assert fuse_projections(moe) == 5 and group_experts(moe) == 1
-        assert moe.w13.shape == (4, 512, 16) and moe.w2.shape == (4, 16, 256)
+        assert (moe.w13.groups, moe.w13.group_features, moe.w13.in_features) == (4, 512, 16)
+        assert (moe.w2.groups, moe.w2.group_features, moe.w2.in_features) == (4, 16, 256)
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
         traced = torch.jit.trace(moe, (x,))
@@ -170,6 +171,32 @@ def test_traced_experts_follow_each_routing(grouped):
         skewed[..., 0] = 40.0
         got, want = traced(skewed), dense_experts(reference, skewed)
     assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("fmt, bound", [("int8", 0.02), ("nf4", 0.2), ("w8a8", 0.02)])
+def test_grouped_experts_quantize_as_one_layer_and_stay_capturable(fmt, bound):
+    """Grouped experts quantized afterwards (as --quantize does at import): each stacked layer
+    is one quantized layer, the traced mixture still reads no size on the host and stays close
+    to the float experts; without prequantize it stays float for the server to quantize."""
+    torch.manual_seed(5)
+    moe = MoeSwiGlu(16, 64, 4, 2).eval()
+    reference = copy.deepcopy(moe)
+    fuse_projections(moe)
+    group_experts(moe)
+    kept = copy.deepcopy(moe)
+    assert quant.quantize_module(kept, fmt, prequantize=False) == 4
+    assert kept.w13.format == kept.w2.format == "none"
+    errors = {}
+    assert quant.quantize_module(moe, fmt, errors=errors) == 4  # grouped w13, w2; shared w13, w2
+    assert moe.w13.format == moe.w2.format == fmt and moe.w13.weight.shape[0] == 4 * 512
+    assert 0 < errors["w13"] < 0.2 and 0 < errors["w2"] < 0.2
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        traced = torch.jit.trace(moe, (x,))
+        assert not any(n.kind().startswith("aten::nonzero")
+                       for n in traced.inlined_graph.nodes())
+        got, want = traced(x), dense_experts(reference, x)
+    assert ((got - want).norm() / want.norm()).item() < bound
 
 
 def test_experts_group_only_as_plain_linears():
@@ -218,7 +245,7 @@ def test_builder_imports_a_transformer_folder(tmp_path):
                                            (LLAMA_LAYERS, 5, LLAMA_WIDTH), POOLED,
                                            torch.Generator().manual_seed(0))
     assert built.name == "transformer" and built.max_diff < 1e-5
-    assert any(name.endswith("ff_i.w13") for name in built.module.state_dict())
+    assert any(name.endswith("ff_i.w13.weight") for name in built.module.state_dict())
     traced = tracing.trace(built.module, built.trace_inputs)
     assert tracing.check_matches_eager("transformer", built.module, traced,
                                        built.check_inputs) < 1e-5

@@ -72,11 +72,10 @@ def build_llm_encoder(where: str, max_length: int, gen: torch.Generator,
 
 def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, int, int],
                               pooled_dim: int, gen: torch.Generator,
-                              variant: Optional[str] = None, streamed: bool = False,
-                              grouped: bool = True) -> Tuple[Built, HiDreamTransformerConfig]:
+                              variant: Optional[str] = None,
+                              streamed: bool = False) -> Tuple[Built, HiDreamTransformerConfig]:
     """`t5` is (tokens, width) of text_encoder_3's hidden states, `llama` (layers, tokens, width)
-    of text_encoder_4's, `pooled_dim` the width of the two CLIPs' pooled projections together;
-    `grouped`: the routed experts in the grouped form (the transformer stays float)."""
+    of text_encoder_4's, `pooled_dim` the width of the two CLIPs' pooled projections together."""
     from diffusers import HiDreamImageTransformer2DModel
 
     where = os.path.join(src, "transformer")
@@ -105,13 +104,12 @@ def build_hidream_transformer(src: str, t5: Tuple[int, int], llama: Tuple[int, i
         HiDreamImageTransformer2DModel.from_config, streamed, variant)
     cfg = check(HiDreamTransformerConfig.from_diffusers(dict(original.config), config_path))
     # A bitsandbytes checkpoint's layers keep their names; the others' projections are fused
-    # (Note [Fused projections]), each streamed block as it arrives, and float experts grouped
-    # (Note [Routed experts]; quantized ones stay layers, which quantize one by one).
+    # (Note [Fused projections]) and their experts grouped (Note [Routed experts]), each
+    # streamed block as it arrives, before --quantize quantizes them.
     def fuse(module: torch.nn.Module) -> None:
         if not prequantized:
             fuse_projections(module)
-            if grouped:
-                group_experts(module)
+            group_experts(module)
     mirror, stream = _mirror(lambda: HiDreamTransformer(cfg), original.state_dict, source, where,
                              fuse)
 

@@ -7,22 +7,26 @@ num_activated_experts of num_routed_experts per token and adds their outputs wei
 plus a shared expert. Each expert runs on its own tokens only, as diffusers' moe_infer, so each
 token's sum is diffusers' up to rounding (the gate weight multiplies the rows before the expert's
 last linear, inside qpool::swiglu, rather than after it). Two forms, chosen at import:
-- Grouped (MoeSwiGlu.group(): float experts, which every import fuses): the experts' w13 and w2
-  are stacked into [experts, out, in] tensors; the token-expert pairs are sorted by expert
-  (stable), each pair's row gathered, and two grouped products (torch._grouped_mm, one kernel for
-  every expert, each on its rows) run w13 and w2 on the sorted rows, with where each expert's
-  rows end counted on the device; the rows go back to their token's order and each token sums
-  its activated experts. Nothing reads a size on the host (in bfloat16 on Hopper, where the
-  product is one CUTLASS kernel; elsewhere PyTorch may take a per-expert fallback that reads the
-  ends, whose capture then fails and leaves the forward eager, Note [Forward graphs] in
-  server/component/graph_cache.h), so the forward is CUDA-graph capturable (Note [HiDream
-  conditioning]). The products equal the per-expert ones bit for bit
-  (bench/results/hidream_moe_grouped_h200.txt).
-- Per expert (quantized experts, whose layers quantize one by one): nonzero() finds each
-  expert's tokens, index_select gathers them and index_add puts the weighted outputs back,
-  experts in order. The trace keeps those sizes as data (no Python int comes from a tensor), so
-  one trace serves every routing, but nonzero waits for the GPU, and such a forward runs without
-  CUDA graphs.
+- Grouped (MoeSwiGlu.group(), which every import of unquantized checkpoint weights does after
+  fusing them): the experts' w13 and w2 are stacked into one GroupedQuantLinear each, a layer
+  of [experts * out, in] that quantizes as one (--quantize at import, or the server at load);
+  the token-expert pairs are sorted by expert (stable), each pair's row gathered, and two
+  grouped products (qpool::grouped_quant_linear, Note [Grouped linear op] in
+  server/quant/grouped_linear_op.h: torch._grouped_mm, one kernel for every expert, each on its
+  rows, after dequantizing a quantized layer) run w13 and w2 on the sorted rows, with where each
+  expert's rows end counted on the device; the rows go back to their token's order and each
+  token sums its activated experts. Nothing reads a size on the host (in bfloat16 on Hopper,
+  where the product is one CUTLASS kernel; elsewhere PyTorch may take a per-expert fallback
+  that reads the ends, whose capture then fails and leaves the forward eager, Note [Forward
+  graphs] in server/component/graph_cache.h), so the forward is CUDA-graph capturable (Note
+  [HiDream conditioning]). The products equal the per-expert ones bit for bit
+  (bench/results/hidream_moe_grouped_h200.txt). A quantized layer pays a dequantization of the
+  experts' weights per call for it, and w8a8 multiplies weight-only there.
+- Per expert (bitsandbytes checkpoints, whose layers keep their names, and widths the grouped
+  product's kernel does not take): nonzero() finds each expert's tokens, index_select gathers
+  them and index_add puts the weighted outputs back, experts in order. The trace keeps those
+  sizes as data (no Python int comes from a tensor), so one trace serves every routing, but
+  nonzero waits for the GPU, and such a forward runs without CUDA graphs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .blocks import fused_linear
+from .quant import GroupedQuantLinear
 
 
 def swiglu_width(hidden_dim: int, multiple_of: int = 256) -> int:
@@ -110,10 +115,11 @@ class MoeSwiGlu(nn.Module):
         self.gate = MoeGate(dim, routed)
 
     def group(self) -> bool:
-        """The routed experts' fused weights stacked as w13 [experts, 2 inner, dim] and w2
-        [experts, dim, inner] for the grouped form (Note [Routed experts]); False, changing
-        nothing, unless every expert is fused into plain linears without bias whose widths are
-        multiples of 16 (what the grouped product's CUDA kernel takes)."""
+        """The routed experts' fused weights stacked as w13 (experts of 2 inner x dim) and w2
+        (experts of dim x inner), GroupedQuantLinear layers, for the grouped form (Note [Routed
+        experts]); False, changing nothing, unless every expert is fused into plain linears
+        without bias whose widths are multiples of 16 (what the grouped product's CUDA kernel
+        takes)."""
         experts = list(self.experts)
 
         def plain(layer: nn.Module) -> bool:
@@ -123,12 +129,9 @@ class MoeSwiGlu(nn.Module):
         if not experts or not all(hasattr(e, "w13") and plain(e.w13) and plain(e.w2)
                                   for e in experts):
             return False
-        with torch.no_grad():
-            w13 = torch.stack([e.w13.weight for e in experts])
-            w2 = torch.stack([e.w2.weight for e in experts])
+        self.w13 = GroupedQuantLinear.stacked([e.w13.weight for e in experts])
+        self.w2 = GroupedQuantLinear.stacked([e.w2.weight for e in experts])
         del self.experts
-        self.w13 = nn.Parameter(w13, requires_grad=False)
-        self.w2 = nn.Parameter(w2, requires_grad=False)
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,14 +157,12 @@ class MoeSwiGlu(nn.Module):
         expert, order = torch.sort(top_index.flatten(), stable=True)  # pair t * k + j
         # ends[e]: the sorted pairs of experts 0..e; the ids from top_index, not torch.arange
         # (which a trace bakes a device into).
-        ids = top_index.new_ones(self.w13.shape[0]).cumsum(0) - 1
+        ids = top_index.new_ones(self.w13.groups).cumsum(0) - 1
         ends = (expert[None, :] <= ids[:, None]).sum(1).to(torch.int32)
         rows = flat.index_select(0, order // k)
-        # contiguous(): a no-op on the weights, which a streamed import traces as placeholders
-        # of stride 0 (stream_import.to_placeholders) that the grouped product refuses.
-        h = torch._grouped_mm(rows, self.w13.contiguous().transpose(1, 2), offs=ends)
-        h = torch.ops.qpool.swiglu(h, top_weight.flatten().index_select(0, order))
-        out = torch._grouped_mm(h, self.w2.contiguous().transpose(1, 2), offs=ends)
+        h = torch.ops.qpool.swiglu(self.w13(rows, ends),
+                                   top_weight.flatten().index_select(0, order))
+        out = self.w2(h, ends)
         return out.index_select(0, order.argsort()).view(-1, k, flat.shape[-1]).sum(1)
 
 

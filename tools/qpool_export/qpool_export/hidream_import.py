@@ -170,8 +170,7 @@ def build_hidream_components(src: str, llama: Optional[str], stage: str, opts: I
     transformer, transformer_cfg = build_hidream_transformer(
         src, (t5_length, t5_width),
         (llama_cfg.num_layers, llama_tokenizer.max_length, llama_cfg.hidden_size), pooled_dim,
-        gen, opts.variant, streams(opts, "transformer"),
-        grouped=opts.quantize.get("transformer", "none") == "none")
+        gen, opts.variant, streams(opts, "transformer"))
     reports.append(save_component(transformer, opts, stage))
     del transformer
     vae, vae_cfg = build_vae_decoder(src, "hidream", gen, opts.variant, DTYPES[opts.dtype],
