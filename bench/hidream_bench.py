@@ -273,9 +273,9 @@ def peers(a, result: dict) -> None:
 
 
 def import_variants(a) -> dict:
-    """qpool-export from-diffusers of each of a.variants into a.repo: hidream-bf16 as it is (its
-    routed experts grouped, Note [Routed experts]), hidream-nf4 with its transformer, T5 and
-    Llama quantized at load (their experts per expert). One variant at a time fits the host's
+    """qpool-export from-diffusers of each of a.variants into a.repo: hidream-bf16 as it is,
+    hidream-nf4 with its transformer, T5 and Llama quantized at load (in both, the routed experts
+    grouped, Note [Routed experts]). One variant at a time fits the host's
     memory with the repository in /dev/shm: import, serve and remove each in turn."""
     seconds = {}
     for name in a.variants.split(","):
