@@ -26,7 +26,7 @@ at::Tensor Offs(std::vector<int> ends) {
 TEST(GroupedQuantLinearOp, SchemaMatchesTheExporter) {
   EXPECT_EQ(testing::RegisteredSchema("qpool::grouped_quant_linear"),
             std::string("qpool::") + kGroupedQuantLinearSchema);
-  EXPECT_EQ(testing::ExporterSchema("GROUPED_QUANT_LINEAR_SCHEMA", "quant.py"),
+  EXPECT_EQ(testing::ExporterSchema("GROUPED_QUANT_LINEAR_SCHEMA", "grouped_quant.py"),
             kGroupedQuantLinearSchema);
 }
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .blocks import fused_linear
-from .quant import GroupedQuantLinear
+from .grouped_quant import GroupedQuantLinear
 
 
 def swiglu_width(hidden_dim: int, multiple_of: int = 256) -> int:
