@@ -24,7 +24,7 @@ namespace qpool::quant {
 // the result cast back (the CPU kernel is the reference, Note [CPU quant_linear]). w8a8 layers
 // multiply their dequantized weight (weight-only int8 math). Every tensor must be on x's device.
 // The schema string is byte-identical to GROUPED_QUANT_LINEAR_SCHEMA in
-// tools/qpool_export/qpool_export/quant.py (a unit test compares them).
+// tools/qpool_export/qpool_export/grouped_quant.py (a unit test compares them).
 inline constexpr char kGroupedQuantLinearSchema[] =
     "grouped_quant_linear(Tensor x, Tensor offs, Tensor weight, Tensor absmax, Tensor code, "
     "Tensor nested_absmax, Tensor nested_code, Tensor offset) -> Tensor";

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "qpool_export"))
 diffusers = pytest.importorskip("diffusers")
 
 from qpool_export import quant, tracing  # noqa: E402
-from qpool_export.hidream_experts import MoeSwiGlu, group_experts  # noqa: E402
+from qpool_export.hidream_experts import MoeSwiGlu, expert_order, group_experts  # noqa: E402
 from qpool_export.hidream_transformer import (HiDreamTransformer,  # noqa: E402
                                               HiDreamTransformerConfig, fuse_projections)
 from qpool_export.import_error import ImportFailure  # noqa: E402
@@ -255,3 +255,16 @@ def test_builder_imports_a_transformer_folder(tmp_path):
     with pytest.raises(ImportFailure, match="field 'llama_layers'"):
         build_hidream_transformer(str(tmp_path), (7, T5_WIDTH), (2, 5, LLAMA_WIDTH), POOLED,
                                   torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("pairs, groups", [(0, 4), (1, 4), (18, 4), (301, 8)])
+def test_expert_order_is_the_stable_sort(pairs, groups):
+    """The counting order (Note [Routed experts]) is torch.sort's stable order, its inverse and
+    its group ends, experts without pairs included (only the first half of the ids is drawn)."""
+    torch.manual_seed(pairs)
+    expert = torch.randint(0, max(groups // 2, 1), (pairs,))
+    order, place, ends = expert_order(expert, groups)
+    _, want = torch.sort(expert, stable=True)
+    assert torch.equal(order, want) and torch.equal(place, want.argsort())
+    counts = torch.bincount(expert, minlength=groups)
+    assert ends.dtype == torch.int32 and torch.equal(ends, counts.cumsum(0).to(torch.int32))

@@ -10,10 +10,11 @@ last linear, inside qpool::swiglu, rather than after it). Two forms, chosen at i
 - Grouped (MoeSwiGlu.group(), which every import of unquantized checkpoint weights does after
   fusing them): the experts' w13 and w2 are stacked into one GroupedQuantLinear each, a layer
   of [experts * out, in] that quantizes as one (--quantize at import, or the server at load);
-  the token-expert pairs are sorted by expert (stable), each pair's row gathered, and two
-  grouped products (qpool::grouped_quant_linear, Note [Grouped linear op] in
-  server/quant/grouped_linear_op.h: torch._grouped_mm, one kernel for every expert, each on its
-  rows, after dequantizing a quantized layer) run w13 and w2 on the sorted rows, with where each
+  the token-expert pairs are put in expert order (stable, by counting: expert_order), each
+  pair's row gathered, and two grouped products (qpool::grouped_quant_linear, Note [Grouped
+  linear op] in server/quant/grouped_linear_op.h: torch._grouped_mm, one kernel for every
+  expert, each on its rows, after dequantizing a quantized layer) run w13 and w2 on the ordered
+  rows, with where each
   expert's rows end counted on the device; the rows go back to their token's order and each
   token sums its activated experts. Nothing reads a size on the host (in bfloat16 on Hopper,
   where the product is one CUTLASS kernel; elsewhere PyTorch may take a per-expert fallback
@@ -154,16 +155,31 @@ class MoeSwiGlu(nn.Module):
     def _grouped(self, flat: torch.Tensor, top_weight: torch.Tensor,
                  top_index: torch.Tensor) -> torch.Tensor:
         k = self.activated
-        expert, order = torch.sort(top_index.flatten(), stable=True)  # pair t * k + j
-        # ends[e]: the sorted pairs of experts 0..e; the ids from top_index, not torch.arange
-        # (which a trace bakes a device into).
-        ids = top_index.new_ones(self.w13.groups).cumsum(0) - 1
-        ends = (expert[None, :] <= ids[:, None]).sum(1).to(torch.int32)
+        order, place, ends = expert_order(top_index.flatten(), self.w13.groups)
         rows = flat.index_select(0, order // k)
         h = torch.ops.qpool.swiglu(self.w13(rows, ends),
                                    top_weight.flatten().index_select(0, order))
         out = self.w2(h, ends)
-        return out.index_select(0, order.argsort()).view(-1, k, flat.shape[-1]).sum(1)
+        return out.index_select(0, place).view(-1, k, flat.shape[-1]).sum(1)
+
+
+def expert_order(expert: torch.Tensor, groups: int):
+    """The token-expert pairs (expert[p]: pair p's expert, int64, below groups) ordered by expert,
+    stably, by counting rather than sorting (Note [Routed experts]): `order[i]` is the pair at
+    sorted position i, `place[p]` the sorted position of pair p, `ends[e]` (int32) where expert
+    e's pairs end. A pair's position is its expert's start plus the pairs of that expert before
+    it, a running count down [pairs, groups] flags, which costs the GPU far less than the two
+    radix sorts of 8-byte keys that torch.sort and argsort would run. The ids come from
+    `expert`, not torch.arange (which a trace bakes a device into)."""
+    ids = expert.new_ones(groups).cumsum(0) - 1
+    hot = (expert[:, None] == ids[None, :]).to(torch.int32)  # [pairs, groups]
+    seen = hot.cumsum(0)  # pairs of each expert up to and including p
+    counts = hot.sum(0)
+    ends = counts.cumsum(0)
+    place = (ends - counts).index_select(0, expert) + seen.gather(1, expert[:, None])[:, 0] - 1
+    pair = expert.new_ones(expert.shape[0]).cumsum(0) - 1
+    order = torch.empty_like(pair).index_copy(0, place, pair)
+    return order, place, ends.to(torch.int32)
 
 
 def group_experts(module: nn.Module) -> int:
