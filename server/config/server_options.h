@@ -21,6 +21,9 @@ struct ServerOptions {
   // server's weight ("up ready 63%") or "drain"; empty = off. Port 0 picks a free one (printed
   // at start-up as "qpool-server agent on HOST:PORT").
   std::string agent_listen;
+  // host:port of the OpenAI images API over HTTP (api/http/http_api_server.h); empty = off. Port
+  // 0 picks a free one (printed at start-up as "qpool-server http on HOST:PORT").
+  std::string http_listen;
   // Pipelines loaded at start-up: names, or "all". A failed load is logged, not fatal.
   std::vector<std::string> load;
   // --devices: auto (every GPU, else CPU) | cpu | cuda | cuda:N | cuda:N,cuda:M: where

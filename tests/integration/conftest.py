@@ -30,6 +30,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
 LISTEN_RE = re.compile(r"qpool-server listening on (\S+:\d+)")
 METRICS_RE = re.compile(r"qpool-server metrics on (\S+:\d+)")
+HTTP_RE = re.compile(r"qpool-server http on (\S+:\d+)")
 # One sample line of the text exposition: name, {labels} (optional), value.
 SAMPLE_RE = re.compile(r'^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})? (\S+)$')
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -185,6 +186,7 @@ class QpoolServer:
         self.process = None
         self.address = None
         self.metrics_address = None  # host:port of /metrics
+        self.http_address = None  # host:port of the HTTP API (--http-listen)
         self.stdout_lines = []
         self.stderr_path = self.workdir / "qpool-server.stderr"
 
@@ -242,6 +244,9 @@ class QpoolServer:
             metrics = METRICS_RE.search(line)
             if metrics:
                 self.metrics_address = metrics.group(1)
+            http = HTTP_RE.search(line)
+            if http:
+                self.http_address = http.group(1)
             match = LISTEN_RE.search(line)
             if match:
                 self.address = match.group(1)

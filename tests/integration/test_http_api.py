@@ -1,0 +1,211 @@
+"""The OpenAI images API over HTTP (--http-listen, Note [OpenAI images edge]) against a real
+qpool-server, with the official `openai` package as the client: images as b64_json, the same
+PNG bytes as gRPC for the same request and seed, OpenAI error objects with the mapped HTTP codes,
+bearer tokens, a client that hangs up cancelling its generation, and hostile input (bad JSON,
+wrong content types and methods, huge bodies, hundreds of idle connections) that leaves the
+server serving."""
+
+import base64
+import http.client
+import json
+import socket
+import time
+
+import pytest
+
+from conftest import TINY_DEFAULT_SIZE, parse_samples
+
+openai = pytest.importorskip("openai", reason="the openai package is not installed")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+LONG = dict(prompt="long", steps=50, size="256x256", seed=4)
+
+
+@pytest.fixture(scope="module")
+def client(make_server):
+    return make_server(extra_args=["--http-listen", "127.0.0.1:0"])
+
+
+@pytest.fixture(scope="module")
+def api(client):
+    return openai.OpenAI(base_url=f"http://{client.server.http_address}/v1", api_key="none",
+                         max_retries=0, timeout=120)
+
+
+def request(client, method, path, body=None, headers=None):
+    """(status, headers, parsed JSON body) of one raw HTTP request."""
+    connection = http.client.HTTPConnection(client.server.http_address, timeout=60)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+def post_json(client, fields, **headers):
+    return request(client, "POST", "/v1/images/generations", json.dumps(fields).encode(),
+                   {"Content-Type": "application/json", **headers})
+
+
+def test_openai_client_gets_the_grpc_images_for_the_same_seed(client, api):
+    reply = api.images.generate(model="tiny", prompt="a red square", n=2, size="64x48",
+                                response_format="b64_json", extra_body={"seed": 7, "steps": 2})
+    pngs = [base64.b64decode(d.b64_json) for d in reply.data]
+    assert len(pngs) == 2 and all(p.startswith(PNG_MAGIC) for p in pngs) and pngs[0] != pngs[1]
+    qpool = reply.model_extra["qpool"]
+    assert (qpool["seed"], qpool["steps"], qpool["width"], qpool["height"]) == (7, 2, 64, 48)
+    assert qpool["device"] == "cpu" and qpool["timings"]["total_seconds"] > 0
+    assert abs(reply.created - time.time()) < 600
+    grpc_result = client.generate_one(pipeline="tiny", prompt="a red square", num_images=2,
+                                      width=64, height=48, seed=7, steps=2)
+    assert [i.png for i in grpc_result.images] == pngs
+
+
+def test_defaults_come_from_the_manifest(api):
+    reply = api.images.generate(model="tiny", prompt="defaults", extra_body={"steps": 1})
+    assert len(reply.data) == 1
+    qpool = reply.model_extra["qpool"]
+    assert qpool["width"] == qpool["height"] == TINY_DEFAULT_SIZE
+
+
+def test_models_and_health(client, api):
+    models = {m.id: m for m in api.models.list()}
+    assert models["tiny"].owned_by == "qpool" and models["tiny"].model_extra["state"] == "loaded"
+    assert request(client, "GET", "/health/live")[0] == 200
+    assert request(client, "GET", "/health/ready")[:3:2] == (200, {"status": "ready"})
+
+
+@pytest.mark.parametrize("fields, code, says", [
+    (dict(model="nope", prompt="x"), 404, "nope"),
+    (dict(model="tiny", prompt="x", size="64"), 400, "WIDTHxHEIGHT"),
+    (dict(model="tiny", prompt="x", size="0x64"), 400, "WIDTHxHEIGHT"),
+    (dict(model="tiny", prompt="x", response_format="url"), 400, "b64_json"),
+    (dict(model="tiny", prompt="x", step=3), 400, "unknown field 'step'"),
+    (dict(model="tiny", prompt="x", steps=-1), 400, "'steps'"),
+    (dict(model="tiny", prompt="x", steps="4"), 400, "'steps'"),
+    (dict(model="tiny", prompt="x", seed=2 ** 64), 400, "'seed'"),
+    (dict(model="tiny", prompt="x", guidance_scale="high"), 400, "'guidance_scale'"),
+    (dict(model="tiny", prompt="x", steps=10 ** 6), 400, "steps"),
+    (dict(model="tiny", prompt=7), 400, "'prompt'"),
+    (dict(model="tiny", prompt="x", n=99), 400, "99"),
+    (dict(model="tiny", prompt="x", stream=True), 400, "stream"),
+    (dict(model="tiny", prompt="x", stream="no"), 400, "'stream'"),
+    (dict(prompt="x"), 400, "'model'"),
+    (dict(model="tiny"), 400, "'prompt'"),
+])
+def test_bad_requests_get_openai_errors(client, fields, code, says):
+    status, _, body = post_json(client, fields)
+    assert status == code, body
+    assert says in body["error"]["message"] and body["error"]["code"] in (
+        "INVALID_ARGUMENT", "NOT_FOUND")
+
+
+def test_the_openai_client_raises_the_mapped_errors(api):
+    with pytest.raises(openai.NotFoundError):
+        api.images.generate(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="WIDTHxHEIGHT"):
+        api.images.generate(model="tiny", prompt="x", size="huge")
+
+
+def test_malformed_http_is_refused_and_the_server_keeps_serving(client, api):
+    json_type = {"Content-Type": "application/json"}
+    assert request(client, "POST", "/v1/images/generations", b"{not json", json_type)[0] == 400
+    assert request(client, "POST", "/v1/images/generations", b"[1, 2]", json_type)[0] == 400
+    assert request(client, "POST", "/v1/images/generations", b"{}", {"Content-Type": "text/plain"}
+                   )[0] == 415
+    status, headers, _ = request(client, "GET", "/v1/images/generations")
+    assert status == 405 and headers["Allow"] == "POST"
+    assert request(client, "DELETE", "/v1/models")[0] == 405
+    assert request(client, "GET", "/v1/elsewhere")[0] == 404
+    # A body past the limit: announced (Content-Length), 413 before it is read; streamed
+    # (chunked), 413 or the connection closed while it arrives (the peer's reset may overtake the
+    # reply), the rest never read.
+    head = b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    assert raw_status(client, head + b"Content-Length: %d\r\n\r\n" % (2 << 20)) == 413
+    chunk = b"%x\r\n%s\r\n" % (64 << 10, b" " * (64 << 10))
+    assert raw_status(client, head + b"Transfer-Encoding: chunked\r\n\r\n", chunk) in (413, None)
+    assert len(api.images.generate(model="tiny", prompt="still here",
+                                   extra_body={"steps": 1}).data) == 1
+
+
+def raw_status(client, head, chunk=b""):
+    """The HTTP status code a raw request gets (None if the connection closes without one):
+    `head`, then `chunk` sent until the server answers or closes."""
+    host, port = client.server.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(head)
+        try:
+            for _ in range(64 if chunk else 0):
+                s.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        reply = b""
+        try:
+            while b"\r\n" not in reply:
+                data = s.recv(4096)
+                if not data:
+                    break
+                reply += data
+        except ConnectionResetError:
+            pass
+    return int(reply.split(b" ", 2)[1]) if reply else None
+
+
+def test_hundreds_of_idle_connections_leave_the_server_serving(client, api):
+    host, port = client.server.http_address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(300)]
+    try:
+        idle[0].sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\n")  # and stops
+        reply = api.images.generate(model="tiny", prompt="past the idle ones",
+                                    extra_body={"steps": 1})
+        assert len(reply.data) == 1
+    finally:
+        for s in idle:
+            s.close()
+
+
+def cancelled_requests(client):
+    import urllib.request
+    with urllib.request.urlopen(f"http://{client.server.metrics_address}/metrics",
+                                timeout=10) as r:
+        samples = parse_samples(r.read().decode())
+    return sum(v for (name, labels), v in samples.items()
+               if name == "qpool_requests_total" and ("status", "CANCELLED") in labels)
+
+
+def test_a_client_that_hangs_up_cancels_its_generation(client):
+    before = cancelled_requests(client)
+    host, port = client.server.http_address.rsplit(":", 1)
+    body = json.dumps(dict(model="tiny", **LONG)).encode()
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: "
+              b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" +
+              body)
+    deadline = time.monotonic() + 10
+    while client.pipelines()["tiny"].in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.pipelines()["tiny"].in_flight == 1
+    s.close()
+    deadline = time.monotonic() + 10
+    while cancelled_requests(client) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cancelled_requests(client) == before + 1
+    assert client.pipelines()["tiny"].in_flight == 0
+
+
+def test_bearer_tokens_guard_inference_when_protected(make_server, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret-token-of-enough-length-0123456789\n")
+    guarded = make_server(extra_args=["--http-listen", "127.0.0.1:0", "--admin-token-file",
+                                      str(tokens), "--protect", "inference"])
+    base = f"http://{guarded.server.http_address}/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).images.generate(
+            model="tiny", prompt="x", extra_body={"steps": 1})
+    status, headers, _ = post_json(guarded, dict(model="tiny", prompt="x"))
+    assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+    api = openai.OpenAI(base_url=base, api_key="s3cret-token-of-enough-length-0123456789",
+                        max_retries=0)
+    assert len(api.images.generate(model="tiny", prompt="x", extra_body={"steps": 1}).data) == 1
+    assert [m.id for m in api.models.list()] == ["tiny"]  # read is not protected
