@@ -145,6 +145,16 @@ def copy_placed(folder, repository, name, **placement):
     return copy
 
 
+def set_limits(pipeline_dir, **limits):
+    """Sets the manifest's `limits` entries (max_queue, ...) of a copied pipeline."""
+    import yaml
+
+    path = pipeline_dir / "pipeline.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest.setdefault("limits", {}).update(limits)
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+
+
 def break_manifest(pipeline_dir):
     """Deletes components.unet.file from a copied pipeline's pipeline.yaml (leaving `unet:`
     empty), so its load must fail naming pipeline.yaml and components.unet.file."""

@@ -8,12 +8,13 @@ server serving."""
 import base64
 import http.client
 import json
+import signal
 import socket
 import time
 
 import pytest
 
-from conftest import TINY_DEFAULT_SIZE, parse_samples
+from conftest import TINY_DEFAULT_SIZE, parse_samples, run_concurrently, set_limits, wait_idle
 
 openai = pytest.importorskip("openai", reason="the openai package is not installed")
 
@@ -23,7 +24,10 @@ LONG = dict(prompt="long", steps=50, size="256x256", seed=4)
 
 @pytest.fixture(scope="module")
 def client(make_server):
-    return make_server(extra_args=["--http-listen", "127.0.0.1:0"])
+    # tiny, and `short`: a copy of it that queues at most 2 requests.
+    return make_server(pipelines=("tiny", ("tiny", "short")),
+                       setup=lambda repository: set_limits(repository / "short", max_queue=2),
+                       extra_args=["--http-listen", "127.0.0.1:0"])
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +75,7 @@ def test_defaults_come_from_the_manifest(api):
 
 def test_models_and_health(client, api):
     models = {m.id: m for m in api.models.list()}
+    assert set(models) == {"tiny", "short"}
     assert models["tiny"].owned_by == "qpool" and models["tiny"].model_extra["state"] == "loaded"
     assert request(client, "GET", "/health/live")[0] == 200
     assert request(client, "GET", "/health/ready")[:3:2] == (200, {"status": "ready"})
@@ -209,3 +214,39 @@ def test_bearer_tokens_guard_inference_when_protected(make_server, tmp_path):
                         max_retries=0)
     assert len(api.images.generate(model="tiny", prompt="x", extra_body={"steps": 1}).data) == 1
     assert [m.id for m in api.models.list()] == ["tiny"]  # read is not protected
+
+
+def test_a_full_queue_is_429_with_retry_after(client):
+    replies = run_concurrently(8, lambda i: post_json(client, dict(
+        model="short", prompt="queue", steps=20, seed=i)))[0]
+    codes = sorted(status for status, _, _ in replies.values())
+    assert 200 in codes and 429 in codes and set(codes) == {200, 429}, codes
+    for status, headers, body in replies.values():
+        if status == 429:
+            assert headers["Retry-After"] == "1" and body["error"]["type"] == "rate_limit_error"
+            assert "limits.max_queue 2" in body["error"]["message"]
+    assert wait_idle(client, "short") == 0
+
+
+def test_draining_is_503_on_ready_and_on_new_generations(make_server):
+    """SIGTERM with a generation in flight: /health/ready turns 503 from the drain notice on,
+    and once the drain begins a new generation is 503 (retry elsewhere) while the one in flight
+    still runs; then the server exits 0 (the fixture checks)."""
+    draining = make_server(extra_args=["--http-listen", "127.0.0.1:0", "--drain-notice-seconds",
+                                       "1", "--drain-seconds", "20"])
+    running = draining.inference.Generate(draining.pb2.GenerateRequest(
+        pipeline="tiny", prompt="long", steps=50, width=256, height=256, num_images=4, seed=1),
+        timeout=120)
+    assert next(running).WhichOneof("event") == "progress"
+    draining.server.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while request(draining, "GET", "/health/ready")[0] != 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert request(draining, "GET", "/health/ready")[2] == {"status": "draining"}
+    # Past the 1 s notice the pool refuses at once (a generation sent during the notice would
+    # be served, queued behind the running one).
+    time.sleep(1.5)
+    status, headers, body = post_json(draining, dict(model="tiny", prompt="x", steps=1))
+    assert status == 503 and headers["Retry-After"] == "1", body
+    assert "draining" in body["error"]["message"] and body["error"]["code"] == "UNAVAILABLE"
+    running.cancel()  # the drain then ends at once

@@ -5,19 +5,11 @@ tests/integration/test_pool_gpu.py.)"""
 
 import grpc
 import pytest
-import yaml
 
 from conftest import (parse_samples, promtool_check, rpc_error, run_concurrently, scrape,
-                      wait_drained, wait_idle)
+                      set_limits, wait_drained, wait_idle)
 
 CLIENTS = 64
-
-
-def set_limits(pipeline_dir, **limits):
-    path = pipeline_dir / "pipeline.yaml"
-    manifest = yaml.safe_load(path.read_text())
-    manifest.setdefault("limits", {}).update(limits)
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
 
 
 def setup_repository(repository):

@@ -169,7 +169,7 @@ def generate_png(inference, pb2, metadata=None):
 
 def test_tls_serves_grpcio_and_the_cli_and_metrics_over_https(start, pki, pb, cli_bin):
     server = start("--tls-cert", pki.path("server.pem"), "--tls-key", pki.path("server.key"),
-                   "--metrics-tls", "on")
+                   "--metrics-tls", "on", "--http-listen", "127.0.0.1:0")
     models, inference = stubs(pb, channel(server, pki))
     names = [p.name for p in models.ListPipelines(pb.qpool_pb2.ListPipelinesRequest(),
                                                   timeout=30).pipelines]
@@ -196,6 +196,16 @@ def test_tls_serves_grpcio_and_the_cli_and_metrics_over_https(start, pki, pb, cl
     assert denied_counts(server, "https", context)[("admin", "UNAUTHENTICATED")] == 0
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         denied_counts(server, "http")
+
+    # The HTTP API serves HTTPS only, with the same certificate.
+    openai = pytest.importorskip("openai", reason="the openai package is not installed")
+    https = openai.OpenAI(base_url=f"https://{server.http_address}/v1", api_key="none",
+                          max_retries=0, http_client=openai.DefaultHttpxClient(verify=context))
+    assert [m.id for m in https.models.list()] == ["tiny"]
+    plain = openai.OpenAI(base_url=f"http://{server.http_address}/v1", api_key="none",
+                          max_retries=0, timeout=10)
+    with pytest.raises(openai.APIConnectionError):
+        plain.models.list()
 
 
 def test_mtls_admits_only_certificates_of_the_client_ca(start, pki, pb, cli_bin):
