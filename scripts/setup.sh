@@ -18,8 +18,8 @@ packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv 
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libmicrohttpd-dev libsentencepiece-dev libssl-dev libpcre2-dev libutf8proc-dev)
-# ccache: the test builds compile through it (scripts/ccache-launch).
-((build_only)) || packages+=(openssl prometheus clang haproxy chromium ccache)
+# ccache: the test builds compile through it (scripts/ccache-launch); curl: the HTTP API tests.
+((build_only)) || packages+=(openssl prometheus clang haproxy chromium ccache curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

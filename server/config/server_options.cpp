@@ -109,7 +109,8 @@ std::string ServerUsage() {
                            from its load (queue, devices, memory, resident pipelines), or
                            "drain" before it serves and while it drains (deploy/haproxy/)
   --http-listen HOST:PORT  OpenAI images API over HTTP/JSON (POST /v1/images/generations,
-                           GET /v1/models, /health/live, /health/ready; docs/http-api.md):
+                           streamed as server-sent events with "stream": true; GET /v1/models,
+                           /health/live, /health/ready; docs/http-api.md):
                            default off; port 0 picks one. HTTPS with --tls-cert; bearer
                            tokens and --protect as for gRPC
   --load NAMES             pipelines to load at start: comma-separated names, or "all"

@@ -94,7 +94,6 @@ def test_models_and_health(client, api):
     (dict(model="tiny", prompt="x", steps=10 ** 6), 400, "steps"),
     (dict(model="tiny", prompt=7), 400, "'prompt'"),
     (dict(model="tiny", prompt="x", n=99), 400, "99"),
-    (dict(model="tiny", prompt="x", stream=True), 400, "stream"),
     (dict(model="tiny", prompt="x", stream="no"), 400, "'stream'"),
     (dict(prompt="x"), 400, "'model'"),
     (dict(model="tiny"), 400, "'prompt'"),
@@ -179,10 +178,12 @@ def cancelled_requests(client):
                if name == "qpool_requests_total" and ("status", "CANCELLED") in labels)
 
 
-def test_a_client_that_hangs_up_cancels_its_generation(client):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_cancels_its_generation(client, stream):
+    """Waiting for the whole reply, or between two events of a stream."""
     before = cancelled_requests(client)
     host, port = client.server.http_address.rsplit(":", 1)
-    body = json.dumps(dict(model="tiny", **LONG)).encode()
+    body = json.dumps(dict(model="tiny", stream=stream, **LONG)).encode()
     s = socket.create_connection((host, int(port)), timeout=10)
     s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: "
               b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" +
@@ -191,6 +192,8 @@ def test_a_client_that_hangs_up_cancels_its_generation(client):
     while client.pipelines()["tiny"].in_flight == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert client.pipelines()["tiny"].in_flight == 1
+    if stream:
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the stream has begun
     s.close()
     deadline = time.monotonic() + 10
     while cancelled_requests(client) == before and time.monotonic() < deadline:
@@ -250,3 +253,51 @@ def test_draining_is_503_on_ready_and_on_new_generations(make_server):
     assert status == 503 and headers["Retry-After"] == "1", body
     assert "draining" in body["error"]["message"] and body["error"]["code"] == "UNAVAILABLE"
     running.cancel()  # the drain then ends at once
+
+
+def sse_events(text):
+    """[(event, data as parsed JSON)] of a text/event-stream body."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def curl_stream(client, fields):
+    """(HTTP status, content type, body) of a streamed generation, read by curl as it comes."""
+    import shutil
+    import subprocess
+    if shutil.which("curl") is None:
+        pytest.fail("curl is missing: run scripts/setup.sh (Debian package curl)")
+    out = subprocess.run(
+        ["curl", "-sN", "--max-time", "120", "-w", "\n%{http_code} %{content_type}",
+         "-H", "Content-Type: application/json", "-d", json.dumps(fields),
+         f"http://{client.server.http_address}/v1/images/generations"],
+        capture_output=True, text=True, timeout=150, check=True).stdout
+    body, _, status = out.rpartition("\n")
+    code, content_type = status.split(" ", 1)
+    return int(code), content_type, body
+
+
+def test_stream_sends_each_step_then_each_image(client, api):
+    """Note [Image events], read with curl: one progress event per step, then one completed
+    event per image, with the PNGs of the same request unstreamed."""
+    fields = dict(model="tiny", prompt="streamed", n=2, size="64x64", seed=11, steps=3)
+    code, content_type, body = curl_stream(client, dict(fields, stream=True))
+    assert (code, content_type) == (200, "text/event-stream")
+    events = sse_events(body)
+    assert [e for e, _ in events] == ["progress"] * 3 + ["image_generation.completed"] * 2
+    assert [(d["step"], d["total"]) for _, d in events[:3]] == [(1, 3), (2, 3), (3, 3)]
+    done = [d for _, d in events[3:]]
+    assert [d["index"] for d in done] == [0, 1] and {d["size"] for d in done} == {"64x64"}
+    assert done[0]["qpool"]["seed"] == 11 and done[0]["output_format"] == "png"
+    whole = api.images.generate(model="tiny", prompt="streamed", n=2, size="64x64",
+                                extra_body={"seed": 11, "steps": 3})
+    assert [d["b64_json"] for d in done] == [d.b64_json for d in whole.data]
+
+
+def test_a_stream_refused_at_once_is_a_plain_error(client):
+    code, content_type, body = curl_stream(client, dict(model="nope", prompt="x", stream=True))
+    assert (code, content_type) == (404, "application/json")
+    assert json.loads(body)["error"]["code"] == "NOT_FOUND"

@@ -3,6 +3,7 @@
 #include <microhttpd.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -30,7 +31,8 @@ struct HttpApiServer::Internals {
 };
 
 // One request: its body as it arrives and, for a generation, the listener the pool answers
-// (Note [HTTP requests]).
+// (Note [HTTP requests]): a whole reply (code, reply) once done, or with `stream` the events
+// written so far (Note [Image events]), which ReadEvents hands to libmicrohttpd.
 class HttpRequest final : public GenerateListener {
  public:
   HttpRequest(MHD_Connection* connection, HttpApiServer::Internals& server)
@@ -38,15 +40,18 @@ class HttpRequest final : public GenerateListener {
 
   std::string body;
   bool started = false;  // handed to the pool (or answered)
-  int code = 0;          // the reply, once done
+  int code = 0;          // the reply, once done (without stream, or refused at once)
   std::string reply;
 
-  // Hands `call` to the pool; true if the connection was suspended to wait for the reply, false
-  // if the reply is already here (a call refused at once). `self` keeps this alive until then.
-  bool Run(GenerateCall call, std::shared_ptr<HttpRequest> self) {
+  // Hands `call` to the pool; `self` keeps this alive until OnReply. Returns whether the reply
+  // is still to come; false if it is already here (a call refused at once). Without `stream`,
+  // the connection is then suspended until OnReply; with it, the caller queues the event
+  // stream.
+  bool Run(GenerateCall call, std::shared_ptr<HttpRequest> self, bool stream) {
     const MHD_ConnectionInfo* info =
         MHD_get_connection_info(connection_, MHD_CONNECTION_INFO_CONNECTION_FD);
     fd_ = info != nullptr ? info->connect_fd : -1;
+    stream_ = stream;
     {
       std::lock_guard<std::mutex> lock(server_.mu);
       if (server_.stopping) {
@@ -58,10 +63,32 @@ class HttpRequest final : public GenerateListener {
     self_ = std::move(self);
     server_.pool.Generate(std::move(call), this);
     std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return false;
+    if (done_) return false;  // refused at once: a plain error reply, even with stream
+    if (!stream_) {
+      MHD_suspend_connection(connection_);
+      suspended_ = true;
+    }
+    return true;
+  }
+
+  // libmicrohttpd's content reader of the event stream: the events not yet sent, the end once
+  // the reply's are, or (none ready) 0 with the connection suspended until the next event.
+  ssize_t ReadEvents(char* buf, size_t max) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sent_ < events_.size()) {
+      const size_t n = std::min(max, events_.size() - sent_);
+      std::memcpy(buf, events_.data() + sent_, n);
+      sent_ += n;
+      if (sent_ == events_.size()) {
+        events_.clear();
+        sent_ = 0;
+      }
+      return static_cast<ssize_t>(n);
+    }
+    if (done_) return MHD_CONTENT_READER_END_OF_STREAM;
     MHD_suspend_connection(connection_);
     suspended_ = true;
-    return true;
+    return 0;
   }
 
   // The socket of a connection waiting for its generation, or -1 (server mu held).
@@ -72,14 +99,23 @@ class HttpRequest final : public GenerateListener {
   void Cancel() { cancelled_ = true; }
 
   // GenerateListener
-  void OnProgress(int, int, double) override {}
+  void OnProgress(int step, int total, double elapsed_seconds) override {
+    if (stream_) Push(ProgressEvent(step, total, elapsed_seconds), false);
+  }
   bool Cancelled() const override { return cancelled_.load(); }
   void OnReply(StatusOr<GenerateReply> result) override {
-    if (result.ok()) {
-      code = 200;
-      reply = ImagesResponseJson(std::move(result).value(), std::time(nullptr));
-    } else {
+    // The whole reply, or with stream its events (and, for a refusal before the stream began,
+    // the error reply Run returns instead).
+    std::string events;
+    const int64_t now = std::time(nullptr);
+    if (!result.ok()) {
       Answer(result.status());
+      if (stream_) events = ErrorEvent(result.status());
+    } else if (stream_) {
+      events = CompletedEvents(std::move(result).value(), now);
+    } else {
+      code = 200;
+      reply = ImagesResponseJson(std::move(result).value(), now);
     }
     std::shared_ptr<HttpRequest> self = std::move(self_);  // this lives until the end here
     {
@@ -88,12 +124,14 @@ class HttpRequest final : public GenerateListener {
       server_.running.erase(self);
       if (server_.running.empty()) server_.idle.notify_all();
     }
+    Push(std::move(events), true);
+  }
+
+  // libmicrohttpd is done with the connection: nothing may resume it from now on.
+  void Closed() {
+    cancelled_ = true;
     std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    if (suspended_) {
-      suspended_ = false;
-      MHD_resume_connection(connection_);
-    }
+    closed_ = true;
   }
 
   void Answer(const Status& status) {
@@ -102,13 +140,28 @@ class HttpRequest final : public GenerateListener {
   }
 
  private:
+  // Appends `events` (and with `last`, ends the reply), resuming the connection if it waits.
+  void Push(std::string events, bool last) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_ += events;
+    done_ = done_ || last;
+    if (suspended_ && !closed_) {
+      suspended_ = false;
+      MHD_resume_connection(connection_);
+    }
+  }
+
   MHD_Connection* const connection_;
   HttpApiServer::Internals& server_;
   std::shared_ptr<HttpRequest> self_;
   std::atomic<bool> cancelled_{false};
-  std::mutex mu_;  // guards done_, suspended_
+  bool stream_ = false;  // set before the pool has the request
+  std::mutex mu_;        // guards everything below; code and reply are read after done_
   bool done_ = false;
   bool suspended_ = false;
+  bool closed_ = false;
+  std::string events_;  // not yet sent (sent_ of them are)
+  size_t sent_ = 0;
   int fd_ = -1;
 };
 
@@ -159,6 +212,23 @@ Status Authorize(HttpApiServer::Internals& server, MHD_Connection* connection, b
   return Status::Ok();
 }
 
+// Note [Image events]: the reply as it is made, chunked, read by HttpRequest::ReadEvents.
+MHD_Result QueueEvents(MHD_Connection* connection, const std::shared_ptr<HttpRequest>& request) {
+  using Held = std::shared_ptr<HttpRequest>;
+  MHD_Response* response = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 16 << 10,
+      [](void* cls, uint64_t, char* buf, size_t max) {
+        return (*static_cast<Held*>(cls))->ReadEvents(buf, max);
+      },
+      new Held(request), [](void* cls) { delete static_cast<Held*>(cls); });
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  const MHD_Result result = MHD_queue_response(connection, MHD_HTTP_OK, response);
+  MHD_destroy_response(response);
+  return result;
+}
+
 MHD_Result Generations(HttpApiServer::Internals& server, MHD_Connection* connection,
                        const std::shared_ptr<HttpRequest>& request) {
   HttpRequest& r = *request;
@@ -166,9 +236,12 @@ MHD_Result Generations(HttpApiServer::Internals& server, MHD_Connection* connect
     r.started = true;
     const Status allowed = Authorize(server, connection, server.options.protect_inference);
     if (!allowed.ok()) return ReplyError(connection, allowed);
-    StatusOr<GenerateCall> call = ParseImagesRequest(r.body);
-    if (!call.ok()) return ReplyError(connection, call.status());
-    if (r.Run(std::move(call).value(), request)) return MHD_YES;  // resumed with the reply
+    StatusOr<ImagesRequest> parsed = ParseImagesRequest(r.body);
+    if (!parsed.ok()) return ReplyError(connection, parsed.status());
+    const bool stream = parsed->stream;
+    if (r.Run(std::move(parsed->call), request, stream)) {
+      return stream ? QueueEvents(connection, request) : MHD_YES;  // resumed with the reply
+    }
   }
   return Reply(connection, r.code, r.reply);
 }
@@ -244,7 +317,10 @@ MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url,
 
 void RequestCompleted(void* /*cls*/, MHD_Connection* /*connection*/, void** state,
                       MHD_RequestTerminationCode /*code*/) {
-  delete static_cast<std::shared_ptr<HttpRequest>*>(*state);
+  if (*state == nullptr) return;
+  auto* request = static_cast<std::shared_ptr<HttpRequest>*>(*state);
+  (*request)->Closed();  // a generation still running for it stops at its next step
+  delete request;
   *state = nullptr;
 }
 

@@ -46,9 +46,11 @@ class HttpApiServer {
   //   far less); past it the reply is 413 and the rest is not read. POST bodies must be
   //   application/json (415 otherwise).
   // - A generation suspends its connection (no thread waits for it) and the pool's OnReply
-  //   resumes it; a watcher thread polls the suspended connections' sockets every kWatchMs and
-  //   marks a request whose client hung up as cancelled, which the pool sees between denoising
-  //   steps (GenerateListener::Cancelled), as it sees a cancelled gRPC call.
+  //   resumes it; a streamed one (Note [Image events]) suspends it whenever every event so far
+  //   is sent, and the next event resumes it. A watcher thread polls the suspended connections'
+  //   sockets every kWatchMs and marks a request whose client hung up as cancelled, which the
+  //   pool sees between denoising steps (GenerateListener::Cancelled), as it sees a cancelled
+  //   gRPC call; a connection libmicrohttpd closes (a failed write) cancels its request too.
   // - Connections: at most kConnectionLimit open; one without a byte for kIdleSeconds (and not
   //   waiting for its generation) is closed.
   // - Stop cancels the generations still running, waits for their replies, then stops the

@@ -84,11 +84,12 @@ const char* ErrorType(int http_code) {
 
 }  // namespace
 
-StatusOr<GenerateCall> ParseImagesRequest(std::string_view body) {
+StatusOr<ImagesRequest> ParseImagesRequest(std::string_view body) {
   const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return InvalidArgument("the request body is not valid JSON");
   if (!doc.is_object()) return InvalidArgument("the request body must be a JSON object");
-  GenerateCall call;
+  ImagesRequest request;
+  GenerateCall& call = request.call;
   GenerateRequestIn& in = call.request;
   bool has_model = false, has_prompt = false;
   // One entry per field: how its value goes into the request.
@@ -133,8 +134,8 @@ StatusOr<GenerateCall> ParseImagesRequest(std::string_view body) {
     } else if (key == "stream") {
       if (!v.is_boolean()) {
         s = InvalidArgument(StrCat("field 'stream' must be true or false, got ", v.dump()));
-      } else if (v.get<bool>()) {
-        s = InvalidArgument("stream: true is not supported; leave it out or set it to false");
+      } else {
+        request.stream = v.get<bool>();
       }
     } else if (key == "user") {
       s = String(v, key).status();
@@ -177,32 +178,75 @@ StatusOr<GenerateCall> ParseImagesRequest(std::string_view body) {
   if (!has_model) return InvalidArgument("field 'model' (the pipeline's name) is required");
   if (!has_prompt) return InvalidArgument("field 'prompt' is required");
   call.pipeline = in.pipeline;
-  return call;
+  return request;
 }
+
+namespace {
+
+// What GenerateResult carries besides the images.
+json QpoolFields(const GenerateReply& reply) {
+  const GenerateParams& p = reply.params;
+  return {{"seed", p.seed},
+          {"width", p.width},
+          {"height", p.height},
+          {"device", reply.run.device},
+          {"scheduler", p.scheduler},
+          {"steps", p.steps},
+          {"guidance_scale", p.guidance_scale},
+          {"route", reply.run.route},
+          {"attempts", reply.run.attempts},
+          {"batch_size", reply.batch_size},
+          {"timings",
+           {{"queue_seconds", reply.run.queue_seconds},
+            {"encode_seconds", reply.timings.encode_seconds},
+            {"denoise_seconds", reply.timings.denoise_seconds},
+            {"decode_seconds", reply.timings.decode_seconds},
+            {"png_seconds", reply.timings.png_seconds},
+            {"total_seconds", reply.run.total_seconds}}}};
+}
+
+std::string Event(const char* name, const json& data) {
+  return StrCat("event: ", name,
+                "\ndata: ", data.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+}
+
+}  // namespace
 
 std::string ImagesResponseJson(GenerateReply reply, int64_t created) {
   json data = json::array();
   for (const GeneratedImage& image : reply.images)
     data.push_back({{"b64_json", Base64(image.png)}});
-  const GenerateParams& p = reply.params;
-  json qpool = {{"seed", p.seed},
-                {"width", p.width},
-                {"height", p.height},
-                {"device", reply.run.device},
-                {"scheduler", p.scheduler},
-                {"steps", p.steps},
-                {"guidance_scale", p.guidance_scale},
-                {"route", reply.run.route},
-                {"attempts", reply.run.attempts},
-                {"batch_size", reply.batch_size},
-                {"timings",
-                 {{"queue_seconds", reply.run.queue_seconds},
-                  {"encode_seconds", reply.timings.encode_seconds},
-                  {"denoise_seconds", reply.timings.denoise_seconds},
-                  {"decode_seconds", reply.timings.decode_seconds},
-                  {"png_seconds", reply.timings.png_seconds},
-                  {"total_seconds", reply.run.total_seconds}}}};
-  return json{{"created", created}, {"data", std::move(data)}, {"qpool", std::move(qpool)}}.dump();
+  return json{{"created", created}, {"data", std::move(data)}, {"qpool", QpoolFields(reply)}}
+      .dump();
+}
+
+std::string ProgressEvent(int step, int total, double elapsed_seconds) {
+  return Event("progress", {{"type", "progress"},
+                            {"step", step},
+                            {"total", total},
+                            {"elapsed_seconds", elapsed_seconds}});
+}
+
+std::string CompletedEvents(GenerateReply reply, int64_t created) {
+  const json qpool = QpoolFields(reply);
+  std::string events;
+  for (size_t i = 0; i < reply.images.size(); ++i) {
+    const GeneratedImage& image = reply.images[i];
+    events += Event("image_generation.completed", {{"type", "image_generation.completed"},
+                                                   {"index", i},
+                                                   {"b64_json", Base64(image.png)},
+                                                   {"created_at", created},
+                                                   {"size", StrCat(image.width, "x", image.height)},
+                                                   {"output_format", "png"},
+                                                   {"qpool", qpool}});
+  }
+  return events;
+}
+
+std::string ErrorEvent(const Status& status) {
+  json error = json::parse(ErrorJson(status));
+  error["type"] = "error";
+  return Event("error", error);
 }
 
 std::string ModelsJson(const std::vector<PipelineStatus>& pipelines, int64_t created) {

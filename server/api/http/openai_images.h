@@ -19,8 +19,8 @@ namespace qpool::api::http {
 // (num_images, within the manifest's limits as over gRPC), `size` ("WIDTHxHEIGHT", or "auto" for
 // the pipeline's default), `response_format` ("b64_json"; "url" is refused: an image URL would be
 // served only by the replica that made it, which breaks behind a balancer), `output_format`
-// ("png"), `stream` (false only), `user` (accepted, unused), and qpool's own fields in the same
-// body, named as in GenerateRequest: negative_prompt, steps, guidance_scale, seed, scheduler,
+// ("png"), `stream` (Note [Image events]), `user` (accepted, unused), and qpool's own fields in the
+// same body, named as in GenerateRequest: negative_prompt, steps, guidance_scale, seed, scheduler,
 // true_cfg_scale and the size conditioning (original_width, ...). The edge is as strict as the
 // protobuf one: an unknown field, a value of the wrong JSON type or out of its type's range is
 // INVALID_ARGUMENT naming the field, never ignored, so a typo ("step") cannot silently change an
@@ -29,10 +29,26 @@ namespace qpool::api::http {
 // client can reproduce an image through either API: the same request and seed give the same PNG
 // bytes. Errors are OpenAI error objects ({"error": {message, type, code}}), with the HTTP code
 // mapped from the engine's Status (HttpCodeOf) and the gRPC code's name as `code`.
-StatusOr<GenerateCall> ParseImagesRequest(std::string_view body);
+struct ImagesRequest {
+  GenerateCall call;
+  bool stream = false;  // `stream: true`: progress and images as server-sent events
+};
+StatusOr<ImagesRequest> ParseImagesRequest(std::string_view body);
 
 // The response body for `reply`; `created` is the Unix time the reply is stamped with.
 std::string ImagesResponseJson(GenerateReply reply, int64_t created);
+
+// Note [Image events]
+// With `stream: true` the reply is a text/event-stream (server-sent events, 200 once the
+// generation is under way; a request refused before that gets its error code as without
+// `stream`): an `event: progress` per denoising step ({type: "progress", step, total,
+// elapsed_seconds}), then an `event: image_generation.completed` per image as OpenAI's streaming
+// images API names it ({type, index, b64_json, created_at, size, output_format, qpool}), or one
+// `event: error` ({type: "error", error: {message, type, code}}) if the generation fails after
+// the stream began; the stream then ends.
+std::string ProgressEvent(int step, int total, double elapsed_seconds);
+std::string CompletedEvents(GenerateReply reply, int64_t created);
+std::string ErrorEvent(const Status& status);
 
 // GET /v1/models: OpenAI's model list ({object: "list", data: [{id, object: "model", created,
 // owned_by: "qpool"}]}), each entry with qpool's kind, state and device beside OpenAI's fields.
