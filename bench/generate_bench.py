@@ -51,7 +51,8 @@ def stages_dict(stages) -> dict:
 
 
 def start_server(binary, repository, device, cpu_threads, extra_args=()):
-    """Starts qpool-server; returns (process, gRPC address, metrics address or None)."""
+    """Starts qpool-server; returns (process, gRPC address, metrics address or None). With
+    --http-listen among `extra_args`, process.http_address is the HTTP API's."""
     proc = subprocess.Popen([binary, "--model-repository", repository, "--listen", "127.0.0.1:0",
                              "--device", device, "--log-level", "warn",
                              "--cpu-threads", str(cpu_threads), *extra_args],
@@ -65,6 +66,8 @@ def start_server(binary, repository, device, cpu_threads, extra_args=()):
         line = proc.stdout.readline()
         if "metrics on" in line:
             metrics = line.strip().rsplit(" ", 1)[1]
+        if "http on" in line:
+            proc.http_address = line.strip().rsplit(" ", 1)[1]
         if "listening on" in line:
             drain_output(proc)
             return proc, line.strip().rsplit(" ", 1)[1], metrics
