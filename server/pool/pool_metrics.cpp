@@ -1,6 +1,9 @@
 #include "pool/pool_metrics.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace qpool {
@@ -12,6 +15,35 @@ PoolMetrics::PoolMetrics(MetricsRegistry& metrics, PipelineRegistry& registry, D
 }
 
 PoolMetrics::~PoolMetrics() { metrics_.RemoveCollector(collector_); }
+
+// Note [Load signals].
+void PoolMetrics::CollectLoadSignals(SampleSink& sink, const PoolCounters& c) {
+  const std::map<std::string, int> running = requests_.Running();
+  std::map<std::string, std::pair<int, int>> load;  // pipeline: waiting, running
+  for (const auto& p : registry_.ListLoaded()) load[p.name];
+  for (const auto& [pipeline, n] : running) load[pipeline].second = n;
+  for (const auto& [pipeline, queued] : c.queued) {
+    auto& [waiting, runs] = load[pipeline];
+    waiting = std::max(0, static_cast<int>(queued) - runs);
+  }
+  int total_waiting = 0, total_running = 0;
+  for (const auto& [pipeline, n] : load) {
+    sink.AddGauge("qpool_pipeline_requests_waiting",
+                  "Requests of the pipeline handed to the pool and not yet running.",
+                  {{"pipeline", pipeline}}, n.first);
+    sink.AddGauge("qpool_pipeline_requests_running",
+                  "Requests of the pipeline running on a device worker.", {{"pipeline", pipeline}},
+                  n.second);
+    total_waiting += n.first;
+    total_running += n.second;
+  }
+  sink.AddGauge("qpool_requests_waiting",
+                "Requests handed to the pool and not yet running, every pipeline (a router's "
+                "queue signal).",
+                {}, total_waiting);
+  sink.AddGauge("qpool_requests_running", "Requests running on device workers, every pipeline.",
+                {}, total_running);
+}
 
 void PoolMetrics::Collect(SampleSink& sink) {
   for (const auto& device : devices_.devices()) {
@@ -27,6 +59,7 @@ void PoolMetrics::Collect(SampleSink& sink) {
                   "bounds it).",
                   {{"pipeline", pipeline}}, static_cast<double>(queued));
   }
+  CollectLoadSignals(sink, c);
   for (const auto& [key, n] : c.routed) {
     const auto& [pipeline, device, reason] = key;
     sink.AddCounter("qpool_requests_routed_total",

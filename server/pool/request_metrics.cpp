@@ -106,4 +106,14 @@ void RequestMetrics::CreateSeries(const std::string& pipeline,
   for (const std::string& device : devices) batch_sizes_.WithLabels({pipeline, device});
 }
 
+void RequestMetrics::AddRunning(const std::string& pipeline, int delta) {
+  std::lock_guard<std::mutex> lock(running_mu_);
+  if ((running_[pipeline] += delta) == 0) running_.erase(pipeline);
+}
+
+std::map<std::string, int> RequestMetrics::Running() const {
+  std::lock_guard<std::mutex> lock(running_mu_);
+  return running_;
+}
+
 }  // namespace qpool

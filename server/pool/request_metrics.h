@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,8 +58,14 @@ class RequestMetrics {
   // of both RPCs, batch sizes per device and, on CUDA devices, request memory. Series that
   // exist already keep their values.
   void CreateSeries(const std::string& pipeline, const std::vector<std::string>& devices);
+  // Note [Load signals]: a run of a request of `pipeline` started (+1) or ended (-1), as
+  // RequestRun counts them; Running() gives the requests running now per pipeline.
+  void AddRunning(const std::string& pipeline, int delta);
+  std::map<std::string, int> Running() const;
 
  private:
+  mutable std::mutex running_mu_;
+  std::map<std::string, int> running_;  // guarded by running_mu_
   CounterFamily& requests_;
   HistogramFamily& durations_;
   HistogramFamily& queue_;

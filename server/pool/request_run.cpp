@@ -20,7 +20,15 @@ RequestRun::RequestRun(const RequestContext& context, RequestRpc rpc)
     : registry_(*context.registry),
       draining_(context.draining),
       loader_(context.loader),
+      requests_(context.requests),
       recorder_(context, rpc) {}
+
+void RequestRun::SetRunning(bool running) {
+  if (requests_ == nullptr || running == running_) return;
+  running_ = running;
+  if (running) running_as_ = name_;
+  requests_->AddRunning(running_as_, running ? 1 : -1);
+}
 
 StatusOr<LoadedManifest> RequestRun::Manifest(const std::string& name) {
   auto manifest = registry_.Manifest(name);
@@ -93,10 +101,12 @@ Status RequestRun::Start(bool run, int batch_images) {
     return admitted;
   }
   recorder_.RunStarted(lease_->pipeline().device());
+  SetRunning(true);
   return Status::Ok();
 }
 
 void RequestRun::End(const Status& status, int batch_images) {
+  SetRunning(false);
   recorder_.RunEnded(status);
   if (status.ok() && recorder_.working_bytes() > 0) {
     registry_.ObserveWorkingMemory(name_, WithImages(options_, batch_images),

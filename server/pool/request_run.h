@@ -27,6 +27,9 @@ class RequestRun {
  public:
   // Starts the request's clock (RequestRecorder).
   RequestRun(const RequestContext& context, RequestRpc rpc);
+  ~RequestRun() { SetRunning(false); }
+  RequestRun(const RequestRun&) = delete;
+  RequestRun& operator=(const RequestRun&) = delete;
 
   // The manifest of the loaded pipeline `name`, to resolve the request against; an error labels
   // the request as Acquire's would. Unavailable while the server drains.
@@ -48,7 +51,10 @@ class RequestRun {
   // OK, and that batch ends it.
   Status Dispatch(const std::shared_ptr<BatchMember>& member);
   // Releases the lease if still held.
-  void Release() { lease_.reset(); }
+  void Release() {
+    SetRunning(false);
+    lease_.reset();
+  }
 
   // In the task: Unavailable when the worker dropped it at shutdown (`run` false; the lease is
   // released); ResourceExhausted when the device's memory budget cannot make room for the run,
@@ -89,6 +95,9 @@ class RequestRun {
   void Finish(StatusCode code) { recorder_.Finish(code); }
 
  private:
+  // Counts the request as running (from a successful Start to End or Release) or not, once
+  // each way (Note [Load signals] in pool/pool_metrics.h).
+  void SetRunning(bool running);
   // RetryElsewhere: leases another device's replica, then `queue` hands the request to it.
   bool Reroute(const Status& failure, const std::function<Status()>& queue);
 
@@ -96,8 +105,11 @@ class RequestRun {
   const std::atomic<bool>* draining_;
   OnDemandLoader* loader_;
   bool not_loaded_ = false;  // the last Manifest found the pipeline not loaded
+  RequestMetrics* requests_;
   RequestRecorder recorder_;
   std::unique_ptr<PipelineLease> lease_;
+  bool running_ = false;    // counted as running (SetRunning)
+  std::string running_as_;  // the pipeline it counted as running for
   std::string name_;
   RouteOptions options_;
   std::string route_;

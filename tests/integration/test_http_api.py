@@ -178,28 +178,51 @@ def cancelled_requests(client):
                if name == "qpool_requests_total" and ("status", "CANCELLED") in labels)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_hangs_up_cancels_its_generation(client, stream):
-    """Waiting for the whole reply, or between two events of a stream."""
-    before = cancelled_requests(client)
+def load_signals(client):
+    """Note [Load signals]: tiny's waiting and running requests, and the server's."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{client.server.metrics_address}/metrics",
+                                timeout=10) as r:
+        samples = parse_samples(r.read().decode())
+    tiny = frozenset({("pipeline", "tiny")})
+    return tuple(int(samples[key]) for key in (
+        ("qpool_pipeline_requests_waiting", tiny), ("qpool_pipeline_requests_running", tiny),
+        ("qpool_requests_waiting", frozenset()), ("qpool_requests_running", frozenset())))
+
+
+def send_long(client, stream):
     host, port = client.server.http_address.rsplit(":", 1)
     body = json.dumps(dict(model="tiny", stream=stream, **LONG)).encode()
     s = socket.create_connection((host, int(port)), timeout=10)
     s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: "
               b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" +
               body)
-    deadline = time.monotonic() + 10
-    while client.pipelines()["tiny"].in_flight == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert client.pipelines()["tiny"].in_flight == 1
+    return s
+
+
+def wait_for(condition, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_cancels_its_generation(client, stream):
+    """Waiting for the whole reply, or between two events of a stream; a second request waits
+    behind the first meanwhile, and the load signals a router reads count both."""
+    before = cancelled_requests(client)
+    assert load_signals(client) == (0, 0, 0, 0)
+    first = send_long(client, stream)
+    assert wait_for(lambda: client.pipelines()["tiny"].in_flight == 1)
+    second = send_long(client, stream)
+    assert wait_for(lambda: load_signals(client) == (1, 1, 1, 1)), load_signals(client)
     if stream:
-        assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the stream has begun
-    s.close()
-    deadline = time.monotonic() + 10
-    while cancelled_requests(client) == before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert cancelled_requests(client) == before + 1
-    assert client.pipelines()["tiny"].in_flight == 0
+        assert first.recv(4096).startswith(b"HTTP/1.1 200")  # the stream has begun
+    first.close()
+    second.close()
+    assert wait_for(lambda: cancelled_requests(client) == before + 2)
+    assert client.pipelines()["tiny"].in_flight == 0 and load_signals(client) == (0, 0, 0, 0)
 
 
 def test_bearer_tokens_guard_inference_when_protected(make_server, tmp_path):
