@@ -41,8 +41,8 @@ void PoolMetrics::CollectLoadSignals(SampleSink& sink, const PoolCounters& c) {
                 "Requests handed to the pool and not yet running, every pipeline (a router's "
                 "queue signal).",
                 {}, total_waiting);
-  sink.AddGauge("qpool_requests_running", "Requests running on device workers, every pipeline.",
-                {}, total_running);
+  sink.AddGauge("qpool_requests_running", "Requests running on device workers, every pipeline.", {},
+                total_running);
 }
 
 void PoolMetrics::Collect(SampleSink& sink) {
