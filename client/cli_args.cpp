@@ -98,6 +98,33 @@ const std::vector<CommandSpec>& Commands() {
        "load a pipeline",
        {{"device", "D", "device to load on, e.g. cpu or cuda:1 (default: the server's choice)"}}},
       {"unload", "NAME", 1, 1, "unload a pipeline and free its memory", {}},
+      {"offload", "NAME", 1, 1, "move every component of a pipeline to pinned host memory", {}},
+      {"onload",
+       "NAME",
+       1,
+       1,
+       "bring an offloaded pipeline back to a GPU",
+       {{"device", "D", "GPU to onload to, e.g. cuda:1 (default: the pipeline's)"}}},
+      {"move",
+       "NAME",
+       1,
+       1,
+       "move a pipeline to another device, verified",
+       {{"device", "D", "the device to move to: cpu or cuda:N (required)", FlagType::kString,
+         true}}},
+      {"policy",
+       "NAME POLICY",
+       2,
+       2,
+       "set a pipeline's offload policy: none, model, idle or sequential",
+       {{"idle-seconds", "S", "idle: offload after S seconds without requests",
+         FlagType::kNumber}}},
+      {"empty-cache",
+       "",
+       0,
+       0,
+       "release the caching allocator's unused memory",
+       {{"device", "D", "one device (default: every device)"}}},
       {"memory", "", 0, 0, "show device memory and per-component bytes of loaded pipelines", {}},
       {"health",
        "",
@@ -231,7 +258,7 @@ std::string Usage(const std::string& command) {
        << "Client of qpool-server, the text-to-image inference server.\n\ncommands:\n";
     for (const CommandSpec& c : Commands()) {
       std::string left = std::string("  ") + c.name;
-      os << left << std::string(12 - left.size(), ' ') << c.summary << "\n";
+      os << left << std::string(left.size() < 16 ? 16 - left.size() : 1, ' ') << c.summary << "\n";
     }
     os << "\nglobal options:\n";
     AppendFlagHelp(os, GlobalFlags());

@@ -18,6 +18,15 @@ int RunList(const ParsedArgs& args, const Connection& connection);
 int RunLoad(const ParsedArgs& args, const Connection& connection);
 // unload NAME: ModelService/UnloadPipeline.
 int RunUnload(const ParsedArgs& args, const Connection& connection);
+// offload NAME, onload NAME [--device D], move NAME --device D: ModelService/OffloadPipeline,
+// OnloadPipeline and MovePipeline; print what moved (component, from, to, bytes, time).
+int RunOffload(const ParsedArgs& args, const Connection& connection);
+int RunOnload(const ParsedArgs& args, const Connection& connection);
+int RunMove(const ParsedArgs& args, const Connection& connection);
+// policy NAME POLICY [--idle-seconds S]: ModelService/SetOffloadPolicy.
+int RunPolicy(const ParsedArgs& args, const Connection& connection);
+// empty-cache [--device D]: ModelService/EmptyCache; prints the bytes released.
+int RunEmptyCache(const ParsedArgs& args, const Connection& connection);
 // memory: ModelService/GetMemoryReport as device and component tables.
 int RunMemory(const ParsedArgs& args, const Connection& connection);
 // health [--service NAME]: grpc.health.v1.Health/Check; exit 0 only when SERVING.

@@ -1,4 +1,5 @@
-// list, load, unload, memory, health: the ModelService and health commands.
+// list, load, unload, offload, onload, move, policy, empty-cache, memory, health: the
+// ModelService and health commands.
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -107,7 +108,117 @@ std::string Join(const google::protobuf::RepeatedPtrField<std::string>& items) {
   return s;
 }
 
+// Prints a ResidencyChange: each component's move, or that nothing had to move.
+int PrintChange(const ParsedArgs& args, const char* verb, const v1::ResidencyChange& change) {
+  if (args.global.json) {
+    json moves = json::array();
+    for (const auto& m : change.moves()) {
+      moves.push_back({{"component", m.component()},
+                       {"from", m.from()},
+                       {"to", m.to()},
+                       {"bytes", m.bytes()},
+                       {"seconds", m.seconds()},
+                       {"tensors_checked", m.tensors_checked()}});
+    }
+    std::cout << json{{"pipeline", PipelineJson(change.pipeline())},
+                      {"moves", moves},
+                      {"bytes", change.bytes()},
+                      {"seconds", change.seconds()}}
+                     .dump(2)
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << verb << " " << change.pipeline().name() << ": " << FormatBytes(change.bytes())
+            << " in " << change.seconds() << " s\n";
+  for (const auto& m : change.moves()) {
+    std::cout << "  " << m.component() << ": " << m.from() << " -> " << m.to() << ", "
+              << FormatBytes(m.bytes()) << ", " << m.tensors_checked() << " tensors checked\n";
+  }
+  if (change.moves().empty()) std::cout << "  nothing had to move\n";
+  return kExitOk;
+}
+
+// Runs one ModelService call that answers a ResidencyChange.
+template <typename Request, typename Call>
+int RunChange(const ParsedArgs& args, const Connection& connection, const char* verb,
+              const Request& request, Call call) {
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::ResidencyChange change;
+  const grpc::Status status = ((*stub).*call)(&context, request, &change);
+  if (!status.ok()) return connection.Fail(status);
+  return PrintChange(args, verb, change);
+}
+
 }  // namespace
+
+int RunOffload(const ParsedArgs& args, const Connection& connection) {
+  v1::OffloadPipelineRequest request;
+  request.set_name(args.positional.at(0));
+  return RunChange(args, connection, "offloaded", request,
+                   &v1::ModelService::Stub::OffloadPipeline);
+}
+
+int RunOnload(const ParsedArgs& args, const Connection& connection) {
+  v1::OnloadPipelineRequest request;
+  request.set_name(args.positional.at(0));
+  request.set_device(GetString(args, "device").value_or(""));
+  return RunChange(args, connection, "onloaded", request, &v1::ModelService::Stub::OnloadPipeline);
+}
+
+int RunMove(const ParsedArgs& args, const Connection& connection) {
+  v1::MovePipelineRequest request;
+  request.set_name(args.positional.at(0));
+  request.set_device(RequiredFlag(args, "device"));
+  return RunChange(args, connection, "moved", request, &v1::ModelService::Stub::MovePipeline);
+}
+
+int RunPolicy(const ParsedArgs& args, const Connection& connection) {
+  v1::SetOffloadPolicyRequest request;
+  request.set_name(args.positional.at(0));
+  request.mutable_policy()->set_policy(args.positional.at(1));
+  request.mutable_policy()->set_idle_seconds(GetDouble(args, "idle-seconds").value_or(0));
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::SetOffloadPolicyResponse response;
+  const grpc::Status status = stub->SetOffloadPolicy(&context, request, &response);
+  if (!status.ok()) return connection.Fail(status);
+  if (args.global.json) {
+    std::cout << PipelineJson(response.pipeline()).dump(2) << "\n";
+  } else {
+    std::cout << response.pipeline().name() << ": offload "
+              << OffloadText(response.pipeline().offload_policy()) << "\n";
+  }
+  return kExitOk;
+}
+
+int RunEmptyCache(const ParsedArgs& args, const Connection& connection) {
+  v1::EmptyCacheRequest request;
+  request.set_device(GetString(args, "device").value_or(""));
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::EmptyCacheResponse response;
+  const grpc::Status status = stub->EmptyCache(&context, request, &response);
+  if (!status.ok()) return connection.Fail(status);
+  if (args.global.json) {
+    json devices = json::array();
+    for (int i = 0; i < response.after_size(); ++i) {
+      const auto& after = response.after(i);
+      const uint64_t before = i < response.before_size() ? response.before(i).reserved_bytes() : 0;
+      devices.push_back({{"device", after.device()},
+                         {"reserved_before_bytes", before},
+                         {"reserved_after_bytes", after.reserved_bytes()}});
+    }
+    std::cout << json{{"released_bytes", response.released_bytes()}, {"devices", devices}}.dump(2)
+              << "\n";
+  } else {
+    std::cout << "released " << FormatBytes(response.released_bytes()) << "\n";
+  }
+  return kExitOk;
+}
 
 int RunList(const ParsedArgs& args, const Connection& connection) {
   auto stub = v1::ModelService::NewStub(connection.channel());

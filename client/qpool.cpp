@@ -17,10 +17,19 @@ using CheckFn = void (*)(const ParsedArgs&);
 
 const std::map<std::string, CommandFn>& CommandTable() {
   static const std::map<std::string, CommandFn> table = {
-      {"generate", qpool::cli::RunGenerate}, {"encode", qpool::cli::RunEncode},
-      {"list", qpool::cli::RunList},         {"load", qpool::cli::RunLoad},
-      {"unload", qpool::cli::RunUnload},     {"memory", qpool::cli::RunMemory},
-      {"health", qpool::cli::RunHealth},     {"bench", qpool::cli::RunBench},
+      {"generate", qpool::cli::RunGenerate},
+      {"encode", qpool::cli::RunEncode},
+      {"list", qpool::cli::RunList},
+      {"load", qpool::cli::RunLoad},
+      {"unload", qpool::cli::RunUnload},
+      {"memory", qpool::cli::RunMemory},
+      {"health", qpool::cli::RunHealth},
+      {"bench", qpool::cli::RunBench},
+      {"offload", qpool::cli::RunOffload},
+      {"onload", qpool::cli::RunOnload},
+      {"move", qpool::cli::RunMove},
+      {"policy", qpool::cli::RunPolicy},
+      {"empty-cache", qpool::cli::RunEmptyCache},
   };
   return table;
 }

@@ -48,7 +48,8 @@ def free_port():
 def test_help(cli_bin):
     r = run(cli_bin, "--help")
     assert r.returncode == EXIT_OK
-    for command in ("generate", "encode", "list", "load", "unload", "memory"):
+    for command in ("generate", "encode", "list", "load", "unload", "offload", "onload", "move",
+                    "policy", "empty-cache", "memory"):
         assert command in r.stdout
     r = run(cli_bin, "generate", "--help")
     assert r.returncode == EXIT_OK
@@ -66,6 +67,11 @@ def test_help(cli_bin):
     ["load"],
     ["unload", "a", "b"],
     ["encode", "--pipeline", "tiny"],
+    ["move", "tiny"],
+    ["offload"],
+    ["policy", "tiny"],
+    ["policy", "tiny", "idle", "--idle-seconds", "soon"],
+    ["empty-cache", "extra"],
     ["--timeout", "soon", "list"],
 ], ids=lambda a: " ".join(a) or "<none>")
 def test_usage_errors_exit_2(cli_bin, args):
@@ -243,6 +249,33 @@ def test_load_unload_memory(qpool):
     assert "error: FAILED_PRECONDITION:" in r.stderr
     r = qpool("load", "does-not-exist")
     assert r.returncode == EXIT_RPC and "error: NOT_FOUND:" in r.stderr
+
+
+def test_residency_commands(qpool):
+    """offload, onload, move, policy and empty-cache on the CPU: what moved (nothing, here), the
+    policy as set, the bytes released; a CPU pipeline cannot be offloaded (exit 1)."""
+    r = qpool("offload", "tiny")
+    assert r.returncode == EXIT_RPC and "FAILED_PRECONDITION" in r.stderr and "CPU" in r.stderr
+    r = qpool("move", "tiny", "--device", "cpu")
+    assert r.returncode == EXIT_OK and "nothing had to move" in r.stdout, r.stderr
+    r = qpool("--json", "onload", "tiny")
+    assert r.returncode == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["moves"] == [] and doc["bytes"] == 0 and doc["pipeline"]["name"] == "tiny"
+    r = qpool("move", "nope", "--device", "cpu")
+    assert r.returncode == EXIT_RPC and "NOT_FOUND" in r.stderr
+    r = qpool("policy", "tiny", "idle", "--idle-seconds", "30")
+    assert r.returncode == EXIT_OK and r.stdout.strip() == "tiny: offload idle 30s", r.stdout
+    r = qpool("--json", "policy", "tiny", "none")
+    assert r.returncode == EXIT_OK and json.loads(r.stdout)["offload"]["policy"] == "none"
+    r = qpool("policy", "tiny", "sometimes")
+    assert r.returncode == EXIT_RPC and "INVALID_ARGUMENT" in r.stderr
+    r = qpool("--json", "empty-cache")
+    assert r.returncode == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["released_bytes"] >= 0 and "cpu" in [d["device"] for d in doc["devices"]]
+    r = qpool("empty-cache")
+    assert r.returncode == EXIT_OK and r.stdout.startswith("released "), r.stdout
 
 
 def test_health(qpool):
