@@ -28,6 +28,9 @@ int RunPolicy(const ParsedArgs& args, const Connection& connection);
 // empty-cache [--device D]: ModelService/EmptyCache; prints the bytes released.
 int RunEmptyCache(const ParsedArgs& args, const Connection& connection);
 // memory: ModelService/GetMemoryReport as device and component tables.
+// watch [--after SEQ] [--count N]: ModelService/WatchMemory, one line (or, with --json, one JSON
+// object) per event as it arrives.
+int RunWatch(const ParsedArgs& args, const Connection& connection);
 int RunMemory(const ParsedArgs& args, const Connection& connection);
 // health [--service NAME]: grpc.health.v1.Health/Check; exit 0 only when SERVING.
 int RunHealth(const ParsedArgs& args, const Connection& connection);

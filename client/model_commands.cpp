@@ -220,6 +220,54 @@ int RunEmptyCache(const ParsedArgs& args, const Connection& connection) {
   return kExitOk;
 }
 
+int RunWatch(const ParsedArgs& args, const Connection& connection) {
+  v1::WatchMemoryRequest request;
+  request.set_after_sequence(GetUint(args, "after").value_or(0));
+  const uint64_t count = GetUint(args, "count").value_or(0);
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  auto stream = stub->WatchMemory(&context, request);
+  v1::MemoryEvent e;
+  uint64_t seen = 0;
+  while ((count == 0 || seen < count) && stream->Read(&e)) {
+    ++seen;
+    if (args.global.json) {
+      std::cout << json{{"sequence", e.sequence()},
+                        {"unix_nanos", e.unix_nanos()},
+                        {"kind", e.kind()},
+                        {"pipeline", e.pipeline()},
+                        {"component", e.component()},
+                        {"device", e.device()},
+                        {"from_device", e.from_device()},
+                        {"to_device", e.to_device()},
+                        {"allocated_before", e.allocated_before()},
+                        {"allocated_after", e.allocated_after()},
+                        {"reserved_before", e.reserved_before()},
+                        {"reserved_after", e.reserved_after()},
+                        {"attributed_delta_bytes", e.attributed_delta_bytes()},
+                        {"duration_seconds", e.duration_seconds()},
+                        {"outcome", e.outcome()},
+                        {"message", e.message()}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::cout << e.sequence() << " " << e.kind() << " " << e.pipeline()
+                << (e.component().empty() ? "" : "/" + e.component()) << " on " << e.device()
+                << ": " << e.outcome() << ", allocated " << FormatBytes(e.allocated_before())
+                << " -> " << FormatBytes(e.allocated_after()) << ", " << e.duration_seconds()
+                << " s" << (e.message().empty() ? "" : " (" + e.message() + ")") << std::endl;
+    }
+  }
+  if (count != 0 && seen == count) {
+    context.TryCancel();  // done: the server's stream would go on
+    stream->Finish();
+    return kExitOk;
+  }
+  const grpc::Status status = stream->Finish();
+  return status.ok() ? kExitOk : connection.Fail(status);
+}
+
 int RunList(const ParsedArgs& args, const Connection& connection) {
   auto stub = v1::ModelService::NewStub(connection.channel());
   grpc::ClientContext context;

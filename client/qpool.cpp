@@ -30,6 +30,7 @@ const std::map<std::string, CommandFn>& CommandTable() {
       {"move", qpool::cli::RunMove},
       {"policy", qpool::cli::RunPolicy},
       {"empty-cache", qpool::cli::RunEmptyCache},
+      {"watch", qpool::cli::RunWatch},
   };
   return table;
 }

@@ -49,7 +49,7 @@ def test_help(cli_bin):
     r = run(cli_bin, "--help")
     assert r.returncode == EXIT_OK
     for command in ("generate", "encode", "list", "load", "unload", "offload", "onload", "move",
-                    "policy", "empty-cache", "memory"):
+                    "policy", "empty-cache", "memory", "watch"):
         assert command in r.stdout
     r = run(cli_bin, "generate", "--help")
     assert r.returncode == EXIT_OK
@@ -72,6 +72,7 @@ def test_help(cli_bin):
     ["policy", "tiny"],
     ["policy", "tiny", "idle", "--idle-seconds", "soon"],
     ["empty-cache", "extra"],
+    ["watch", "--count", "many"],
     ["--timeout", "soon", "list"],
 ], ids=lambda a: " ".join(a) or "<none>")
 def test_usage_errors_exit_2(cli_bin, args):
@@ -276,6 +277,32 @@ def test_residency_commands(qpool):
     assert doc["released_bytes"] >= 0 and "cpu" in [d["device"] for d in doc["devices"]]
     r = qpool("empty-cache")
     assert r.returncode == EXIT_OK and r.stdout.startswith("released "), r.stdout
+
+
+def test_watch_prints_memory_events(cli_bin, server, qpool):
+    """watch --count 2 --json: the load and unload of spare as JSON lines, then exit 0. The
+    load/unload pair repeats until the watch (subscribed at some point) has seen two events."""
+    watch = subprocess.Popen([str(cli_bin), "--server", server, "--json", "watch", "--count", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(20):
+            qpool("load", "spare")
+            qpool("unload", "spare")
+            try:
+                out, err = watch.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            pytest.fail("qpool watch --count 2 did not end")
+    finally:
+        watch.kill()
+    assert watch.returncode == EXIT_OK, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert len(events) == 2 and {e["pipeline"] for e in events} == {"spare"}
+    assert {e["kind"] for e in events} <= {"load", "unload"}
+    assert events[1]["sequence"] == events[0]["sequence"] + 1
+    assert all(e["outcome"] == "ok" for e in events)
 
 
 def test_health(qpool):
