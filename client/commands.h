@@ -28,6 +28,8 @@ int RunPolicy(const ParsedArgs& args, const Connection& connection);
 // empty-cache [--device D]: ModelService/EmptyCache; prints the bytes released.
 int RunEmptyCache(const ParsedArgs& args, const Connection& connection);
 // memory: ModelService/GetMemoryReport as device and component tables.
+// snapshot --out FILE: ModelService/GetAllocatorSnapshot, written to FILE.
+int RunSnapshot(const ParsedArgs& args, const Connection& connection);
 // watch [--after SEQ] [--count N]: ModelService/WatchMemory, one line (or, with --json, one JSON
 // object) per event as it arrives.
 int RunWatch(const ParsedArgs& args, const Connection& connection);

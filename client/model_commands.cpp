@@ -220,6 +220,29 @@ int RunEmptyCache(const ParsedArgs& args, const Connection& connection) {
   return kExitOk;
 }
 
+int RunSnapshot(const ParsedArgs& args, const Connection& connection) {
+  const std::string path = RequiredFlag(args, "out");
+  auto stub = v1::ModelService::NewStub(connection.channel());
+  grpc::ClientContext context;
+  connection.Prepare(&context);
+  v1::AllocatorSnapshot snapshot;
+  const grpc::Status status =
+      stub->GetAllocatorSnapshot(&context, v1::GetAllocatorSnapshotRequest(), &snapshot);
+  if (!status.ok()) return connection.Fail(status);
+  std::string error;
+  if (!WriteFile(path, snapshot.pickle(), &error)) {
+    std::cerr << "error: " << error << "\n";
+    return kExitRpcError;
+  }
+  if (args.global.json) {
+    std::cout << json{{"out", path}, {"bytes", snapshot.pickle().size()}}.dump(2) << "\n";
+  } else {
+    std::cout << "wrote " << path << " (" << FormatBytes(snapshot.pickle().size())
+              << "): open it at https://pytorch.org/memory_viz\n";
+  }
+  return kExitOk;
+}
+
 int RunWatch(const ParsedArgs& args, const Connection& connection) {
   v1::WatchMemoryRequest request;
   request.set_after_sequence(GetUint(args, "after").value_or(0));

@@ -31,6 +31,7 @@ const std::map<std::string, CommandFn>& CommandTable() {
       {"policy", qpool::cli::RunPolicy},
       {"empty-cache", qpool::cli::RunEmptyCache},
       {"watch", qpool::cli::RunWatch},
+      {"snapshot", qpool::cli::RunSnapshot},
   };
   return table;
 }

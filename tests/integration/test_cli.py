@@ -49,7 +49,7 @@ def test_help(cli_bin):
     r = run(cli_bin, "--help")
     assert r.returncode == EXIT_OK
     for command in ("generate", "encode", "list", "load", "unload", "offload", "onload", "move",
-                    "policy", "empty-cache", "memory", "watch"):
+                    "policy", "empty-cache", "memory", "watch", "snapshot"):
         assert command in r.stdout
     r = run(cli_bin, "generate", "--help")
     assert r.returncode == EXIT_OK
@@ -73,6 +73,7 @@ def test_help(cli_bin):
     ["policy", "tiny", "idle", "--idle-seconds", "soon"],
     ["empty-cache", "extra"],
     ["watch", "--count", "many"],
+    ["snapshot"],
     ["--timeout", "soon", "list"],
 ], ids=lambda a: " ".join(a) or "<none>")
 def test_usage_errors_exit_2(cli_bin, args):
@@ -303,6 +304,19 @@ def test_watch_prints_memory_events(cli_bin, server, qpool):
     assert {e["kind"] for e in events} <= {"load", "unload"}
     assert events[1]["sequence"] == events[0]["sequence"] + 1
     assert all(e["outcome"] == "ok" for e in events)
+
+
+def test_snapshot(qpool, tmp_path):
+    """The allocator snapshot covers the machine's GPUs: a pickle where there are some, else
+    FAILED_PRECONDITION (exit 1) and no file."""
+    import torch
+
+    out = tmp_path / "snapshot.pickle"
+    r = qpool("snapshot", "--out", out)
+    if torch.cuda.is_available():
+        assert r.returncode == EXIT_OK and out.stat().st_size > 0, r.stderr
+    else:
+        assert r.returncode == EXIT_RPC and "no CUDA" in r.stderr and not out.exists()
 
 
 def test_health(qpool):
