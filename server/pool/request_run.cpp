@@ -26,8 +26,7 @@ RequestRun::RequestRun(const RequestContext& context, RequestRpc rpc)
 void RequestRun::SetRunning(bool running) {
   if (requests_ == nullptr || running == running_) return;
   running_ = running;
-  if (running) running_as_ = name_;
-  requests_->AddRunning(running_as_, running ? 1 : -1);
+  requests_->AddRunning(name_, running ? 1 : -1);
 }
 
 StatusOr<LoadedManifest> RequestRun::Manifest(const std::string& name) {

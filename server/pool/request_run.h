@@ -108,8 +108,7 @@ class RequestRun {
   RequestMetrics* requests_;
   RequestRecorder recorder_;
   std::unique_ptr<PipelineLease> lease_;
-  bool running_ = false;    // counted as running (SetRunning)
-  std::string running_as_;  // the pipeline it counted as running for
+  bool running_ = false;  // counted as running for name_ (SetRunning)
   std::string name_;
   RouteOptions options_;
   std::string route_;

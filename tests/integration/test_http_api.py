@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from conftest import TINY_DEFAULT_SIZE, parse_samples, run_concurrently, set_limits, wait_idle
+from conftest import (TINY_DEFAULT_SIZE, parse_samples, run_concurrently, scrape, set_limits,
+                      wait_idle)
 
 openai = pytest.importorskip("openai", reason="the openai package is not installed")
 
@@ -170,20 +171,14 @@ def test_hundreds_of_idle_connections_leave_the_server_serving(client, api):
 
 
 def cancelled_requests(client):
-    import urllib.request
-    with urllib.request.urlopen(f"http://{client.server.metrics_address}/metrics",
-                                timeout=10) as r:
-        samples = parse_samples(r.read().decode())
+    samples = parse_samples(scrape(client))
     return sum(v for (name, labels), v in samples.items()
                if name == "qpool_requests_total" and ("status", "CANCELLED") in labels)
 
 
 def load_signals(client):
     """Note [Load signals]: tiny's waiting and running requests, and the server's."""
-    import urllib.request
-    with urllib.request.urlopen(f"http://{client.server.metrics_address}/metrics",
-                                timeout=10) as r:
-        samples = parse_samples(r.read().decode())
+    samples = parse_samples(scrape(client))
     tiny = frozenset({("pipeline", "tiny")})
     return tuple(int(samples[key]) for key in (
         ("qpool_pipeline_requests_waiting", tiny), ("qpool_pipeline_requests_running", tiny),

@@ -4,16 +4,21 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "api/http/openai_images.h"
 #include "util/listen_socket.h"
 #include "util/log.h"
+#include "util/token_file.h"
 
 namespace qpool::api::http {
 

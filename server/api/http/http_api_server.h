@@ -7,19 +7,14 @@
 // until the pool's OnReply (on a device worker) resumes it with the reply (Note [HTTP requests]).
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
-#include <thread>
 
 #include "pool/pipeline_pool.h"
 #include "util/status.h"
-#include "util/token_file.h"
 
 struct MHD_Daemon;
 
@@ -75,9 +70,7 @@ class HttpApiServer {
   // Cancels running generations, waits for them, closes the port; idempotent.
   void Stop();
 
-  // Called by libmicrohttpd's threads (http_api_server.cpp); not for other callers.
-  struct Internals;
-  Internals& internals() { return *internals_; }
+  struct Internals;  // what libmicrohttpd's threads share (http_api_server.cpp)
 
  private:
   HttpApiServer() = default;

@@ -82,6 +82,42 @@ const char* ErrorType(int http_code) {
   }
 }
 
+// What GenerateResult carries besides the images.
+json QpoolFields(const GenerateReply& reply) {
+  const GenerateParams& p = reply.params;
+  return {{"seed", p.seed},
+          {"width", p.width},
+          {"height", p.height},
+          {"device", reply.run.device},
+          {"scheduler", p.scheduler},
+          {"steps", p.steps},
+          {"guidance_scale", p.guidance_scale},
+          {"route", reply.run.route},
+          {"attempts", reply.run.attempts},
+          {"batch_size", reply.batch_size},
+          {"timings",
+           {{"queue_seconds", reply.run.queue_seconds},
+            {"encode_seconds", reply.timings.encode_seconds},
+            {"denoise_seconds", reply.timings.denoise_seconds},
+            {"decode_seconds", reply.timings.decode_seconds},
+            {"png_seconds", reply.timings.png_seconds},
+            {"total_seconds", reply.run.total_seconds}}}};
+}
+
+std::string Event(const char* name, const json& data) {
+  return StrCat("event: ", name,
+                "\ndata: ", data.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+}
+
+// {"error": {message, type, param, code}} for `status`.
+json ErrorObject(const Status& status) {
+  return {{"error",
+           {{"message", status.message()},
+            {"type", ErrorType(HttpCodeOf(status.code()))},
+            {"param", nullptr},
+            {"code", StatusCodeName(status.code())}}}};
+}
+
 }  // namespace
 
 StatusOr<ImagesRequest> ParseImagesRequest(std::string_view body) {
@@ -181,37 +217,6 @@ StatusOr<ImagesRequest> ParseImagesRequest(std::string_view body) {
   return request;
 }
 
-namespace {
-
-// What GenerateResult carries besides the images.
-json QpoolFields(const GenerateReply& reply) {
-  const GenerateParams& p = reply.params;
-  return {{"seed", p.seed},
-          {"width", p.width},
-          {"height", p.height},
-          {"device", reply.run.device},
-          {"scheduler", p.scheduler},
-          {"steps", p.steps},
-          {"guidance_scale", p.guidance_scale},
-          {"route", reply.run.route},
-          {"attempts", reply.run.attempts},
-          {"batch_size", reply.batch_size},
-          {"timings",
-           {{"queue_seconds", reply.run.queue_seconds},
-            {"encode_seconds", reply.timings.encode_seconds},
-            {"denoise_seconds", reply.timings.denoise_seconds},
-            {"decode_seconds", reply.timings.decode_seconds},
-            {"png_seconds", reply.timings.png_seconds},
-            {"total_seconds", reply.run.total_seconds}}}};
-}
-
-std::string Event(const char* name, const json& data) {
-  return StrCat("event: ", name,
-                "\ndata: ", data.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
-}
-
-}  // namespace
-
 std::string ImagesResponseJson(GenerateReply reply, int64_t created) {
   json data = json::array();
   for (const GeneratedImage& image : reply.images)
@@ -244,9 +249,9 @@ std::string CompletedEvents(GenerateReply reply, int64_t created) {
 }
 
 std::string ErrorEvent(const Status& status) {
-  json error = json::parse(ErrorJson(status));
-  error["type"] = "error";
-  return Event("error", error);
+  json event = ErrorObject(status);
+  event["type"] = "error";
+  return Event("error", event);
 }
 
 std::string ModelsJson(const std::vector<PipelineStatus>& pipelines, int64_t created) {
@@ -294,12 +299,7 @@ int HttpCodeOf(StatusCode code) {
 }
 
 std::string ErrorJson(const Status& status) {
-  return json{{"error",
-               {{"message", status.message()},
-                {"type", ErrorType(HttpCodeOf(status.code()))},
-                {"param", nullptr},
-                {"code", StatusCodeName(status.code())}}}}
-      .dump(-1, ' ', false, json::error_handler_t::replace);
+  return ErrorObject(status).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string Base64(std::string_view bytes) {
