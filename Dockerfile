@@ -1,6 +1,6 @@
 # qpool-server and the qpool CLI on Debian 12, the platform qpool is built and tested on.
-#   docker build -t qpool .                                   CUDA build (runs on GPUs and CPUs)
-#   docker build --build-arg QPOOL_VARIANT=cpu -t qpool:cpu .  CPU-only build, a far smaller image
+#   docker build -t qpool:0.1.0 .                                   CUDA build (GPUs and CPUs)
+#   docker build --build-arg QPOOL_VARIANT=cpu -t qpool:0.1.0-cpu .  CPU-only, a far smaller image
 # The CUDA variant compiles with the CUDA 13 toolkit from NVIDIA's Debian 12 repository and runs
 # on the CUDA libraries of the PyTorch wheel; the GPU driver comes from the host (NVIDIA
 # container toolkit). The runtime stage installs the Debian packages whose libraries the binaries
@@ -56,8 +56,10 @@ ENV LD_LIBRARY_PATH=/opt/qpool/site-packages/torch/lib:/opt/qpool/site-packages/
 RUN useradd --system --uid 10001 --user-group --home-dir /tmp --no-create-home qpool
 USER 10001
 ENV HOME=/tmp
-EXPOSE 50051 9100
-# grpc.health.v1 through the CLI: SERVING once the start-up pipelines are loaded.
+# gRPC, metrics and the HTTP API (deploy/kubernetes passes --metrics-listen and --http-listen).
+EXPOSE 50051 9100 8080
+# grpc.health.v1 through the CLI: SERVING once the start-up pipelines are loaded. A container
+# started with --tls-cert needs its own check (docs/security.md: the CLI with --ca).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
   CMD ["qpool", "--server", "127.0.0.1:50051", "--connect-timeout", "4", "health"]
 ENTRYPOINT ["qpool-server", "--model-repository", "/models", "--listen", "0.0.0.0:50051"]

@@ -5,8 +5,9 @@ Each overlay of deploy/kubernetes, and deploy/grafana, is rendered by a small ku
 (render() below). It refuses any kustomization feature it does not implement, so it cannot
 silently differ from kustomize, and is compared with `kubectl kustomize` where kubectl is
 installed. Every object is validated against the Kubernetes 1.33 schema, and the properties
-qpool depends on are asserted: GPUs, probes, drain time, flags, security context, the dashboard
-ConfigMap carrying deploy/grafana/qpool.json. The rules of deploy/prometheus go through
+qpool depends on are asserted: GPUs, probes, drain time, flags, security context, TLS and tokens
+from Secrets, the NetworkPolicy, the autoscaling examples, the dashboard ConfigMap carrying
+deploy/grafana/qpool.json. The rules of deploy/prometheus go through
 `promtool check rules` and their unit tests, and every metric they use must be documented in
 docs/metrics.md. (tests/integration/test_dashboard.py checks the dashboard's queries.)
 
@@ -36,14 +37,23 @@ RULE_TESTS = ROOT / "deploy" / "prometheus" / "qpool-rules.test.yaml"
 K8S_VERSION = "1.33.0"
 # Prometheus Operator kinds: no schema in kubernetes_validate, checked structurally instead.
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
-# overlay: (GPUs per pod, QPOOL_DEVICES, image tag suffix)
+# overlay: (GPUs per pod, QPOOL_DEVICES, image tag suffix, TLS and tokens (the secure component))
 OVERLAYS = {
-    "gpu-1": (1, "cuda", ""),
-    "gpu-2": (2, "cuda:0,cuda:1", ""),
-    "cpu": (None, "cpu", "-cpu"),
+    "gpu-1": (1, "cuda", "", True),
+    "gpu-2": (2, "cuda:0,cuda:1", "", True),
+    "cpu": (None, "cpu", "-cpu", False),
 }
+SECURE_OVERLAYS = sorted(o for o, (*_, secure) in OVERLAYS.items() if secure)
 GRPC_PORT = 50051
+HTTP_PORT = 8080
 METRICS_PORT = 9100
+# What deploy/kubernetes/secure mounts: Secret name -> the keys the server reads.
+SECRETS = {"qpool-tls": {"tls.crt", "tls.key"}, "qpool-tokens": {"tokens"}}
+# The NetworkPolicy's peers: the client label, and Prometheus in the monitoring namespace.
+CLIENT_LABEL = {"qpool.io/client": "true"}
+PROMETHEUS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
 
 # ---------------------------------------------------------------------------------------------
 # A kustomize subset: resources (files or directories), configMapGenerator entries made of files
@@ -230,6 +240,34 @@ def labels_match(selector, labels):
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def mounted_secret_file(objects, path):
+    """(volume mount, secret volume source, key) of the Secret key the server reads at path."""
+    mounts = [m for m in server_container(objects)["volumeMounts"]
+              if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{path}: mounted by {mounts}"
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    secret = volumes[mounts[0]["name"]]["secret"]
+    relative = path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+    keys = [i["key"] for i in secret.get("items", []) if i["path"] == relative]
+    assert len(keys) == 1, f"{path}: no single item of Secret {secret['secretName']} lands there"
+    return mounts[0], secret, keys[0]
+
+
+def documented_metrics():
+    """The metric names docs/metrics.md lists, each in backquotes."""
+    return set(re.findall(r"`(qpool_[a-z0-9_]+)`", (ROOT / "docs" / "metrics.md").read_text()))
+
+
+def example(name):
+    return [d for d in yaml.safe_load_all((KUBE / "examples" / name).read_text()) if d]
+
+
+def token_lines(text):
+    """The lines of a --admin-token-file that the server takes as tokens (docs/security.md)."""
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
 def project_version():
     cmake = (ROOT / "CMakeLists.txt").read_text()
     return re.search(r"project\(qpool VERSION (\S+)", cmake).group(1)
@@ -332,8 +370,9 @@ def test_overlay_objects_pass_the_kubernetes_schema(overlay):
     assert sorted(object_id(o) for o in objects) == sorted([
         ("ConfigMap", "qpool-config"), ("Deployment", "qpool"), ("Service", "qpool"),
         ("Service", "qpool-metrics"), ("PodDisruptionBudget", "qpool"),
-        ("PersistentVolumeClaim", "qpool-models"), ("ServiceMonitor", "qpool"),
-        ("PrometheusRule", "qpool"), ("ConfigMap", DASHBOARD_CONFIGMAP)])
+        ("PersistentVolumeClaim", "qpool-models"), ("NetworkPolicy", "qpool"),
+        ("ServiceMonitor", "qpool"), ("PrometheusRule", "qpool"),
+        ("ConfigMap", DASHBOARD_CONFIGMAP)])
     for obj in objects:
         if obj["kind"] not in OPERATOR_KINDS:
             validate(obj)
@@ -341,7 +380,7 @@ def test_overlay_objects_pass_the_kubernetes_schema(overlay):
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_gpu_limit_and_devices_match_the_overlay(overlay):
-    gpus, devices, _ = OVERLAYS[overlay]
+    gpus, devices, _, _ = OVERLAYS[overlay]
     objects = rendered(f"overlays/{overlay}")
     resources = server_container(objects)["resources"]
     if gpus:
@@ -377,18 +416,26 @@ def test_pod_runs_unprivileged_with_a_read_only_root(overlay):
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_probes_use_grpc_health_on_the_grpc_port(overlay):
+def test_probes_ask_the_http_health_endpoints_in_https_under_tls(overlay):
     objects = rendered(f"overlays/{overlay}")
     container = server_container(objects)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    assert ports == {"grpc": GRPC_PORT, "http": HTTP_PORT, "metrics": METRICS_PORT}
     args = server_args(objects)
     assert flag_value(args, "--listen") == f"0.0.0.0:{GRPC_PORT}"
+    assert flag_value(args, "--http-listen") == f"0.0.0.0:{HTTP_PORT}"
     assert flag_value(args, "--metrics-listen") == f"0.0.0.0:{METRICS_PORT}"
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"] == {"port": GRPC_PORT}, probe
+    # With --tls-cert the HTTP port serves HTTPS only (docs/http-api.md): a plain probe would fail.
+    scheme = "HTTPS" if any(a.startswith("--tls-cert=") for a in args) else "HTTP"
+    assert scheme == ("HTTPS" if OVERLAYS[overlay][3] else "HTTP")
+    # Ready: start-up pipelines loaded and not draining. Live: serving HTTP, draining included.
+    for probe, path in (("startupProbe", "/health/ready"), ("readinessProbe", "/health/ready"),
+                        ("livenessProbe", "/health/live")):
+        assert {"grpc", "exec", "tcpSocket"}.isdisjoint(container[probe]), probe
+        assert container[probe]["httpGet"] == {"path": path, "port": "http", "scheme": scheme}, \
+            probe
     startup = container["startupProbe"]
-    # Pipelines load before health turns SERVING: allow minutes, not the default 30 s.
+    # Pipelines load before /health/ready answers 200: allow minutes, not the default 30 s.
     assert startup["failureThreshold"] * startup["periodSeconds"] >= 300
     assert container["readinessProbe"]["periodSeconds"] == 5
 
@@ -439,11 +486,18 @@ def test_args_are_qpool_server_flags(overlay):
 def test_images_carry_the_project_version(overlay):
     objects = rendered(f"overlays/{overlay}")
     suffix = OVERLAYS[overlay][2]
+    # The images deploy/kubernetes/README.md builds ("Images"), with the Dockerfile's variants.
+    readme = (KUBE / "README.md").read_text()
+    built = {tag: variant for variant, tag in re.findall(
+        r"docker build (?:--build-arg QPOOL_VARIANT=(\w+) )?-t qpool:(\S+) \.", readme)}
+    variants = re.search(r"ARG QPOOL_VARIANT=(\w+)", (ROOT / "Dockerfile").read_text())
     for container in pod_spec(objects)["containers"]:
         name, tag = split_image(container["image"])
         assert name == "qpool"
         assert tag not in (None, "latest"), container["image"]
         assert tag == project_version() + suffix
+        assert tag in built, f"deploy/kubernetes/README.md builds no {container['image']}"
+        assert (built[tag] or variants.group(1)) == ("cpu" if suffix == "-cpu" else "cuda")
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
@@ -453,8 +507,9 @@ def test_services_select_the_server_pods(overlay):
     grpc = find(objects, "Service", "qpool")["spec"]
     assert grpc["clusterIP"] == "None"
     assert labels_match(grpc["selector"], pod_labels)
+    http = "https" if OVERLAYS[overlay][3] else "http"
     assert [(p["name"], p["port"], p["targetPort"], p.get("appProtocol")) for p in grpc["ports"]] \
-        == [("grpc", GRPC_PORT, "grpc", "grpc")]
+        == [("grpc", GRPC_PORT, "grpc", "grpc"), ("http", HTTP_PORT, "http", http)]
     metrics = find(objects, "Service", "qpool-metrics")["spec"]
     assert labels_match(metrics["selector"], pod_labels)
     assert [(p["name"], p["port"], p["targetPort"]) for p in metrics["ports"]] == \
@@ -462,6 +517,146 @@ def test_services_select_the_server_pods(overlay):
     budget = find(objects, "PodDisruptionBudget", "qpool")["spec"]
     assert budget["maxUnavailable"] == 1
     assert labels_match(budget["selector"]["matchLabels"], pod_labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS and tokens (deploy/kubernetes/secure), and the NetworkPolicy.
+
+def test_overlays_with_gpus_are_secure_by_default():
+    assert SECURE_OVERLAYS == sorted(o for o, (gpus, *_) in OVERLAYS.items() if gpus)
+    for overlay in OVERLAYS:
+        spec = yaml.safe_load((KUBE / "overlays" / overlay / "kustomization.yaml").read_text())
+        assert ("../../secure" in spec.get("components", [])) == OVERLAYS[overlay][3], overlay
+
+
+@pytest.mark.parametrize("overlay", SECURE_OVERLAYS)
+def test_secure_pods_mount_the_secrets_read_only_and_pass_matching_flags(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    args = server_args(objects)
+    mounted = {}
+    for flag, secret_name, key in (("--tls-cert", "qpool-tls", "tls.crt"),
+                                   ("--tls-key", "qpool-tls", "tls.key"),
+                                   ("--admin-token-file", "qpool-tokens", "tokens")):
+        mount, secret, mounted_key = mounted_secret_file(objects, flag_value(args, flag))
+        assert (secret["secretName"], mounted_key) == (secret_name, key), flag
+        assert mount["readOnly"] is True, flag
+        # A subPath mount never sees the Secret change: no token rotation, no renewal.
+        assert "subPath" not in mount and "subPathExpr" not in mount, flag
+        # 0440: root and the pod's fsGroup (the server's group) only; no item widens it.
+        assert secret["defaultMode"] == 0o440 and "optional" not in secret, flag
+        assert all("mode" not in item for item in secret["items"]), flag
+        mounted[secret_name] = {item["key"] for item in secret["items"]}
+    # Only the keys the server reads: cert-manager's ca.crt stays out of the pod.
+    assert mounted == SECRETS
+    assert not any(a.startswith("--tls-client-ca=") for a in args)
+    protect = set(flag_value(args, "--protect").split(","))
+    assert protect >= {"inference", "read"} or "all" in protect, protect
+    # Plaintext behind the NetworkPolicy (the metrics port reads the certificate at start-up only).
+    assert flag_value(args, "--metrics-tls") == "off"
+    for obj in objects:
+        if obj["kind"] not in OPERATOR_KINDS:
+            validate(obj)
+
+
+def test_plain_overlays_name_no_credentials():
+    for overlay in sorted(set(OVERLAYS) - set(SECURE_OVERLAYS)):
+        objects = rendered(f"overlays/{overlay}")
+        args = {a.split("=", 1)[0] for a in server_args(objects)}
+        assert not args & {"--tls-cert", "--tls-key", "--admin-token-file", "--protect"}, overlay
+        volumes = pod_spec(objects)["volumes"]
+        assert not [v for v in volumes if "secret" in v], overlay
+
+
+def test_secure_component_patches_fail_rather_than_edit_the_wrong_entry():
+    objects = rendered("base")
+    service = find(objects, "Service", "qpool")
+    service["spec"]["ports"].reverse()
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        render(KUBE / "secure", "Component", objects)
+
+
+def test_no_kustomization_applies_a_secret_or_an_example():
+    for path in (ROOT / "deploy").rglob("kustomization.yaml"):
+        spec = yaml.safe_load(path.read_text())
+        for entry in spec.get("resources", []) + spec.get("components", []):
+            target = (path.parent / entry).resolve()
+            assert KUBE / "examples" not in [target, *target.parents], f"{path}: {entry}"
+    for directory in ["base"] + [f"overlays/{o}" for o in OVERLAYS]:
+        assert not [o for o in rendered(directory) if o["kind"] == "Secret"], directory
+    for path in (ROOT / "deploy").rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "PRIVATE KEY-----" not in text and "BEGIN CERTIFICATE" not in text, path
+
+
+def test_secret_examples_are_placeholders_the_server_refuses():
+    secrets = {s["metadata"]["name"]: s for s in example("secrets.yaml")}
+    assert set(secrets) == set(SECRETS)
+    for name, secret in secrets.items():
+        validate(secret)
+        assert set(secret["stringData"]) == SECRETS[name]
+    assert secrets["qpool-tls"]["type"] == "kubernetes.io/tls"
+    # Comments only: the server holds no token and refuses to start (docs/security.md).
+    assert token_lines(secrets["qpool-tokens"]["stringData"]["tokens"]) == []
+    assert "REPLACE" in secrets["qpool-tokens"]["stringData"]["tokens"]
+    for value in secrets["qpool-tls"]["stringData"].values():
+        assert "-----BEGIN" not in value and "REPLACE" in value
+
+
+def test_certificate_example_writes_the_tls_secret_for_every_service_name():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in example("certificate.yaml")}
+    for doc in docs.values():
+        assert doc["apiVersion"] == "cert-manager.io/v1"
+    certificate = docs[("Certificate", "qpool-tls")]["spec"]
+    assert certificate["secretName"] == "qpool-tls" and "qpool-tls" in SECRETS
+    service = find(rendered("base"), "Service", "qpool")["metadata"]["name"]
+    assert certificate["dnsNames"] == [
+        service, f"{service}.NAMESPACE", f"{service}.NAMESPACE.svc",
+        f"{service}.NAMESPACE.svc.cluster.local"]
+    assert "server auth" in certificate["usages"]
+    # The key type and encoding that tests/integration/test_security.py serves with.
+    assert certificate["privateKey"]["encoding"] == "PKCS8"
+    assert (certificate["privateKey"]["algorithm"], certificate["privateKey"]["size"]) == \
+        ("ECDSA", 256)
+    # Each issuer the chain names is in the file.
+    for doc in docs.values():
+        if doc["kind"] == "Certificate":
+            issuer = doc["spec"]["issuerRef"]
+            assert (issuer["kind"], issuer["name"]) in docs, issuer
+    ca = docs[("Issuer", certificate["issuerRef"]["name"])]["spec"]["ca"]["secretName"]
+    assert docs[("Certificate", ca)]["spec"]["isCA"] is True
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_network_policy_admits_exactly_the_container_ports(overlay):
+    objects = rendered(f"overlays/{overlay}")
+    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    pod_labels = find(objects, "Deployment", "qpool")["spec"]["template"]["metadata"]["labels"]
+    assert set(spec["podSelector"]) == {"matchLabels"} and spec["podSelector"]["matchLabels"]
+    assert labels_match(spec["podSelector"]["matchLabels"], pod_labels)
+    # Egress listed with no rule: none at all (qpool-server opens no connection).
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+    assert not spec.get("egress")
+    container_ports = {p["name"]: p["protocol"] for p in server_container(objects)["ports"]}
+    peers_of = {}
+    for rule in spec["ingress"]:
+        # A rule without `from` or `ports`, an empty selector or an ipBlock would open more.
+        assert rule.get("from") and rule.get("ports"), rule
+        for peer in rule["from"]:
+            assert set(peer) <= {"podSelector", "namespaceSelector"} and peer, peer
+            for selector in peer.values():
+                assert set(selector) == {"matchLabels"} and selector["matchLabels"], peer
+        for port in rule["ports"]:
+            assert set(port) == {"port", "protocol"} and port["port"] in container_ports, port
+            assert port["protocol"] == container_ports[port["port"]]
+            assert port["port"] not in peers_of, f"{port['port']} is in two rules"
+            peers_of[port["port"]] = rule["from"]
+    assert set(peers_of) == set(container_ports)
+    clients = [{"podSelector": {"matchLabels": CLIENT_LABEL}},
+               {"namespaceSelector": {"matchLabels": CLIENT_LABEL}}]
+    assert peers_of == {"grpc": clients, "http": clients, "metrics": [PROMETHEUS_PEER]}
+    validate(policy)
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
@@ -518,8 +713,39 @@ def test_hpa_example_scales_the_deployment_on_queue_depth():
     [metric] = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
     assert metric["pods"]["metric"]["name"] == "qpool_device_queue_depth"
+    assert "qpool_device_queue_depth" in documented_metrics()
     assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "2"}
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+
+def test_keda_example_scales_the_deployment_on_documented_request_gauges():
+    [scaled] = example("keda-scaledobject.yaml")
+    assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    assert target["apiVersion"] == "apps/v1"
+    find(rendered("base"), target["kind"], target["name"])
+    hpa = example("hpa.yaml")[0]["spec"]
+    assert target == hpa["scaleTargetRef"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == \
+        (hpa["minReplicas"], hpa["maxReplicas"])
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    metadata = trigger["metadata"]
+    assert metadata["threshold"] == "2"
+    # A lost target is an error (KEDA holds the fallback), not 0 (which would scale down).
+    assert metadata["ignoreNullValues"] == "false" and spec["fallback"]["replicas"] >= 1
+    query = metadata["query"]
+    names = re.findall(r"\b(qpool_[a-z0-9_]+)\b", query)
+    assert sorted(names) == ["qpool_requests_running", "qpool_requests_waiting"]
+    assert set(names) <= documented_metrics()
+    # Each selects the ServiceMonitor's job (the metrics Service's name) in qpool's namespace.
+    metrics_service = find(rendered("base"), "Service", "qpool-metrics")["metadata"]["name"]
+    selectors = re.findall(r"qpool_[a-z_]+\{([^}]*)\}", query)
+    assert selectors == [f'job="{metrics_service}", namespace="NAMESPACE"'] * 2
+    assert re.fullmatch(r"sum\(qpool_requests_waiting\{[^}]*\}\)\s*\+\s*"
+                        r"sum\(qpool_requests_running\{[^}]*\}\)", query.strip())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,6 +772,18 @@ def test_bench_job_example_targets_the_headless_service_and_is_not_its_endpoint(
                   if o["kind"] == "PodDisruptionBudget"]
     for selector in selectors:
         assert not all(labels.get(k) == v for k, v in selector.items()), (selector, labels)
+    # The NetworkPolicy admits it to the gRPC port as a client of qpool's namespace.
+    assert labels_match(CLIENT_LABEL, labels)
+    # A secure server's CA and token, when the optional Secret qpool-client holds them.
+    pod = job["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if "secret" in v]
+    client = volume["secret"]
+    assert client["optional"] is True and client["secretName"] not in SECRETS
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    for item in client["items"]:
+        path = f"{mount['mountPath']}/{item['path']}"
+        assert f"[ -f {path} ]" in script and re.search(rf"--(ca|token-file) {path}\b", script)
 
 
 def test_rules_pass_promtool_check():
