@@ -394,6 +394,53 @@ int RunUnload(const ParsedArgs& args, const Connection& connection) {
   return kExitOk;
 }
 
+namespace {
+
+// A GPU's figures and how they add up (docs/metrics.md, "How the figures add up"); the driver's
+// are absent, not zero, where the server cannot read them.
+json BreakdownJson(const v1::MemoryBreakdown& b) {
+  json out = {{"tensor_bytes", b.tensor_bytes()},
+              {"graph_pool_allocated_bytes", b.graph_pool_allocated_bytes()},
+              {"workspace_bytes", b.workspace_bytes()},
+              {"working_bytes", b.working_bytes()},
+              {"graph_pool_reserved_bytes", b.graph_pool_reserved_bytes()},
+              {"cached_bytes", b.cached_bytes()}};
+  if (b.has_driver_process_bytes()) out["driver_process_bytes"] = b.driver_process_bytes();
+  if (b.has_driver_used_bytes()) out["driver_used_bytes"] = b.driver_used_bytes();
+  if (b.has_driver_total_bytes()) out["driver_total_bytes"] = b.driver_total_bytes();
+  if (b.has_context_bytes()) out["context_bytes"] = b.context_bytes();
+  if (b.has_outside_allocator_bytes()) {
+    out["outside_allocator_bytes"] = b.outside_allocator_bytes();
+  }
+  return out;
+}
+
+// One line per sum: allocated, reserved and (with the driver's figures) the process's total.
+void PrintBreakdowns(const v1::MemoryReport& report) {
+  for (const auto& d : report.devices()) {
+    if (!d.has_breakdown()) continue;
+    const v1::MemoryBreakdown& b = d.breakdown();
+    std::cout << "\n" << d.device() << ": allocated " << FormatBytes(d.allocated_bytes())
+              << " = tensors " << FormatBytes(b.tensor_bytes()) << " + graph pools "
+              << FormatBytes(b.graph_pool_allocated_bytes()) << " + workspaces "
+              << FormatBytes(b.workspace_bytes()) << " + working "
+              << FormatBytes(b.working_bytes()) << "\n"
+              << d.device() << ": reserved " << FormatBytes(d.reserved_bytes())
+              << " = allocated + cached " << FormatBytes(b.cached_bytes()) << " (graph pools hold "
+              << FormatBytes(b.graph_pool_reserved_bytes()) << ")\n";
+    if (b.has_driver_process_bytes() && b.has_context_bytes()) {
+      std::cout << d.device() << ": driver " << FormatBytes(b.driver_process_bytes())
+                << " = reserved + context " << FormatBytes(b.context_bytes())
+                << " + outside the allocator " << FormatBytes(b.outside_allocator_bytes())
+                << "\n";
+    } else {
+      std::cout << d.device() << ": the driver's figures are not available\n";
+    }
+  }
+}
+
+}  // namespace
+
 int RunMemory(const ParsedArgs& args, const Connection& connection) {
   auto stub = v1::ModelService::NewStub(connection.channel());
   grpc::ClientContext context;
@@ -406,11 +453,14 @@ int RunMemory(const ParsedArgs& args, const Connection& connection) {
   if (args.global.json) {
     json devices = json::array();
     for (const auto& d : report.devices()) {
-      devices.push_back({{"device", d.device()},
-                         {"allocated_bytes", d.allocated_bytes()},
-                         {"reserved_bytes", d.reserved_bytes()},
-                         {"total_bytes", d.total_bytes()},
-                         {"free_bytes", d.free_bytes()}});
+      json device = {{"device", d.device()},
+                     {"allocated_bytes", d.allocated_bytes()},
+                     {"reserved_bytes", d.reserved_bytes()},
+                     {"total_bytes", d.total_bytes()},
+                     {"free_bytes", d.free_bytes()},
+                     {"pipeline_bytes", d.pipeline_bytes()}};
+      if (d.has_breakdown()) device["breakdown"] = BreakdownJson(d.breakdown());
+      devices.push_back(std::move(device));
     }
     json pipelines = json::array();
     for (const auto& p : report.pipelines()) pipelines.push_back(PipelineJson(p));
@@ -424,6 +474,7 @@ int RunMemory(const ParsedArgs& args, const Connection& connection) {
                     d.total_bytes() ? FormatBytes(d.free_bytes()) : "-"});
   }
   std::cout << devices.ToString();
+  PrintBreakdowns(report);
   if (report.pipelines_size() == 0) {
     std::cout << "\nno pipeline loaded\n";
     return kExitOk;

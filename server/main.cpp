@@ -1,6 +1,7 @@
 // qpool-server: serves the pipelines of a model repository over gRPC.
 #include <ATen/Parallel.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <torch/version.h>
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "config/server_options.h"
 #include "memory/arena_allocator.h"
 #include "memory/device_memory.h"
+#include "memory/driver_memory.h"
 #include "memory/memory_event_log.h"
 #include "memory/memory_metrics.h"
 #include "metrics/metrics_http_server.h"
@@ -195,6 +197,19 @@ int WaitForStop(const sigset_t& signals) {
   }
 }
 
+// Raises the soft limit on open files to the hard one: each HTTP or gRPC connection is a
+// descriptor, and a soft limit of 1024 (many systems' default) would refuse clients long before
+// the HTTP port's own limit (HttpApiServer::kConnectionLimit).
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t was = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    qpool::log::Info("open file limit raised from ", was, " to ", limit.rlim_cur);
+  }
+}
+
 int Run(int argc, char** argv) {
   // Every thread started below inherits the mask; signals are taken by sigwait in this thread.
   const sigset_t signals = BlockServerSignals();
@@ -208,6 +223,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   qpool::log::SetLevel(options->log_level);
+  RaiseOpenFileLimit();
   if (const qpool::Status profiling = qpool::BatchProfiler::Configure(
           {options->profile_dir, options->profile_skip, options->profile_batches});
       !profiling.ok()) {
@@ -247,7 +263,9 @@ int Run(int argc, char** argv) {
                    qpool::DescribeAttentionPriority(*attention));
   qpool::ArenaAllocator arenas;
   qpool::BlockCopier copier;
-  qpool::DeviceMemory memory(arenas);
+  const std::unique_ptr<qpool::DriverMemory> driver = qpool::DriverMemory::Open();
+  qpool::DeviceMemory memory(arenas, driver.get());
+  memory.MeasureContexts((*devices)->devices());
   qpool::MemoryEventLog events;
   qpool::ResidencyContext residency{&arenas, &copier, &memory, &events};
   qpool::AdmissionOptions admission;

@@ -192,11 +192,26 @@ void ToProto(GenerateReply reply, v1::GenerateResult* out) {
   timings->set_total_seconds(reply.run.total_seconds);
 }
 
+void ToProto(const MemoryBreakdown& b, v1::MemoryBreakdown* out) {
+  out->set_tensor_bytes(b.tensor_bytes);
+  out->set_graph_pool_allocated_bytes(b.graph_pool_allocated_bytes);
+  out->set_workspace_bytes(b.workspace_bytes);
+  out->set_working_bytes(b.working_bytes);
+  out->set_graph_pool_reserved_bytes(b.graph_pool_reserved_bytes);
+  out->set_cached_bytes(b.cached_bytes);
+  if (b.driver_process_bytes) out->set_driver_process_bytes(*b.driver_process_bytes);
+  if (b.driver_used_bytes) out->set_driver_used_bytes(*b.driver_used_bytes);
+  if (b.driver_total_bytes) out->set_driver_total_bytes(*b.driver_total_bytes);
+  if (b.context_bytes) out->set_context_bytes(*b.context_bytes);
+  if (b.outside_bytes) out->set_outside_allocator_bytes(*b.outside_bytes);
+}
+
 void ToProto(const MemoryReport& report, v1::MemoryReport* out) {
   for (const auto& device : report.devices) {
     auto* d = out->add_devices();
     ToProto(device.stats, d);
     d->set_pipeline_bytes(device.pipeline_bytes);
+    if (device.breakdown) ToProto(*device.breakdown, d->mutable_breakdown());
   }
   for (const auto& status : report.pipelines) ToProto(status, out->add_pipelines());
   out->set_pinned_host_bytes(report.pinned_host_bytes);

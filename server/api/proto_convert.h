@@ -23,6 +23,7 @@ void ToProto(const LoadStages& stages, v1::LoadStages* out);
 void ToProto(const MemoryEvent& event, uint64_t first_available, v1::MemoryEvent* out);
 void ToProto(const ResidencyReport& report, v1::ResidencyChange* out);
 void ToProto(GenerateReply reply, v1::GenerateResult* out);
+void ToProto(const MemoryBreakdown& breakdown, v1::MemoryBreakdown* out);
 void ToProto(const MemoryReport& report, v1::MemoryReport* out);
 // Copies a CPU tensor (float32, float16, bfloat16 or int64) into a Tensor message.
 void ToProto(const torch::Tensor& tensor, v1::Tensor* out);

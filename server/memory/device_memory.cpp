@@ -2,12 +2,39 @@
 
 #include <ATen/Context.h>
 #if QPOOL_WITH_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <set>
+#include <shared_mutex>
 #endif
 
 namespace qpool {
+
+#if QPOOL_WITH_CUDA
+namespace {
+
+// Where `device`'s cuBLAS and cuBLASLt workspaces start. PyTorch keeps one per (handle, stream)
+// in maps it guards with a shared mutex, and allocates them from the caching allocator.
+std::set<size_t> WorkspaceAddresses(c10::DeviceIndex device) {
+  std::set<size_t> out;
+  for (auto* workspaces : {&at::cuda::cublas_handle_stream_to_workspace(),
+                           &at::cuda::cublaslt_handle_stream_to_workspace()}) {
+    std::shared_lock<std::shared_mutex> lock(workspaces->mutex);
+    for (const auto& [key, data] : workspaces->map) {
+      if (data.get() != nullptr && data.device().index() == device) {
+        out.insert(reinterpret_cast<size_t>(data.get()));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+#endif
 
 DeviceMemoryStats DeviceMemory::Read(const c10::Device& device) const {
   DeviceMemoryStats stats;
@@ -40,6 +67,72 @@ DeviceMemoryStats DeviceMemory::Read(const c10::Device& device) const {
   }
 #endif
   return stats;
+}
+
+AllocatorParts DeviceMemory::ReadParts(const c10::Device& device) const {
+  AllocatorParts parts;
+#if QPOOL_WITH_CUDA
+  if (!device.is_cuda()) return parts;
+  const std::set<size_t> workspaces = WorkspaceAddresses(device.index());
+  const auto snapshot = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, false);
+  for (const auto& segment : snapshot.segments) {
+    if (segment.device != device.index()) continue;
+    const bool graph_pool = segment.owner_private_pool_id != c10::MempoolId_t{0, 0};
+    if (graph_pool) parts.graph_pool_reserved_bytes += segment.total_size;
+    // A segment's blocks are listed in address order and tile it.
+    size_t address = segment.address;
+    for (const auto& block : segment.blocks) {
+      if (block.allocated) {
+        if (workspaces.count(address)) {
+          parts.workspace_bytes += block.size;
+        } else if (graph_pool) {
+          parts.graph_pool_allocated_bytes += block.size;
+        }
+      }
+      address += block.size;
+    }
+  }
+#else
+  (void)device;
+#endif
+  return parts;
+}
+
+std::optional<DriverView> DeviceMemory::ReadDriver(const c10::Device& device) const {
+  if (driver_ == nullptr || !device.is_cuda()) return std::nullopt;
+  auto bus = bus_ids_.find(device.index());
+  if (bus == bus_ids_.end()) return std::nullopt;
+  std::optional<DriverReading> reading = driver_->Read(bus->second);
+  if (!reading) return std::nullopt;
+  DriverView view;
+  view.reading = *reading;
+  auto context = context_bytes_.find(device.index());
+  if (context != context_bytes_.end()) view.context_bytes = context->second;
+  return view;
+}
+
+void DeviceMemory::MeasureContexts(const std::vector<c10::Device>& devices) {
+#if QPOOL_WITH_CUDA
+  if (driver_ == nullptr || !driver_->available()) return;
+  for (const auto& device : devices) {
+    if (!device.is_cuda()) continue;
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device.index()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    bus_ids_[device.index()] = bus_id;
+    c10::cuda::CUDAGuard guard(device);
+    (void)cudaDeviceSynchronize();
+    const uint64_t reserved = Read(device).reserved_bytes;
+    std::optional<DriverReading> reading = driver_->Read(bus_id);
+    if (reading && reading->process_bytes && *reading->process_bytes >= reserved) {
+      context_bytes_[device.index()] = *reading->process_bytes - reserved;
+    }
+  }
+#else
+  (void)devices;
+#endif
 }
 
 std::vector<DeviceMemoryStats> DeviceMemory::ReadAll(

@@ -1,5 +1,9 @@
 #include "memory/memory_metrics.h"
 
+#include <optional>
+
+#include "memory/memory_breakdown.h"
+
 namespace qpool {
 
 MemoryMetrics::MemoryMetrics(MetricsRegistry& metrics, const DeviceMemory& memory,
@@ -69,6 +73,7 @@ void MemoryMetrics::Collect(SampleSink& sink) const {
       gauge("qpool_device_memory_free_bytes", "Free device memory as the driver reports it.",
             s.free_bytes);
     }
+    if (const c10::Device d(s.device); d.is_cuda()) CollectParts(sink, d, s);
     sink.AddCounter("qpool_device_alloc_retries_total",
                     "cudaMalloc retries after the cache was flushed.", device,
                     static_cast<double>(s.alloc_retries));
@@ -77,6 +82,45 @@ void MemoryMetrics::Collect(SampleSink& sink) const {
   }
   sink.AddGauge("qpool_pinned_host_memory_bytes", "Pinned host memory held for offload copies.", {},
                 static_cast<double>(memory_.pinned_bytes()));
+}
+
+void MemoryMetrics::CollectParts(SampleSink& sink, const c10::Device& device,
+                                 const DeviceMemoryStats& stats) const {
+  const MetricLabels labels = {{"device", stats.device}};
+  auto gauge = [&](const char* name, const char* help, uint64_t v) {
+    sink.AddGauge(name, help, labels, static_cast<double>(v));
+  };
+  // Note [Memory arithmetic] in memory_breakdown.h; docs/metrics.md says how the series add up.
+  const AllocatorParts parts = memory_.ReadParts(device);
+  gauge("qpool_device_memory_workspace_bytes",
+        "cuBLAS and cuBLASLt workspaces (allocated, kept for the process's life).",
+        parts.workspace_bytes);
+  gauge("qpool_device_memory_graph_pool_allocated_bytes",
+        "Bytes in use in the pipelines' CUDA graph pools.", parts.graph_pool_allocated_bytes);
+  gauge("qpool_device_memory_graph_pool_reserved_bytes",
+        "Bytes the pipelines' CUDA graph pools hold, in use or not.",
+        parts.graph_pool_reserved_bytes);
+  const std::optional<DriverView> driver = memory_.ReadDriver(device);
+  if (!driver) return;  // absent, not zero, without the driver's figures
+  gauge("qpool_device_driver_used_bytes",
+        "The GPU's used memory as the driver counts it, every process (nvidia-smi).",
+        driver->reading.used_bytes);
+  gauge("qpool_device_driver_total_bytes", "The GPU's memory as the driver counts it.",
+        driver->reading.total_bytes);
+  if (!driver->reading.process_bytes) return;
+  gauge("qpool_device_driver_process_bytes",
+        "This process's memory on the GPU as the driver counts it (nvidia-smi's per-process "
+        "figure).",
+        *driver->reading.process_bytes);
+  if (!driver->context_bytes) return;
+  const MemoryBreakdown b = BreakDown(stats, parts, 0, driver);
+  gauge("qpool_device_cuda_context_bytes",
+        "The CUDA context and what start-up loaded, measured before any pipeline loaded.",
+        *b.context_bytes);
+  gauge("qpool_device_memory_outside_allocator_bytes",
+        "Driver bytes of this process outside the caching allocator and the context: library "
+        "handles, lazily loaded kernels.",
+        *b.outside_bytes);
 }
 
 }  // namespace qpool

@@ -26,6 +26,9 @@ class MemoryMetrics {
 
  private:
   void Collect(SampleSink& sink) const;
+  // A GPU's named parts and the driver's view (absent without it).
+  void CollectParts(SampleSink& sink, const c10::Device& device,
+                    const DeviceMemoryStats& stats) const;
 
   MetricsRegistry& metrics_;
   const DeviceMemory& memory_;

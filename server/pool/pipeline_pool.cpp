@@ -200,6 +200,12 @@ MemoryReport PipelinePool::Memory(size_t max_events) {
       MemoryReport::Device d;
       auto it = attributed.find(stats.device);
       d.pipeline_bytes = it == attributed.end() ? 0 : it->second;
+      const c10::Device device(stats.device);
+      if (device.is_cuda()) {
+        const DeviceMemory& memory = *residency_.memory;
+        d.breakdown =
+            BreakDown(stats, memory.ReadParts(device), d.pipeline_bytes, memory.ReadDriver(device));
+      }
       d.stats = std::move(stats);
       report.devices.push_back(std::move(d));
     }

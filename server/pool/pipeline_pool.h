@@ -12,6 +12,7 @@
 #include "config/model_repository.h"
 #include "config/offload_policy.h"
 #include "memory/device_memory.h"
+#include "memory/memory_breakdown.h"
 #include "memory/memory_event_log.h"
 #include "metrics/metrics_registry.h"
 #include "pipeline/pipeline_kinds.h"
@@ -59,6 +60,7 @@ struct MemoryReport {
   struct Device {
     DeviceMemoryStats stats;
     uint64_t pipeline_bytes = 0;  // attributed to loaded pipelines ("cpu": their host copies)
+    std::optional<MemoryBreakdown> breakdown;  // GPUs (Note [Memory arithmetic])
   };
   std::vector<Device> devices;
   std::vector<PipelineStatus> pipelines;  // loaded ones

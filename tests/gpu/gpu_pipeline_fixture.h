@@ -89,7 +89,9 @@ class GpuPipelineTest {
   const std::shared_ptr<const PipelineKinds> kinds_ = PipelineKinds::Builtin();
   ArenaAllocator arenas_;
   BlockCopier copier_;
-  DeviceMemory memory_{arenas_};
+  // NVML where the driver has it (Note [Driver memory]): the memory tests read the driver's view.
+  const std::unique_ptr<DriverMemory> driver_ = DriverMemory::Open();
+  DeviceMemory memory_{arenas_, driver_.get()};
   MemoryEventLog events_;
 };
 

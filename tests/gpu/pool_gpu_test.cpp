@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "gpu/gpu_pipeline_fixture.h"
+#include "memory/memory_breakdown.h"
 #include "pool/device_pool.h"
 #include "pool/pipeline_registry.h"
 
@@ -234,6 +235,132 @@ TEST_F(PoolGpuTest, ASmallBudgetEvictsTheLeastRecentlyUsedIdlePipeline) {
             << large_bytes << " bytes) evicted " << small << " (" << small_bytes
             << " bytes); its next request onloaded it" << (both_fit ? " next to " : " and evicted ")
             << large << std::endl;
+}
+
+// Note [Memory arithmetic]: after a load, requests, an unload and EmptyCache, allocated is the
+// sum of its named parts, each part checked against an independent figure (what the unload gave
+// back, what EmptyCache released in the driver's figure), and a tensor something still holds at
+// the unload is reported as leaked while the workspaces are not.
+class MemoryArithmeticGpuTest : public PoolGpuTest {
+ protected:
+  static constexpr int64_t kSlack = 2 << 20;  // 2 MiB
+
+  MemoryBreakdown Now(PipelineRegistry& registry) {
+    c10::cuda::device_synchronize();
+    const auto attributed = registry.AttributedBytes();
+    auto it = attributed.find("cuda:0");
+    stats_ = memory_.Read(kGpu0);
+    return BreakDown(stats_, memory_.ReadParts(kGpu0), it == attributed.end() ? 0 : it->second,
+                     memory_.ReadDriver(kGpu0));
+  }
+
+  // The sums of Note [Memory arithmetic] at rest, to the allocator's rounding.
+  void ExpectSumsHold(const MemoryBreakdown& b, const char* when) {
+    SCOPED_TRACE(when);
+    const auto allocated = static_cast<int64_t>(stats_.allocated_bytes);
+    const auto parts =
+        static_cast<int64_t>(b.tensor_bytes + b.graph_pool_allocated_bytes + b.workspace_bytes);
+    EXPECT_LE(parts, allocated + kSlack) << "named parts exceed allocated: a double count";
+    EXPECT_LE(static_cast<int64_t>(b.working_bytes), kSlack) << "allocated at rest, unowned";
+    EXPECT_EQ(b.cached_bytes, stats_.reserved_bytes - stats_.allocated_bytes);
+    if (b.driver_process_bytes && b.context_bytes) {
+      EXPECT_GE(static_cast<int64_t>(*b.driver_process_bytes) + kSlack,
+                static_cast<int64_t>(stats_.reserved_bytes + *b.context_bytes))
+          << "the driver counts less than reserved + context";
+    }
+    std::cout << "[ memory ] " << when << ": allocated " << stats_.allocated_bytes << " = tensors "
+              << b.tensor_bytes << " + graph pools " << b.graph_pool_allocated_bytes
+              << " + workspaces " << b.workspace_bytes << " + working " << b.working_bytes
+              << "; reserved " << stats_.reserved_bytes << "; driver "
+              << (b.driver_process_bytes ? std::to_string(*b.driver_process_bytes) : "absent")
+              << " = reserved + context "
+              << (b.context_bytes ? std::to_string(*b.context_bytes) : "absent") << " + outside "
+              << (b.outside_bytes ? std::to_string(*b.outside_bytes) : "absent") << std::endl;
+  }
+
+  DeviceMemoryStats stats_;
+};
+
+TEST_F(MemoryArithmeticGpuTest, EveryAllocatedByteHasANamedOwner) {
+  memory_.MeasureContexts({kGpu0});
+  const std::string name = "tiny";
+  auto registry = MakeRegistry();
+  auto loaded = LoadOn(*registry, name, kGpu0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ExpectSumsHold(Now(*registry), "after load");
+  for (int i = 0; i < 3; ++i) {  // the third replays the graphs the second captured
+    auto lease = registry->Acquire(name, Small());
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    auto made =
+        OnWorker(kGpu0, [&] { return (*lease)->pipeline().Generate(Params(), nullptr, nullptr); });
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+  }
+  const MemoryBreakdown served = Now(*registry);
+  ExpectSumsHold(served, "after requests");
+  EXPECT_GT(served.workspace_bytes, 0u) << "the requests' matrix products made a cuBLAS workspace";
+  EXPECT_GT(served.tensor_bytes, 0u);
+  const uint64_t allocated_served = stats_.allocated_bytes;
+
+  auto unloaded = OnWorker(kGpu0, [&] { return registry->Unload(name, kGpu0); });
+  ASSERT_TRUE(unloaded.ok()) << unloaded.status().ToString();
+  EXPECT_EQ(unloaded->leaked_bytes, 0u) << "the workspaces are not the pipeline's";
+  const MemoryBreakdown empty = Now(*registry);
+  ExpectSumsHold(empty, "after unload");
+  EXPECT_EQ(empty.tensor_bytes, 0u);
+  EXPECT_EQ(empty.graph_pool_allocated_bytes, 0u);
+  EXPECT_EQ(empty.graph_pool_reserved_bytes, 0u);
+  // What the unload gave back is what the tensors and graph pools were said to hold.
+  EXPECT_NEAR(static_cast<double>(allocated_served - stats_.allocated_bytes),
+              static_cast<double>(served.tensor_bytes + served.graph_pool_allocated_bytes), kSlack);
+  // And what stays allocated is the workspaces.
+  EXPECT_NEAR(static_cast<double>(stats_.allocated_bytes),
+              static_cast<double>(empty.workspace_bytes), kSlack);
+
+  // EmptyCache's release shows in the driver's figure, byte for byte: outside stays as it was.
+  const uint64_t reserved_before = stats_.reserved_bytes;
+  memory_.EmptyCache();
+  const MemoryBreakdown released = Now(*registry);
+  ExpectSumsHold(released, "after EmptyCache");
+  if (empty.driver_process_bytes && released.driver_process_bytes) {
+    EXPECT_NEAR(static_cast<double>(*empty.driver_process_bytes - *released.driver_process_bytes),
+                static_cast<double>(reserved_before - stats_.reserved_bytes), kSlack);
+    ASSERT_TRUE(empty.outside_bytes && released.outside_bytes);
+    EXPECT_NEAR(static_cast<double>(*empty.outside_bytes),
+                static_cast<double>(*released.outside_bytes), kSlack);
+  } else {
+    std::cout << "[ memory ] the driver's figures are absent here (no NVML, or it does not list "
+                 "this process): their sums were not checked"
+              << std::endl;
+  }
+}
+
+TEST_F(MemoryArithmeticGpuTest, ATensorHeldPastTheUnloadIsALeakAndTheWorkspacesAreNot) {
+  const std::string name = "tiny";
+  auto registry = MakeRegistry();
+  ASSERT_TRUE(LoadOn(*registry, name, kGpu0).ok());
+  torch::Tensor held;
+  {
+    auto lease = registry->Acquire(name, Small());
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    auto made =
+        OnWorker(kGpu0, [&] { return (*lease)->pipeline().Generate(Params(), nullptr, nullptr); });
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    for (const auto& component : (*lease)->pipeline().components()) {
+      for (const auto& t : component->Tensors()) {
+        if (t.defined() && t.is_cuda() && (!held.defined() || t.nbytes() > held.nbytes())) held = t;
+      }
+    }
+  }
+  ASSERT_TRUE(held.defined());
+  auto unloaded = OnWorker(kGpu0, [&] { return registry->Unload(name, kGpu0); });
+  ASSERT_TRUE(unloaded.ok()) << unloaded.status().ToString();
+  EXPECT_GE(unloaded->leaked_bytes, held.nbytes());
+  // Workspaces (tens of MiB) are not counted in: the leak is the held tensor's block.
+  EXPECT_LE(unloaded->leaked_bytes, held.storage().nbytes() + kSlack);
+  const MemoryBreakdown after = Now(*registry);
+  EXPECT_GE(after.working_bytes + kSlack, held.storage().nbytes())
+      << "the held block is allocated and no pipeline, graph or library owns it";
+  held.reset();
 }
 
 }  // namespace

@@ -6,7 +6,6 @@ import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 
@@ -150,7 +149,17 @@ def test_metrics_pass_promtool_and_show_the_pipeline(client):
     assert 'qpool_device_memory_allocated_bytes{device="cpu"}' in text
     assert "qpool_memory_events_total" in text and "qpool_build_info" in text
     assert "qpool_request_duration_seconds_bucket" in text
+    # The GPUs' parts and the driver's view are GPU series: absent on the CPU, not zero.
+    for name in ("qpool_device_memory_workspace_bytes", "qpool_device_driver_process_bytes",
+                 "qpool_device_cuda_context_bytes"):
+        assert name not in text
     promtool_check(text)
+
+
+def test_the_cpu_has_no_gpu_breakdown_and_the_report_serves_without_a_driver(client):
+    devices = {d.device: d for d in report(client).devices}
+    assert devices["cpu"].allocated_bytes > 0  # tiny's tensors in host memory
+    assert not devices["cpu"].HasField("breakdown")
 
 
 def free_port():
