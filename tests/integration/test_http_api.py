@@ -163,8 +163,9 @@ def test_a_thousand_idle_connections_leave_the_server_serving(client, api):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1200 <= hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    count = 1000 if hard >= 1200 else max(hard - 200, 100)  # a machine capped below 1200
     host, port = client.server.http_address.rsplit(":", 1)
-    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(1000)]
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(count)]
     try:
         idle[0].sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\n")  # and stops
         reply = api.images.generate(model="tiny", prompt="past the idle ones",
