@@ -35,7 +35,10 @@ VARIABLES = ("instance", "device", "pipeline")
 INTERVALS = {"__rate_interval": "1m", "__interval": "1m", "__range": "5m"}
 # Exported on GPUs only (cudaMemGetInfo, and request memory measured by the CUDA allocator).
 GPU_ONLY = {"qpool_device_memory_total_bytes", "qpool_device_memory_free_bytes",
-            "qpool_request_working_memory_bytes", "qpool_request_peak_memory_bytes"}
+            "qpool_request_working_memory_bytes", "qpool_request_peak_memory_bytes",
+            "qpool_device_memory_workspace_bytes", "qpool_device_memory_graph_pool_allocated_bytes",
+            "qpool_device_memory_graph_pool_reserved_bytes", "qpool_device_driver_process_bytes",
+            "qpool_device_cuda_context_bytes", "qpool_device_memory_outside_allocator_bytes"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Words of PromQL that are not metric names: aggregations (followed by `by` or `without` rather
 # than a parenthesis), set and grouping keywords.
@@ -220,6 +223,76 @@ def test_every_expression_parses(tmp_path):
     failed = [q for i, q in enumerate(found) if re.search(rf"\bdashboard:query_{i}\b", output)]
     assert result.returncode == 0, "\n".join(map(repr, failed)) + "\n" + output
     assert f"SUCCESS: {len(rules)} rules found" in output, output
+
+
+# The driver-bytes panel on two GPUs' figures (MiB as plain numbers): cuda:0 holds two
+# components, one with a CUDA graph whose pool holds 150 (100 in use), and a request's 17 of
+# working memory; cuda:1 holds no pipeline, only its cuBLAS workspace.
+DRIVER_STACK = "Driver bytes on $device, by owner (GPUs)"
+DRIVER_SERIES = {
+    "cuda:0": {"qpool_device_memory_allocated_bytes": 800, "qpool_device_memory_reserved_bytes":
+               1000, "qpool_device_memory_workspace_bytes": 33,
+               "qpool_device_memory_graph_pool_allocated_bytes": 100,
+               "qpool_device_memory_graph_pool_reserved_bytes": 150,
+               "qpool_device_cuda_context_bytes": 680,
+               "qpool_device_memory_outside_allocator_bytes": 80,
+               "qpool_device_driver_process_bytes": 1760},
+    "cuda:1": {"qpool_device_memory_allocated_bytes": 33, "qpool_device_memory_reserved_bytes":
+               40, "qpool_device_memory_workspace_bytes": 33,
+               "qpool_device_memory_graph_pool_allocated_bytes": 0,
+               "qpool_device_memory_graph_pool_reserved_bytes": 0,
+               "qpool_device_cuda_context_bytes": 680,
+               "qpool_device_memory_outside_allocator_bytes": 70,
+               "qpool_device_driver_process_bytes": 790}}
+DRIVER_PIPELINE_SERIES = [  # (component, kind, bytes) of one pipeline on cuda:0
+    ("unet", "weights", 600), ("unet", "graph", 150), ("vae", "other", 50)]
+DRIVER_PARTS = {  # legend suffix: {device: expected}; the stack's sum is the driver's figure
+    "tensors": {"cuda:0": 650, "cuda:1": 0}, "graph pools in use": {"cuda:0": 100, "cuda:1": 0},
+    "workspaces": {"cuda:0": 33, "cuda:1": 33}, "working": {"cuda:0": 17, "cuda:1": 0},
+    "cached": {"cuda:0": 200, "cuda:1": 7}, "context": {"cuda:0": 680, "cuda:1": 680},
+    "outside the allocator": {"cuda:0": 80, "cuda:1": 70},
+    "driver (nvidia-smi)": {"cuda:0": 1760, "cuda:1": 790}}
+
+
+def test_driver_stack_adds_up_to_the_driver_line(tmp_path):
+    # promtool's rule unit tests evaluate each of the panel's queries on the figures above with
+    # Prometheus' own engine (no server needed): every part is what docs/metrics.md says, the
+    # stacked parts sum to the unstacked driver line.
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: run scripts/setup.sh (Debian package prometheus)"
+    panel = next(p for p in all_panels(dashboard()["panels"]) if p["title"] == DRIVER_STACK)
+    assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    unstacked = [o["matcher"]["options"] for o in panel["fieldConfig"]["overrides"]
+                 if {"id": "custom.stacking", "value": {"group": "A", "mode": "none"}}
+                 in o["properties"]]
+    instance = "10.0.0.7:9100"
+    labels = f'instance="{instance}", job="qpool"'
+    series = [{"series": f'{name}{{{labels}, device="{device}"}}', "values": f"{value}x2"}
+              for device, figures in DRIVER_SERIES.items() for name, value in figures.items()]
+    series += [{"series": f'qpool_pipeline_memory_bytes{{{labels}, pipeline="sdxl", '
+                          f'component="{component}", device="cuda:0", kind="{kind}"}}',
+                "values": f"{value}x2"} for component, kind, value in DRIVER_PIPELINE_SERIES]
+    values = {"instance": regex_value(instance), "device": ".*", "pipeline": ".*"}
+    tests, legends = [], []
+    for target in panel["targets"]:
+        legend = target["legendFormat"].removeprefix("{{device}} ")
+        legends.append(legend)
+        expected = DRIVER_PARTS[legend]
+        tests.append({"expr": substitute(target["expr"], values), "eval_time": "1m",
+                      "exp_samples": [{"labels": f'{{device="{d}", instance="{instance}"}}',
+                                       "value": v} for d, v in sorted(expected.items())]})
+        if legend == "driver (nvidia-smi)":
+            assert unstacked == [target["refId"]], "only the driver's line is drawn unstacked"
+    assert legends == list(DRIVER_PARTS)
+    for device in DRIVER_SERIES:
+        parts = [DRIVER_PARTS[legend][device] for legend in legends[:-1]]
+        assert sum(parts) == DRIVER_PARTS["driver (nvidia-smi)"][device]
+    path = tmp_path / "driver-stack.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_expression_selects_qpool_metrics():
